@@ -1,0 +1,38 @@
+"""Errors raised by the deterministic core.
+
+They derive from the project's error root, :class:`open1b.protocol.errors.Open1bError`.
+``DeterminismError`` means *this machine* cannot reproduce bits (not the caller's fault);
+the ``ValueError`` subclasses mean the caller handed in something malformed.
+"""
+
+from __future__ import annotations
+
+from ..protocol.errors import Open1bError
+
+
+class DeterminismError(Open1bError):
+    """This process cannot compute the reference bits (fusion, flush-to-zero, float64 promotion)."""
+
+
+class ConfigError(Open1bError, ValueError):
+    """A model configuration dict with unknown, missing or ill-typed keys."""
+
+
+class StateFormatError(Open1bError, ValueError):
+    """A set of tensors that is not a training state of the given configuration."""
+
+
+class BatchFormatError(Open1bError, ValueError):
+    """A batch whose dtype, shape or token range does not fit the configuration."""
+
+
+class RunFormatError(Open1bError):
+    """A run directory, manifest or checkpoint that cannot be read or does not fit the run."""
+
+
+class EngineMismatchError(Open1bError):
+    """The run names another engine or version; this node declines it rather than approximate it."""
+
+
+class CheckpointMismatchError(RunFormatError):
+    """A checkpoint whose recomputed state hash differs from the manifest's h_k: not the published state."""

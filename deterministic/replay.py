@@ -1,0 +1,75 @@
+"""Replay one step of a published run and compare with the run's state-hash chain.
+
+The replayer trusts nothing in the run directory it has not checked: the manifest's signature
+(on decode), the engine it names (it must be exactly this one), the corpus (by digest), and
+the checkpoint (its recomputed h_k must equal the manifest's). Only then does it call the same
+:func:`train_step` the trainer called and hash the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from open1b.protocol import RunManifest
+
+from .data import batch_for_step, corpus_digest, corpus_tokens
+from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
+from .runfile import ENGINE, ENGINE_VERSION, genesis_hash, load_checkpoint, next_state_hash, read_manifest
+from .selfcheck import require_deterministic_machine
+from .step import train_step
+from .trainer import config_of
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    run: bytes
+    step: int
+    pre_state: bytes  # h_step, recomputed from the checkpoint and equal to the published one
+    post_state: bytes  # the replayed h_{step+1}
+    expected: bytes  # the published h_{step+1}
+    loss: np.float32
+    elapsed_s: float
+
+    @property
+    def match(self) -> bool:
+        return self.post_state == self.expected
+
+
+def check_engine(manifest: RunManifest) -> None:
+    if (manifest.engine, manifest.engine_version) != (ENGINE, ENGINE_VERSION):
+        raise EngineMismatchError(
+            f"run needs engine {manifest.engine} {manifest.engine_version}; this node has {ENGINE} {ENGINE_VERSION}")
+
+
+def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> ReplayResult:
+    """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step``."""
+    require_deterministic_machine()
+    run_dir = Path(run_dir)
+    manifest = manifest or read_manifest(run_dir)
+    check_engine(manifest)
+    if not 0 <= step < manifest.steps:
+        raise RunFormatError(f"step {step} is outside the run's {manifest.steps} steps")
+    if manifest.data.get("corpus_digest") != corpus_digest().hex():
+        raise RunFormatError("the run's corpus is not the corpus this engine ships")
+    config = config_of(manifest)
+    started = time.perf_counter()
+    tokens = corpus_tokens()
+    state = load_checkpoint(run_dir, step, config)
+    if step == 0:
+        recomputed = next_state_hash(genesis_hash(manifest.body()), state, None)
+    else:
+        prev_batch = batch_for_step(tokens, manifest.seed, step - 1, config)
+        recomputed = next_state_hash(manifest.state_hashes[step - 1], state, prev_batch)
+    if recomputed != manifest.state_hashes[step]:
+        raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
+    batch = batch_for_step(tokens, manifest.seed, step, config)
+    new_state, report = train_step(state, batch, config)
+    post = next_state_hash(manifest.state_hashes[step], new_state, batch)
+    return ReplayResult(
+        run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
+        expected=manifest.state_hashes[step + 1], loss=report.loss, elapsed_s=time.perf_counter() - started,
+    )

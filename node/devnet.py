@@ -1,0 +1,189 @@
+"""``open1b-node devnet``: a whole audit on one machine, with real daemon processes.
+
+1. train and publish a fresh run (optionally forging the state after one step);
+2. start N auditor daemons and one observer daemon (audits nothing) as separate OS processes on
+   127.0.0.1, all bootstrapping from the first;
+3. poll the observer's API until every step has ``redundancy`` distinct attesters, or a deadline;
+4. read coverage from the observer — a node that replayed nothing, so everything it reports
+   reached it over the network — shut every daemon down through its API, and summarise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from open1b.deterministic.trainer import publish_run
+from open1b.protocol import Identity, Open1bError
+
+from .client import ApiUnavailable, call
+from .daemon import API_ADDR_FILE, P2P_ADDR_FILE
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+class DevnetError(Open1bError):
+    """The devnet could not be brought up or torn down."""
+
+
+@dataclass(frozen=True)
+class DevnetOptions:
+    nodes: int = 3
+    steps: int = 8
+    redundancy: int = 1
+    tamper_step: int | None = None
+    deadline_s: float = 150.0
+    seed: int = 0
+    workdir: Path | None = None
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.steps < 1 or self.redundancy < 1:
+            raise ValueError("nodes, steps and redundancy must be at least 1")
+        if self.redundancy > self.nodes:
+            raise ValueError(f"redundancy {self.redundancy} needs at least that many nodes (got {self.nodes})")
+        if self.tamper_step is not None and not 0 <= self.tamper_step < self.steps:
+            raise ValueError(f"--tamper-step must be in [0, {self.steps})")
+
+
+class Daemons:
+    """The daemon processes of a devnet; stops them all on exit, whatever happened."""
+
+    def __init__(self, workdir: Path, run_dir: Path, redundancy: int) -> None:
+        self.workdir, self.run_dir, self.redundancy = workdir, run_dir, redundancy
+        self.procs: list[subprocess.Popen] = []
+        self.dirs: list[Path] = []
+
+    def start(self, index: int, *, audit: bool, bootstrap: str | None) -> Path:
+        data_dir = self.workdir / f"node-{index}"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
+               "--run", str(self.run_dir), "--redundancy", str(self.redundancy), "--log-prefix", f"node-{index} "]
+        if bootstrap:
+            cmd += ["--bootstrap", bootstrap]
+        if not audit:
+            cmd.append("--no-audit")
+        log = open(data_dir / "daemon.log", "wb")
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        self.dirs.append(data_dir)
+        return data_dir
+
+    def wait_file(self, index: int, name: str) -> str:
+        path, proc = self.dirs[index] / name, self.procs[index]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if path.exists():
+                return path.read_text().strip()
+            if proc.poll() is not None:
+                raise DevnetError(f"daemon {index} exited with {proc.returncode}; see {self.dirs[index]}/daemon.log")
+            time.sleep(0.05)
+        raise DevnetError(f"daemon {index} did not write {name} within {START_TIMEOUT_S:.0f} s")
+
+    def api(self, index: int) -> str:
+        return self.wait_file(index, API_ADDR_FILE)
+
+    def stop(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is None:
+                try:
+                    call(self.api(i), "/v1/shutdown", method="POST", timeout=2)
+                except (ApiUnavailable, DevnetError):
+                    proc.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run_devnet(opts: DevnetOptions, progress: Callable[[str], None] = lambda s: None) -> dict:
+    started = time.monotonic()
+    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="open1b-devnet-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_dir = workdir / "run"
+    try:
+        progress(f"training and publishing a {opts.steps}-step run in {run_dir}"
+                 + (f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""))
+        manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=opts.steps, seed=opts.seed,
+                               tamper_step=opts.tamper_step)
+        run_hex = manifest.run_id.hex()
+        daemons = Daemons(workdir, run_dir, opts.redundancy)
+        try:
+            daemons.start(0, audit=True, bootstrap=None)
+            bootstrap = daemons.wait_file(0, P2P_ADDR_FILE)
+            for i in range(1, opts.nodes):
+                daemons.start(i, audit=True, bootstrap=bootstrap)
+            observer = opts.nodes
+            daemons.start(observer, audit=False, bootstrap=bootstrap)
+            apis = [daemons.api(i) for i in range(opts.nodes + 1)]
+            progress(f"{opts.nodes} auditors and 1 observer up; auditing run {run_hex[:16]}…")
+            cov, last = None, None
+            deadline = started + opts.deadline_s
+            while time.monotonic() < deadline:
+                cov = call(apis[observer], f"/v1/coverage/{run_hex}?redundancy={opts.redundancy}")
+                done = sum(1 for s in cov["per_step"] if len(set(s["auditors"]) | set(s["dissenters"])) >= opts.redundancy)
+                if done != last:
+                    progress(f"observer sees {done}/{opts.steps} steps with {opts.redundancy} attester(s)"
+                             f" ({cov['verified_steps']} verified, {len(cov['disputed_steps'])} disputed)")
+                    last = done
+                if cov["complete"]:
+                    break
+                time.sleep(0.5)
+            statuses = [call(api, "/v1/status") for api in apis]
+        finally:
+            daemons.stop()
+        wall = time.monotonic() - started
+        replays = sum(s["replays"] for s in statuses)
+        return {
+            "run": run_hex, "steps": opts.steps, "redundancy": opts.redundancy, "nodes": opts.nodes,
+            "complete": bool(cov and cov["complete"]),
+            "verified_steps": cov["verified_steps"] if cov else 0,
+            "disputed_steps": cov["disputed_steps"] if cov else [],
+            "tamper_step": opts.tamper_step,
+            "replays": replays, "replay_ratio": round(replays / (opts.steps * opts.redundancy), 4),
+            "wall_seconds": round(wall, 2),
+            "queried_from": {"peer_id": statuses[-1]["peer_id"], "replays": statuses[-1]["replays"]},
+            "per_node": [{"peer_id": s["peer_id"], "replays": s["replays"], "claims_lost": s["claims_lost"],
+                          "audit": s["audit"]} for s in statuses],
+            "per_step": [{"step": s["step"], "status": s["status"], "auditors": s["auditors"],
+                          "dissenters": s["dissenters"]} for s in cov["per_step"]] if cov else [],
+            "workdir": str(workdir) if opts.keep else None,
+        }
+    finally:
+        if not opts.keep and opts.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def render(summary: dict) -> str:
+    lines = [
+        f"run        {summary['run']}",
+        f"nodes      {summary['nodes']} auditors + 1 observer (coverage read from {summary['queried_from']['peer_id']},"
+        f" which replayed {summary['queried_from']['replays']} steps)",
+        f"coverage   {summary['verified_steps']}/{summary['steps']} verified, disputed: {summary['disputed_steps'] or 'none'}"
+        f" — {'complete' if summary['complete'] else 'INCOMPLETE at deadline'} at redundancy {summary['redundancy']}",
+        f"work       {summary['replays']} replays = {summary['replay_ratio']}x steps x redundancy,"
+        f" {summary['wall_seconds']} s wall",
+        "",
+        "step  status     auditors",
+    ]
+    for s in summary["per_step"]:
+        who = ", ".join(p[-8:] for p in s["auditors"]) or "-"
+        if s["dissenters"]:
+            who += "  mismatch: " + ", ".join(p[-8:] for p in s["dissenters"])
+        lines.append(f"{s['step']:>4}  {s['status']:<9}  {who}")
+    return "\n".join(lines)
+
+
+def dumps(summary: dict) -> str:
+    return json.dumps(summary, indent=2)

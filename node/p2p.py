@@ -1,0 +1,273 @@
+"""The only module that imports libp2p: one host with gossipsub, a Kademlia DHT and streams.
+
+py-libp2p has sharp edges (see ../shared/notes/py-libp2p.md); this adapter files them down so
+that the rest of the node sees a small, safe surface:
+
+* start order: Pubsub and GossipSub run before the host listens, the DHT after; shutdown is the
+  reverse, from one exit stack;
+* every callback we hand to libp2p (topic validators, stream handlers, DHT record validators)
+  is wrapped so an exception — from a bug or a hostile peer — is logged and treated as a
+  rejection instead of tearing the host down;
+* ``publish`` is paced on the peers' outbound queues, which drop silently when full;
+* each subscription is drained by its own task, so a slow consumer never loses messages in
+  libp2p's 32-slot channel;
+* DHT reads that must see the network (claim re-checks) drop the local copy first, because
+  ``get_value`` answers from local data without asking anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import AsyncIterator, Awaitable, Callable
+
+import trio
+from multiaddr import Multiaddr
+
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.kad_dht import DHTMode, KadDHT
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.records.validator import Validator
+from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+from open1b.protocol import Identity, Open1bError, Outcome
+
+log = logging.getLogger(__name__)
+
+# Publishing waits while any peer's outbound queue (32 slots in py-libp2p) holds this many RPCs.
+PUBLISH_QUEUE_HIGH_WATER = 16
+PUBLISH_PACING_TIMEOUT_S = 10.0
+MAX_PUBSUB_MESSAGE = 1 << 20
+
+GossipValidator = Callable[[str, bytes], Outcome]  # (author peer ID, data) -> outcome
+GossipHandler = Callable[[str, bytes], Awaitable[None]]
+StreamHandler = Callable[["Stream"], Awaitable[None]]
+
+
+class NetworkError(Open1bError):
+    """A peer or the network did not do what we asked (unreachable, reset, timed out)."""
+
+
+class RecordValidator:
+    """What the DHT needs for one key namespace: ``validate`` raises, ``select`` ranks."""
+
+    def validate(self, key: str, value: bytes) -> None:
+        raise NotImplementedError
+
+    def select(self, key: str, values: list[bytes]) -> int:
+        raise NotImplementedError
+
+
+class _SafeRecordValidator(Validator):
+    def __init__(self, inner: RecordValidator) -> None:
+        self._inner = inner
+
+    def validate(self, key: str, value: bytes) -> None:
+        self._inner.validate(key, value)  # raising is how libp2p expects a rejection
+
+    def select(self, key: str, values: list[bytes]) -> int:
+        try:
+            return self._inner.select(key, values)
+        except Exception:
+            log.exception("DHT select failed for %s; keeping the first value", key)
+            return 0
+
+
+class Stream:
+    """A length-prefixed message stream to one peer (varint frames, each bounded)."""
+
+    def __init__(self, raw, peer_id: str) -> None:
+        self._raw = raw
+        self.peer_id = peer_id
+
+    async def send(self, frame: bytes) -> None:
+        await self._raw.write(encode_varint_prefixed(frame))
+
+    async def receive(self, max_size: int) -> bytes:
+        return await read_varint_prefixed_bytes_limited(self._raw, max_size)
+
+    async def close(self) -> None:
+        await self._raw.close()
+
+    async def reset(self) -> None:
+        try:
+            await self._raw.reset()
+        except Exception:
+            pass
+
+
+class P2P:
+    def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4) -> None:
+        self.identity = identity
+        self.host = new_host(
+            key_pair=create_new_key_pair(identity.seed),
+            connection_config=ConnectionConfig(max_connections_per_peer=1),
+        )
+        self.gossipsub = GossipSub(
+            protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
+            degree_high=mesh_degree + 2, heartbeat_interval=heartbeat_s, spam_protection_enabled=False,
+        )
+        self.pubsub = Pubsub(self.host, self.gossipsub)
+        self.dht = KadDHT(self.host, DHTMode.SERVER)
+        self._nursery: trio.Nursery | None = None
+        self.rejected: dict[str, int] = {}  # author peer ID -> gossip messages rejected
+
+    # -- identity and peers ----------------------------------------------------------------
+    @property
+    def peer_id(self) -> str:
+        return self.host.get_id().to_base58()
+
+    @property
+    def addrs(self) -> list[str]:
+        return [str(a) for a in self.host.get_addrs()]
+
+    def connected_peers(self) -> list[str]:
+        return sorted(p.to_base58() for p in self.host.get_connected_peers())
+
+    async def connect(self, addr: str) -> str:
+        """Dial a ``/ip4/…/tcp/…/p2p/<id>`` address; also seeds the DHT routing table with it."""
+        try:
+            info = info_from_p2p_addr(Multiaddr(addr))
+            await self.host.connect(info)
+            await self.dht.add_peer(info.peer_id)
+        except Exception as exc:
+            raise NetworkError(f"cannot connect to {addr}: {exc}") from exc
+        return info.peer_id.to_base58()
+
+    async def discover(self, max_peers: int) -> list[str]:
+        """Learn peers through the DHT (a FIND_NODE walk towards ourselves) and dial those we
+        are not connected to, up to ``max_peers`` connections. Returns the peers dialled."""
+        for peer in self.host.get_connected_peers():
+            await self.dht.add_peer(peer)
+        try:
+            await self.dht.refresh_routing_table()
+        except Exception as exc:  # an unreachable peer during the walk is routine
+            log.debug("routing table refresh failed: %s", exc)
+        dialled = []
+        connected = set(self.host.get_connected_peers())
+        for peer in self.dht.routing_table.get_peer_ids():
+            if len(connected) >= max_peers:
+                break
+            if peer in connected or peer == self.host.get_id():
+                continue
+            try:
+                await self.host.connect(self.host.get_peerstore().peer_info(peer))
+            except Exception as exc:
+                log.debug("cannot dial discovered peer %s: %s", peer, exc)
+                continue
+            connected.add(peer)
+            dialled.append(peer.to_base58())
+        return dialled
+
+    # -- gossip ----------------------------------------------------------------------------
+    def set_validator(self, topic: str, validator: GossipValidator) -> None:
+        """Install ``validator``; libp2p only knows accept/drop, so IGNORE drops without blame
+        and REJECT drops and counts against the author."""
+
+        def wrapped(forwarder: ID, msg) -> bool:
+            author = ID(msg.from_id).to_base58() if msg.from_id else forwarder.to_base58()
+            try:
+                outcome = validator(author, bytes(msg.data))
+            except Exception:
+                log.exception("gossip validator for %s failed; rejecting", topic)
+                outcome = Outcome.REJECT
+            if outcome is Outcome.REJECT:
+                self.rejected[author] = self.rejected.get(author, 0) + 1
+            return outcome is Outcome.ACCEPT
+
+        self.pubsub.set_topic_validator(topic, wrapped, is_async_validator=False)
+
+    async def subscribe(self, topic: str, handler: GossipHandler) -> None:
+        sub = await self.pubsub.subscribe(topic)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._drain, topic, sub, handler)
+
+    async def _drain(self, topic: str, sub, handler: GossipHandler) -> None:
+        async for msg in sub:
+            author = ID(msg.from_id).to_base58()
+            try:
+                await handler(author, bytes(msg.data))
+            except Exception:
+                log.exception("handler for topic %s failed", topic)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        if len(data) > MAX_PUBSUB_MESSAGE:
+            raise NetworkError(f"message of {len(data)} bytes exceeds the gossip limit")
+        with trio.move_on_after(PUBLISH_PACING_TIMEOUT_S):
+            while any(len(q) >= PUBLISH_QUEUE_HIGH_WATER for q in self.pubsub.peer_queues.values()):
+                await trio.sleep(0.01)
+        await self.pubsub.publish(topic, data)
+        await trio.sleep(0)  # publish() never yields; give the send loops a turn
+
+    def topic_peers(self, topic: str) -> int:
+        return len(self.pubsub.peer_topics.get(topic, ()))
+
+    # -- DHT -------------------------------------------------------------------------------
+    def register_record_validator(self, namespace: str, validator: RecordValidator) -> None:
+        self.dht.register_validator(namespace, _SafeRecordValidator(validator))
+
+    async def put_record(self, key: str, value: bytes) -> bool:
+        """Store ``value`` under ``key``; False if a value we already hold is preferred to it."""
+        try:
+            await self.dht.put_value(key, value)
+        except ValueError:
+            return False
+        return True
+
+    async def get_record(self, key: str, *, from_network: bool = False) -> bytes | None:
+        if from_network:
+            self.dht.value_store.remove(key.encode())
+        try:
+            return await self.dht.get_value(key)
+        except Exception as exc:
+            log.debug("DHT get %s failed: %s", key, exc)
+            return None
+
+    # -- streams ---------------------------------------------------------------------------
+    def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
+        async def wrapped(raw) -> None:
+            stream = Stream(raw, raw.muxed_conn.peer_id.to_base58())
+            try:
+                await handler(stream)
+            except Exception as exc:  # a bad peer must not crash the host
+                log.info("stream %s from %s failed: %s", protocol, stream.peer_id, exc)
+                await stream.reset()
+
+        self.host.set_stream_handler(TProtocol(protocol), wrapped)
+
+    async def open_stream(self, peer_id: str, protocol: str) -> Stream:
+        try:
+            raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+        except Exception as exc:
+            raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
+        return Stream(raw, peer_id)
+
+
+@asynccontextmanager
+async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncIterator[P2P]:
+    """Run a libp2p node listening on ``host:port`` for the duration of the block."""
+    node = P2P(identity, **kwargs)
+    # The deadline scope must enclose everything it may cancel, so it is opened first and
+    # armed only at shutdown (opening a fail_after at shutdown corrupts trio's scope stack).
+    with trio.CancelScope(deadline=math.inf) as shutdown:
+        async with AsyncExitStack() as stack:
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            await stack.enter_async_context(background_trio_service(node.pubsub))
+            await stack.enter_async_context(background_trio_service(node.gossipsub))
+            await stack.enter_async_context(node.host.run(listen_addrs=[Multiaddr(f"/ip4/{host}/tcp/{port}")]))
+            await stack.enter_async_context(background_trio_service(node.dht))
+            await node.pubsub.wait_until_ready()
+            node._nursery = nursery
+            try:
+                yield node
+            finally:
+                nursery.cancel_scope.cancel()
+                shutdown.deadline = trio.current_time() + 10

@@ -1,0 +1,103 @@
+"""The node's durable store: a SQLite file in WAL mode holding validated signed statements.
+
+Statements are immutable facts keyed by their digest, so every write is an idempotent
+``INSERT OR IGNORE`` in its own transaction: a crash (even ``kill -9``) loses at most the
+statement being written, never corrupts what is there, and merging two stores is set union.
+Only validated statements are handed to this module; it re-decodes (and so re-verifies) what it
+reads back, so a damaged file cannot make the node trust bytes it did not check.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from open1b.protocol import Attestation, Claim, RunManifest
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS manifests (
+    run_id BLOB PRIMARY KEY, encoded BLOB NOT NULL, run_dir TEXT, received_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS attestations (
+    digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, signer BLOB NOT NULL,
+    verdict TEXT NOT NULL, encoded BLOB NOT NULL, received_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS attestations_by_step ON attestations (run_id, step);
+CREATE TABLE IF NOT EXISTS claims (
+    digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, slot INTEGER NOT NULL,
+    claimant BLOB NOT NULL, lease_expiry INTEGER NOT NULL, encoded BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS claims_by_step ON claims (run_id, step);
+"""
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _insert(self, sql: str, params: tuple) -> bool:
+        with self._db:
+            return self._db.execute(sql, params).rowcount == 1
+
+    # -- manifests -------------------------------------------------------------------------
+    def add_manifest(self, manifest: RunManifest, run_dir: Path | None = None) -> bool:
+        added = self._insert(
+            "INSERT OR IGNORE INTO manifests VALUES (?, ?, ?, ?)",
+            (manifest.run_id, manifest.encoded, str(run_dir) if run_dir else None, int(time.time())),
+        )
+        if run_dir is not None and not added:
+            with self._db:
+                self._db.execute("UPDATE manifests SET run_dir = ? WHERE run_id = ?", (str(run_dir), manifest.run_id))
+        return added
+
+    def manifests(self) -> list[RunManifest]:
+        rows = self._db.execute("SELECT encoded FROM manifests ORDER BY received_at, run_id").fetchall()
+        return [RunManifest.decode(r[0]) for r in rows]
+
+    def run_dir(self, run_id: bytes) -> Path | None:
+        row = self._db.execute("SELECT run_dir FROM manifests WHERE run_id = ?", (run_id,)).fetchone()
+        return Path(row[0]) if row and row[0] else None
+
+    # -- attestations ----------------------------------------------------------------------
+    def add_attestation(self, att: Attestation) -> bool:
+        return self._insert(
+            "INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, int(time.time())),
+        )
+
+    def attestations(self, run_id: bytes, step: int | None = None) -> list[Attestation]:
+        if step is None:
+            rows = self._db.execute(
+                "SELECT encoded FROM attestations WHERE run_id = ? ORDER BY step, digest", (run_id,))
+        else:
+            rows = self._db.execute(
+                "SELECT encoded FROM attestations WHERE run_id = ? AND step = ? ORDER BY digest", (run_id, step))
+        return [Attestation.decode(r[0]) for r in rows.fetchall()]
+
+    def attested_steps(self, run_id: bytes, signer: bytes) -> set[int]:
+        rows = self._db.execute(
+            "SELECT DISTINCT step FROM attestations WHERE run_id = ? AND signer = ?", (run_id, signer))
+        return {r[0] for r in rows.fetchall()}
+
+    def attestation_count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM attestations").fetchone()[0]
+
+    # -- claims ----------------------------------------------------------------------------
+    def add_claim(self, claim: Claim) -> bool:
+        return self._insert(
+            "INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (claim.digest, claim.run, claim.step, claim.slot, claim.claimant, claim.lease_expiry, claim.encoded),
+        )
+
+    def claims(self, run_id: bytes, *, live_at: int | None = None) -> list[Claim]:
+        if live_at is None:
+            rows = self._db.execute("SELECT encoded FROM claims WHERE run_id = ? ORDER BY digest", (run_id,))
+        else:
+            rows = self._db.execute(
+                "SELECT encoded FROM claims WHERE run_id = ? AND lease_expiry > ? ORDER BY digest", (run_id, live_at))
+        return [Claim.decode(r[0]) for r in rows.fetchall()]
