@@ -38,7 +38,7 @@ from .api import ApiError, Route, serve_api
 from .identity_file import load_or_create_identity
 from .p2p import NetworkError, P2P, RecordValidator, Stream, open_p2p
 from .store import Store
-from .worker import ReplayFailed, run_replay
+from .worker import ReplayFailed, ReplayWorker
 
 log = logging.getLogger("open1b.node")
 
@@ -134,6 +134,7 @@ class Daemon:
         self.p2p: P2P | None = None
         self.shutdown = trio.Event()
         self.bootstrapped = trio.Event()
+        self.worker = ReplayWorker()
         self._topics: set[str] = set()
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self.hardware = f"{platform.machine()} {platform.system()} numba-cpu"
@@ -294,7 +295,7 @@ class Daemon:
         assert run_dir is not None and self.p2p is not None
         self.counters.busy_step = step
         try:
-            result = await run_replay(run_dir, step, timeout_s=self.config.replay_timeout_s)
+            result = await self.worker.replay(run_dir, step, timeout_s=self.config.replay_timeout_s)
         except ReplayFailed as exc:
             self.counters.replay_failures += 1
             self._failed.setdefault(manifest.run_id, set()).add(step)
@@ -466,6 +467,7 @@ class Daemon:
                 await self.shutdown.wait()
                 log.info("shutting down")
                 nursery.cancel_scope.cancel()
+            await self.worker.aclose()
         self.store.close()
 
 
@@ -479,7 +481,8 @@ def attestation_json(att: Attestation) -> dict:
     return {"digest": att.digest.hex(), "run": att.run.hex(), "step": att.step, "verdict": att.verdict,
             "pre_state": att.pre_state.hex(), "post_state": att.post_state.hex(), "signer": att.signer_peer_id,
             "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware,
-            "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at}
+            "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
+            "encoded": att.encoded.hex()}  # the signed statement itself: anyone can re-check it
 
 
 def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:

@@ -1,15 +1,18 @@
-"""The replay worker: one replay in its own OS process, so the daemon's trio loop stays responsive
-and a crash or hang in numeric code costs one replay, not the node.
+"""The replay worker: replays run in a separate, long-lived OS process, so the daemon's trio loop
+stays responsive, numeric code is imported and compiled once, and a crash or hang costs one
+replay (the process is killed and restarted), never the node.
 
-Protocol with the daemon: ``python -m open1b.node.worker RUN_DIR STEP`` prints exactly one JSON
-line on stdout — either a result or ``{"error": …}`` — and exits 0 or 1. The daemon does not
-believe the worker's verdict: it compares the reported hashes with the manifest itself and
+Wire protocol (JSON lines over the worker's stdin/stdout): the daemon writes
+``{"run_dir": …, "step": k}``; the worker answers one line, either
+``{"pre_state": hex, "post_state": hex, "elapsed_ms": n}`` or ``{"error": text}``. The daemon
+does not believe the worker's verdict: it compares the hashes with the manifest itself and
 signs only what it has checked.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +21,11 @@ import trio
 
 from open1b.protocol import Open1bError
 
+MAX_REPLY_BYTES = 4096
+
 
 class ReplayFailed(Open1bError):
-    """The worker process could not replay the step (bad input, crash, timeout)."""
+    """The worker could not replay the step (bad input, crash, timeout)."""
 
 
 @dataclass(frozen=True)
@@ -30,41 +35,87 @@ class WorkerResult:
     elapsed_ms: int
 
 
-async def run_replay(run_dir: Path, step: int, *, timeout_s: float, env: dict[str, str] | None = None) -> WorkerResult:
-    """Replay ``step`` in a worker process; raises :class:`ReplayFailed` (cancelling kills it)."""
-    cmd = [sys.executable, "-m", "open1b.node.worker", str(run_dir), str(step)]
-    try:
-        with trio.fail_after(timeout_s):
-            proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False, env=env)
-    except trio.TooSlowError as exc:
-        raise ReplayFailed(f"replay of step {step} timed out after {timeout_s:.0f} s") from exc
-    lines = proc.stdout.decode(errors="replace").strip().splitlines()
-    try:
-        reply = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        tail = proc.stderr.decode(errors="replace")[-500:]
-        raise ReplayFailed(f"worker exited {proc.returncode} without a result: {tail}") from None
-    if "error" in reply:
-        raise ReplayFailed(reply["error"])
-    return WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]), int(reply["elapsed_ms"]))
+class ReplayWorker:
+    """A handle on the worker process, started on first use and restarted after a failure."""
+
+    def __init__(self) -> None:
+        self._proc: trio.Process | None = None
+        self._buffer = b""
+        self.restarts = 0
+
+    async def _ensure_started(self) -> trio.Process:
+        if self._proc is None or self._proc.returncode is not None:
+            self._proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "open1b.node.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._buffer = b""
+            self.restarts += 1
+        return self._proc
+
+    async def _read_line(self, proc: trio.Process) -> bytes:
+        assert proc.stdout is not None
+        while b"\n" not in self._buffer:
+            chunk = await proc.stdout.receive_some(4096)
+            if not chunk:
+                raise ReplayFailed(f"worker exited (code {proc.poll()}) without answering")
+            self._buffer += chunk
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                raise ReplayFailed("worker reply too long")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+        self._proc = None
+
+    async def replay(self, run_dir: Path, step: int, *, timeout_s: float) -> WorkerResult:
+        """Replay ``step``; raises :class:`ReplayFailed`. Timeout or cancellation kills the process."""
+        ok = False
+        try:
+            with trio.fail_after(timeout_s):
+                proc = await self._ensure_started()
+                assert proc.stdin is not None
+                await proc.stdin.send_all(json.dumps({"run_dir": str(run_dir), "step": step}).encode() + b"\n")
+                reply = json.loads(await self._read_line(proc))
+            ok = True
+        except trio.TooSlowError as exc:
+            raise ReplayFailed(f"replay of step {step} timed out after {timeout_s:.0f} s") from exc
+        except (trio.BrokenResourceError, ValueError) as exc:
+            raise ReplayFailed(f"worker failed: {exc}") from exc
+        finally:
+            if not ok:
+                self.kill()
+        if "error" in reply:
+            raise ReplayFailed(reply["error"])
+        return WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]),
+                            int(reply["elapsed_ms"]))
+
+    async def aclose(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            assert self._proc.stdin is not None
+            await self._proc.stdin.aclose()  # EOF: the worker exits by itself
+            with trio.move_on_after(5):
+                await self._proc.wait()
+        self.kill()
 
 
-def main(argv: list[str]) -> int:
-    try:
-        from open1b.deterministic.replay import replay
+def _serve() -> int:
+    from open1b.deterministic.replay import replay
+    from open1b.deterministic.selfcheck import require_deterministic_machine
 
-        run_dir, step = Path(argv[0]), int(argv[1])
-        result = replay(run_dir, step)
-    except (Open1bError, ValueError, IndexError, OSError) as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        return 1
-    print(json.dumps({
-        "pre_state": result.pre_state.hex(),
-        "post_state": result.post_state.hex(),
-        "elapsed_ms": int(result.elapsed_s * 1000),
-    }))
+    require_deterministic_machine()
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            result = replay(Path(request["run_dir"]), int(request["step"]))
+            reply = {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
+                     "elapsed_ms": int(result.elapsed_s * 1000)}
+        except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(_serve())

@@ -1,0 +1,19 @@
+from pathlib import Path
+
+import pytest
+
+from open1b.deterministic.trainer import publish_run
+from open1b.protocol import Identity
+from open1b.protocol.hashing import blake2b256
+
+
+def ident(n: int) -> Identity:
+    return Identity(blake2b256(b"node-test-identity", bytes([n])))
+
+
+@pytest.fixture(scope="session")
+def tampered_run(tmp_path_factory) -> tuple[Path, object]:
+    """A published 6-step run whose state after step 2 is forged."""
+    run_dir = tmp_path_factory.mktemp("run")
+    manifest = publish_run(run_dir, ident(0), steps=6, seed=3, tamper_step=2)
+    return run_dir, manifest
