@@ -56,7 +56,7 @@ class Coverage:
     steps: tuple[StepCoverage, ...]
 
     def count(self, status: StepStatus) -> int:
-        return sum(1 for s in self.steps if s.status is status)
+        return sum(1 for s in self.steps if s.status == status)
 
     @property
     def disputed_steps(self) -> list[int]:
