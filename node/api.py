@@ -33,6 +33,14 @@ class ApiError(Open1bError):
 
 
 @dataclass(frozen=True)
+class RawResponse:
+    """A non-JSON body (e.g. Prometheus text) returned by a handler as is."""
+
+    content_type: str
+    body: bytes
+
+
+@dataclass(frozen=True)
 class Route:
     method: str
     prefix: str
@@ -53,8 +61,11 @@ async def _handle(stream: trio.SocketStream, routes: list[Route]) -> None:
     try:
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             status, body = await _respond(stream, routes)
-            payload = json.dumps(body).encode()
-            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+            if isinstance(body, RawResponse):
+                content_type, payload = body.content_type, body.body
+            else:
+                content_type, payload = "application/json", json.dumps(body).encode()
+            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
             await stream.send_all(head.encode() + payload)
     except (trio.BrokenResourceError, trio.ClosedResourceError):

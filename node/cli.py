@@ -1,41 +1,84 @@
-"""``open1b-node``: the command line. Each command builds one typed result and renders it as
-text, or as JSON with ``--json``. Exit codes: 0 success (and ``match`` for replay), 1 error,
-2 mismatch or an incomplete devnet."""
+"""``open1b-node``: the command line. Each command builds one result and renders it as text, or
+as JSON with ``--json``. Commands that ask a running daemon use its local API: ``--api``, or the
+``api.addr`` the daemon wrote in its data directory.
+
+Exit codes: 0 success (and ``match`` for replay); 1 error (or a FAIL from doctor); 2 mismatch,
+or a devnet that did not complete before its deadline.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from open1b.protocol import Open1bError
 
-DEFAULT_API = "127.0.0.1:5701"
+from .datadir import default_data_dir
 
 
-def _data_dir(value: str | None) -> Path:
-    return Path(value or os.environ.get("OPEN1B_PATH") or Path.home() / ".open1b")
+def _emit(args: argparse.Namespace, result: Any, render: Callable[[Any], str]) -> None:
+    print(json.dumps(result, indent=2) if args.json else render(result))
 
 
-def _print(obj, as_json: bool, render) -> None:
-    print(json.dumps(obj, indent=2) if as_json else render(obj))
+def _api(args: argparse.Namespace) -> str:
+    if args.api:
+        return args.api
+    from .daemon import API_ADDR_FILE
+
+    path = default_data_dir(args.data_dir) / API_ADDR_FILE
+    if not path.exists():
+        from .client import ApiUnavailable
+
+        raise ApiUnavailable(f"no running daemon found for {path.parent} (start one, or pass --api HOST:PORT)")
+    return path.read_text().strip()
+
+
+def _call(args: argparse.Namespace, path: str, **kw) -> Any:
+    from .client import call
+
+    return call(_api(args), path, **kw)
+
+
+def _table(rows: list[list[str]]) -> str:
+    if not rows:
+        return "(none)"
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# -- commands --------------------------------------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> int:
+    from .datadir import init_data_dir
+
+    result = init_data_dir(default_data_dir(args.data_dir))
+    out = {"data_dir": str(result.data_dir), "peer_id": result.peer_id, "created_key": result.created_key,
+           "wrote_config": result.wrote_config}
+    _emit(args, out, lambda o: "\n".join([
+        f"data dir  {o['data_dir']}", f"peer id   {o['peer_id']}",
+        f"key       {'created' if o['created_key'] else 'kept (already there; keys are never overwritten)'}",
+        f"config    {'written' if o['wrote_config'] else 'kept (already there)'}"]))
+    return 0
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     import trio
 
-    from .daemon import Daemon, NodeConfig
+    from .config import load_config
+    from .daemon import Daemon
+    from .datadir import init_data_dir
     from .logs import setup_logging
 
     setup_logging(args.log_level, json_lines=args.log_json, prefix=args.log_prefix)
-    host, port = _split_hostport(args.listen)
-    api_host, api_port = _split_hostport(args.api)
-    config = NodeConfig(
-        data_dir=_data_dir(args.data_dir), listen_host=host, listen_port=port, api_host=api_host, api_port=api_port,
-        bootstrap=tuple(args.bootstrap), run_dirs=tuple(Path(r) for r in args.run), audit=not args.no_audit,
-        redundancy=args.redundancy, lease_s=args.lease,
+    data_dir = default_data_dir(args.data_dir)
+    init_data_dir(data_dir)
+    base = load_config(data_dir)
+    config = base.with_overrides(
+        listen=args.listen, api=args.api, metrics=args.metrics, redundancy=args.redundancy, lease_s=args.lease,
+        bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
+        audit=False if args.no_audit else None,
     )
     try:
         trio.run(Daemon(config).run)
@@ -44,105 +87,182 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_coverage(args: argparse.Namespace) -> int:
-    from .client import call
-
-    query = f"?redundancy={args.redundancy}" if args.redundancy else ""
-    cov = call(args.api, f"/v1/coverage/{args.run}{query}")
-
-    def render(c: dict) -> str:
-        head = (f"run {c['run']}: {c['verified_steps']}/{c['steps']} verified, {c['claimed_steps']} claimed, "
-                f"{c['unaudited_steps']} unaudited, disputed {c['disputed_steps'] or 'none'}")
-        rows = [f"{s['step']:>6}  {s['status']:<9}  {len(s['auditors'])} match / {len(s['dissenters'])} mismatch"
-                for s in c["per_step"]]
-        return "\n".join([head, *rows])
-
-    _print(cov, args.json, render)
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _call(args, "/v1/status")
+    _emit(args, status, lambda s: "\n".join([
+        f"peer       {s['peer_id']}", f"listen     {', '.join(s['addrs'])}",
+        f"peers      {len(s['peers'])} connected, {s['peers_banned']} banned", f"runs       {len(s['runs'])}",
+        f"stored     {s['attestations_stored']} attestations",
+        f"replays    {s['replays']} ({s['replay_failures']} failed), claims won {s['claims_won']} / lost {s['claims_lost']}",
+        f"gossip     {s['gossip_rejected']} rejected, {s['gossip_ignored']} ignored; {s['synced']} pulled by sync",
+        f"auditing   {'yes' if s['audit'] else 'no (observer)'}"
+        + (f", replaying step {s['replaying_step']}" if s['replaying_step'] is not None else "")]))
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from .client import call
+def cmd_peers(args: argparse.Namespace) -> int:
+    peers = _call(args, "/v1/peers")
+    _emit(args, peers, lambda ps: _table([["PEER", "ADDRESS", "REJECTED"]]
+                                         + [[p["peer_id"], (p["addrs"] or ["?"])[0], str(p["rejected"])] for p in ps]))
+    return 0
 
-    status = call(args.api, "/v1/status")
 
-    def render(s: dict) -> str:
-        return "\n".join([
-            f"peer      {s['peer_id']}", f"listen    {', '.join(s['addrs'])}", f"peers     {len(s['peers'])}",
-            f"runs      {len(s['runs'])}", f"stored    {s['attestations_stored']} attestations",
-            f"replays   {s['replays']} ({s['replay_failures']} failed)", f"auditing  {s['audit']}",
-        ])
+def cmd_runs(args: argparse.Namespace) -> int:
+    runs = _call(args, "/v1/runs")
+    _emit(args, runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
+                                        + [[r["run"], str(r["steps"]), r["engine"], "yes" if r["run_dir"] else "no"]
+                                           for r in rs]))
+    return 0
 
-    _print(status, args.json, render)
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    query = f"?redundancy={args.redundancy}" if args.redundancy else ""
+    cov = _call(args, f"/v1/coverage/{args.run}{query}")
+
+    def render(c: dict) -> str:
+        head = (f"run {c['run']}: {c['verified_steps']}/{c['steps']} verified, {c['claimed_steps']} claimed, "
+                f"{c['unaudited_steps']} unaudited, disputed {c['disputed_steps'] or 'none'}"
+                f" ({'complete' if c['complete'] else 'incomplete'} at redundancy {c['redundancy']})")
+        rows = [["STEP", "STATUS", "MATCH", "MISMATCH", "CLAIMED BY"]] + [
+            [str(s["step"]), s["status"], str(len(s["auditors"])), str(len(s["dissenters"])),
+             ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
+        return head + "\n" + _table(rows)
+
+    _emit(args, cov, render)
+    return 0
+
+
+def cmd_claims(args: argparse.Namespace) -> int:
+    claims = _call(args, "/v1/claims" + (f"/{args.run}" if args.run else ""))
+    _emit(args, claims, lambda cs: _table([["RUN", "STEP", "SLOT", "CLAIMANT", "EXPIRES IN"]] + [
+        [c["run"][:16], str(c["step"]), str(c["slot"]), c["claimant"], f"{c['expires_in_s']} s"] for c in cs]))
+    return 0
+
+
+def cmd_attestations(args: argparse.Namespace) -> int:
+    query = f"?step={args.step}" if args.step is not None else ""
+    atts = _call(args, f"/v1/attestations/{args.run}{query}")
+    _emit(args, atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
+        [str(a["step"]), a["verdict"], a["signer"], a["engine"], a["hardware"], str(a["elapsed_ms"])] for a in xs]))
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .progress import progress
+
+    run_dir = Path(args.run)
+    if not run_dir.is_dir():  # a run id (or prefix) the node knows
+        runs = [r for r in _call(args, "/v1/runs") if r["run"].startswith(args.run.lower())]
+        if len(runs) != 1 or not runs[0]["run_dir"]:
+            raise Open1bError(f"{args.run!r} is neither a run directory nor a single replayable run the node knows")
+        run_dir = Path(runs[0]["run_dir"])
     from open1b.deterministic.replay import replay
 
-    result = replay(Path(args.run), args.step)
+    with progress(f"replaying step {args.step}", 1) as update:
+        update(0, "loading, checking the checkpoint, replaying")
+        result = replay(run_dir, args.step)
+        update(1, "done")
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
            "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4)}
-    _print(out, args.json, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()))
+    _emit(args, out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()))
     return 0 if result.match else 2
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .client import ApiUnavailable
+    from .doctor import run_checks
+
+    try:
+        status = _call(args, "/v1/status", timeout=3)
+    except ApiUnavailable:
+        status = None
+    checks = run_checks(default_data_dir(args.data_dir), status)
+    out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
+    _emit(args, out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]))
+    return 1 if any(c.level == "FAIL" for c in checks) else 0
+
+
+def cmd_key_show(args: argparse.Namespace) -> int:
+    from .identity_file import key_path, load_identity
+
+    data_dir = default_data_dir(args.data_dir)
+    identity = load_identity(data_dir)
+    out = {"peer_id": identity.peer_id, "public_key": identity.public_key.hex(), "key_file": str(key_path(data_dir))}
+    _emit(args, out, lambda o: "\n".join(f"{k:<11} {v}" for k, v in o.items()))
+    return 0
+
+
 def cmd_devnet(args: argparse.Namespace) -> int:
-    from .devnet import DevnetOptions, dumps, render, run_devnet
+    from .devnet import DevnetOptions, render, run_devnet
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
                          deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
                          keep=args.keep)
-    summary = run_devnet(opts, progress=lambda line: print(f"devnet: {line}", file=sys.stderr, flush=True))
-    print(dumps(summary) if args.json else render(summary))
+    summary = run_devnet(opts)
+    _emit(args, summary, render)
     return 0 if summary["complete"] else 2
 
 
-def _split_hostport(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
-
-
+# -- parser ----------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="open1b-node", description=__doc__)
+    p = argparse.ArgumentParser(prog="open1b-node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", help="data directory (default $OPEN1B_PATH, else ~/.open1b)")
+    reporting = argparse.ArgumentParser(add_help=False, parents=[common])
+    reporting.add_argument("--json", action="store_true", help="machine-readable output")
+    client = argparse.ArgumentParser(add_help=False, parents=[reporting])
+    client.add_argument("--api", help="the daemon's API HOST:PORT (default: the data dir's api.addr)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("daemon", help="run a node")
-    d.add_argument("--data-dir", help="data directory (default $OPEN1B_PATH or ~/.open1b)")
-    d.add_argument("--listen", default="127.0.0.1:0", help="libp2p TCP listen HOST:PORT")
-    d.add_argument("--api", default="127.0.0.1:0", help="local API HOST:PORT (0 = any free port)")
-    d.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to dial (repeatable)")
-    d.add_argument("--run", action="append", default=[], help="run directory to audit (repeatable)")
+    sub.add_parser("init", parents=[reporting], help="create the data directory, key and config").set_defaults(func=cmd_init)
+
+    d = sub.add_parser("daemon", parents=[common], help="run a node (initialises the data dir if needed)")
+    d.add_argument("--listen", help="libp2p TCP listen HOST:PORT (config: listen)")
+    d.add_argument("--api", help="local API HOST:PORT; port 0 picks a free one (config: api)")
+    d.add_argument("--metrics", help="serve Prometheus metrics on HOST:PORT (config: metrics)")
+    d.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to dial (repeatable; adds to config)")
+    d.add_argument("--run", action="append", default=[], help="run directory to audit (repeatable; adds to config)")
     d.add_argument("--no-audit", action="store_true", help="observe only: never claim or replay")
-    d.add_argument("--redundancy", type=int, default=1, help="distinct attesters wanted per step")
-    d.add_argument("--lease", type=int, default=120, help="claim lease in seconds")
+    d.add_argument("--redundancy", type=int, help="distinct attesters wanted per step (config: redundancy)")
+    d.add_argument("--lease", type=int, help="claim lease in seconds (config: lease_seconds)")
     d.add_argument("--log-level", default="info")
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
     d.add_argument("--log-prefix", default="", help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_daemon)
 
-    c = sub.add_parser("coverage", help="ask a running node for a run's coverage")
-    c.add_argument("run", help="run id (hex, a unique prefix is enough)")
-    c.add_argument("--api", default=DEFAULT_API, help="the node's API HOST:PORT")
+    sub.add_parser("status", parents=[client], help="the daemon's status").set_defaults(func=cmd_status)
+    sub.add_parser("peers", parents=[client], help="connected peers").set_defaults(func=cmd_peers)
+    sub.add_parser("runs", parents=[client], help="runs the daemon knows").set_defaults(func=cmd_runs)
+
+    c = sub.add_parser("coverage", parents=[client], help="a run's coverage, from any running node")
+    c.add_argument("run", help="run id (hex; a unique prefix is enough)")
     c.add_argument("--redundancy", type=int, help="target to judge completeness by (default: the node's)")
-    c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_coverage)
 
-    s = sub.add_parser("status", help="ask a running node for its status")
-    s.add_argument("--api", default=DEFAULT_API)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_status)
+    cl = sub.add_parser("claims", parents=[client], help="live claims the daemon knows")
+    cl.add_argument("run", nargs="?", help="only this run")
+    cl.set_defaults(func=cmd_claims)
 
-    r = sub.add_parser("replay", help="replay one step of a run directory locally")
-    r.add_argument("run", help="run directory")
+    a = sub.add_parser("attestations", parents=[client], help="attestations of a run")
+    a.add_argument("run")
+    a.add_argument("--step", type=int)
+    a.set_defaults(func=cmd_attestations)
+
+    r = sub.add_parser("replay", parents=[client], help="replay one step locally: match (0) or mismatch (2)")
+    r.add_argument("run", help="a run directory, or a run id the daemon knows")
     r.add_argument("--step", type=int, required=True)
-    r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay)
 
-    n = sub.add_parser("devnet", help="train a run and audit it with a local network of daemons")
+    sub.add_parser("doctor", parents=[client], help="check this machine and node: OK / WARN / FAIL").set_defaults(
+        func=cmd_doctor)
+
+    k = sub.add_parser("key", help="the node key")
+    ksub = k.add_subparsers(dest="key_command", required=True)
+    ksub.add_parser("show", parents=[reporting], help="peer ID and public key (never the secret)").set_defaults(
+        func=cmd_key_show)
+
+    n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
     n.add_argument("--nodes", type=int, default=3, help="auditor daemons (an observer is added)")
     n.add_argument("--steps", type=int, default=8)
     n.add_argument("--redundancy", type=int, default=1)
@@ -151,8 +271,10 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     n.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
-    n.add_argument("--json", action="store_true")
     n.set_defaults(func=cmd_devnet)
+
+    from .verify_handoff import add_parser as add_verify_handoff  # Open-1B v3 hand-off check
+    add_verify_handoff(sub, parents=[reporting])
     return p
 
 

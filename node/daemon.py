@@ -4,12 +4,11 @@ Tasks (one trio nursery, all cancelled together on shutdown):
 
 * gossip: per run, an attestations topic and a claims topic, each behind a validator from
   :mod:`open1b.protocol.validation` — nothing reaches the store unvalidated;
-* audit loop: pick a step (:mod:`.claims`), claim it in the DHT, re-check the claim, replay it
-  in a worker process, compare with the manifest, sign and publish the attestation;
-* sync loop: periodically pull a peer's attestations over a stream, so messages missed on
-  gossip (late joiners, restarts, mesh churn) still arrive;
-* bootstrap loop: keep dialling configured peers until connected;
-* local API (:mod:`.api`).
+* bootstrap, then audit loop: pick a step (:mod:`.claims`), claim it (:mod:`.claiming`), replay
+  it in the worker process (:mod:`.worker`), compare with the manifest, sign and publish;
+* sync loop (:mod:`.sync`): periodically pull a peer's attestations, so messages missed on gossip
+  (late joiners, restarts, mesh churn) still arrive; periodic peer discovery;
+* local API (:mod:`.api`), and Prometheus metrics when configured (:mod:`.metrics`).
 """
 
 from __future__ import annotations
@@ -19,36 +18,39 @@ import logging
 import platform
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from open1b.deterministic.runfile import read_manifest
 from open1b.protocol import (
-    MATCH, MISMATCH, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, StepStatus,
-    claim_key, coverage, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
+    MATCH, MISMATCH, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, claim_key,
+    coverage, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
 )
-from open1b.protocol.claims import CLAIM_NAMESPACE, MAX_LEASE_SECONDS
-from open1b.protocol.codec import decode, encode
-from open1b.protocol.messages import MAX_ATTESTATION_SIZE
+from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from . import claims as planner
-from .api import ApiError, Route, serve_api
+from . import views
+from .api import ApiError, RawResponse, Route, serve_api
+from .claiming import ClaimAgent
+from .config import NodeConfig, split_hostport
+from .datadir import DaemonLock, check_version
 from .identity_file import load_or_create_identity
-from .p2p import NetworkError, P2P, RecordValidator, Stream, open_p2p
+from .metrics import Gauges, NodeStats, metrics_registry, render
+from .p2p import NetworkError, P2P, RecordValidator, open_p2p
 from .store import Store
+from .sync import SYNC_PROTOCOL, pull_attestations, serve_sync
+from .systemd import notify
 from .worker import ReplayFailed, ReplayWorker
 
 log = logging.getLogger("open1b.node")
 
-SYNC_PROTOCOL = "/open1b/sync/1.0.0"
-MAX_SYNC_REQUEST = 256
-MAX_SYNC_STATEMENTS = 100_000
 MAX_DIALLED_PEERS = 32
 DISCOVERY_EVERY_SYNC_ROUNDS = 10
+SYNC_TIMEOUT_S = 10.0
 API_ADDR_FILE = "api.addr"
 P2P_ADDR_FILE = "p2p.addr"
+STORE_FILE = "store.sqlite"
 
 
 def now_s() -> int:
@@ -61,44 +63,6 @@ def attestations_topic(run: bytes) -> str:
 
 def claims_topic(run: bytes) -> str:
     return f"/open1b/1/run/{run.hex()}/claims"
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    data_dir: Path
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 0
-    api_host: str = "127.0.0.1"
-    api_port: int = 0
-    bootstrap: tuple[str, ...] = ()
-    run_dirs: tuple[Path, ...] = ()
-    audit: bool = True
-    redundancy: int = 1
-    lease_s: int = 120
-    replay_timeout_s: float = 600.0
-    sync_interval_s: float = 2.0
-    idle_poll_s: float = 0.5
-    heartbeat_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.lease_s <= MAX_LEASE_SECONDS:
-            raise ValueError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
-        if self.redundancy < 1:
-            raise ValueError("redundancy must be at least 1")
-
-
-@dataclass
-class Counters:
-    replays: int = 0
-    replay_failures: int = 0
-    claims_won: int = 0
-    claims_lost: int = 0
-    attestations_received: int = 0
-    gossip_rejected: int = 0
-    gossip_ignored: int = 0
-    synced: int = 0
-    busy_step: int | None = None
-    replayed: list[tuple[str, int]] = field(default_factory=list)
 
 
 class ClaimRecords(RecordValidator):
@@ -123,27 +87,46 @@ class ClaimRecords(RecordValidator):
         return valid[select_claim([parsed[i] for i in valid])]
 
 
+class _DhtClaimBoard:
+    """The claim agent's view of the network: DHT records plus the run's claims topic."""
+
+    def __init__(self, p2p: P2P) -> None:
+        self.p2p = p2p
+
+    async def read(self, key: str) -> bytes | None:
+        return await self.p2p.get_record(key, from_network=True)
+
+    async def write(self, key: str, value: bytes) -> bool:
+        return await self.p2p.put_record(key, value)
+
+    async def announce(self, claim: Claim) -> None:
+        await self.p2p.publish(claims_topic(claim.run), claim.encoded)
+
+
 class Daemon:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_version(config.data_dir, create=True)
         self.identity: Identity = load_or_create_identity(config.data_dir)
-        self.store = Store(config.data_dir / "store.sqlite")
-        self.manifests: dict[bytes, RunManifest] = {m.run_id: m for m in self.store.manifests()}
-        self.counters = Counters()
-        self.p2p: P2P | None = None
+        self.stats = NodeStats()
         self.shutdown = trio.Event()
         self.bootstrapped = trio.Event()
         self.worker = ReplayWorker()
+        self.hardware = f"{platform.machine()} {platform.system()} numba-cpu"
+        self.p2p: P2P | None = None
+        self.store: Store | None = None
+        self.claimer: ClaimAgent | None = None
+        self.manifests: dict[bytes, RunManifest] = {}
         self._topics: set[str] = set()
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
-        self.hardware = f"{platform.machine()} {platform.system()} numba-cpu"
 
     # -- runs ------------------------------------------------------------------------------
     def manifest(self, run: bytes) -> RunManifest | None:
         return self.manifests.get(run)
 
     async def add_run(self, manifest: RunManifest, run_dir: Path | None) -> None:
+        assert self.store is not None
         self.store.add_manifest(manifest, run_dir)
         self.manifests[manifest.run_id] = manifest
         await self._join_run_topics(manifest.run_id)
@@ -161,32 +144,27 @@ class Daemon:
             await self.p2p.subscribe(topic, handler)
 
     # -- gossip validation and ingestion ---------------------------------------------------
-    def _count(self, outcome: Outcome) -> None:
-        if outcome is Outcome.REJECT:
-            self.counters.gossip_rejected += 1
-        elif outcome is Outcome.IGNORE:
-            self.counters.gossip_ignored += 1
-
     def _validate_attestation(self, author: str, data: bytes) -> Outcome:
         verdict = validate_attestation(data, self.manifest, now_s())
-        self._count(verdict.outcome)
+        self.stats.record_gossip("attestation", verdict.outcome.value)
         if verdict.outcome is not Outcome.ACCEPT:
             log.info("gossip attestation from %s: %s (%s)", author, verdict.outcome.value, verdict.reason)
         return verdict.outcome
 
     def _validate_claim(self, author: str, data: bytes) -> Outcome:
         verdict = validate_claim(data, self.manifest, now_s())
-        self._count(verdict.outcome)
+        self.stats.record_gossip("claim", verdict.outcome.value)
         return verdict.outcome
 
     def ingest_attestation(self, data: bytes) -> bool:
         """Validate and store one attestation from anywhere; True if it was new."""
+        assert self.store is not None
         verdict = validate_attestation(data, self.manifest, now_s())
         if not verdict.accepted:
             return False
         added = self.store.add_attestation(verdict.message)
         if added:
-            self.counters.attestations_received += 1
+            self.stats.attestations_received += 1
         return added
 
     async def _on_attestation(self, author: str, data: bytes) -> None:
@@ -195,66 +173,32 @@ class Daemon:
     async def _on_claim(self, author: str, data: bytes) -> None:
         verdict = validate_claim(data, self.manifest, now_s())
         if verdict.accepted:
-            self.store.add_claim(verdict.message)
+            self._seen_claim(verdict.message)
+
+    def _seen_claim(self, claim: Claim) -> None:
+        if self.store is not None and claim.run in self.manifests:
+            self.store.add_claim(claim)
 
     # -- coverage --------------------------------------------------------------------------
     def coverage(self, run: bytes, redundancy: int | None = None) -> Coverage:
-        manifest = self.manifests[run]
+        assert self.store is not None
         now = now_s()
         return coverage(
-            manifest, self.store.attestations(run), self.store.claims(run, live_at=now),
+            self.manifests[run], self.store.attestations(run), self.store.claims(run, live_at=now),
             now=now, redundancy=redundancy or self.config.redundancy,
         )
 
     # -- claiming and replaying -------------------------------------------------------------
-    async def _read_claim(self, key: str) -> Claim | None:
-        assert self.p2p is not None
-        value = await self.p2p.get_record(key, from_network=True)
-        if value is None:
-            return None
-        try:
-            return Claim.decode(value)
-        except Open1bError:
-            return None
-
-    async def _try_claim(self, manifest: RunManifest, cov: Coverage, step: int) -> bool:
-        """Claim a free redundancy slot of ``step``; True only if the DHT then shows our claim."""
-        assert self.p2p is not None
-        status = cov.steps[step]
-        attesters = set(status.auditors) | set(status.dissenters)
-        slots = planner.target_attesters(status.status, cov.redundancy)
-        now = now_s()
-        records = {s: await self._read_claim(claim_key(manifest.run_id, step, s)) for s in range(slots)}
-        for rec in records.values():
-            if rec is not None:
-                self.store.add_claim(rec)
-        slot = planner.free_slot(records, slots, me=self.identity.public_key, attesters=attesters, now=now)
-        if slot is None:
-            return False
-        mine = records.get(slot)
-        if mine is None or mine.claimant != self.identity.public_key or not mine.lease_expiry > now + 5:
-            mine = Claim.create(self.identity, run=manifest.run_id, step=step, slot=slot, issued_at=now,
-                                lease_expiry=now + self.config.lease_s)
-            self.store.add_claim(mine)
-            key = claim_key(manifest.run_id, step, slot)
-            if not await self.p2p.put_record(key, mine.encoded):
-                self.counters.claims_lost += 1
-                return False
-            await self.p2p.publish(claims_topic(manifest.run_id), mine.encoded)
-            # Re-check before spending compute: a concurrent claim may have won the order.
-            await trio.sleep(random.uniform(0.05, 0.2))
-            current = await self._read_claim(key)
-            if current is not None and current.digest != mine.digest:
-                self.store.add_claim(current)
-                self.counters.claims_lost += 1
-                return False
-        self.counters.claims_won += 1
-        return True
-
     def _next_candidates(self) -> list[tuple[RunManifest, Coverage, planner.Candidate]]:
-        out = []
-        peers = [self._peer_key(p) for p in self.p2p.connected_peers()] if self.p2p else []
+        assert self.store is not None and self.p2p is not None
+        peers = []
+        for peer_id in self.p2p.connected_peers():
+            try:
+                peers.append(public_key_from_peer_id(peer_id))
+            except Open1bError:
+                continue  # not an Ed25519 peer: it cannot be an auditor
         now = now_s()
+        out = []
         for run, manifest in self.manifests.items():
             if self.store.run_dir(run) is None:
                 continue  # we can only replay runs whose files we hold
@@ -262,49 +206,44 @@ class Daemon:
             by_step: dict[int, list[Claim]] = {}
             for c in self.store.claims(run, live_at=now):
                 by_step.setdefault(c.step, []).append(c)
-            for cand in planner.candidates(
-                cov, me=self.identity.public_key, peers=[p for p in peers if p],
-                attested_by_me=self.store.attested_steps(run, self.identity.public_key) | self._failed.get(run, set()),
-                claims_by_step=by_step, now=now,
-            ):
+            done_here = self.store.attested_steps(run, self.identity.public_key) | self._failed.get(run, set())
+            for cand in planner.candidates(cov, me=self.identity.public_key, peers=peers,
+                                           attested_by_me=done_here, claims_by_step=by_step, now=now):
                 out.append((manifest, cov, cand))
         return sorted(out, key=lambda item: item[2].order())
 
-    @staticmethod
-    def _peer_key(peer_id: str) -> bytes | None:
-        try:
-            return public_key_from_peer_id(peer_id)
-        except Open1bError:
-            return None
-
     async def _audit_loop(self) -> None:
+        assert self.claimer is not None
         await self.bootstrapped.wait()
         while True:
             picked = None
             for manifest, cov, cand in self._next_candidates()[:4]:
-                if await self._try_claim(manifest, cov, cand.step):
+                if await self.claimer.try_claim(manifest, cov, cand.step):
                     picked = (manifest, cand.step)
                     break
+            self.stats.claims_won, self.stats.claims_lost = self.claimer.won, self.claimer.lost
             if picked is None:
                 await trio.sleep(self.config.idle_poll_s)
                 continue
             await self._replay_and_attest(*picked)
 
     async def _replay_and_attest(self, manifest: RunManifest, step: int) -> None:
+        assert self.store is not None and self.p2p is not None
         run_dir = self.store.run_dir(manifest.run_id)
-        assert run_dir is not None and self.p2p is not None
-        self.counters.busy_step = step
+        assert run_dir is not None
+        self.stats.busy_step = step
+        started = time.monotonic()
         try:
             result = await self.worker.replay(run_dir, step, timeout_s=self.config.replay_timeout_s)
         except ReplayFailed as exc:
-            self.counters.replay_failures += 1
+            self.stats.replay_failures += 1
             self._failed.setdefault(manifest.run_id, set()).add(step)
             log.warning("replay of step %d failed: %s", step, exc)
             return
         finally:
-            self.counters.busy_step = None
-        self.counters.replays += 1
-        self.counters.replayed.append((manifest.run_id.hex(), step))
+            self.stats.busy_step = None
+        self.stats.record_replay(time.monotonic() - started)
+        self.stats.replayed.append((manifest.run_id.hex(), step))
         if result.pre_state != manifest.state_hashes[step]:
             # The worker checked this already; a difference means a broken worker, not a verdict.
             self._failed.setdefault(manifest.run_id, set()).add(step)
@@ -321,33 +260,21 @@ class Daemon:
         log.info("step %d of run %s: %s (%d ms)", step, manifest.run_id.hex()[:12], att.verdict, result.elapsed_ms)
         await self.p2p.publish(attestations_topic(manifest.run_id), att.encoded)
 
-    # -- sync ------------------------------------------------------------------------------
-    async def _serve_sync(self, stream: Stream) -> None:
-        request = decode(await stream.receive(MAX_SYNC_REQUEST), max_size=MAX_SYNC_REQUEST)
-        if type(request) is not dict or set(request) != {"run"} or type(request["run"]) is not bytes:
-            raise NetworkError("malformed sync request")
-        run = request["run"]
-        if run in self.manifests:
-            for att in self.store.attestations(run)[:MAX_SYNC_STATEMENTS]:
-                await stream.send(att.encoded)
-        await stream.send(b"")
-        await stream.close()
+    # -- sync and peers --------------------------------------------------------------------
+    def _attestations_for_sync(self, run: bytes) -> list[Attestation] | None:
+        assert self.store is not None
+        return self.store.attestations(run) if run in self.manifests else None
 
-    async def sync_with(self, peer_id: str, run: bytes) -> int:
-        """Pull ``peer_id``'s attestations of ``run``; returns how many were new here."""
+    async def sync_with(self, peer_id: str) -> int:
         assert self.p2p is not None
-        stream = await self.p2p.open_stream(peer_id, SYNC_PROTOCOL)
         new = 0
-        try:
-            await stream.send(encode({"run": run}))
-            for _ in range(MAX_SYNC_STATEMENTS):
-                frame = await stream.receive(MAX_ATTESTATION_SIZE)
-                if not frame:
-                    break
-                new += self.ingest_attestation(frame)
-        finally:
-            await stream.close()
-        self.counters.synced += new
+        for run in list(self.manifests):
+            try:
+                with trio.fail_after(SYNC_TIMEOUT_S):
+                    new += await pull_attestations(self.p2p, peer_id, run, self.ingest_attestation)
+            except Exception as exc:  # libp2p raises many types for a peer's failure; never ours to die of
+                log.debug("sync with %s failed: %s", peer_id, exc)
+        self.stats.synced += new
         return new
 
     async def _sync_loop(self) -> None:
@@ -357,17 +284,9 @@ class Daemon:
             if rounds % DISCOVERY_EVERY_SYNC_ROUNDS == 0:
                 await self.p2p.discover(MAX_DIALLED_PEERS)
             peers = self.p2p.connected_peers()
-            if not peers:
-                continue
-            peer = random.choice(peers)
-            for run in list(self.manifests):
-                try:
-                    with trio.fail_after(10):
-                        await self.sync_with(peer, run)
-                except Exception as exc:  # libp2p raises many types for a peer's failure; never ours to die of
-                    log.debug("sync with %s failed: %s", peer, exc)
+            if peers:
+                await self.sync_with(random.choice(peers))
 
-    # -- bootstrap -------------------------------------------------------------------------
     async def _bootstrap(self) -> None:
         """Dial the bootstrap peers (retrying with backoff until one answers), discover more
         peers through the DHT, and pull what they already know — before auditing anything, so
@@ -388,12 +307,7 @@ class Daemon:
         dialled = await self.p2p.discover(MAX_DIALLED_PEERS)
         log.info("bootstrapped: %d peers connected (%d discovered)", len(self.p2p.connected_peers()), len(dialled))
         for peer in self.p2p.connected_peers():
-            for run in list(self.manifests):
-                try:
-                    with trio.fail_after(10):
-                        await self.sync_with(peer, run)
-                except Exception as exc:  # libp2p raises many types for a peer's failure
-                    log.debug("initial sync with %s failed: %s", peer, exc)
+            await self.sync_with(peer)
         self.bootstrapped.set()
 
     # -- API -------------------------------------------------------------------------------
@@ -403,94 +317,124 @@ class Daemon:
             raise ApiError(404, f"no single known run matches {text!r}")
         return matches[0]
 
+    def gauges(self) -> Gauges:
+        assert self.store is not None and self.p2p is not None
+        return Gauges(self.store.attestation_count(), len(self.p2p.connected_peers()), len(self.p2p.banned),
+                      len(self.manifests))
+
     def status(self) -> dict:
         assert self.p2p is not None
-        c = self.counters
+        s, g = self.stats, self.gauges()
         return {
             "peer_id": self.p2p.peer_id, "addrs": self.p2p.addrs, "peers": self.p2p.connected_peers(),
             "runs": [r.hex() for r in self.manifests], "audit": self.config.audit,
-            "attestations_stored": self.store.attestation_count(), "replays": c.replays,
-            "replay_failures": c.replay_failures, "claims_won": c.claims_won, "claims_lost": c.claims_lost,
-            "gossip_rejected": c.gossip_rejected, "gossip_ignored": c.gossip_ignored, "synced": c.synced,
-            "replaying_step": c.busy_step, "replayed": c.replayed,
+            "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
+            "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,
+            "claims_lost": s.claims_lost, "gossip_rejected": s.gossip_count("reject"),
+            "gossip_ignored": s.gossip_count("ignore"), "synced": s.synced, "peers_banned": g.peers_banned,
+            "replaying_step": s.busy_step, "replayed": s.replayed,
         }
 
     def routes(self) -> list[Route]:
+        assert self.store is not None and self.p2p is not None
+        store, p2p = self.store, self.p2p
+
         async def status(path, query):
             return self.status()
 
+        async def peers(path, query):
+            return [{"peer_id": p, "addrs": p2p.peer_addrs(p), "rejected": p2p.rejected.get(p, 0)}
+                    for p in p2p.connected_peers()]
+
         async def runs(path, query):
-            return [{"run": m.run_id.hex(), "steps": m.steps, "engine": m.engine, "publisher": m.signer_peer_id,
-                     "replayable": self.store.run_dir(m.run_id) is not None} for m in self.manifests.values()]
+            return [views.run_json(m, str(store.run_dir(m.run_id) or "") or None) for m in self.manifests.values()]
 
         async def cov(path, query):
             run = self._run_arg(path[0] if path else "")
             try:
                 redundancy = int(query.get("redundancy", self.config.redundancy))
-                return coverage_json(self.coverage(run, redundancy), self.manifests[run])
+                return views.coverage_json(self.coverage(run, redundancy), self.manifests[run])
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from exc
 
         async def attestations(path, query):
             run = self._run_arg(path[0] if path else "")
-            step = int(query["step"]) if "step" in query and query["step"].isdigit() else None
-            return [attestation_json(a) for a in self.store.attestations(run, step)]
+            step = query.get("step")
+            if step is not None and not step.isdigit():
+                raise ApiError(400, "step must be a non-negative integer")
+            return [views.attestation_json(a) for a in store.attestations(run, int(step) if step else None)]
+
+        async def claims(path, query):
+            now = now_s()
+            runs = [self._run_arg(path[0])] if path else list(self.manifests)
+            return [views.claim_json(c, now) for run in runs for c in store.claims(run, live_at=now)]
 
         async def shutdown(path, query):
             self.shutdown.set()
             return {"shutting_down": True}
 
-        return [Route("GET", "/v1/status", status), Route("GET", "/v1/runs", runs),
+        return [Route("GET", "/v1/status", status), Route("GET", "/v1/peers", peers), Route("GET", "/v1/runs", runs),
                 Route("GET", "/v1/coverage", cov), Route("GET", "/v1/attestations", attestations),
-                Route("POST", "/v1/shutdown", shutdown)]
+                Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown)]
+
+    def metrics_routes(self) -> list[Route]:
+        registry = metrics_registry(self.stats, self.gauges)
+
+        async def metrics(path, query):
+            return RawResponse("text/plain; version=0.0.4; charset=utf-8", render(registry))
+
+        return [Route("GET", "/metrics", metrics)]
 
     # -- main ------------------------------------------------------------------------------
     async def run(self) -> None:
         cfg = self.config
-        async with open_p2p(self.identity, cfg.listen_host, cfg.listen_port, heartbeat_s=cfg.heartbeat_s) as p2p:
-            self.p2p = p2p
-            p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
-            p2p.set_stream_handler(SYNC_PROTOCOL, self._serve_sync)
-            for run in list(self.manifests):
-                await self._join_run_topics(run)
-            for run_dir in cfg.run_dirs:
-                await self.add_run(read_manifest(run_dir), run_dir.resolve())
-            async with trio.open_nursery() as nursery:
-                api_port = await nursery.start(serve_api, cfg.api_host, cfg.api_port, self.routes())
-                _write_addr(cfg.data_dir / API_ADDR_FILE, f"{cfg.api_host}:{api_port}")
-                _write_addr(cfg.data_dir / P2P_ADDR_FILE, p2p.addrs[0])
-                log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], cfg.api_host, api_port)
-                nursery.start_soon(self._bootstrap)
-                nursery.start_soon(self._sync_loop)
-                if cfg.audit:
-                    nursery.start_soon(self._audit_loop)
-                await self.shutdown.wait()
-                log.info("shutting down")
-                nursery.cancel_scope.cancel()
-            await self.worker.aclose()
-        self.store.close()
+        listen_host, listen_port = split_hostport(cfg.listen)
+        with DaemonLock(cfg.data_dir):
+            self.store = Store(cfg.data_dir / STORE_FILE)
+            try:
+                self.manifests = {m.run_id: m for m in self.store.manifests()}
+                async with open_p2p(self.identity, listen_host, listen_port, heartbeat_s=cfg.heartbeat_s,
+                                    max_rejects_per_peer=cfg.max_rejects_per_peer) as p2p:
+                    await self._serve(p2p)
+            finally:
+                await self.worker.aclose()
+                self.store.close()
+
+    async def _serve(self, p2p: P2P) -> None:
+        cfg = self.config
+        self.p2p = p2p
+        self.claimer = ClaimAgent(self.identity, _DhtClaimBoard(p2p), lease_s=cfg.lease_s, clock=now_s,
+                                  sleep=trio.sleep, seen=self._seen_claim)
+        p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
+        p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: serve_sync(stream, self._attestations_for_sync))
+        for run in list(self.manifests):
+            await self._join_run_topics(run)
+        for run_dir in cfg.run_dirs:
+            await self.add_run(read_manifest(run_dir), run_dir.resolve())
+        async with trio.open_nursery() as nursery:
+            api_host, api_port = split_hostport(cfg.api)
+            api_port = await nursery.start(serve_api, api_host, api_port, self.routes())
+            if cfg.metrics:
+                metrics_host, metrics_port = split_hostport(cfg.metrics)
+                metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, self.metrics_routes())
+                log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
+            _write_addr(cfg.data_dir / API_ADDR_FILE, f"{api_host}:{api_port}")
+            _write_addr(cfg.data_dir / P2P_ADDR_FILE, p2p.addrs[0])
+            log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
+            notify("READY=1")
+            nursery.start_soon(self._bootstrap)
+            nursery.start_soon(self._sync_loop)
+            if cfg.audit:
+                nursery.start_soon(self._audit_loop)
+            await self.shutdown.wait()
+            log.info("shutting down")
+            notify("STOPPING=1")
+            nursery.cancel_scope.cancel()
+        for name in (API_ADDR_FILE, P2P_ADDR_FILE):
+            (cfg.data_dir / name).unlink(missing_ok=True)
 
 
 def _write_addr(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text + "\n")
     tmp.replace(path)
-
-
-def attestation_json(att: Attestation) -> dict:
-    return {"digest": att.digest.hex(), "run": att.run.hex(), "step": att.step, "verdict": att.verdict,
-            "pre_state": att.pre_state.hex(), "post_state": att.post_state.hex(), "signer": att.signer_peer_id,
-            "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware,
-            "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
-            "encoded": att.encoded.hex()}  # the signed statement itself: anyone can re-check it
-
-
-def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
-    return {
-        "run": cov.run.hex(), "steps": manifest.steps, "redundancy": cov.redundancy,
-        "verified_steps": cov.count(StepStatus.VERIFIED), "disputed_steps": cov.disputed_steps,
-        "claimed_steps": cov.count(StepStatus.CLAIMED), "unaudited_steps": cov.count(StepStatus.UNAUDITED),
-        "complete": cov.complete,
-        "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
-                      "dissenters": list(s.dissenters), "claimants": list(s.claimants)} for s in cov.steps],
-    }

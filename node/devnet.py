@@ -10,22 +10,23 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity, Open1bError
 
 from .client import ApiUnavailable, call
-from .daemon import API_ADDR_FILE, P2P_ADDR_FILE
+from .daemon import API_ADDR_FILE
+from .datadir import init_data_dir
+from .progress import progress
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -56,26 +57,47 @@ class DevnetOptions:
 
 
 class Daemons:
-    """The daemon processes of a devnet; stops them all on exit, whatever happened."""
+    """The daemon processes of a devnet; stops them all on exit, whatever happened.
+
+    :meth:`plan` initialises every data directory (so each node's peer ID is known) and reserves
+    a listen port per node before anything starts; then all daemons can start at once, each
+    bootstrapping from another, and none audits alone while the others are still starting.
+    """
 
     def __init__(self, workdir: Path, run_dir: Path, redundancy: int) -> None:
         self.workdir, self.run_dir, self.redundancy = workdir, run_dir, redundancy
         self.procs: list[subprocess.Popen] = []
         self.dirs: list[Path] = []
+        self.addrs: list[str] = []
 
-    def start(self, index: int, *, audit: bool, bootstrap: str | None) -> Path:
-        data_dir = self.workdir / f"node-{index}"
-        data_dir.mkdir(parents=True, exist_ok=True)
+    def plan(self, count: int) -> list[str]:
+        """Prepare ``count`` more nodes; returns their multiaddrs."""
+        for index in range(len(self.dirs), len(self.dirs) + count):
+            data_dir = self.workdir / f"node-{index}"
+            peer_id = init_data_dir(data_dir).peer_id
+            self.dirs.append(data_dir)
+            self.addrs.append(f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{peer_id}")
+        return self.addrs[-count:]
+
+    def start(self, index: int, *, audit: bool, bootstrap: list[str], extra_args: tuple[str, ...] = (),
+              env: dict[str, str] | None = None) -> None:
+        data_dir = self.dirs[index]
+        port = self.addrs[index].split("/")[4]
         cmd = [sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
-               "--run", str(self.run_dir), "--redundancy", str(self.redundancy), "--log-prefix", f"node-{index} "]
-        if bootstrap:
-            cmd += ["--bootstrap", bootstrap]
+               "--listen", f"127.0.0.1:{port}", "--api", "127.0.0.1:0", "--run", str(self.run_dir),
+               "--redundancy", str(self.redundancy), "--log-prefix", f"node-{index} "]
+        for addr in bootstrap:
+            cmd += ["--bootstrap", addr]
         if not audit:
             cmd.append("--no-audit")
-        log = open(data_dir / "daemon.log", "wb")
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        self.dirs.append(data_dir)
-        return data_dir
+        cmd += extra_args
+        with open(data_dir / "daemon.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **(env or {})})
+        if index < len(self.procs):
+            self.procs[index] = proc  # a restart
+        else:
+            self.procs.append(proc)
 
     def wait_file(self, index: int, name: str) -> str:
         path, proc = self.dirs[index] / name, self.procs[index]
@@ -107,39 +129,46 @@ class Daemons:
                 proc.wait()
 
 
-def run_devnet(opts: DevnetOptions, progress: Callable[[str], None] = lambda s: None) -> dict:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _say(line: str) -> None:
+    print(f"devnet: {line}", file=sys.stderr, flush=True)
+
+
+def run_devnet(opts: DevnetOptions) -> dict:
     started = time.monotonic()
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="open1b-devnet-"))
     workdir.mkdir(parents=True, exist_ok=True)
     run_dir = workdir / "run"
     try:
-        progress(f"training and publishing a {opts.steps}-step run in {run_dir}"
-                 + (f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""))
-        manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=opts.steps, seed=opts.seed,
-                               tamper_step=opts.tamper_step)
+        forged = f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""
+        with progress(f"devnet: training and publishing a run{forged}", opts.steps) as update:
+            manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=opts.steps, seed=opts.seed,
+                                   tamper_step=opts.tamper_step, progress=lambda done, total: update(done, ""))
         run_hex = manifest.run_id.hex()
         daemons = Daemons(workdir, run_dir, opts.redundancy)
         try:
-            daemons.start(0, audit=True, bootstrap=None)
-            bootstrap = daemons.wait_file(0, P2P_ADDR_FILE)
-            for i in range(1, opts.nodes):
-                daemons.start(i, audit=True, bootstrap=bootstrap)
+            addrs = daemons.plan(opts.nodes + 1)
             observer = opts.nodes
-            daemons.start(observer, audit=False, bootstrap=bootstrap)
+            for i in range(opts.nodes + 1):
+                daemons.start(i, audit=i != observer, bootstrap=[addrs[1 if i == 0 else 0]])
             apis = [daemons.api(i) for i in range(opts.nodes + 1)]
-            progress(f"{opts.nodes} auditors and 1 observer up; auditing run {run_hex[:16]}…")
-            cov, last = None, None
+            _say(f"{opts.nodes} auditors and 1 observer up in {run_dir.parent}; auditing run {run_hex[:16]}…")
+            cov = None
             deadline = started + opts.deadline_s
-            while time.monotonic() < deadline:
-                cov = call(apis[observer], f"/v1/coverage/{run_hex}?redundancy={opts.redundancy}")
-                done = sum(1 for s in cov["per_step"] if len(set(s["auditors"]) | set(s["dissenters"])) >= opts.redundancy)
-                if done != last:
-                    progress(f"observer sees {done}/{opts.steps} steps with {opts.redundancy} attester(s)"
-                             f" ({cov['verified_steps']} verified, {len(cov['disputed_steps'])} disputed)")
-                    last = done
-                if cov["complete"]:
-                    break
-                time.sleep(0.5)
+            with progress(f"devnet: steps with {opts.redundancy} attester(s), seen by the observer", opts.steps) as update:
+                while time.monotonic() < deadline:
+                    cov = call(apis[observer], f"/v1/coverage/{run_hex}?redundancy={opts.redundancy}")
+                    done = sum(1 for s in cov["per_step"]
+                               if len(set(s["auditors"]) | set(s["dissenters"])) >= opts.redundancy)
+                    update(done, f"({cov['verified_steps']} verified, {len(cov['disputed_steps'])} disputed)")
+                    if cov["complete"]:
+                        break
+                    time.sleep(0.5)
             statuses = [call(api, "/v1/status") for api in apis]
         finally:
             daemons.stop()
@@ -184,6 +213,3 @@ def render(summary: dict) -> str:
         lines.append(f"{s['step']:>4}  {s['status']:<9}  {who}")
     return "\n".join(lines)
 
-
-def dumps(summary: dict) -> str:
-    return json.dumps(summary, indent=2)

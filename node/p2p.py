@@ -105,7 +105,8 @@ class Stream:
 
 
 class P2P:
-    def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4) -> None:
+    def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
+                 max_rejects_per_peer: int = 20) -> None:
         self.identity = identity
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
@@ -118,7 +119,12 @@ class P2P:
         self.pubsub = Pubsub(self.host, self.gossipsub)
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self._nursery: trio.Nursery | None = None
-        self.rejected: dict[str, int] = {}  # author peer ID -> gossip messages rejected
+        # Penalties are counted against the peer that delivered an invalid message (gossipsub
+        # forwards only what its own validator accepted, so an invalid delivery is the
+        # deliverer's fault); past the limit the peer is disconnected and ignored.
+        self.max_rejects_per_peer = max_rejects_per_peer
+        self.rejected: dict[str, int] = {}
+        self.banned: set[str] = set()
 
     # -- identity and peers ----------------------------------------------------------------
     @property
@@ -130,12 +136,20 @@ class P2P:
         return [str(a) for a in self.host.get_addrs()]
 
     def connected_peers(self) -> list[str]:
-        return sorted(p.to_base58() for p in self.host.get_connected_peers())
+        return sorted(p.to_base58() for p in self.host.get_connected_peers() if p.to_base58() not in self.banned)
+
+    def peer_addrs(self, peer_id: str) -> list[str]:
+        try:
+            return [str(a) for a in self.host.get_peerstore().addrs(ID.from_base58(peer_id))]
+        except Exception:
+            return []
 
     async def connect(self, addr: str) -> str:
         """Dial a ``/ip4/…/tcp/…/p2p/<id>`` address; also seeds the DHT routing table with it."""
         try:
             info = info_from_p2p_addr(Multiaddr(addr))
+            if info.peer_id.to_base58() in self.banned:
+                raise NetworkError("peer is banned")
             await self.host.connect(info)
             await self.dht.add_peer(info.peer_id)
         except Exception as exc:
@@ -156,7 +170,7 @@ class P2P:
         for peer in self.dht.routing_table.get_peer_ids():
             if len(connected) >= max_peers:
                 break
-            if peer in connected or peer == self.host.get_id():
+            if peer in connected or peer == self.host.get_id() or peer.to_base58() in self.banned:
                 continue
             try:
                 await self.host.connect(self.host.get_peerstore().peer_info(peer))
@@ -173,17 +187,35 @@ class P2P:
         and REJECT drops and counts against the author."""
 
         def wrapped(forwarder: ID, msg) -> bool:
-            author = ID(msg.from_id).to_base58() if msg.from_id else forwarder.to_base58()
+            sender = forwarder.to_base58()
+            if sender in self.banned:
+                return False
+            author = ID(msg.from_id).to_base58() if msg.from_id else sender
             try:
                 outcome = validator(author, bytes(msg.data))
             except Exception:
                 log.exception("gossip validator for %s failed; rejecting", topic)
                 outcome = Outcome.REJECT
-            if outcome is Outcome.REJECT:
-                self.rejected[author] = self.rejected.get(author, 0) + 1
+            if outcome is Outcome.REJECT and sender != self.peer_id:
+                self.penalise(sender)
             return outcome is Outcome.ACCEPT
 
         self.pubsub.set_topic_validator(topic, wrapped, is_async_validator=False)
+
+    def penalise(self, peer_id: str) -> None:
+        """Count one provably invalid message against ``peer_id``; ban it past the limit."""
+        self.rejected[peer_id] = self.rejected.get(peer_id, 0) + 1
+        if self.rejected[peer_id] >= self.max_rejects_per_peer and peer_id not in self.banned:
+            log.warning("banning peer %s after %d invalid messages", peer_id, self.rejected[peer_id])
+            self.banned.add(peer_id)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._disconnect, peer_id)
+
+    async def _disconnect(self, peer_id: str) -> None:
+        try:
+            await self.host.disconnect(ID.from_base58(peer_id))
+        except Exception as exc:
+            log.debug("disconnecting %s failed: %s", peer_id, exc)
 
     async def subscribe(self, topic: str, handler: GossipHandler) -> None:
         sub = await self.pubsub.subscribe(topic)

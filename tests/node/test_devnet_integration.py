@@ -48,11 +48,9 @@ def test_live_network_answers_coverage_cli_with_signed_evidence(tmp_path, tamper
     run_hex = manifest.run_id.hex()
     daemons = Daemons(tmp_path, run_dir, redundancy=1)
     try:
-        daemons.start(0, audit=True, bootstrap=None)
-        bootstrap = daemons.wait_file(0, "p2p.addr")
-        daemons.start(1, audit=True, bootstrap=bootstrap)
-        daemons.start(2, audit=True, bootstrap=bootstrap)
-        daemons.start(3, audit=False, bootstrap=bootstrap)
+        addrs = daemons.plan(4)
+        for i in range(4):
+            daemons.start(i, audit=i < 3, bootstrap=[addrs[1 if i == 0 else 0]])
         observer = daemons.api(3)
         deadline = time.monotonic() + 120
         while not call(observer, f"/v1/coverage/{run_hex}")["complete"]:

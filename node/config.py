@@ -1,0 +1,134 @@
+"""Node configuration: ``<data_dir>/config.toml``, read once at start, strictly.
+
+Unknown keys and wrong types are errors with the offending key in the message — a typo in a
+config file must not silently fall back to a default. The file is written atomically (temp file,
+fsync, rename) with mode 0600.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from open1b.protocol import Open1bError
+from open1b.protocol.claims import MAX_LEASE_SECONDS
+
+CONFIG_FILE = "config.toml"
+
+
+class ConfigError(Open1bError):
+    """The configuration file or a command-line setting is invalid."""
+
+
+def split_hostport(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a daemon needs; ``data_dir`` is where it lives, the rest is config.toml."""
+
+    data_dir: Path
+    listen: str = "0.0.0.0:4701"
+    api: str = "127.0.0.1:5701"
+    metrics: str = ""  # HOST:PORT to serve Prometheus metrics on; empty = off
+    bootstrap: tuple[str, ...] = ()
+    run_dirs: tuple[Path, ...] = ()
+    audit: bool = True
+    redundancy: int = 2
+    lease_s: int = 120
+    replay_timeout_s: float = 3600.0
+    sync_interval_s: float = 2.0
+    idle_poll_s: float = 0.5
+    heartbeat_s: float = 1.0
+    max_rejects_per_peer: int = 20
+
+    def __post_init__(self) -> None:
+        split_hostport(self.listen)
+        split_hostport(self.api)
+        if self.metrics:
+            split_hostport(self.metrics)
+        if not 1 <= self.lease_s <= MAX_LEASE_SECONDS:
+            raise ConfigError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
+        if self.redundancy < 1:
+            raise ConfigError("redundancy must be at least 1")
+        for addr in self.bootstrap:
+            if "/p2p/" not in addr:
+                raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer id>")
+
+    def with_overrides(self, **changes: Any) -> NodeConfig:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+# config.toml key -> (field, type)
+_KEYS: dict[str, tuple[str, type]] = {
+    "listen": ("listen", str), "api": ("api", str), "metrics": ("metrics", str), "bootstrap": ("bootstrap", list),
+    "runs": ("run_dirs", list), "audit": ("audit", bool), "redundancy": ("redundancy", int),
+    "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
+    "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
+}
+
+
+def load_config(data_dir: Path) -> NodeConfig:
+    """Read ``config.toml`` (missing file = defaults)."""
+    path = Path(data_dir) / CONFIG_FILE
+    try:
+        raw = tomllib.loads(path.read_text()) if path.exists() else {}
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    section = raw.pop("node", {})
+    if raw:
+        raise ConfigError(f"{path}: unknown section(s) {sorted(raw)}; everything lives under [node]")
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in _KEYS:
+            raise ConfigError(f"{path}: unknown key node.{key}")
+        field, kind = _KEYS[key]
+        if kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not kind:
+            raise ConfigError(f"{path}: node.{key} must be a {kind.__name__}")
+        if kind is list:
+            if not all(type(v) is str for v in value):
+                raise ConfigError(f"{path}: node.{key} must be a list of strings")
+            value = tuple(Path(v) for v in value) if field == "run_dirs" else tuple(value)
+        values[field] = value
+    try:
+        return NodeConfig(data_dir=Path(data_dir), **values)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def render_config(config: NodeConfig) -> str:
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, tuple):
+            return "[" + ", ".join(value(str(x)) for x in v) + "]"
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    lines = ["# open1b-node configuration; read once when the daemon starts.", "[node]"]
+    for key, (field, _) in _KEYS.items():
+        lines.append(f"{key} = {value(getattr(config, field))}")
+    return "\n".join(lines) + "\n"
+
+
+def write_config(config: NodeConfig) -> Path:
+    path = config.data_dir / CONFIG_FILE
+    tmp = path.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(render_config(config))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

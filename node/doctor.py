@@ -1,0 +1,96 @@
+"""``open1b-node doctor``: can this machine audit, and is its node healthy? Each check says
+OK, WARN or FAIL with a reason, like the incumbent's client; any FAIL makes the exit code 1."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import load_config
+from .identity_file import key_path
+
+MIN_FREE_DISK_GB = 2.0
+MIN_MEMORY_GB = 1.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    level: str  # OK | WARN | FAIL
+    detail: str
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def _gpu() -> Check:
+    if shutil.which("nvidia-smi") is None:
+        return Check("gpu", "WARN", "no NVIDIA GPU found: this node replays on the CPU")
+    return Check("gpu", "OK", "nvidia-smi present (CUDA replay comes with the GPT engine)")
+
+
+def _tcp_reachable(addr: str) -> bool:
+    parts = addr.split("/")
+    try:
+        host, port = parts[parts.index("ip4") + 1], int(parts[parts.index("tcp") + 1])
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except (ValueError, OSError):
+        return False
+
+
+def run_checks(data_dir: Path, api_status: dict | None) -> list[Check]:
+    checks = [
+        Check("python", "OK" if sys.version_info >= (3, 11) else "FAIL", platform.python_version()),
+        Check("cpu", "OK", f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}"),
+        _gpu(),
+    ]
+    mem = _memory_gb()
+    if mem is None:
+        checks.append(Check("memory", "WARN", "cannot read /proc/meminfo"))
+    else:
+        checks.append(Check("memory", "OK" if mem >= MIN_MEMORY_GB else "FAIL", f"{mem:.1f} GiB available"))
+    probe = data_dir if data_dir.exists() else data_dir.parent
+    free = shutil.disk_usage(probe).free / 2**30 if probe.exists() else 0.0
+    checks.append(Check("disk", "OK" if free >= MIN_FREE_DISK_GB else "FAIL", f"{free:.1f} GiB free at {probe}"))
+    try:
+        from open1b.deterministic.selfcheck import run_selfchecks
+
+        for result in run_selfchecks():
+            checks.append(Check(f"determinism: {result.name}", "OK" if result.ok else "FAIL", result.detail))
+    except Exception as exc:  # a broken numeric stack is exactly what doctor must report
+        checks.append(Check("determinism", "FAIL", f"self-checks could not run: {exc}"))
+    key = key_path(data_dir)
+    if not key.exists():
+        checks.append(Check("data dir", "WARN", f"{data_dir} is not initialised (run `open1b-node init`)"))
+    else:
+        mode = stat.S_IMODE(key.stat().st_mode)
+        checks.append(Check("key file", "OK" if mode & 0o077 == 0 else "FAIL", f"{key} mode {mode:04o}"))
+        try:
+            config = load_config(data_dir)
+            checks.append(Check("config", "OK", f"{data_dir / 'config.toml'} parses"))
+            for addr in config.bootstrap:
+                ok = _tcp_reachable(addr)
+                checks.append(Check("bootstrap peer", "OK" if ok else "WARN", f"{addr} {'reachable' if ok else 'unreachable'}"))
+        except Exception as exc:
+            checks.append(Check("config", "FAIL", str(exc)))
+    if api_status is None:
+        checks.append(Check("daemon", "WARN", "no running daemon answered on its API"))
+    else:
+        n = len(api_status["peers"])
+        checks.append(Check("daemon", "OK", f"running as {api_status['peer_id']}"))
+        checks.append(Check("peers", "OK" if n else "WARN", f"{n} connected"))
+    return checks

@@ -1,0 +1,107 @@
+"""Prometheus metrics, off by default (``--metrics HOST:PORT``).
+
+The daemon's :class:`NodeStats` is the single source of truth: the status API and this
+exporter both read it, so the two can never disagree. :data:`METRIC_NAMES` is the golden list
+(tests compare a live scrape against it; renaming a metric breaks dashboards and must be
+deliberate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import generate_latest
+
+METRIC_NAMES = (
+    "open1b_replays_total",
+    "open1b_replay_failures_total",
+    "open1b_replay_seconds",
+    "open1b_claims_total",
+    "open1b_gossip_messages_total",
+    "open1b_attestations_received_total",
+    "open1b_sync_statements_total",
+    "open1b_attestations_stored",
+    "open1b_peers_connected",
+    "open1b_peers_banned",
+    "open1b_runs_known",
+)
+
+REPLAY_SECONDS_BUCKETS = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+
+
+@dataclass
+class NodeStats:
+    replays: int = 0
+    replay_failures: int = 0
+    replay_seconds_sum: float = 0.0
+    replay_seconds_buckets: list[int] = field(default_factory=lambda: [0] * len(REPLAY_SECONDS_BUCKETS))
+    claims_won: int = 0
+    claims_lost: int = 0
+    gossip: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, outcome) -> count
+    attestations_received: int = 0
+    synced: int = 0
+    busy_step: int | None = None
+    replayed: list[tuple[str, int]] = field(default_factory=list)
+
+    def record_replay(self, seconds: float) -> None:
+        self.replays += 1
+        self.replay_seconds_sum += seconds
+        for i, bound in enumerate(REPLAY_SECONDS_BUCKETS):
+            if seconds <= bound:
+                self.replay_seconds_buckets[i] += 1
+
+    def record_gossip(self, kind: str, outcome: str) -> None:
+        self.gossip[(kind, outcome)] = self.gossip.get((kind, outcome), 0) + 1
+
+    def gossip_count(self, outcome: str) -> int:
+        return sum(n for (_, o), n in self.gossip.items() if o == outcome)
+
+
+@dataclass(frozen=True)
+class Gauges:
+    attestations_stored: int
+    peers_connected: int
+    peers_banned: int
+    runs_known: int
+
+
+class _Collector:
+    def __init__(self, stats: NodeStats, gauges: Callable[[], Gauges]) -> None:
+        self._stats, self._gauges = stats, gauges
+
+    def collect(self) -> Iterable:
+        s, g = self._stats, self._gauges()
+        yield CounterMetricFamily("open1b_replays", "Steps replayed to completion", value=s.replays)
+        yield CounterMetricFamily("open1b_replay_failures", "Replays that failed (bad input, crash, timeout)",
+                                  value=s.replay_failures)
+        buckets = [(repr(b), n) for b, n in zip(REPLAY_SECONDS_BUCKETS, s.replay_seconds_buckets)]
+        yield HistogramMetricFamily("open1b_replay_seconds", "Wall time of one replay",
+                                    buckets=buckets + [("+Inf", s.replays)], sum_value=s.replay_seconds_sum)
+        claims = CounterMetricFamily("open1b_claims", "Claims attempted, by result", labels=["result"])
+        claims.add_metric(["won"], s.claims_won)
+        claims.add_metric(["lost"], s.claims_lost)
+        yield claims
+        gossip = CounterMetricFamily("open1b_gossip_messages", "Gossip messages validated", labels=["kind", "outcome"])
+        for (kind, outcome), n in sorted(s.gossip.items()):
+            gossip.add_metric([kind, outcome], n)
+        yield gossip
+        yield CounterMetricFamily("open1b_attestations_received", "New attestations stored from peers",
+                                  value=s.attestations_received)
+        yield CounterMetricFamily("open1b_sync_statements", "New statements pulled by the sync protocol",
+                                  value=s.synced)
+        yield GaugeMetricFamily("open1b_attestations_stored", "Attestations in the store", value=g.attestations_stored)
+        yield GaugeMetricFamily("open1b_peers_connected", "Connected libp2p peers", value=g.peers_connected)
+        yield GaugeMetricFamily("open1b_peers_banned", "Peers disconnected for invalid messages", value=g.peers_banned)
+        yield GaugeMetricFamily("open1b_runs_known", "Runs this node knows", value=g.runs_known)
+
+
+def metrics_registry(stats: NodeStats, gauges: Callable[[], Gauges]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(stats, gauges))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,41 @@
+"""JSON views of the node's statements and state: one rendering shared by the API and the CLI."""
+
+from __future__ import annotations
+
+from open1b.protocol import Attestation, Claim, Coverage, RunManifest, StepStatus, peer_id_from_public_key
+
+
+def attestation_json(att: Attestation) -> dict:
+    return {
+        "digest": att.digest.hex(), "run": att.run.hex(), "step": att.step, "verdict": att.verdict,
+        "pre_state": att.pre_state.hex(), "post_state": att.post_state.hex(), "signer": att.signer_peer_id,
+        "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware,
+        "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
+        "encoded": att.encoded.hex(),  # the signed statement itself: anyone can re-check it
+    }
+
+
+def claim_json(claim: Claim, now: int) -> dict:
+    return {
+        "run": claim.run.hex(), "step": claim.step, "slot": claim.slot,
+        "claimant": peer_id_from_public_key(claim.claimant), "issued_at": claim.issued_at,
+        "lease_expiry": claim.lease_expiry, "expires_in_s": claim.lease_expiry - now,
+    }
+
+
+def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
+    return {
+        "run": cov.run.hex(), "steps": manifest.steps, "redundancy": cov.redundancy,
+        "verified_steps": cov.count(StepStatus.VERIFIED), "disputed_steps": cov.disputed_steps,
+        "claimed_steps": cov.count(StepStatus.CLAIMED), "unaudited_steps": cov.count(StepStatus.UNAUDITED),
+        "complete": cov.complete,
+        "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
+                      "dissenters": list(s.dissenters), "claimants": list(s.claimants)} for s in cov.steps],
+    }
+
+
+def run_json(manifest: RunManifest, run_dir: str | None) -> dict:
+    return {
+        "run": manifest.run_id.hex(), "steps": manifest.steps, "engine": f"{manifest.engine} {manifest.engine_version}",
+        "publisher": manifest.signer_peer_id, "created_at": manifest.created_at, "run_dir": run_dir,
+    }

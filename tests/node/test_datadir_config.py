@@ -1,0 +1,75 @@
+import os
+import stat
+
+import pytest
+
+from open1b.node.config import ConfigError, NodeConfig, load_config, render_config, write_config
+from open1b.node.datadir import DaemonLock, DataDirError, check_version, init_data_dir
+from open1b.node.identity_file import KeyFileError, key_path, load_identity
+
+
+def _mode(path):
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_init_creates_private_key_config_and_version(tmp_path):
+    d = tmp_path / "node"
+    first = init_data_dir(d)
+    assert first.created_key and first.wrote_config
+    assert _mode(key_path(d)) == 0o600 and _mode(key_path(d).parent) == 0o700
+    assert _mode(d / "config.toml") == 0o600
+    assert (d / "version").read_text().strip() == "1"
+    assert load_identity(d).peer_id == first.peer_id
+
+
+def test_init_never_overwrites_key_or_config(tmp_path):
+    d = tmp_path / "node"
+    first = init_data_dir(d)
+    (d / "config.toml").write_text('[node]\nredundancy = 3\n')
+    again = init_data_dir(d)
+    assert not again.created_key and not again.wrote_config
+    assert again.peer_id == first.peer_id
+    assert load_config(d).redundancy == 3
+
+
+def test_malformed_key_is_a_typed_error(tmp_path):
+    d = tmp_path / "node"
+    init_data_dir(d)
+    key_path(d).write_bytes(b"short")
+    with pytest.raises(KeyFileError, match="32 bytes"):
+        load_identity(d)
+
+
+def test_other_layout_version_is_refused(tmp_path):
+    d = tmp_path / "node"
+    init_data_dir(d)
+    (d / "version").write_text("99\n")
+    with pytest.raises(DataDirError, match="layout version"):
+        check_version(d)
+
+
+def test_lock_excludes_a_second_daemon(tmp_path):
+    with DaemonLock(tmp_path):
+        with pytest.raises(DataDirError, match=f"pid {os.getpid()}"):
+            with DaemonLock(tmp_path):
+                pass
+    with DaemonLock(tmp_path):  # released on exit
+        pass
+
+
+def test_config_roundtrip_and_strictness(tmp_path):
+    config = NodeConfig(data_dir=tmp_path, listen="127.0.0.1:4801", bootstrap=("/ip4/1.2.3.4/tcp/1/p2p/12D3KooWX",),
+                        redundancy=3, lease_s=300, audit=False)
+    write_config(config)
+    assert load_config(tmp_path) == config
+    assert "redundancy = 3" in render_config(config)
+    for bad, message in [('[node]\nredundancy = "two"\n', "must be a int"), ('[node]\nredundnacy = 2\n', "unknown key"),
+                         ('[other]\nx = 1\n', "unknown section"), ('[node]\nlisten = "nohostport"\n', "HOST:PORT"),
+                         ('[node]\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "/p2p/"), ("[node\n", "config.toml")]:
+        (tmp_path / "config.toml").write_text(bad)
+        with pytest.raises(ConfigError, match=message):
+            load_config(tmp_path)
+
+
+def test_missing_config_means_defaults(tmp_path):
+    assert load_config(tmp_path) == NodeConfig(data_dir=tmp_path)

@@ -1,0 +1,151 @@
+"""Every operator command against a live network of real daemon processes on loopback."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from open1b.node.client import call
+from open1b.node.devnet import Daemons
+from open1b.node.metrics import METRIC_NAMES
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "open1b.node.cli"]
+
+
+def cli(*args, timeout=120):
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def wait_for(predicate, timeout=90, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory, tampered_run):
+    run_dir, manifest = tampered_run
+    workdir = tmp_path_factory.mktemp("net")
+    notify_path = str(workdir / "notify.sock")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(60)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    daemons = Daemons(workdir, run_dir, redundancy=1)
+    addrs = daemons.plan(4)
+    for i in range(4):
+        extra = ("--metrics", f"127.0.0.1:{metrics_port}") if i == 0 else ()
+        env = {"NOTIFY_SOCKET": notify_path} if i == 0 else None
+        daemons.start(i, audit=i < 3, bootstrap=[addrs[1 if i == 0 else 0]], extra_args=extra, env=env)
+    observer = daemons.api(3)
+    run_hex = manifest.run_id.hex()
+    try:
+        wait_for(lambda: call(observer, f"/v1/coverage/{run_hex}")["complete"], what="coverage")
+        yield {"daemons": daemons, "manifest": manifest, "run_dir": run_dir, "run": run_hex, "observer": observer,
+               "metrics": f"127.0.0.1:{metrics_port}", "notify": notify, "addrs": addrs}
+    finally:
+        daemons.stop()
+        notify.close()
+
+
+def test_systemd_readiness_is_notified(network):
+    assert network["notify"].recv(64) == b"READY=1"
+
+
+def test_status_peers_runs_and_key_show(network):
+    d0 = str(network["daemons"].dirs[0])
+    rc, out, err = cli("status", "--data-dir", d0, "--json")  # API found through the data dir's api.addr
+    assert rc == 0, err
+    status = json.loads(out)
+    assert status["runs"] == [network["run"]] and len(status["peers"]) >= 2
+    rc, out, _ = cli("key", "show", "--data-dir", d0, "--json")
+    key = json.loads(out)
+    assert key["peer_id"] == status["peer_id"]
+    seed = (network["daemons"].dirs[0] / "keystore" / "identity.key").read_bytes()
+    assert seed.hex() not in out
+    rc, out, _ = cli("peers", "--api", network["observer"], "--json")
+    assert rc == 0 and {p["peer_id"] for p in json.loads(out)} >= {status["peer_id"]}
+    rc, out, _ = cli("runs", "--api", network["observer"])
+    assert rc == 0 and network["run"] in out
+    rc, out, _ = cli("status", "--api", network["observer"])
+    assert rc == 0 and "observer" in out
+
+
+def test_coverage_attestations_and_claims(network):
+    rc, out, _ = cli("coverage", network["run"][:10], "--api", network["observer"], "--json")
+    cov = json.loads(out)
+    assert cov["disputed_steps"] == [2] and cov["verified_steps"] == network["manifest"].steps - 1
+    rc, out, _ = cli("attestations", network["run"], "--step", "2", "--api", network["observer"], "--json")
+    atts = json.loads(out)
+    assert atts and all(a["verdict"] == "mismatch" and a["step"] == 2 for a in atts)
+    rc, out, _ = cli("attestations", network["run"], "--api", network["observer"])
+    assert rc == 0 and "mismatch" in out and "match" in out
+    rc, out, _ = cli("claims", "--api", network["observer"], "--json")
+    assert rc == 0 and all(c["run"] == network["run"] for c in json.loads(out))
+
+
+def test_replay_by_directory_and_by_run_id(network):
+    rc, out, _ = cli("replay", str(network["run_dir"]), "--step", "1", "--json")
+    result = json.loads(out)
+    assert rc == 0 and result["verdict"] == "match"
+    assert result["published_post_state"] == result["replayed_post_state"]
+    rc, out, _ = cli("replay", network["run"][:12], "--step", "2", "--data-dir", str(network["daemons"].dirs[1]))
+    assert rc == 2 and re.search(r"verdict\s+mismatch", out)
+
+
+def test_doctor(network):
+    rc, out, err = cli("doctor", "--data-dir", str(network["daemons"].dirs[0]), "--json")
+    checks = {c["check"]: c for c in json.loads(out)}
+    assert rc == (1 if any(c["level"] == "FAIL" for c in checks.values()) else 0)
+    assert all(c["level"] == "OK" for name, c in checks.items() if name.startswith("determinism"))
+    assert checks["daemon"]["level"] == "OK" and checks["key file"]["level"] == "OK"
+
+
+def test_metrics_golden_list(network):
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{network['metrics']}/metrics", timeout=5).read().decode()
+    assert set(re.findall(r"^# TYPE (\S+) ", text, re.M)) == set(METRIC_NAMES)
+    status = call(network["daemons"].api(0), "/v1/status")
+    assert f"open1b_replays_total {float(status['replays'])}" in text
+
+
+def test_second_daemon_on_the_same_data_dir_is_refused(network):
+    d0 = str(network["daemons"].dirs[0])
+    rc, _, err = cli("daemon", "--data-dir", d0, "--listen", "127.0.0.1:0", "--api", "127.0.0.1:0", timeout=60)
+    assert rc == 1 and "another daemon" in err
+
+
+def verdicts(api, run):
+    """Coverage as attestations decide it (claims are short-lived hints and are not synced)."""
+    cov = call(api, f"/v1/coverage/{run}")
+    return [(s["step"], s["status"], s["auditors"], s["dissenters"]) for s in cov["per_step"]]
+
+
+def test_late_joiner_and_kill_9_restart_converge(network):
+    daemons, run = network["daemons"], network["run"]
+    reference = verdicts(network["observer"], run)
+    # a node that joins after the run is covered catches up through sync
+    (late_addr,) = daemons.plan(1)
+    daemons.start(4, audit=False, bootstrap=[network["addrs"][0]])
+    wait_for(lambda: verdicts(daemons.api(4), run) == reference, what="late joiner to converge")
+    # an auditor killed with SIGKILL keeps every attestation it had
+    before = call(daemons.api(1), "/v1/status")["attestations_stored"]
+    os.kill(daemons.procs[1].pid, signal.SIGKILL)
+    daemons.procs[1].wait()
+    (daemons.dirs[1] / "api.addr").unlink()
+    daemons.start(1, audit=True, bootstrap=[network["addrs"][0]])
+    wait_for(lambda: call(daemons.api(1), "/v1/status")["attestations_stored"] >= before, what="restarted node")
+    assert verdicts(daemons.api(1), run) == reference
