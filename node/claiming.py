@@ -14,7 +14,9 @@ from __future__ import annotations
 import random
 from typing import Awaitable, Callable, Protocol
 
-from open1b.protocol import Claim, Coverage, Identity, Open1bError, RunManifest, claim_key
+from open1b.protocol import (
+    Claim, Coverage, Identity, Open1bError, RunManifest, claim_key, is_live, peer_id_from_public_key,
+)
 
 from . import claims as planner
 
@@ -70,6 +72,12 @@ class ClaimAgent:
         slots = planner.target_attesters(status.status, cov.redundancy)
         now = self.clock()
         records = {s: await self._read(claim_key(manifest.run_id, step, s)) for s in range(slots)}
+        # The coverage we planned with may be stale: with the slots just read, is the step
+        # still short of attesters once others' unfinished live claims are counted?
+        busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
+                and c.claimant != self.identity.public_key and peer_id_from_public_key(c.claimant) not in attesters}
+        if len(attesters) + len(busy) >= slots:
+            return None
         slot = planner.free_slot(records, slots, me=self.identity.public_key, attesters=attesters, now=now)
         if slot is None:
             return None

@@ -193,6 +193,25 @@ def cmd_key_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from open1b.deterministic.trainer import publish_run
+
+    from .datadir import init_data_dir
+    from .identity_file import load_identity
+    from .progress import progress
+
+    data_dir = default_data_dir(args.data_dir)
+    init_data_dir(data_dir)
+    options = {"preset": args.preset} if args.preset else {}
+    with progress(f"training {args.steps} steps into {args.out}", args.steps) as update:
+        manifest = publish_run(Path(args.out), load_identity(data_dir), steps=args.steps, seed=args.seed,
+                               tamper_step=args.tamper_step, progress=lambda done, total: update(done, ""), **options)
+    out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
+           "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}"}
+    _emit(args, out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
+    return 0
+
+
 def cmd_devnet(args: argparse.Namespace) -> int:
     from .devnet import DevnetOptions, render, run_devnet
 
@@ -261,6 +280,14 @@ def parser() -> argparse.ArgumentParser:
     ksub = k.add_subparsers(dest="key_command", required=True)
     ksub.add_parser("show", parents=[reporting], help="peer ID and public key (never the secret)").set_defaults(
         func=cmd_key_show)
+
+    t = sub.add_parser("train", parents=[reporting], help="train and publish a run directory, signed with the node key")
+    t.add_argument("--steps", type=int, required=True)
+    t.add_argument("--out", required=True, help="run directory to write")
+    t.add_argument("--preset", help="model preset (default: the engine's default)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--tamper-step", type=int, help="forge the published state after this step (for testing auditors)")
+    t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
     n.add_argument("--nodes", type=int, default=3, help="auditor daemons (an observer is added)")

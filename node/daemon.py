@@ -362,7 +362,7 @@ class Daemon:
             step = query.get("step")
             if step is not None and not step.isdigit():
                 raise ApiError(400, "step must be a non-negative integer")
-            return [views.attestation_json(a) for a in store.attestations(run, int(step) if step else None)]
+            return [views.attestation_json(a, ms) for a, ms in store.attestations_received(run, int(step) if step else None)]
 
         async def claims(path, query):
             now = now_s()

@@ -263,6 +263,30 @@ class P2P:
             log.debug("DHT get %s failed: %s", key, exc)
             return None
 
+    async def provide(self, key: str) -> bool:
+        """Announce in the DHT that we hold the content under ``key`` (a hex multihash)."""
+        try:
+            return await self.dht.provide(key)
+        except Exception as exc:
+            log.debug("DHT provide %s failed: %s", key, exc)
+            return False
+
+    async def find_providers(self, key: str, count: int = 20) -> list[str]:
+        """Peers that announced ``key``, best effort; their addresses go into the peerstore."""
+        try:
+            infos = await self.dht.find_providers(key, count)
+        except Exception as exc:
+            log.debug("DHT find_providers %s failed: %s", key, exc)
+            return []
+        me = self.peer_id
+        found = []
+        for info in infos:
+            peer = info.peer_id.to_base58()
+            if peer != me and peer not in found and peer not in self.banned:
+                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+                found.append(peer)
+        return found
+
     # -- streams ---------------------------------------------------------------------------
     def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def wrapped(raw) -> None:

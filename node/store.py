@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS manifests (
     run_id BLOB PRIMARY KEY, encoded BLOB NOT NULL, run_dir TEXT, received_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS attestations (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, signer BLOB NOT NULL,
-    verdict TEXT NOT NULL, encoded BLOB NOT NULL, received_at INTEGER NOT NULL);
+    verdict TEXT NOT NULL, encoded BLOB NOT NULL, received_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS attestations_by_step ON attestations (run_id, step);
 CREATE TABLE IF NOT EXISTS claims (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, slot INTEGER NOT NULL,
@@ -67,17 +67,22 @@ class Store:
     def add_attestation(self, att: Attestation) -> bool:
         return self._insert(
             "INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, int(time.time())),
+            (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, int(time.time() * 1000)),
         )
 
     def attestations(self, run_id: bytes, step: int | None = None) -> list[Attestation]:
+        return [att for att, _ in self.attestations_received(run_id, step)]
+
+    def attestations_received(self, run_id: bytes, step: int | None = None) -> list[tuple[Attestation, int]]:
+        """Attestations with the time (Unix ms) this store first received each."""
         if step is None:
             rows = self._db.execute(
-                "SELECT encoded FROM attestations WHERE run_id = ? ORDER BY step, digest", (run_id,))
+                "SELECT encoded, received_ms FROM attestations WHERE run_id = ? ORDER BY step, digest", (run_id,))
         else:
             rows = self._db.execute(
-                "SELECT encoded FROM attestations WHERE run_id = ? AND step = ? ORDER BY digest", (run_id, step))
-        return [Attestation.decode(r[0]) for r in rows.fetchall()]
+                "SELECT encoded, received_ms FROM attestations WHERE run_id = ? AND step = ? ORDER BY digest",
+                (run_id, step))
+        return [(Attestation.decode(r[0]), r[1]) for r in rows.fetchall()]
 
     def attested_steps(self, run_id: bytes, signer: bytes) -> set[int]:
         rows = self._db.execute(

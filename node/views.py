@@ -5,8 +5,9 @@ from __future__ import annotations
 from open1b.protocol import Attestation, Claim, Coverage, RunManifest, StepStatus, peer_id_from_public_key
 
 
-def attestation_json(att: Attestation) -> dict:
+def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
     return {
+        "received_at_ms": received_ms,
         "digest": att.digest.hex(), "run": att.run.hex(), "step": att.step, "verdict": att.verdict,
         "pre_state": att.pre_state.hex(), "post_state": att.post_state.hex(), "signer": att.signer_peer_id,
         "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware,

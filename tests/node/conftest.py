@@ -2,7 +2,6 @@ from pathlib import Path
 
 import pytest
 
-from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 from open1b.protocol.hashing import blake2b256
 
@@ -14,6 +13,18 @@ def ident(n: int) -> Identity:
 @pytest.fixture(scope="session")
 def tampered_run(tmp_path_factory) -> tuple[Path, object]:
     """A published 6-step run whose state after step 2 is forged."""
+    from open1b.deterministic.trainer import publish_run
+
     run_dir = tmp_path_factory.mktemp("run")
     manifest = publish_run(run_dir, ident(0), steps=6, seed=3, tamper_step=2)
     return run_dir, manifest
+
+
+@pytest.fixture(scope="session")
+def manifest():
+    """A signed 6-step manifest with made-up state hashes (no training needed)."""
+    from open1b.protocol import RunManifest
+
+    return RunManifest.create(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
+                              steps=6, state_hashes=[blake2b256(b"h", bytes([k])) for k in range(7)],
+                              created_at=1_800_000_000)

@@ -31,8 +31,7 @@ def test_rendezvous_spreads_first_choices_evenly():
         assert ranks == [0, 1, 2, 3]
 
 
-def test_candidates_order_and_filters(tampered_run):
-    _, manifest = tampered_run
+def test_candidates_order_and_filters(manifest):
     me, other = ident(1), ident(2)
     atts = [_att(other, manifest, 0), _att(other, manifest, 1, match=False)]
     cov = coverage(manifest, atts, now=NOW, redundancy=1)
@@ -47,8 +46,7 @@ def test_candidates_order_and_filters(tampered_run):
     assert set(steps) == {1, 2, 5}
 
 
-def test_expired_claims_do_not_block(tampered_run):
-    _, manifest = tampered_run
+def test_expired_claims_do_not_block(manifest):
     cov = coverage(manifest, [], now=NOW, redundancy=1)
     stale = {3: [_claim(ident(2), manifest, 3, issued_at=NOW - 100)]}
     cands = planner.candidates(cov, me=ident(1).public_key, peers=[], attested_by_me=set(),
@@ -56,8 +54,7 @@ def test_expired_claims_do_not_block(tampered_run):
     assert 3 in [c.step for c in cands]
 
 
-def test_free_slot_rules(tampered_run):
-    _, manifest = tampered_run
+def test_free_slot_rules(manifest):
     me, other = ident(1), ident(2)
     live_other = _claim(other, manifest, 0, slot=0)
     assert planner.free_slot({}, 1, me=me.public_key, attesters=set(), now=NOW) == 0

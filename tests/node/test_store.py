@@ -19,8 +19,8 @@ def _atts(manifest, n_signers=3):
             for i in range(n_signers) for k in range(manifest.steps)]
 
 
-def test_statements_are_a_set_and_survive_reopening(tmp_path, tampered_run):
-    run_dir, manifest = tampered_run
+def test_statements_are_a_set_and_survive_reopening(tmp_path, manifest):
+    run_dir = tmp_path / "run"
     store = Store(tmp_path / "s.sqlite")
     assert store.add_manifest(manifest, run_dir)
     atts = _atts(manifest)
@@ -35,8 +35,7 @@ def test_statements_are_a_set_and_survive_reopening(tmp_path, tampered_run):
     assert again.manifests() == [manifest]
 
 
-def test_kill_9_loses_no_committed_statement(tmp_path, tampered_run):
-    _, manifest = tampered_run
+def test_kill_9_loses_no_committed_statement(tmp_path, manifest):
     atts = _atts(manifest, n_signers=40)
     blob = tmp_path / "atts.bin"
     blob.write_bytes(b"".join(len(a.encoded).to_bytes(2, "little") + a.encoded for a in atts))

@@ -1,0 +1,231 @@
+"""Node benchmarks (issue 4): every number is a ratio against a baseline measured in the same run.
+
+    .venv/bin/python bench/node_bench.py [--quick]
+
+Writes bench/results/node.json and prints a table:
+* ingest: attestations validated and stored per second by a node's real ingest path, vs the raw
+  pynacl Ed25519 verify rate over the same signatures;
+* gossip: propagation latency p50/p99 from one publisher to 8 daemon processes (the daemons'
+  own receive timestamps, read through their API);
+* transfer: checkpoint-sized blob fetched over /open1b/blob/1.0.0 (Noise + Yamux, chunked,
+  verified) vs a raw TCP socket copy of the same bytes, both on loopback in one process;
+* idle: CPU share and RSS of an idle daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import nacl.signing
+import trio
+
+from open1b.deterministic.trainer import publish_run
+from open1b.node.client import call
+from open1b.node.config import NodeConfig
+from open1b.node.daemon import Daemon, attestations_topic
+from open1b.node.devnet import Daemons
+from open1b.node.logs import setup_logging
+from open1b.node.p2p import open_p2p
+from open1b.node.store import Store
+from open1b.protocol import Attestation, Identity, RunManifest, signing
+from open1b.protocol.hashing import blake2b256
+
+RESULTS = Path(__file__).parent / "results" / "node.json"
+
+
+def attestations(manifest: RunManifest, signers: int) -> list[Attestation]:
+    now = int(time.time())
+    out = []
+    for i in range(signers):
+        ident = Identity(blake2b256(b"bench-signer", i.to_bytes(4, "little")))
+        for k in range(manifest.steps):
+            out.append(Attestation.create(
+                ident, run=manifest.run_id, step=k, pre_state=manifest.state_hashes[k],
+                post_state=manifest.state_hashes[k + 1], verdict="match", engine=manifest.engine,
+                engine_version=manifest.engine_version, hardware="bench", elapsed_ms=1, issued_at=now))
+    return out
+
+
+def bench_ingest(manifest: RunManifest, workdir: Path, signers: int) -> dict:
+    atts = attestations(manifest, signers)
+    keys = [nacl.signing.VerifyKey(a.signer) for a in atts]
+    messages = [signing.signing_bytes(a.KIND, a.body()) for a in atts]
+    t = time.perf_counter()
+    for key, message, att in zip(keys, messages, atts):
+        key.verify(message, att.sig)
+    raw = len(atts) / (time.perf_counter() - t)
+    daemon = Daemon(NodeConfig(data_dir=workdir / "ingest"))
+    daemon.store = Store(workdir / "ingest" / "store.sqlite")
+    daemon.manifests = {manifest.run_id: manifest}
+    t = time.perf_counter()
+    new = sum(daemon.ingest_attestation(a.encoded) for a in atts)
+    ingest = len(atts) / (time.perf_counter() - t)
+    assert new == len(atts)
+    return {"attestations": len(atts), "raw_verify_per_s": round(raw), "ingest_per_s": round(ingest),
+            "ingest_vs_raw_verify": round(ingest / raw, 3)}
+
+
+async def _publish(addrs: list[str], run: bytes, atts: list[Attestation], rate: float) -> dict[bytes, float]:
+    sent = {}
+    async with open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0) as p2p:
+        for addr in addrs:
+            await p2p.connect(addr)
+        topic = attestations_topic(run)
+
+        async def ignore(author, data):
+            pass
+
+        await p2p.subscribe(topic, ignore)
+        with trio.fail_after(30):
+            while p2p.topic_peers(topic) < len(addrs) // 2:
+                await trio.sleep(0.1)
+        await trio.sleep(2.5)  # let the mesh settle (heartbeat is 1 s)
+        for att in atts:
+            sent[att.digest] = time.time()
+            await p2p.publish(topic, att.encoded)
+            await trio.sleep(1 / rate)
+        await trio.sleep(3)
+    return sent
+
+
+def bench_gossip(run_dir: Path, manifest: RunManifest, workdir: Path, nodes: int, signers: int) -> dict:
+    daemons = Daemons(workdir / "gossip", run_dir, redundancy=1)
+    (workdir / "gossip").mkdir()
+    addrs = daemons.plan(nodes)
+    try:
+        for i in range(nodes):
+            daemons.start(i, audit=False, bootstrap=[addrs[(i + 1) % nodes]])
+        apis = [daemons.api(i) for i in range(nodes)]
+        time.sleep(3)
+        atts = attestations(manifest, signers)
+        sent = trio.run(_publish, addrs, manifest.run_id, atts, 20.0)
+        latencies, missing = [], 0
+        for api in apis:
+            received = {bytes.fromhex(a["digest"]): a["received_at_ms"] for a in call(api, f"/v1/attestations/{manifest.run_id.hex()}")}
+            for digest, t in sent.items():
+                if digest in received:
+                    latencies.append(received[digest] - t * 1000)
+                else:
+                    missing += 1
+    finally:
+        daemons.stop()
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {"daemons": nodes, "messages": len(atts), "deliveries": len(latencies), "missing": missing,
+            "p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(latencies[-1], 1)}
+
+
+async def _raw_tcp_copy(payload: bytes) -> float:
+    received = 0
+    done = trio.Event()
+
+    async def sink(stream):
+        nonlocal received
+        while received < len(payload):
+            chunk = await stream.receive_some(1 << 20)
+            if not chunk:
+                break
+            received += len(chunk)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, sink, 0)
+        port = listeners[0].socket.getsockname()[1]
+        t = time.perf_counter()
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        view = memoryview(payload)
+        for i in range(0, len(payload), 1 << 20):
+            await stream.send_all(view[i:i + (1 << 20)])
+        await done.wait()
+        elapsed = time.perf_counter() - t
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+    return elapsed
+
+
+async def _blob_copy(source: Path, workdir: Path) -> float:
+    from contextlib import AsyncExitStack
+
+    from open1b.node.blobs import BLOB_PROTOCOL, BlobCache
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0))
+        b = await stack.enter_async_context(open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0))
+        cache_a = BlobCache(workdir / "blobs-a", 1 << 40)
+        a.set_stream_handler(BLOB_PROTOCOL, cache_a.serve)
+        digest = cache_a.add_file(source)
+        await b.connect(a.addrs[0])
+        t = time.perf_counter()
+        await BlobCache(workdir / "blobs-b", 1 << 40).fetch(b, digest, [a.peer_id])
+        return time.perf_counter() - t
+
+
+def bench_transfer(workdir: Path, megabytes: int) -> dict:
+    payload = os.urandom(megabytes << 20)
+    source = workdir / "blob.bin"
+    source.write_bytes(payload)
+    raw = trio.run(_raw_tcp_copy, payload)
+    blob = trio.run(_blob_copy, source, workdir)
+    return {"megabytes": megabytes, "raw_tcp_mb_s": round(megabytes / raw, 1), "blob_mb_s": round(megabytes / blob, 1),
+            "blob_vs_raw_tcp": round(raw / blob, 3)}
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_idle(run_dir: Path, workdir: Path, seconds: float) -> dict:
+    daemons = Daemons(workdir / "idle", run_dir, redundancy=1)
+    (workdir / "idle").mkdir()
+    daemons.plan(1)
+    try:
+        daemons.start(0, audit=False, bootstrap=[])
+        daemons.api(0)
+        time.sleep(3)
+        pid = daemons.procs[0].pid
+        c0, t0 = _cpu_seconds(pid), time.monotonic()
+        time.sleep(seconds)
+        cpu = (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+        rss = _rss_mb(pid)
+    finally:
+        daemons.stop()
+    return {"seconds": seconds, "cpu_percent": round(100 * cpu, 2), "rss_mb": round(rss, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    args = ap.parse_args()
+    setup_logging("warning")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        run_dir = workdir / "run"
+        manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=8)
+        results = {
+            "ingest": bench_ingest(manifest, workdir, signers=25 if args.quick else 250),
+            "gossip": bench_gossip(run_dir, manifest, workdir, nodes=8, signers=5 if args.quick else 25),
+            "transfer": bench_transfer(workdir, megabytes=16 if args.quick else 128),
+            "idle": bench_idle(run_dir, workdir, seconds=5 if args.quick else 20),
+        }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    for section, values in results.items():
+        print(f"{section:<8}" + "  ".join(f"{k}={v}" for k, v in values.items()))
+
+
+if __name__ == "__main__":
+    main()
