@@ -255,13 +255,34 @@ class P2P:
         return True
 
     async def get_record(self, key: str, *, from_network: bool = False) -> bytes | None:
+        """The record for ``key``. ``from_network`` asks the peers closest to the key and then
+        selects over every answer *and* our own copy: storing nodes need not keep the preferred
+        record (js-libp2p servers keep the last one written), so the reader arbitrates."""
+        local = self.dht.value_store.get(key.encode()) if from_network else None
         if from_network:
-            self.dht.value_store.remove(key.encode())
+            self.dht.value_store.remove(key.encode())  # get_value answers from local data when it has any
         try:
-            return await self.dht.get_value(key)
+            found = await self.dht.get_value(key)
         except Exception as exc:
             log.debug("DHT get %s failed: %s", key, exc)
+            found = None
+        if not from_network:
+            return found
+        arrived = self.dht.value_store.get(key.encode())  # get_value stored its pick; a PUT may have come in
+        mine = [r.value for r in (local, arrived) if r is not None]
+        answers = list(dict.fromkeys(v for v in (found, *mine) if v))
+        if not answers:
             return None
+        best = answers[self.dht.validator.select(key, answers)] if len(answers) > 1 else answers[0]
+        self.dht.value_store.put(key.encode(), best)  # serve the preferred record to whoever asks us
+        if found is not None and best != found:
+            # the network answered with a record ours beats: store ours again at the closest peers
+            # (a last-writer-wins server now holds it too), so later readers see it without us
+            try:
+                await self.dht.put_value(key, best)
+            except Exception as exc:
+                log.debug("DHT re-put %s failed: %s", key, exc)
+        return best
 
     async def provide(self, key: str) -> bool:
         """Announce in the DHT that we hold the content under ``key`` (a hex multihash)."""
@@ -313,17 +334,22 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
     node = P2P(identity, **kwargs)
     # The deadline scope must enclose everything it may cancel, so it is opened first and
     # armed only at shutdown (opening a fail_after at shutdown corrupts trio's scope stack).
+    # Our tasks' nursery is entered last, so it closes first: cancelling it while libp2p's services
+    # still had to exit made their exits raise Cancelled, which replaced (and so swallowed) any
+    # exception leaving the block.
     with trio.CancelScope(deadline=math.inf) as shutdown:
         async with AsyncExitStack() as stack:
-            nursery = await stack.enter_async_context(trio.open_nursery())
             await stack.enter_async_context(background_trio_service(node.pubsub))
             await stack.enter_async_context(background_trio_service(node.gossipsub))
             await stack.enter_async_context(node.host.run(listen_addrs=[Multiaddr(f"/ip4/{host}/tcp/{port}")]))
             await stack.enter_async_context(background_trio_service(node.dht))
             await node.pubsub.wait_until_ready()
-            node._nursery = nursery
             try:
-                yield node
+                async with trio.open_nursery() as nursery:
+                    node._nursery = nursery
+                    try:
+                        yield node
+                    finally:
+                        nursery.cancel_scope.cancel()
             finally:
-                nursery.cancel_scope.cancel()
                 shutdown.deadline = trio.current_time() + 10

@@ -1,20 +1,28 @@
 """open1b.protocol — the embeddable, pure protocol library (needs only cbor2 and pynacl).
 
-How the pieces fit:
+The names in ``__all__`` are the stable embedding API (docs/protocol.md, "Embedding API"): they
+keep their meaning within a protocol version, and anything else may change. How they fit:
 
-* :mod:`.codec` — canonical CBOR, strictly decoded;
-* :mod:`.identity` / :mod:`.signing` — Ed25519 keys that are also libp2p peer IDs, and
-  domain-separated signatures;
-* :mod:`.messages` — the signed statements: :class:`RunManifest`, :class:`Claim`,
-  :class:`Attestation`;
-* :mod:`.commitments` — the chained state hash and batch digests;
-* :mod:`.claims` — DHT claim keys and their strict total order;
-* :mod:`.validation` — accept / reject / ignore, one rule at a time;
-* :mod:`.coverage` — per-step status from a set of statements;
-* :mod:`.errors` — the project's error root and the typed protocol errors.
+* bytes: :func:`encode` / :func:`decode` (canonical CBOR, strictly decoded);
+* keys: :class:`Identity` (an Ed25519 seed, also a libp2p peer ID), :func:`sign` / :func:`verify`
+  (domain-separated signatures);
+* statements: :class:`RunManifest`, :class:`ExternalRunManifest`, :class:`Claim`,
+  :class:`Attestation` — ``X.decode(data)`` authenticates, ``X.create(identity, ...)`` signs;
+  :func:`decode_message` takes any kind;
+* judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_manifest` give a
+  :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
+  per-step status from a set of statements; :func:`select_claim` arbitrates DHT claim records;
+* commitments: :func:`state_hash` and friends, Merkle proofs, external trajectories
+  (:func:`resolve_external_run`); Open-1B's v3 hash is the module :mod:`.open1b_v3`;
+* errors: everything raised on purpose is an :class:`Open1bError`; a :class:`ProtocolError`
+  carries its ``outcome`` and ``code``.
 """
 
-from .claims import claim_key, claim_precedence, is_live, select_claim
+from . import codec, signing
+from .claims import (
+    LEASE_ROUND_SECONDS, MAX_LEASE_SECONDS, claim_key, claim_precedence, is_live, select_claim, select_claim_record,
+    validate_claim_record,
+)
 from .codec import decode, encode
 from .commitments import ZERO_HASH, TensorBytes, batch_digest, genesis, state_hash, tensor_digest
 from .coverage import Coverage, StepCoverage, StepStatus, coverage
@@ -35,7 +43,34 @@ from .errors import (
 )
 from .hashing import blake2b256
 from .identity import Identity, peer_id_from_public_key, public_key_from_peer_id
-from .messages import MATCH, MISMATCH, PROTOCOL_VERSION, Attestation, Claim, RunManifest, SignedMessage
-from .validation import Verdict, validate_attestation, validate_claim, validate_manifest
+from .merkle import merkle_proof, merkle_root, verify_merkle_proof
+from .messages import (
+    MATCH, MAX_ATTESTATION_SIZE, MAX_CLAIM_SIZE, MAX_MANIFEST_SIZE, MISMATCH, PROTOCOL_VERSION, Attestation, Claim,
+    RunManifest, SignedMessage,
+)
+from .signing import sign, signing_bytes, verify
+from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, resolve_external_run
+from .validation import (
+    MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_manifest,
+)
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = [
+    # codec and keys
+    "encode", "decode", "Identity", "peer_id_from_public_key", "public_key_from_peer_id", "sign", "verify",
+    "signing_bytes", "blake2b256",
+    # statements
+    "PROTOCOL_VERSION", "SignedMessage", "RunManifest", "ExternalRunManifest", "Claim", "Attestation", "MATCH",
+    "MISMATCH", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
+    # judging
+    "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest",
+    "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus",
+    "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
+    # commitments
+    "TensorBytes", "ZERO_HASH", "tensor_digest", "state_hash", "genesis", "batch_digest",
+    "merkle_root", "merkle_proof", "verify_merkle_proof",
+    "ExternalRun", "parse_state_hash_log", "resolve_external_run",
+    # errors
+    "Open1bError", "ProtocolError", "DecodeError", "OversizeError", "NonCanonicalError", "SchemaError",
+    "UnknownFieldError", "MissingFieldError", "WrongTypeError", "SignatureError", "InvalidStatementError",
+    "UnjudgeableError",
+]

@@ -5,10 +5,13 @@ definite lengths, shortest integer and length heads, floats in the shortest form
 their value, map keys sorted. Our maps only ever have text keys of the same kind, for which
 cbor2's length-first order and bytewise order agree.
 
-Decoding is strict: a message is accepted only if re-encoding what was decoded gives back the
-exact input bytes. That single check rejects every non-canonical variant (unsorted or duplicate
-keys, over-long heads, indefinite lengths, wider floats than needed) without a hand-written
-parser. Tags are refused outright, so no decoder hook ever builds an object from peer data.
+Decoding is strict, in two passes. A structural scan (:func:`_scan`) refuses what no message
+may contain — tags, simple values other than false/true/null, nesting deeper than
+:data:`MAX_DEPTH`, bytes after the data item, truncation — before any object is built, so no
+decoder hook ever constructs anything from peer data (cbor2 decodes some tags natively). Then
+the value is decoded and must re-encode to the exact input bytes: that single check rejects every
+non-canonical variant (unsorted or duplicate keys, over-long heads, indefinite lengths, wider
+floats than needed) without a hand-written canonical-form checker.
 """
 
 from __future__ import annotations
@@ -19,10 +22,9 @@ import cbor2
 
 from .errors import DecodeError, NonCanonicalError, OversizeError
 
-_PLAIN_TYPES = (int, float, bytes, str, bool, type(None))
-
-# Nesting bound for decoded values: our schemas are at most three levels deep.
+# Nesting bound: a data item may sit inside at most this many arrays and maps.
 MAX_DEPTH = 8
+_SIMPLE_OK = {20, 21, 22, 25, 26, 27}  # false, true, null, float16/32/64
 
 
 def encode(value: Any) -> bytes:
@@ -30,8 +32,43 @@ def encode(value: Any) -> bytes:
     return cbor2.dumps(value, canonical=True)
 
 
-def _refuse_tag(decoder: Any, tag: Any) -> Any:
-    raise DecodeError(f"CBOR tag {tag.tag} is not allowed")
+def _scan(data: bytes) -> None:
+    """Check that ``data`` is exactly one well-formed CBOR item of the allowed kinds."""
+    pos, size = 0, len(data)
+    pending = [1]  # items still to read in each open container (the outermost "container" holds one)
+    while pending:
+        if pending[-1] == 0:
+            pending.pop()
+            continue
+        pending[-1] -= 1
+        if pos >= size:
+            raise DecodeError("truncated CBOR")
+        major, info = data[pos] >> 5, data[pos] & 31
+        pos += 1
+        if info == 31:
+            raise NonCanonicalError("indefinite-length item")
+        if info > 27:
+            raise DecodeError("reserved CBOR additional information")
+        arg = info
+        if info >= 24:
+            width = 1 << (info - 24)
+            if pos + width > size:
+                raise DecodeError("truncated CBOR")
+            arg, pos = int.from_bytes(data[pos:pos + width], "big"), pos + width
+        if major == 6:
+            raise DecodeError("CBOR tags are not allowed")
+        if major == 7 and info not in _SIMPLE_OK:
+            raise DecodeError(f"CBOR simple value {arg} is not allowed")
+        if major in (2, 3):
+            pos += arg
+            if pos > size:
+                raise DecodeError("truncated CBOR")
+        elif major in (4, 5):
+            if len(pending) > MAX_DEPTH:
+                raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
+            pending.append(arg if major == 4 else 2 * arg)
+    if pos != size:
+        raise DecodeError("bytes after the data item")
 
 
 def decode(data: bytes, *, max_size: int) -> Any:
@@ -41,13 +78,11 @@ def decode(data: bytes, *, max_size: int) -> Any:
     data = bytes(data)
     if len(data) > max_size:
         raise OversizeError(f"{len(data)} bytes exceeds the limit of {max_size}")
+    _scan(data)
     try:
-        value = cbor2.loads(data, tag_hook=_refuse_tag)
-    except DecodeError:
-        raise
-    except Exception as exc:  # cbor2 raises several types for truncated or garbled input
+        value = cbor2.loads(data)
+    except Exception as exc:  # e.g. a text string that is not UTF-8
         raise DecodeError(f"not valid CBOR: {exc}") from exc
-    _check_plain(value, 0)
     try:
         again = encode(value)
     except Exception as exc:
@@ -55,18 +90,3 @@ def decode(data: bytes, *, max_size: int) -> Any:
     if again != data:
         raise NonCanonicalError("CBOR is not in canonical form")
     return value
-
-
-def _check_plain(value: Any, depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
-    if type(value) is list:
-        for item in value:
-            _check_plain(item, depth + 1)
-    elif type(value) is dict:
-        for key, item in value.items():
-            _check_plain(key, depth + 1)
-            _check_plain(item, depth + 1)
-    elif type(value) not in _PLAIN_TYPES:
-        # cbor2 decodes some tags (datetimes, bignums, decimals…) without calling tag_hook.
-        raise DecodeError(f"CBOR tag or value of type {type(value).__name__} is not allowed")

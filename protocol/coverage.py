@@ -25,8 +25,8 @@ from typing import Iterable
 from .claims import is_live
 from .errors import ProtocolError
 from .identity import peer_id_from_public_key
-from .messages import MATCH, Attestation, Claim, RunManifest
-from .validation import check_attestation, check_claim
+from .messages import MATCH, Attestation, Claim
+from .validation import Run, check_attestation, check_claim
 
 
 class StepStatus(str, enum.Enum):
@@ -69,7 +69,7 @@ class Coverage:
 
 
 def coverage(
-    manifest: RunManifest,
+    manifest: Run,
     attestations: Iterable[Attestation],
     claims: Iterable[Claim] = (),
     *,
@@ -106,7 +106,7 @@ def coverage(
     return Coverage(manifest.run_id, redundancy, tuple(steps))
 
 
-def _consistent(att: Attestation, manifest: RunManifest) -> bool:
+def _consistent(att: Attestation, manifest: Run) -> bool:
     try:
         check_attestation(att, manifest)
     except ProtocolError:
@@ -114,7 +114,7 @@ def _consistent(att: Attestation, manifest: RunManifest) -> bool:
     return True
 
 
-def _claim_ok(claim: Claim, manifest: RunManifest) -> bool:
+def _claim_ok(claim: Claim, manifest: Run) -> bool:
     try:
         check_claim(claim, manifest)
     except ProtocolError:

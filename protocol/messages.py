@@ -91,11 +91,13 @@ class SignedMessage:
     def decode(cls: type[M], data: bytes) -> M:
         """Parse and authenticate ``data``; raises a typed ProtocolError on any defect."""
         value = decode(data, max_size=cls.MAX_SIZE)
+        # kind and version first: a future version may change every other field
+        kind = value.get("kind") if type(value) is dict else None
+        if kind != cls.KIND:
+            raise WrongTypeError(f"expected a {cls.KIND}, got {kind!r}", code="kind")
+        if value.get("v") != PROTOCOL_VERSION or type(value.get("v")) is not int:
+            raise WrongTypeError(f"{cls.KIND}: unsupported protocol version {value.get('v')!r}", code="version")
         check_map({**_ENVELOPE, **cls.SCHEMA}, value, cls.KIND)
-        if value["kind"] != cls.KIND:
-            raise WrongTypeError(f"expected a {cls.KIND}, got a {value['kind']!r}")
-        if value["v"] != PROTOCOL_VERSION:
-            raise WrongTypeError(f"{cls.KIND}: unsupported protocol version {value['v']}")
         fields = {name: value[name] for name in cls.SCHEMA}
         message = cls(sig=value["sig"], **fields)
         message._check_semantics()
@@ -141,7 +143,7 @@ class RunManifest(SignedMessage):
 
     def _check_semantics(self) -> None:
         if self.steps < 1 or len(self.state_hashes) != self.steps + 1:
-            raise WrongTypeError("manifest: state_hashes must hold steps + 1 hashes, steps >= 1")
+            raise WrongTypeError("manifest: state_hashes must hold steps + 1 hashes, steps >= 1", code="state_hashes")
 
     @property
     def run_id(self) -> bytes:
@@ -176,7 +178,7 @@ class Claim(SignedMessage):
 
     def _check_semantics(self) -> None:
         if self.lease_expiry <= self.issued_at:
-            raise WrongTypeError("claim: lease_expiry must be after issued_at")
+            raise WrongTypeError("claim: lease_expiry must be after issued_at", code="lease_order")
 
 
 @dataclass(frozen=True)

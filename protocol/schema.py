@@ -74,7 +74,8 @@ class ListOf(FieldType):
 
 @dataclass(frozen=True)
 class Scalars(FieldType):
-    """A small text-keyed map of plain scalars (ints, finite floats, texts): configs, not data."""
+    """A small text-keyed map of plain scalars (ints, finite floats, texts): configs, not data.
+    Ints are those CBOR encodes without a tag (major types 0 and 1); text lengths are UTF-8 bytes."""
 
     max_entries: int
     max_text: int = 256
@@ -83,13 +84,13 @@ class Scalars(FieldType):
         if type(value) is not dict or len(value) > self.max_entries:
             raise WrongTypeError(f"{name}: expected a map of at most {self.max_entries} entries")
         for key, item in value.items():
-            if type(key) is not str or len(key) > self.max_text:
+            if type(key) is not str or len(key.encode("utf-8")) > self.max_text:
                 raise WrongTypeError(f"{name}: keys must be short texts")
-            if type(item) is int:
+            if type(item) is int and -(2**64) <= item <= UINT64_MAX:
                 continue
             if type(item) is float and item == item and abs(item) != float("inf"):
                 continue
-            if type(item) is str and len(item) <= self.max_text:
+            if type(item) is str and len(item.encode("utf-8")) <= self.max_text:
                 continue
             raise WrongTypeError(f"{name}.{key}: expected an int, a finite float or a short text")
 

@@ -9,17 +9,42 @@ so there is one definition of a valid statement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Protocol, Sequence, TypeVar
 
 from .claims import MAX_LEASE_SECONDS
-from .errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableError
+from .codec import decode
+from .errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableError, WrongTypeError
 from .messages import MATCH, Attestation, Claim, RunManifest, SignedMessage
+from .trajectory import ExternalRunManifest
+
+MESSAGE_TYPES: dict[str, type[SignedMessage]] = {
+    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation)
+}
 
 # A statement dated further in the future than this is ignored, not rejected: the clocks of
 # honest nodes disagree by seconds, and the statement may become judgeable later.
 MAX_CLOCK_SKEW_SECONDS = 120
 
-ManifestLookup = Callable[[bytes], "RunManifest | None"]
+
+class Run(Protocol):
+    """What validation and coverage need to know about a run: a :class:`RunManifest` is one, and
+    so is an :class:`~open1b.protocol.trajectory.ExternalRun` (a manifest whose state hashes
+    live in an external trajectory file, resolved against its commitment)."""
+
+    @property
+    def run_id(self) -> bytes: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def state_hashes(self) -> Sequence[bytes]: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def engine_version(self) -> str: ...
+
+
+RunLookup = Callable[[bytes], "Run | None"]
+ManifestLookup = RunLookup  # the name node/ has used
 T = TypeVar("T", bound=SignedMessage)
 
 
@@ -28,79 +53,93 @@ class Verdict(Generic[T]):
     outcome: Outcome
     reason: str
     message: T | None = None
+    code: str = "ok"  # the rule's reason code (docs/protocol.md), "ok" when accepted
 
     @property
     def accepted(self) -> bool:
         return self.outcome is Outcome.ACCEPT
 
 
-def check_attestation(att: Attestation, manifest: RunManifest) -> None:
+def check_attestation(att: Attestation, manifest: Run) -> None:
     """Raise unless ``att`` is consistent with the run it refers to."""
     # [REJECT] the step exists in the run
     if att.step >= manifest.steps:
-        raise InvalidStatementError(f"step {att.step} is outside the run's {manifest.steps} steps")
+        raise InvalidStatementError(f"step {att.step} is outside the run's {manifest.steps} steps", code="step_range")
     # [REJECT] the replay started from the published state h_step
     if att.pre_state != manifest.state_hashes[att.step]:
-        raise InvalidStatementError("pre_state is not the run's published state hash")
+        raise InvalidStatementError("pre_state is not the run's published state hash", code="pre_state")
     # [REJECT] the verdict is what comparing post_state with h_{step+1} gives
     published = manifest.state_hashes[att.step + 1]
     if (att.verdict == MATCH) != (att.post_state == published):
-        raise InvalidStatementError("verdict contradicts the post_state it reports")
+        raise InvalidStatementError("verdict contradicts the post_state it reports", code="verdict")
     # [REJECT] the engine is the one the run names (a node never approximates another engine)
     if (att.engine, att.engine_version) != (manifest.engine, manifest.engine_version):
-        raise InvalidStatementError("engine differs from the run's engine")
+        raise InvalidStatementError("engine differs from the run's engine", code="engine")
 
 
-def check_claim(claim: Claim, manifest: RunManifest) -> None:
+def check_claim(claim: Claim, manifest: Run) -> None:
     # [REJECT] the step exists in the run
     if claim.step >= manifest.steps:
-        raise InvalidStatementError(f"step {claim.step} is outside the run's {manifest.steps} steps")
+        raise InvalidStatementError(f"step {claim.step} is outside the run's {manifest.steps} steps", code="step_range")
     # [REJECT] the lease is not longer than the protocol allows
     if claim.lease_expiry - claim.issued_at > MAX_LEASE_SECONDS:
-        raise InvalidStatementError("lease longer than MAX_LEASE_SECONDS")
+        raise InvalidStatementError("lease longer than MAX_LEASE_SECONDS", code="lease_length")
 
 
 def _check_not_future(issued_at: int, now: int) -> None:
     # [IGNORE] the statement is not dated in the future beyond the tolerated clock skew
     if issued_at > now + MAX_CLOCK_SKEW_SECONDS:
-        raise UnjudgeableError("issued in the future")
+        raise UnjudgeableError("issued in the future", code="future")
 
 
-def validate_attestation(data: bytes, manifests: ManifestLookup, now: int) -> Verdict[Attestation]:
+def validate_attestation(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation]:
     try:
         # [REJECT] size, canonical CBOR, schema and signature (Attestation.decode)
         att = Attestation.decode(data)
         # [IGNORE] the run is known locally
         manifest = manifests(att.run)
         if manifest is None:
-            raise UnjudgeableError("unknown run")
+            raise UnjudgeableError("unknown run", code="unknown_run")
         _check_not_future(att.issued_at, now)
         check_attestation(att, manifest)
     except ProtocolError as exc:
-        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}")
+        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
     return Verdict(Outcome.ACCEPT, "ok", att)
 
 
-def validate_claim(data: bytes, manifests: ManifestLookup, now: int) -> Verdict[Claim]:
+def validate_claim(data: bytes, manifests: RunLookup, now: int) -> Verdict[Claim]:
     try:
         # [REJECT] size, canonical CBOR, schema, lease after issue, signature (Claim.decode)
         claim = Claim.decode(data)
         # [IGNORE] the run is known locally
         manifest = manifests(claim.run)
         if manifest is None:
-            raise UnjudgeableError("unknown run")
+            raise UnjudgeableError("unknown run", code="unknown_run")
         _check_not_future(claim.issued_at, now)
         check_claim(claim, manifest)
     except ProtocolError as exc:
-        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}")
+        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
     return Verdict(Outcome.ACCEPT, "ok", claim)
 
 
-def validate_manifest(data: bytes, now: int) -> Verdict[RunManifest]:
+def decode_message(data: bytes, kinds: frozenset[str] | None = None) -> SignedMessage:
+    """Decode and authenticate a message of any kind (or of one of ``kinds``), by its ``kind``."""
+    expected = MESSAGE_TYPES.keys() if kinds is None else kinds & MESSAGE_TYPES.keys()
+    value = decode(data, max_size=max((MESSAGE_TYPES[k].MAX_SIZE for k in expected), default=0))
+    kind = value.get("kind") if type(value) is dict else None
+    if kind not in MESSAGE_TYPES or (kinds is not None and kind not in kinds):
+        raise WrongTypeError(f"not a message of an expected kind: {kind!r}", code="kind")
+    return MESSAGE_TYPES[kind].decode(data)
+
+
+_MANIFEST_KINDS = frozenset({RunManifest.KIND, ExternalRunManifest.KIND})
+
+
+def validate_manifest(data: bytes, now: int) -> Verdict[RunManifest | ExternalRunManifest]:
     try:
-        # [REJECT] size, canonical CBOR, schema, hash-chain length, signature (RunManifest.decode)
-        manifest = RunManifest.decode(data)
+        # [REJECT] size, canonical CBOR, schema, hash-chain length, signature (decode_message)
+        manifest = decode_message(data, _MANIFEST_KINDS)
         _check_not_future(manifest.created_at, now)
     except ProtocolError as exc:
-        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}")
+        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
     return Verdict(Outcome.ACCEPT, "ok", manifest)

@@ -11,7 +11,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_embedding_example_runs(tmp_path):
-    block = re.search(r"## Embedding the protocol\s+```python\n(.*?)```", README.read_text(), re.S).group(1)
+    block = re.search(r"## Embedding the protocol\n.*?```python\n(.*?)```", README.read_text(), re.S).group(1)
     manifest = make_manifest(ident(0), steps=3)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "manifest.cbor").write_bytes(manifest.encoded)

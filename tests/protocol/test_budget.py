@@ -1,0 +1,24 @@
+"""The protocol package stays small enough to read in one sitting, and to embed without worry:
+a line budget for the whole package and for each module, and a bounded public API."""
+
+from pathlib import Path
+
+import open1b.protocol
+
+PACKAGE = Path(open1b.protocol.__file__).parent
+PACKAGE_BUDGET = 1800  # physical lines, docstrings and comments included
+MODULE_BUDGET = 300
+API_BUDGET = 80  # names in __all__
+
+
+def test_line_budget():
+    lines = {p.name: len(p.read_text().splitlines()) for p in PACKAGE.glob("*.py")}
+    over = {name: n for name, n in lines.items() if n > MODULE_BUDGET}
+    assert not over, f"modules over {MODULE_BUDGET} lines: {over}"
+    assert sum(lines.values()) <= PACKAGE_BUDGET, f"{sum(lines.values())} lines > {PACKAGE_BUDGET}"
+
+
+def test_public_api_is_bounded_and_complete():
+    names = open1b.protocol.__all__
+    assert len(names) == len(set(names)) <= API_BUDGET
+    assert all(hasattr(open1b.protocol, n) for n in names)

@@ -1,0 +1,139 @@
+"""docs/protocol.md, the code and the test vectors must say the same thing.
+
+* every ``<!-- example: suite/case -->`` block in the spec quotes its vector file exactly;
+* the CDDL of each message is the code's schema, field for field and in order;
+* the constants table holds the code's constants;
+* the reason codes the spec gives each validation rule are the ones the vectors expect;
+* every vector suite is listed in the spec and documented in tests/vectors/README.md.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from open1b.protocol import Attestation, Claim, ExternalRunManifest, RunManifest
+from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
+
+from ..vectors import ROOT as VECTORS
+from ..vectors import SUITES
+
+SPEC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+
+
+def _section(title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", SPEC, re.M | re.S)
+    assert match, f"no section {title!r} in the spec"
+    return match.group(1)
+
+
+EXAMPLES = re.findall(r"<!-- example: (\S+) -->\n```text\n(.*?)```", SPEC, re.S)
+
+
+def test_spec_has_examples_for_each_kind_of_commitment():
+    suites = {name.split("/")[0] for name, _ in EXAMPLES}
+    assert {"signing", "state_hash", "merkle", "validation", "open1b_v3"} <= suites
+
+
+@pytest.mark.parametrize("name,block", EXAMPLES, ids=[n for n, _ in EXAMPLES])
+def test_spec_example_quotes_its_vector(name, block):
+    case = json.loads((VECTORS / f"{name}.json").read_text())
+    for line in block.strip().splitlines():
+        field, value = line.split(None, 1)
+        assert str(case[field]) == value.strip(), f"{name}: {field}"
+
+
+def _cddl() -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
+    block = re.search(r"```cddl\n(.*?)```", SPEC, re.S).group(1)
+    aliases, messages, current = {}, {}, None
+    for raw in block.splitlines():
+        line = raw.split(";")[0].rstrip()
+        if not line.strip():
+            continue
+        if current is None:
+            name, expr = (part.strip() for part in line.split("=", 1))
+            if expr == "{":
+                current = messages.setdefault(name, [])
+            else:
+                aliases[name] = expr
+        elif line.strip() == "}":
+            current = None
+        else:
+            field, expr = re.fullmatch(r'\s*"(\w+)": (.*?),?', line).groups()
+            current.append((field, expr))
+    return aliases, messages
+
+
+def _field_type(expr: str, aliases: dict[str, str]):
+    expr = aliases.get(expr, expr)
+    if m := re.fullmatch(r"bstr \.size (\d+)", expr):
+        return Bytes(size=int(m.group(1)))
+    if m := re.fullmatch(r"uint \.le (\d+)", expr):
+        return UInt(maximum=int(m.group(1)))
+    if m := re.fullmatch(r"tstr \.size \(0\.\.(\d+)\)", expr):
+        return Text(max_length=int(m.group(1)))
+    if re.fullmatch(r'"\w+"( / "\w+")*', expr):
+        return Enum(frozenset(re.findall(r'"(\w+)"', expr)))
+    if m := re.fullmatch(r"\[0\*(\d+) (\w+)\]", expr):
+        return ListOf(_field_type(m.group(2), aliases), max_length=int(m.group(1)))
+    if m := re.fullmatch(r"\{ 0\*(\d+) scalar-key => scalar \}", expr):
+        assert aliases["scalar-key"] == f"tstr .size (0..{Scalars(0).max_text})"
+        return Scalars(max_entries=int(m.group(1)))
+    raise AssertionError(f"the test does not know the CDDL type {expr!r}")
+
+
+@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation], ids=lambda c: c.KIND)
+def test_cddl_is_the_code_schema(cls):
+    aliases, messages = _cddl()
+    fields = messages[cls.KIND]
+    assert fields[0] == ("kind", f'"{cls.KIND}"') and fields[1] == ("v", "1")
+    assert fields[-1] == ("sig", "signature") and _field_type("signature", aliases) == Bytes(size=64)
+    body = fields[2:-1]
+    assert [name for name, _ in body] == list(cls.SCHEMA), "fields or their order differ"
+    for name, expr in body:
+        assert _field_type(expr, aliases) == cls.SCHEMA[name], name
+    assert f'"{cls.SIGNER}": pubkey,' in re.search(rf"{cls.KIND} = \{{(.*?)\n\}}", SPEC, re.S).group(1)
+
+
+def test_constants_table_is_the_code():
+    from open1b.node import blobs, p2p, sync
+    from open1b.protocol import claims, codec, messages, trajectory, validation
+
+    code = {
+        "PROTOCOL_VERSION": messages.PROTOCOL_VERSION, "MAX_MANIFEST_SIZE": messages.MAX_MANIFEST_SIZE,
+        "MAX_CLAIM_SIZE": messages.MAX_CLAIM_SIZE, "MAX_ATTESTATION_SIZE": messages.MAX_ATTESTATION_SIZE,
+        "MAX_DEPTH": codec.MAX_DEPTH, "MAX_INLINE_STEPS": messages.MAX_INLINE_STEPS,
+        "MAX_EXTERNAL_STEPS": trajectory.MAX_EXTERNAL_STEPS, "MAX_TRAJECTORY_SIZE": trajectory.MAX_TRAJECTORY_SIZE,
+        "MAX_CLOCK_SKEW_SECONDS": validation.MAX_CLOCK_SKEW_SECONDS, "LEASE_ROUND_SECONDS": claims.LEASE_ROUND_SECONDS,
+        "MAX_LEASE_SECONDS": claims.MAX_LEASE_SECONDS, "MAX_SYNC_REQUEST": sync.MAX_SYNC_REQUEST,
+        "MAX_SYNC_STATEMENTS": sync.MAX_SYNC_STATEMENTS, "MAX_BLOB_CHUNK": blobs.MAX_CHUNK,
+        "MAX_BLOB_REQUEST": blobs.MAX_REQUEST, "MAX_BLOB_SIZE": blobs.MAX_BLOB_SIZE,
+        "MAX_GOSSIP_MESSAGE": p2p.MAX_PUBSUB_MESSAGE,
+    }
+    table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", _section("2. Constants"), re.M))
+    assert {k: int(v) for k, v in table.items()} == code
+
+
+def test_validation_reason_codes_agree_with_the_vectors():
+    rules = _section("7. Validation")
+    in_spec = set()
+    for outcome, text in re.findall(r"^- `\[(REJECT|IGNORE)\]` (.*?)(?=\n- |\n\n)", rules, re.S | re.M):
+        codes = re.findall(r"`(\w+)`", text.split(" — ", 1)[1]) if " — " in text else []
+        assert codes, f"rule without a reason code: {text!r}"
+        in_spec |= {(outcome.lower(), c) for c in codes}
+    in_spec |= {("reject", c) for c in re.findall(r"`(\w+)`", _section("5. Signed messages")) if c in {
+        "oversize", "malformed", "non_canonical", "kind", "version", "unknown_field", "missing_field", "wrong_type",
+        "bad_signature"}}
+    in_vectors = {(c["outcome"], c["reason"]) for c in
+                  (json.loads(p.read_text()) for p in (VECTORS / "validation").glob("*.json")) if c["outcome"] != "accept"}
+    assert in_vectors <= in_spec, in_vectors - in_spec
+    untested = {code for _, code in in_spec} - {code for _, code in in_vectors}
+    assert untested == {"claim_key"}  # DHT record keys: the claims suite covers them
+
+
+def test_every_vector_suite_is_specified_and_documented():
+    listed = set(re.findall(r"^\| `(\w+)` \|", _section("15. Test vectors and examples"), re.M))
+    assert listed == set(SUITES)
+    readme = (VECTORS / "README.md").read_text()
+    assert set(re.findall(r"^### `(\w+)`", readme, re.M)) == set(SUITES)

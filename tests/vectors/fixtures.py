@@ -1,0 +1,67 @@
+"""The statements the vector suites are built from: every field derived, nothing random."""
+
+from __future__ import annotations
+
+import json
+
+from open1b.protocol import (
+    Attestation, Claim, ExternalRunManifest, RunManifest, blake2b256, merkle_root,
+)
+
+from .common import NOW, ident
+
+ENGINE, ENGINE_VERSION = "test-engine", "1"
+
+
+def state(k: int, tag: bytes = b"vector-state") -> bytes:
+    return blake2b256(tag, k.to_bytes(8, "little"))
+
+
+def run_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
+    return RunManifest.create(
+        ident(publisher), engine=ENGINE, engine_version=ENGINE_VERSION, model={"d_model": 8, "lr": 0.001},
+        data={"corpus": "vectors"}, seed=7, steps=steps, state_hashes=[state(k) for k in range(steps + 1)],
+        created_at=NOW - 3600,
+    )
+
+
+def attestation(signer: int, run, step: int, *, match: bool = True, issued_at: int = NOW, **changes) -> Attestation:
+    fields = dict(
+        run=run.run_id, step=step, pre_state=run.state_hashes[step],
+        post_state=run.state_hashes[step + 1] if match else blake2b256(b"vector-wrong", bytes([step])),
+        verdict="match" if match else "mismatch", engine=run.engine, engine_version=run.engine_version,
+        hardware="vector-cpu", elapsed_ms=1234, issued_at=issued_at,
+    )
+    fields.update(changes)
+    return Attestation.create(ident(signer), **fields)
+
+
+def claim(claimant: int, run, step: int, *, issued_at: int = NOW, lease: int = 120, slot: int = 0, **changes) -> Claim:
+    fields = dict(run=run.run_id, step=step, slot=slot, issued_at=issued_at, lease_expiry=issued_at + lease)
+    fields.update(changes)
+    return Claim.create(ident(claimant), **fields)
+
+
+def trajectory_file(first: int = 0, last: int = 12) -> bytes:
+    """An Open-1B-style state_hashes.jsonl: step 0 (init) … last, with the quirks the format allows:
+    CRLF line ends, a blank line, extra keys, and step 5 logged twice (a resumed run; last wins)."""
+    lines = [json.dumps({"step": s, "state_hash": state(s, b"open1b-log").hex(), "loss": 2.5}) for s in range(first, last + 1)]
+    lines.insert(5, json.dumps({"step": 5, "state_hash": "00" * 32}))  # superseded by the later line for step 5
+    lines.insert(3, "")
+    return ("\r\n".join(lines[:8]) + "\n" + "\n".join(lines[8:]) + "\n").encode()
+
+
+def external_manifest(trajectory: bytes, *, first_step: int = 3, steps: int = 6, root: bytes | None = None,
+                      publisher: int = 0, parse_from: bytes | None = None, **changes) -> ExternalRunManifest:
+    from open1b.protocol import parse_state_hash_log
+
+    log = parse_state_hash_log(parse_from or trajectory)
+    window = [log[s] for s in range(first_step, first_step + steps + 1) if s in log]
+    fields = dict(
+        engine="gensyn-open-1b", engine_version="pretrain.state_hash.v3", model={"params": 1_610_000_000},
+        data={"tokens": 400_000_000_000}, steps=steps, first_step=first_step, trajectory_format="jsonl",
+        trajectory_uri="https://example.invalid/open-1b/logs/state_hashes.jsonl", trajectory_size=len(trajectory),
+        trajectory_digest=blake2b256(trajectory), trajectory_root=root or merkle_root(window), created_at=NOW - 3600,
+    )
+    fields.update(changes)
+    return ExternalRunManifest.create(ident(publisher), **fields)

@@ -1,0 +1,243 @@
+"""Suites ``validation``, ``claims`` and ``coverage``: how a node judges what peers send.
+
+``validation`` case: ``{"description", "topic", "runs", "now", "message", "outcome", "reason"}``.
+``topic`` is ``attestation``, ``claim`` or ``manifest``; ``runs`` are the runs the validating node
+knows, each ``{"manifest"}`` or ``{"manifest", "trajectory"}`` (an external run); ``outcome`` is
+``accept``, ``reject`` or ``ignore`` and ``reason`` the rule's code (``ok`` when accepted).
+
+``claims`` case: ``{"description", "key", "records", "valid", "winner", "order"}``: which records
+are valid claims for ``key``, the index of the record every node must prefer (``null`` if none
+is valid), and the valid records' indices from most to least preferred. The winner must not
+depend on the order the records are presented in.
+
+``coverage`` case: ``{"description", "runs", "attestations", "claims", "now", "redundancy",
+"result": {"complete", "steps": [{"step", "status", "auditors", "dissenters", "claimants"}]}}``
+(peer IDs sorted; the run is ``runs[0]``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import cbor2
+
+from open1b.protocol import (
+    Attestation, Claim, ProtocolError, claim_key, claim_precedence, coverage, decode_message, encode,
+    resolve_external_run, select_claim_record, sign, validate_attestation, validate_claim, validate_claim_record,
+    validate_manifest,
+)
+from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
+
+from . import fixtures
+from .common import NOW, hx, ident, unhex
+
+
+def forge(signer: int, kind: str, body: dict) -> bytes:
+    """A correctly signed message whose body the constructors would refuse to build."""
+    body = {"kind": kind, "v": 1, **body}
+    return encode({**body, "sig": sign(ident(signer), kind, body)})
+
+
+def _body(message) -> dict:
+    return {k: v for k, v in message.body().items() if k not in ("kind", "v")}
+
+
+def _runs(case: dict):
+    runs = []
+    for entry in case["runs"]:
+        m = decode_message(unhex(entry["manifest"]))
+        runs.append(resolve_external_run(m, unhex(entry["trajectory"])) if "trajectory" in entry else m)
+    return runs
+
+
+class Validation:
+    NAME = "validation"
+
+    @staticmethod
+    def cases() -> dict[str, dict]:
+        m = fixtures.run_manifest()
+        traj = fixtures.trajectory_file()
+        ext_m = fixtures.external_manifest(traj)
+        ext = resolve_external_run(ext_m, traj)
+        both = [{"manifest": hx(m.encoded)}, {"manifest": hx(ext_m.encoded), "trajectory": hx(traj)}]
+        good = fixtures.attestation(1, m, 1)
+        raw = cbor2.loads(good.encoded)
+        att = {
+            "accept-match": ("a match whose post_state is h_{step+1}", good.encoded),
+            "accept-mismatch": ("a mismatch whose post_state differs", fixtures.attestation(1, m, 2, match=False).encoded),
+            "accept-external-run": ("an attestation about an external run (log steps 5 -> 6)",
+                                    fixtures.attestation(2, ext, 2).encoded),
+            "oversize": ("longer than MAX_ATTESTATION_SIZE", encode({**raw, "hardware": "x" * 1100})),
+            "malformed": ("truncated CBOR", good.encoded[:-1]),
+            "non-canonical": ("the map's keys out of order", cbor2.dumps(dict(sorted(raw.items(), reverse=True)))),
+            "kind": ("a claim on the attestations topic", fixtures.claim(1, m, 1).encoded),
+            "version": ("protocol version 2", forge(1, "attestation", {**_body(good), "v": 2})),
+            "unknown-field": ("an extra field", forge(1, "attestation", {**_body(good), "note": "hi"})),
+            "missing-field": ("no hardware field", forge(1, "attestation", {k: v for k, v in _body(good).items() if k != "hardware"})),
+            "wrong-type": ("step as text", forge(1, "attestation", {**_body(good), "step": "1"})),
+            "bad-signature": ("a field changed after signing", encode({**raw, "elapsed_ms": 1})),
+            "wrong-signer": ("signed by a key other than the signer field's",
+                             forge(2, "attestation", _body(good))),
+            "unknown-run": ("a run this node does not know", fixtures.attestation(1, fixtures.run_manifest(publisher=3), 1).encoded),
+            "future": ("issued beyond the clock-skew allowance",
+                       fixtures.attestation(1, m, 1, issued_at=NOW + MAX_CLOCK_SKEW_SECONDS + 1).encoded),
+            "future-within-skew": ("issued exactly at the clock-skew allowance",
+                                   fixtures.attestation(1, m, 1, issued_at=NOW + MAX_CLOCK_SKEW_SECONDS).encoded),
+            "step-range": ("step == steps", forge(1, "attestation", {**_body(good), "step": m.steps})),
+            "pre-state": ("pre_state is not h_step", fixtures.attestation(1, m, 1, pre_state=m.state_hashes[0]).encoded),
+            "verdict": ("says match but post_state differs",
+                        fixtures.attestation(1, m, 1, post_state=m.state_hashes[0]).encoded),
+            "engine": ("another engine version", fixtures.attestation(1, m, 1, engine_version="2").encoded),
+            "external-pre-state": ("an external run's attestation starting from the wrong log step",
+                                   fixtures.attestation(2, ext, 2, pre_state=ext.state_hashes[1]).encoded),
+        }
+        c = fixtures.claim(1, m, 1)
+        claims = {
+            "claim-accept": ("a live claim", c.encoded),
+            "claim-lease-order": ("lease_expiry equal to issued_at", forge(1, "claim", {**_body(c), "lease_expiry": c.issued_at})),
+            "claim-lease-length": ("a lease longer than MAX_LEASE_SECONDS", fixtures.claim(1, m, 1, lease=3601).encoded),
+            "claim-step-range": ("a claim on a step the run does not have", fixtures.claim(1, m, 4).encoded),
+            "claim-unknown-run": ("a claim on an unknown run", fixtures.claim(1, fixtures.run_manifest(publisher=3), 0).encoded),
+            "claim-future": ("a claim issued in the future", fixtures.claim(1, m, 1, issued_at=NOW + 600).encoded),
+        }
+        manifests = {
+            "manifest-accept": ("a run manifest", m.encoded),
+            "manifest-external-accept": ("an external manifest", ext_m.encoded),
+            "manifest-state-hashes": ("steps + 1 != len(state_hashes)",
+                                      forge(0, "manifest", {**_body(m), "steps": m.steps + 1})),
+            "manifest-future": ("created in the future", forge(0, "manifest", {**_body(m), "created_at": NOW + 3600})),
+            "manifest-kind": ("an attestation on the manifest topic", good.encoded),
+        }
+        out = {}
+        for topic, group in (("attestation", att), ("claim", claims), ("manifest", manifests)):
+            for name, (description, message) in group.items():
+                case = {"description": description, "topic": topic, "runs": both if topic != "manifest" else [],
+                        "now": NOW, "message": hx(message)}
+                verdict = Validation._judge(case)
+                out[name] = {**case, "outcome": verdict.outcome.value, "reason": verdict.code}
+        return out
+
+    @staticmethod
+    def _judge(case: dict):
+        runs = {r.run_id: r for r in _runs(case)}
+        data = unhex(case["message"])
+        if case["topic"] == "attestation":
+            return validate_attestation(data, runs.get, case["now"])
+        if case["topic"] == "claim":
+            return validate_claim(data, runs.get, case["now"])
+        return validate_manifest(data, case["now"])
+
+    @staticmethod
+    def check(case: dict, root: Path) -> None:
+        verdict = Validation._judge(case)
+        assert (verdict.outcome.value, verdict.code) == (case["outcome"], case["reason"]), verdict.reason
+
+
+class Claims:
+    NAME = "claims"
+
+    @staticmethod
+    def cases() -> dict[str, dict]:
+        m = fixtures.run_manifest()
+        key = claim_key(m.run_id, 1, 0)
+        start = NOW - NOW % 60  # the start of a lease round
+        def c(who: int, at: int, **kw) -> bytes:
+            return fixtures.claim(who, m, 1, issued_at=at, **kw).encoded
+        tampered = cbor2.loads(c(1, start - 300))
+        tampered["lease_expiry"] += 1
+        sets = {
+            "newer-round-wins": ("a claim of a later lease round beats an earlier one, however early",
+                                 [c(1, start - 60), c(2, start + 59)]),
+            "earliest-in-round": ("within a round the earliest claim wins", [c(1, start + 10), c(2, start + 5)]),
+            "lowest-claimant-on-tie": ("same issue time: the lowest claimant key wins",
+                                       [c(1, start + 1), c(2, start + 1), c(3, start + 1)]),
+            "same-claimant-lowest-bytes": ("one claimant, two leases issued at once: the lower bytes win",
+                                           [c(1, start + 1, lease=300), c(1, start + 1, lease=120)]),
+            "invalid-never-wins": ("a tampered record and garbage never win, whatever their time",
+                                   [encode(tampered), b"\xa0", c(2, start + 30)]),
+            "wrong-key": ("a claim on another step stored under this key is invalid",
+                          [fixtures.claim(1, m, 2, issued_at=start).encoded, c(2, start + 20)]),
+            "none-valid": ("no valid record: nothing wins", [b"", encode(tampered)]),
+        }
+        out = {}
+        for name, (description, records) in sets.items():
+            valid = [Claims._valid(key, r) for r in records]
+            order = sorted((i for i, ok in enumerate(valid) if ok),
+                           key=lambda i: claim_precedence(Claim.decode(records[i])))
+            out[name] = {"description": description, "key": key, "records": [hx(r) for r in records],
+                         "valid": valid, "winner": select_claim_record(key, records), "order": order}
+        return out
+
+    @staticmethod
+    def _valid(key: str, record: bytes) -> bool:
+        try:
+            validate_claim_record(key, record)
+        except ProtocolError:
+            return False
+        return True
+
+    @staticmethod
+    def check(case: dict, root: Path) -> None:
+        records = [unhex(r) for r in case["records"]]
+        assert [Claims._valid(case["key"], r) for r in records] == case["valid"]
+        order = sorted((i for i, ok in enumerate(case["valid"]) if ok),
+                       key=lambda i: claim_precedence(Claim.decode(records[i])))
+        assert order == case["order"]
+        winner = case["winner"]
+        assert select_claim_record(case["key"], records) == winner
+        assert winner == (order[0] if order else None)
+        for perm in itertools.permutations(range(len(records))):  # the order records arrive in does not matter
+            picked = select_claim_record(case["key"], [records[i] for i in perm])
+            assert (picked is None) == (winner is None)
+            assert picked is None or records[perm[picked]] == records[winner]
+
+
+class CoverageSuite:
+    NAME = "coverage"
+
+    @staticmethod
+    def cases() -> dict[str, dict]:
+        m = fixtures.run_manifest()
+        traj = fixtures.trajectory_file()
+        ext_m = fixtures.external_manifest(traj)
+        ext = resolve_external_run(ext_m, traj)
+        A = fixtures.attestation
+        out = {}
+        sets = {
+            "four-statuses": ("verified, disputed, claimed, unaudited", [{"manifest": hx(m.encoded)}],
+                              [A(1, m, 0), A(2, m, 0), A(1, m, 1), A(2, m, 1, match=False)],
+                              [fixtures.claim(3, m, 2, issued_at=NOW - 10)], 2),
+            "distinct-keys": ("one key attesting a step three times counts once",
+                              [{"manifest": hx(m.encoded)}], [A(1, m, 0, issued_at=NOW - i) for i in range(3)], [], 2),
+            "inconsistent-not-counted": ("attestations inconsistent with the run, or of another run, do not count",
+                                         [{"manifest": hx(m.encoded)}],
+                                         [A(1, m, 0, pre_state=m.state_hashes[1]), A(2, fixtures.run_manifest(publisher=3), 0)],
+                                         [], 1),
+            "expired-claim": ("a claim whose lease has run out does not count",
+                              [{"manifest": hx(m.encoded)}], [], [fixtures.claim(3, m, 0, issued_at=NOW - 200, lease=100)], 1),
+            "complete": ("every step has two distinct attesters (either verdict): complete at redundancy 2",
+                         [{"manifest": hx(m.encoded)}],
+                         [A(s, m, k, match=not (k == 3 and s == 2)) for k in range(4) for s in (1, 2)], [], 2),
+            "external-run": ("coverage of an external run's 6 steps",
+                             [{"manifest": hx(ext_m.encoded), "trajectory": hx(traj)}],
+                             [A(1, ext, 0), A(2, ext, 0), A(1, ext, 5, match=False)], [fixtures.claim(2, ext, 3)], 2),
+        }
+        for name, (description, runs, atts, claims, redundancy) in sets.items():
+            case = {"description": description, "runs": runs, "attestations": [hx(a.encoded) for a in atts],
+                    "claims": [hx(c.encoded) for c in claims], "now": NOW, "redundancy": redundancy}
+            out[name] = {**case, "result": CoverageSuite._result(case)}
+        return out
+
+    @staticmethod
+    def _result(case: dict) -> dict:
+        run = _runs(case)[0]
+        cov = coverage(run, [Attestation.decode(unhex(a)) for a in case["attestations"]],
+                       [Claim.decode(unhex(c)) for c in case["claims"]], now=case["now"], redundancy=case["redundancy"])
+        return {"complete": cov.complete, "steps": [
+            {"step": s.step, "status": s.status.value, "auditors": list(s.auditors), "dissenters": list(s.dissenters),
+             "claimants": list(s.claimants)} for s in cov.steps]}
+
+    @staticmethod
+    def check(case: dict, root: Path) -> None:
+        assert CoverageSuite._result(case) == case["result"]
