@@ -1,40 +1,50 @@
-"""The deterministic numeric core: a tiny next-byte model whose training step gives the
-same bits on every machine.
+"""The deterministic engine: a GPT whose training step gives the same bits on every machine.
 
 How the pieces fit:
 
-* :mod:`.mathf` — software ``expf``/``logf`` from correctly rounded float32 ``+ - * /``;
-* :mod:`.reduction` — the one fixed summation order (32-wide folds, then a pairwise tree);
-* :mod:`.layers`, :mod:`.loss`, :mod:`.adamw` — numba kernels built on those two, each with
-  a slow numpy reference beside it;
-* :mod:`.model` — :class:`ModelConfig` (with :data:`PRESETS`), :class:`TrainState` and the
-  counter-based :func:`init_state`;
-* :mod:`.data` — the built-in corpus and the counter-based :func:`batch_for_step`;
-* :mod:`.step` — :func:`train_step`, the single function a trainer and a replayer share;
+* :mod:`.primitives` — float32 ``+ - * / sqrt``, each bound per target (Python/numpy, CPU,
+  CUDA) so that nothing is ever fused into an fma; :mod:`.jit` — compile options, the engine-wide
+  cache stamp and the ``device`` decorator that compiles one body for every target;
+* :mod:`.reduction` — the one summation order (32-wide folds, then a pairwise tree);
+  :mod:`.mathf` — software ``expf``/``logf``/``sigmoidf``;
+* :mod:`.matmul`, :mod:`.norm`, :mod:`.attention`, :mod:`.activation`, :mod:`.loss`,
+  :mod:`.embedding`, :mod:`.optimizer` — the kernels, each with a slow numpy reference beside it
+  and a note on why it is deterministic; :mod:`.backend` binds them to the CPU (serial or
+  parallel) and :mod:`.cuda` to numba-cuda;
+* :mod:`.config` — :class:`GPTConfig`, :class:`Topology` and the :data:`PRESETS`;
+  :mod:`.state` — :class:`TrainState` and the counter-based :func:`init_state`;
+* :mod:`.gpt` — forward and backward of one micro-batch as a fixed sequence of kernels;
+  :mod:`.step` — :func:`train_step`, the one function a trainer and a replayer share;
+* :mod:`.data` — the built-in corpus and :func:`batch_for_step`; :mod:`.trainer`,
+  :mod:`.replay`, :mod:`.runfile` — publishing and replaying runs;
 * :mod:`.selfcheck` — probes that refuse a process that would compute other bits.
 
-Guarantee: for equal (state, batch, config) bits, :func:`train_step` returns equal state
-bits on any x86-64/ARM CPU whose process passes :func:`require_deterministic_machine`.
-It does not extend to code compiled with ``fastmath`` or to a process whose FPU flags are
-changed after the check.
+Guarantee: for equal (state, batch, topology) bits, :func:`train_step` returns equal state bits
+on every backend and on any x86-64/ARM CPU or NVIDIA GPU whose process passes
+:func:`require_deterministic_machine`. It does not extend to code compiled with ``fastmath``, to
+a process whose FPU flags change after the check, or to steps with a non-finite loss or gradient
+(which raise :class:`NonFiniteError`).
 """
 
+from .config import PRESETS, GPTConfig, Preset, Topology
 from .data import batch_for_step, corpus_digest, corpus_tokens, tokenize
-from .errors import BatchFormatError, ConfigError, DeterminismError, StateFormatError
-from .model import PARAM_NAMES, PRESETS, ModelConfig, TrainState, init_state
+from .errors import BatchFormatError, ConfigError, DeterminismError, NonFiniteError, StateFormatError
 from .selfcheck import CheckResult, require_deterministic_machine, run_selfchecks
+from .state import TrainState, init_state
 from .step import StepReport, train_step
 
 __all__ = [
-    "PARAM_NAMES",
     "PRESETS",
     "BatchFormatError",
     "CheckResult",
     "ConfigError",
     "DeterminismError",
-    "ModelConfig",
+    "GPTConfig",
+    "NonFiniteError",
+    "Preset",
     "StateFormatError",
     "StepReport",
+    "Topology",
     "TrainState",
     "batch_for_step",
     "corpus_digest",

@@ -11,7 +11,7 @@ import hashlib
 
 import numpy as np
 
-from .model import ModelConfig
+from .config import GPTConfig, Topology
 
 CORPUS = """\
 A training run is a long sequence of small, exact steps. Each step reads a batch of
@@ -96,10 +96,13 @@ def corpus_digest() -> bytes:
     return hashlib.blake2b(corpus_bytes(), digest_size=32).digest()
 
 
-def batch_for_step(corpus_tokens: np.ndarray, seed: int, step: int, config: ModelConfig) -> np.ndarray:
-    """The int32 (batch_size, seq_len + 1) batch of training step ``step``.
+def batch_for_step(
+    corpus_tokens: np.ndarray, seed: int, step: int, config: GPTConfig, topology: Topology
+) -> np.ndarray:
+    """The int32 (ranks, micro_batches, micro_batch_size, seq_len + 1) batch of step ``step``.
 
-    Rule (version ``open1b/data/v1``): row i is ``corpus_tokens[o : o + seq_len + 1]`` with
+    Rule (version ``open1b/data/v1``): the step's sequences are numbered i = 0, 1, … in the
+    order (rank, micro-batch, row); sequence i is ``corpus_tokens[o : o + seq_len + 1]`` with
     ``o = int.from_bytes(blake2b(b"open1b/data/v1" + seed.to_bytes(8, "little")
     + step.to_bytes(8, "little") + i.to_bytes(4, "little"), digest_size=8).digest(), "little")
     % (len(corpus_tokens) - seq_len - 1)``.
@@ -109,9 +112,9 @@ def batch_for_step(corpus_tokens: np.ndarray, seed: int, step: int, config: Mode
     if span <= 0:
         raise ValueError(f"corpus of {n} tokens is too short for seq_len {config.seq_len}")
     prefix = b"open1b/data/v1" + seed.to_bytes(8, "little") + step.to_bytes(8, "little")
-    out = np.empty((config.batch_size, config.seq_len + 1), np.int32)
-    for i in range(config.batch_size):
+    out = np.empty((topology.sequences, config.seq_len + 1), np.int32)
+    for i in range(topology.sequences):
         digest = hashlib.blake2b(prefix + i.to_bytes(4, "little"), digest_size=8).digest()
         offset = int.from_bytes(digest, "little") % span
         out[i] = corpus_tokens[offset : offset + config.seq_len + 1]
-    return out
+    return out.reshape(topology.ranks, topology.micro_batches, topology.micro_batch_size, config.seq_len + 1)

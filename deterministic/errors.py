@@ -11,7 +11,8 @@ from ..protocol.errors import Open1bError
 
 
 class DeterminismError(Open1bError):
-    """This process cannot compute the reference bits (fusion, flush-to-zero, float64 promotion)."""
+    """This process cannot compute the reference bits (fusion, flush-to-zero, float64 promotion,
+    or a known-answer step that came out different)."""
 
 
 class ConfigError(Open1bError, ValueError):
@@ -24,6 +25,11 @@ class StateFormatError(Open1bError, ValueError):
 
 class BatchFormatError(Open1bError, ValueError):
     """A batch whose dtype, shape or token range does not fit the configuration."""
+
+
+class NonFiniteError(Open1bError, ArithmeticError):
+    """A step whose loss or gradient norm is inf or nan: its state could not be reproduced (NaN
+    payloads differ between machines), so the engine refuses to produce it."""
 
 
 class RunFormatError(Open1bError):

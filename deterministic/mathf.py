@@ -1,37 +1,42 @@
-"""Software ``expf`` and ``logf`` for float32, identical bits on every CPU and GPU.
+"""Software ``expf``, ``logf`` and ``sigmoidf``: the same bits on every CPU and GPU.
 
 Why not ``math.exp``/``np.exp``: compiled numba calls the platform libm on the CPU and an
-``ex2.approx``-based routine on CUDA, so the last bits differ between machines. These
-functions follow FreeBSD's ``e_expf.c``/``e_logf.c`` (the float-only versions) and use only
-float32 ``+ - * /`` in a fixed evaluation order, integer ops on exact bit patterns, and
-comparisons. Each of those is correctly rounded IEEE single precision, so the result is a
-pure function of the input bits. Every constant is a module-level ``np.float32``: a Python
-float literal (``x * 0.5``) would make numba compute in float64 and round differently.
+``ex2.approx``-based routine on CUDA, so the last bits differ between machines. These functions
+use only the primitives of :mod:`.primitives` (each one correctly rounded float32 operation) in a
+fixed order, integer operations on exact bit patterns, comparisons and selects. Every constant is
+a module-level ``np.float32``.
 
-Accuracy (measured by ``tests/deterministic/test_mathf.py`` against float64):
-``expf`` < 1 ulp and ``logf`` < 1 ulp over the full finite range.
+``expf`` is branch-free so that elementwise loops over it vectorise (GELU and attention call it
+millions of times per step): special cases are computed alongside and selected at the end.
+Its argument reduction and polynomial are FreeBSD's ``e_expf.c``; ``k`` is ``x/ln2`` rounded to
+nearest-even by the ``1.5 * 2**23`` shift trick, and ``2**k`` is applied as two exact powers of
+two, ``2**(k >> 1)`` then ``2**(k - (k >> 1))``, so that a subnormal result is rounded once.
+``logf`` is FreeBSD's ``e_logf.c`` (it runs once per row of a softmax, so its branches are fine).
 
-Special values: ``expf(nan) = nan``, ``expf(+inf) = +inf``, ``expf(-inf) = 0``,
-overflow (x > 88.72) gives ``+inf``, deep underflow (x < -103.97) gives ``+0``.
-``logf(+0) = logf(-0) = -inf``, ``logf(x<0) = nan``, ``logf(+inf) = +inf``, ``logf(nan) = nan``.
+Accuracy (``tests/deterministic/test_mathf.py`` against float64 on dense sweeps):
+``expf`` and ``logf`` below 1 ulp over their whole finite range.
 
-Subnormal policy: IEEE gradual underflow is *kept*. ``expf`` returns subnormals for
-x in about [-103.97, -87.34] and ``logf`` accepts subnormal inputs. A process whose FPU
-flushes subnormals to zero computes different bits; :func:`.selfcheck.require_deterministic_machine`
-refuses to run in it.
+Special values: ``expf(nan) = nan``, ``expf(x >= 88.7228…) = +inf``, ``expf(x < -103.97…) = +0``;
+``logf(±0) = -inf``, ``logf(x < 0) = nan``, ``logf(+inf) = +inf``, ``logf(nan) = nan``.
 
-Each ``.py_func`` runs the same algorithm on ``np.float32`` scalars; tests check that it gives
-the same bits as the compiled version.
+Subnormal policy (the whole engine's): IEEE gradual underflow is kept. ``expf`` returns
+subnormals for x in about [-103.97, -87.34] and ``logf`` accepts subnormal inputs. A process
+that flushes subnormals to zero computes other bits; :mod:`.selfcheck` refuses to run in it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .bits import float32_to_int32, int32_to_float32
+from .jit import device
+from .primitives import as_float32, as_int32, fadd, fdiv, fmul, fsub
 
 _F = np.float32
+
+
+def _bits(word: int) -> np.float32:
+    return np.uint32(word).view(np.float32)
+
 
 _ZERO = _F(0.0)
 _HALF = _F(0.5)
@@ -40,90 +45,55 @@ _TWO = _F(2.0)
 _INF = _F(np.inf)
 _NAN = _F(np.nan)
 
-# expf constants (FreeBSD e_expf.c); hex words as in the C source.
-_EXP_O_THRESHOLD = np.int32(0x42B17180).view(np.float32)  # 88.7216796875
-_EXP_U_THRESHOLD = np.uint32(0xC2CFF1B5).view(np.float32)  # -103.97208
-_LN2_HI = np.int32(0x3F317200).view(np.float32)  # 6.9314575195e-01, k*_LN2_HI exact
-_LN2_LO = np.int32(0x35BFBE8E).view(np.float32)  # 1.4286067653e-06
-_INV_LN2 = np.int32(0x3FB8AA3B).view(np.float32)  # 1.4426950216
+# expf (FreeBSD e_expf.c constants; hex words as in the C source).
+EXP_OVERFLOW = _bits(0x42B17218)  # 88.72284: exp(x) rounds to +inf from here on
+EXP_UNDERFLOW = _bits(0xC2CFF1B5)  # -103.97208: exp(x) rounds to +0 below this
+_LN2_HI = _bits(0x3F317200)  # 6.9314575195e-01; k * _LN2_HI is exact for |k| < 2**9
+_LN2_LO = _bits(0x35BFBE8E)  # 1.4286067653e-06
+_INV_LN2 = _bits(0x3FB8AA3B)  # 1.4426950216
+_ROUND_SHIFT = _F(1.5 * 2.0**23)  # (y + shift) - shift rounds y to an integer, nearest-even
 _EXP_P1 = _F(0xAAAA8F * 2.0**-26)  # 1.6666625440e-1 (exact in float32)
 _EXP_P2 = _F(-0xB55215 * 2.0**-32)  # -2.7667332906e-3 (exact in float32)
-_TWO_M100 = _F(2.0**-100)
-_TWO_P127 = _F(2.0**127)
 
-# logf constants (FreeBSD e_logf.c).
-_LOG_LN2_HI = np.int32(0x3F317180).view(np.float32)  # 6.9313812256e-01
-_LOG_LN2_LO = np.int32(0x3717F7D1).view(np.float32)  # 9.0580006145e-06
+# logf (FreeBSD e_logf.c).
+_LOG_LN2_HI = _bits(0x3F317180)  # 6.9313812256e-01
+_LOG_LN2_LO = _bits(0x3717F7D1)  # 9.0580006145e-06
 _TWO25 = _F(2.0**25)
 _LG1 = _F(0xAAAAAA * 2.0**-24)  # 0.66666662693
 _LG2 = _F(0xCCCE13 * 2.0**-25)  # 0.40000972152
 _LG3 = _F(0x91E9EE * 2.0**-25)  # 0.28498786688
 _LG4 = _F(0xF89E26 * 2.0**-26)  # 0.24279078841
-_THIRD = _F(0.33333333333333333)
+_THIRD = _F(1.0 / 3.0)
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@device
 def expf(x):
-    """e**x for a float32 ``x``, returned as float32 (< 1 ulp error, see module doc)."""
-    hx = float32_to_int32(x)
-    xsb = (hx >> 31) & 1
-    hx = hx & 0x7FFFFFFF
-
-    if hx >= 0x42B17218:  # |x| >= 88.72..., or not finite
-        if hx > 0x7F800000:
-            return x + x  # nan
-        if hx == 0x7F800000:
-            return x if xsb == 0 else _ZERO
-        if x > _EXP_O_THRESHOLD:
-            return _INF
-        if x < _EXP_U_THRESHOLD:
-            return _ZERO
-
-    # Argument reduction x = k*ln2 + r, |r| <= 0.5*ln2, r carried as hi - lo.
-    k = 0
-    hi = _ZERO
-    lo = _ZERO
-    if hx > 0x3EB17218:  # |x| > 0.5 ln2
-        if hx < 0x3F851592:  # and |x| < 1.5 ln2
-            if xsb == 0:
-                hi = x - _LN2_HI
-                lo = _LN2_LO
-                k = 1
-            else:
-                hi = x + _LN2_HI
-                lo = -_LN2_LO
-                k = -1
-        else:
-            kf = _INV_LN2 * x + (_HALF if xsb == 0 else -_HALF)
-            k = int(kf)  # truncation toward zero, as the C cast
-            t = _F(k)
-            hi = x - t * _LN2_HI  # exact: _LN2_HI has trailing zero bits
-            lo = t * _LN2_LO
-        x = hi - lo
-    elif hx < 0x39000000:  # |x| < 2**-14: 1 + x is correctly rounded
-        return _ONE + x
-
-    t = x * x
-    if k >= -125:
-        twopk = int32_to_float32(0x3F800000 + (k << 23))
-    else:
-        twopk = int32_to_float32(0x3F800000 + ((k + 100) << 23))
-    c = x - t * (_EXP_P1 + t * _EXP_P2)
-    if k == 0:
-        return _ONE - ((x * c) / (c - _TWO) - x)
-    y = _ONE - ((lo - (x * c) / (_TWO - c)) - hi)
-    if k >= -125:
-        if k == 128:
-            return y * _TWO * _TWO_P127
-        return y * twopk
-    # Result is subnormal: scale in two exact-then-one-rounding steps (gradual underflow).
-    return y * twopk * _TWO_M100
+    """e**x for a float32 ``x``, as float32 (< 1 ulp, see module doc)."""
+    # Clamp into the range where the reduction is valid (nan goes to the low end); the
+    # special results are selected at the end.
+    xc = x if x > EXP_UNDERFLOW else EXP_UNDERFLOW
+    xc = xc if xc < EXP_OVERFLOW else EXP_OVERFLOW
+    # x = k*ln2 + r with |r| <= ~0.5*ln2, r carried as hi - lo.
+    kf = fsub(fadd(fmul(xc, _INV_LN2), _ROUND_SHIFT), _ROUND_SHIFT)
+    hi = fsub(xc, fmul(kf, _LN2_HI))  # exact
+    lo = fmul(kf, _LN2_LO)
+    r = fsub(hi, lo)
+    t = fmul(r, r)
+    c = fsub(r, fmul(t, fadd(_EXP_P1, fmul(t, _EXP_P2))))
+    y = fsub(_ONE, fsub(fsub(lo, fdiv(fmul(r, c), fsub(_TWO, c))), hi))
+    # y * 2**k as two exact scalings, k in [-150, 128]: the first keeps y normal.
+    k = np.int32(kf)
+    k1 = k >> 1
+    scaled = fmul(fmul(y, as_float32((k1 + 127) << 23)), as_float32((k - k1 + 127) << 23))
+    out = scaled if x < EXP_OVERFLOW else _INF
+    out = out if x >= EXP_UNDERFLOW else _ZERO
+    return out if x == x else fadd(x, x)
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@device
 def logf(x):
-    """Natural log of a float32 ``x``, returned as float32 (< 1 ulp error, see module doc)."""
-    ix = float32_to_int32(x)
+    """Natural log of a float32 ``x``, as float32 (< 1 ulp, see module doc)."""
+    ix = as_int32(x)
     k = 0
     if ix < 0x00800000:  # x < 2**-126, including negatives and zeros
         if (ix & 0x7FFFFFFF) == 0:
@@ -131,62 +101,46 @@ def logf(x):
         if ix < 0:
             return _NAN
         k -= 25  # subnormal: scale up exactly
-        x = x * _TWO25
-        ix = float32_to_int32(x)
+        x = fmul(x, _TWO25)
+        ix = as_int32(x)
     if ix >= 0x7F800000:
-        return x + x  # +inf or nan
+        return fadd(x, x)  # +inf or nan
     k += (ix >> 23) - 127
     ix = ix & 0x007FFFFF
     i = (ix + (0x95F64 << 3)) & 0x800000
-    x = int32_to_float32(ix | (i ^ 0x3F800000))  # normalise x or x/2 into [sqrt(2)/2, sqrt(2))
+    x = as_float32(ix | (i ^ 0x3F800000))  # normalise x or x/2 into [sqrt(2)/2, sqrt(2))
     k += i >> 23
-    f = x - _ONE
+    f = fsub(x, _ONE)
+    dk = _F(k)
     if (0x007FFFFF & (0x8000 + ix)) < 0xC000:  # -2**-9 <= f < 2**-9
         if f == _ZERO:
             if k == 0:
                 return _ZERO
-            dk = _F(k)
-            return dk * _LOG_LN2_HI + dk * _LOG_LN2_LO
-        r = f * f * (_HALF - _THIRD * f)
+            return fadd(fmul(dk, _LOG_LN2_HI), fmul(dk, _LOG_LN2_LO))
+        r = fmul(fmul(f, f), fsub(_HALF, fmul(_THIRD, f)))
         if k == 0:
-            return f - r
-        dk = _F(k)
-        return dk * _LOG_LN2_HI - ((r - dk * _LOG_LN2_LO) - f)
-    s = f / (_TWO + f)
-    dk = _F(k)
-    z = s * s
+            return fsub(f, r)
+        return fsub(fmul(dk, _LOG_LN2_HI), fsub(fsub(r, fmul(dk, _LOG_LN2_LO)), f))
+    s = fdiv(f, fadd(_TWO, f))
+    z = fmul(s, s)
     i = ix - (0x6147A << 3)
-    w = z * z
+    w = fmul(z, z)
     j = (0x6B851 << 3) - ix
-    t1 = w * (_LG2 + w * _LG4)
-    t2 = z * (_LG1 + w * _LG3)
+    t1 = fmul(w, fadd(_LG2, fmul(w, _LG4)))
+    t2 = fmul(z, fadd(_LG1, fmul(w, _LG3)))
     i = i | j
-    r = t2 + t1
+    r = fadd(t2, t1)
     if i > 0:
-        hfsq = _HALF * f * f
+        hfsq = fmul(fmul(_HALF, f), f)
         if k == 0:
-            return f - (hfsq - s * (hfsq + r))
-        return dk * _LOG_LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LOG_LN2_LO)) - f)
+            return fsub(f, fsub(hfsq, fmul(s, fadd(hfsq, r))))
+        return fsub(fmul(dk, _LOG_LN2_HI), fsub(fsub(hfsq, fadd(fmul(s, fadd(hfsq, r)), fmul(dk, _LOG_LN2_LO))), f))
     if k == 0:
-        return f - s * (f - r)
-    return dk * _LOG_LN2_HI - ((s * (f - r) - dk * _LOG_LN2_LO) - f)
+        return fsub(f, fmul(s, fsub(f, r)))
+    return fsub(fmul(dk, _LOG_LN2_HI), fsub(fsub(fmul(s, fsub(f, r)), fmul(dk, _LOG_LN2_LO)), f))
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
-def expf_array(x):
-    """Elementwise :func:`expf` of a float32 array (any shape)."""
-    flat = x.ravel()
-    out = np.empty(flat.shape[0], np.float32)
-    for idx in range(flat.shape[0]):
-        out[idx] = expf(flat[idx])
-    return out.reshape(x.shape)
-
-
-@njit(cache=True, error_model="numpy", nogil=True)
-def logf_array(x):
-    """Elementwise :func:`logf` of a float32 array (any shape)."""
-    flat = x.ravel()
-    out = np.empty(flat.shape[0], np.float32)
-    for idx in range(flat.shape[0]):
-        out[idx] = logf(flat[idx])
-    return out.reshape(x.shape)
+@device
+def sigmoidf(z):
+    """``1 / (1 + expf(-z))``: 0 for z below about -88.7 (expf overflows), 1 for large z."""
+    return fdiv(_ONE, fadd(_ONE, expf(-z)))

@@ -2,8 +2,10 @@
 
 The replayer trusts nothing in the run directory it has not checked: the manifest's signature
 (on decode), the engine it names (it must be exactly this one), the corpus (by digest), and
-the checkpoint (its recomputed h_k must equal the manifest's). Only then does it call the same
-:func:`train_step` the trainer called and hash the result.
+the checkpoint (its recomputed h_k must equal the manifest's — so a flipped bit anywhere in the
+input state is caught before the step runs, even one the step itself would round away). Only
+then does it call the same :func:`train_step` the trainer called, with the run's topology, and
+hash the result.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from open1b.protocol import RunManifest
 
+from .backend import default_backend
 from .data import batch_for_step, corpus_digest, corpus_tokens
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .runfile import ENGINE, ENGINE_VERSION, genesis_hash, load_checkpoint, next_state_hash, read_manifest
@@ -47,7 +50,6 @@ def check_engine(manifest: RunManifest) -> None:
 
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step``."""
-    require_deterministic_machine()
     run_dir = Path(run_dir)
     manifest = manifest or read_manifest(run_dir)
     check_engine(manifest)
@@ -55,19 +57,20 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> Rep
         raise RunFormatError(f"step {step} is outside the run's {manifest.steps} steps")
     if manifest.data.get("corpus_digest") != corpus_digest().hex():
         raise RunFormatError("the run's corpus is not the corpus this engine ships")
-    config = config_of(manifest)
+    config, topology = config_of(manifest)
+    require_deterministic_machine(default_backend(config))
     started = time.perf_counter()
     tokens = corpus_tokens()
     state = load_checkpoint(run_dir, step, config)
     if step == 0:
         recomputed = next_state_hash(genesis_hash(manifest.body()), state, None)
     else:
-        prev_batch = batch_for_step(tokens, manifest.seed, step - 1, config)
+        prev_batch = batch_for_step(tokens, manifest.seed, step - 1, config, topology)
         recomputed = next_state_hash(manifest.state_hashes[step - 1], state, prev_batch)
     if recomputed != manifest.state_hashes[step]:
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
-    batch = batch_for_step(tokens, manifest.seed, step, config)
-    new_state, report = train_step(state, batch, config)
+    batch = batch_for_step(tokens, manifest.seed, step, config, topology)
+    new_state, report = train_step(state, batch, topology)
     post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,

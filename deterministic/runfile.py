@@ -20,18 +20,19 @@ from safetensors.numpy import save as save_safetensors
 from open1b.protocol import RunManifest, TensorBytes, batch_digest, genesis, state_hash
 from open1b.protocol.messages import MAX_MANIFEST_SIZE
 
+from .config import GPTConfig
 from .errors import RunFormatError
-from .model import ModelConfig, TrainState
+from .state import TrainState
 
-ENGINE = "open1b-skeleton"
-ENGINE_VERSION = "0.1.0"
+ENGINE = "open1b-gpt"
+ENGINE_VERSION = "0.2.0"
 DATA_ORDER = "open1b/data/v1"
 CORPUS_NAME = "builtin-v1"
 
 MANIFEST_FILE = "manifest.cbor"
 CHECKPOINT_DIR = "checkpoints"
-# Checkpoint files are refused above this size before parsing: the skeleton state is ~200 KB.
-MAX_CHECKPOINT_BYTES = 64 << 20
+CHECKPOINT_HEADER_SLACK = 1 << 20
+"""Bytes allowed for a checkpoint's safetensors header beyond its tensors' data."""
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -48,8 +49,9 @@ def state_tensor_bytes(state: TrainState) -> dict[str, TensorBytes]:
 
 
 def step_batch_digest(batch: np.ndarray) -> bytes:
-    """Digest of the batches one step consumed (one data-parallel rank in the skeleton)."""
-    return batch_digest([as_tensor_bytes(batch)])
+    """Digest of the batch one step consumed: ``batch`` is (ranks, micro_batches, rows, T + 1)
+    and each rank's share ``batch[r]`` is one entry of the protocol's per-rank list, in rank order."""
+    return batch_digest([as_tensor_bytes(batch[rank]) for rank in range(batch.shape[0])])
 
 
 def genesis_hash(manifest_fields: dict) -> bytes:
@@ -78,11 +80,18 @@ def save_checkpoint(run_dir: Path, state: TrainState) -> None:
     write_atomic(checkpoint_path(run_dir, state.step), data)
 
 
-def load_checkpoint(run_dir: Path, step: int, config: ModelConfig) -> TrainState:
+def max_checkpoint_bytes(config: GPTConfig) -> int:
+    """The largest checkpoint file of ``config``'s state: parameters and two moments (float32),
+    the two bias-correction powers, and :data:`CHECKPOINT_HEADER_SLACK` for the header."""
+    return 4 * (3 * config.n_params() + 2) + CHECKPOINT_HEADER_SLACK
+
+
+def load_checkpoint(run_dir: Path, step: int, config: GPTConfig) -> TrainState:
+    """State ``step`` of the run; refused before parsing when the file is larger than its config allows."""
     path = checkpoint_path(run_dir, step)
     try:
         size = path.stat().st_size
-        if size > MAX_CHECKPOINT_BYTES:
+        if size > max_checkpoint_bytes(config):
             raise RunFormatError(f"{path}: {size} bytes exceeds the checkpoint limit")
         tensors = load_safetensors(path.read_bytes())
     except RunFormatError:

@@ -1,33 +1,49 @@
 """Start-up probes: does *this process* compute float32 the way the spec requires?
 
-Each probe runs a tiny compiled kernel whose exact answer is known and differs when the
-process misbehaves. They catch the three failures seen in practice:
+Each probe runs compiled code whose exact answer is known and differs when the process
+misbehaves. They catch the failures seen in practice:
 
 * **fusion** — ``a*b + c`` contracted into one fma (rounds once instead of twice);
-* **flush-to-zero** — subnormal results replaced by zero (e.g. after
-  ``torch.set_flush_denormal(True)``, or on hardware that flushes);
-* **float64 promotion** — intermediate results computed in double precision.
+* **flush-to-zero** — subnormal results replaced by zero, and **denormals-are-zero** —
+  subnormal inputs read as zero (e.g. after ``torch.set_flush_denormal(True)``, or on hardware
+  that flushes);
+* **float64 promotion** — intermediate results computed in double precision, or kernels that
+  return float64;
+* **anything else** — a known-answer step: one :func:`.step.train_step` of a pinned micro model
+  whose state hash is part of the spec.
 
-A machine that passes computes the reference bits for the kernels of this package;
-:func:`require_deterministic_machine` raises :class:`.errors.DeterminismError` otherwise.
+:func:`require_deterministic_machine` raises :class:`.errors.DeterminismError` naming every
+failed probe, so a node refuses to replay instead of publishing bits nobody can reproduce.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
+from .config import GPTConfig, Topology
 from .errors import DeterminismError
-from .layers import linear_forward
+from .jit import CPU_OPTIONS
 from .mathf import expf, logf
+from .primitives import fadd, fmul
 
 _F = np.float32
 FUSION_A = _F(1 + 2.0**-12)
 FUSION_C = _F(-(1 + 2.0**-11))
 """``a*a + c``: a*a = 1 + 2**-11 + 2**-24 rounds to 1 + 2**-11, so the unfused result is 0;
 a fused multiply-add keeps the 2**-24."""
+
+KNOWN_ANSWER_CONFIG = GPTConfig(
+    vocab_size=32, seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=64, norm_eps=1e-5, init_std=0.5,
+    lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0,
+)  # fmt: skip
+KNOWN_ANSWER_TOPOLOGY = Topology(ranks=3, micro_batches=2, micro_batch_size=2)
+KNOWN_ANSWER_SEED = 7
+KNOWN_ANSWER_STATE = "c7df67f8a4d8acde02a76dcba4a93eb5d040ea958afd519be4d0beed4152bed5"
+"""blake2b-256 (see :func:`state_fingerprint`) of the known-answer state after two steps."""
 
 
 @dataclass(frozen=True)
@@ -37,74 +53,115 @@ class CheckResult:
     detail: str
 
 
-@njit(cache=True, error_model="numpy")
+@njit(**CPU_OPTIONS)
 def fusion_probe(a, b, c):
-    return a * b + c
+    return fadd(fmul(a, b), c)
 
 
-@njit(cache=True, error_model="numpy")
-def subnormal_probe(a, b):
-    return a * b
+@njit(**CPU_OPTIONS)
+def multiply_probe(a, b):
+    return fmul(a, b)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(**CPU_OPTIONS)
+def exp_probe(x):
+    return expf(x)
+
+
+@njit(**CPU_OPTIONS)
+def log_probe(x):
+    return logf(x)
+
+
+@njit(**CPU_OPTIONS)
 def promotion_probe(a, b):
     # (a + b) - a: 0 in float32 for a = 1, b = 2**-30; 2**-30 if computed in float64.
     return (a + b) - a
 
 
+def state_fingerprint(state) -> str:
+    """blake2b-256 over the step and every state tensor's name and bytes, in :meth:`tensors` order."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(state.step.to_bytes(8, "little"))
+    for name, a in state.tensors().items():
+        h.update(name.encode() + b"\0" + np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def known_answer_batch(step: int) -> np.ndarray:
+    """Step ``step``'s batch of the known-answer run: token ``(31·i + 7·step) mod 32`` at flat index i."""
+    t = KNOWN_ANSWER_TOPOLOGY
+    shape = (t.ranks, t.micro_batches, t.micro_batch_size, KNOWN_ANSWER_CONFIG.seq_len + 1)
+    i = np.arange(int(np.prod(shape)), dtype=np.int64)
+    return ((31 * i + 7 * step) % KNOWN_ANSWER_CONFIG.vocab_size).astype(np.int32).reshape(shape)
+
+
+def known_answer_state(backend=None):
+    """The known-answer run's state after two steps, computed here."""
+    from .state import init_state
+    from .step import train_step
+
+    state = init_state(KNOWN_ANSWER_CONFIG, KNOWN_ANSWER_SEED)
+    for step in range(2):
+        state, _ = train_step(state, known_answer_batch(step), KNOWN_ANSWER_TOPOLOGY, backend=backend)
+    return state
+
+
 def _check_fusion() -> CheckResult:
     got = _F(fusion_probe(FUSION_A, FUSION_A, FUSION_C))
-    return CheckResult("no-fma-contraction", bool(got == 0), f"a*b+c = {float(got)!r}, expected 0.0 (fused gives 2**-24)")
+    detail = f"a*b+c = {float(got)!r}, expected 0.0 (fused gives 2**-24)"
+    return CheckResult("no-fma-contraction", bool(got == 0), detail)
 
 
 def _check_subnormals() -> CheckResult:
-    got = _F(subnormal_probe(_F(1e-38), _F(1e-3)))
-    ref = _F(1e-38) * _F(1e-3)  # numpy scalar arithmetic in this thread; should be subnormal too
-    ok = got != 0 and got == ref and 0 < got < np.finfo(np.float32).smallest_normal
-    return CheckResult("gradual-underflow", bool(ok), f"1e-38 * 1e-3 = {float(got)!r}, expected subnormal {float(ref)!r}")
+    made = _F(multiply_probe(_F(1e-38), _F(1e-3)))  # normal inputs, subnormal result: FTZ gives 0
+    tiny = np.uint32(0x00000001).view(np.float32)
+    read = _F(multiply_probe(tiny, _F(2.0**24)))  # subnormal input: DAZ gives 0
+    ok = 0 < made < np.finfo(np.float32).smallest_normal and read == _F(2.0**-125)
+    detail = f"1e-38 * 1e-3 = {float(made)!r} (expected a subnormal), 2**-149 * 2**24 = {float(read)!r}"
+    return CheckResult("gradual-underflow", bool(ok), detail)
 
 
-def _float32_return_type(dispatcher) -> str:
-    from numba import types
+def _check_promotion(backend) -> CheckResult:
+    from .backend import default_backend
 
-    dispatcher(_F(1.0))  # make sure the float32 specialisation exists
-    for sig in dispatcher.nopython_signatures:
-        if tuple(sig.args) == (types.float32,):
-            return str(sig.return_type)
-    return "missing"
-
-
-def _check_promotion() -> CheckResult:
+    be = backend or default_backend(KNOWN_ANSWER_CONFIG)
     got = _F(promotion_probe(_F(1.0), _F(2.0**-30)))
-    x = np.ones((1, 2), np.float32)
-    w = np.ones((2, 1), np.float32)
-    b = np.zeros(1, np.float32)
-    dtypes = {
-        "linear_forward": str(linear_forward(x, w, b).dtype),
-        "expf": _float32_return_type(expf),
-        "logf": _float32_return_type(logf),
-    }
+    x = np.ones((2, 3), np.float32)
+    dtypes = {"matmul": str(be.download(be.matmul(be.upload(x), be.upload(x), False, True)).dtype)}
+    for probe in (exp_probe, log_probe):  # compiled return types (numba boxes float32 as a Python float)
+        probe(_F(1.0))
+        returns = {str(sig.return_type) for sig in probe.nopython_signatures if sig.args == (types.float32,)}
+        dtypes[probe.__name__] = "/".join(sorted(returns))
     ok = got == 0 and all(t == "float32" for t in dtypes.values())
-    return CheckResult("float32-arithmetic", bool(ok), f"(1 + 2**-30) - 1 = {float(got)!r} (expected 0.0); dtypes {dtypes}")
+    detail = f"(1 + 2**-30) - 1 = {float(got)!r} (expected 0.0); dtypes {dtypes}"
+    return CheckResult("float32-arithmetic", bool(ok), detail)
 
 
 def _check_transcendentals() -> CheckResult:
-    # Known answers, pinned bit patterns of the spec'd algorithms.
-    e1 = int(np.float32(expf(_F(1.0))).view(np.uint32))
-    l3 = int(np.float32(logf(_F(3.0))).view(np.uint32))
+    e1 = int(_F(exp_probe(_F(1.0))).view(np.uint32))
+    l3 = int(_F(log_probe(_F(3.0))).view(np.uint32))
     ok = e1 == 0x402DF854 and l3 == 0x3F8C9F54
     return CheckResult("expf-logf-known-answers", ok, f"expf(1) = {e1:#010x}, logf(3) = {l3:#010x}")
 
 
-def run_selfchecks() -> list[CheckResult]:
-    """Run every probe in this thread and return their results (never raises on failure)."""
-    return [_check_fusion(), _check_subnormals(), _check_transcendentals(), _check_promotion()]
+def _check_known_answer(backend) -> CheckResult:
+    got = state_fingerprint(known_answer_state(backend))
+    detail = f"state hash {got[:16]}…, expected {KNOWN_ANSWER_STATE[:16]}…"
+    return CheckResult("known-answer-step", got == KNOWN_ANSWER_STATE, detail)
 
 
-def require_deterministic_machine() -> None:
+def run_selfchecks(backend=None) -> list[CheckResult]:
+    """Run every probe in this thread and return their results (never raises on failure).
+    ``backend`` (default: the CPU backend of the known-answer model) is the one whose kernels
+    the step checks run on."""
+    return [_check_fusion(), _check_subnormals(), _check_transcendentals(), _check_promotion(backend),
+            _check_known_answer(backend)]  # fmt: skip
+
+
+def require_deterministic_machine(backend=None) -> None:
     """Raise :class:`DeterminismError` naming every failed probe, else return None."""
-    failed = [c for c in run_selfchecks() if not c.ok]
+    failed = [c for c in run_selfchecks(backend) if not c.ok]
     if failed:
         lines = "; ".join(f"{c.name}: {c.detail}" for c in failed)
         raise DeterminismError(f"this process cannot reproduce open1b float32 bits: {lines}")

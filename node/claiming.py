@@ -3,10 +3,16 @@ that the daemon drives it over the real DHT and gossip and a simulator drives th
 over a simulated network and clock.
 
 Protocol (see docs/protocol.md, "Claims in the DHT"): read every redundancy slot of the step
-from the network; take the first free slot; write the claim; announce it on gossip; wait a
-moment and read the slot again — only if the network then shows *our* claim is compute spent.
+from the network; take a free slot (:func:`~open1b.node.claims.free_slot`); write the claim; wait
+a moment and read the slot again — only if the network then shows *our* claim is it announced on
+gossip and compute spent.
 A lost race costs a few lookups; a stolen or lost claim costs at most a duplicate replay,
 never a wrong verdict.
+
+Leases are at most ``MAX_LEASE_SECONDS`` (an hour) while one Open-1B step takes from under an
+hour (H100) to 18 hours (a 24 GB laptop), so a node keeps its claim alive with :meth:`ClaimAgent.hold`
+beside a long replay: a fresh claim on the same slot, issued in a later lease round (which the
+strict order prefers), before the old one runs out.
 """
 
 from __future__ import annotations
@@ -14,15 +20,21 @@ from __future__ import annotations
 import random
 from typing import Awaitable, Callable, Protocol
 
-from open1b.protocol import (
-    Claim, Coverage, Identity, Open1bError, RunManifest, claim_key, is_live, peer_id_from_public_key,
-)
+from open1b.protocol import LEASE_ROUND_SECONDS, Claim, Identity, Open1bError, claim_key, is_live
 
 from . import claims as planner
 
 # A claim we hold is renewed rather than reused when it has less than this left to run.
 RENEW_MARGIN_S = 5
 RECHECK_DELAY_S = (0.05, 0.2)
+
+
+def renewal_time(claim: Claim, lease_s: int) -> int:
+    """When to renew ``claim``: with a quarter of the lease (at least RENEW_MARGIN_S) left, but
+    never in the lease round it was issued in — within a round the *earlier* claim wins, so a
+    renewal there would lose to the claim it renews."""
+    return max(claim.lease_expiry - max(RENEW_MARGIN_S, lease_s // 4),
+               (claim.issued_at // LEASE_ROUND_SECONDS + 1) * LEASE_ROUND_SECONDS)
 
 
 class ClaimBoard(Protocol):
@@ -47,57 +59,81 @@ class ClaimAgent:
         sleep: Callable[[float], Awaitable[None]],
         seen: Callable[[Claim], None] = lambda claim: None,
         rng: random.Random | None = None,
+        decode: Callable[[bytes], Claim] = Claim.decode,
     ) -> None:
         self.identity, self.board, self.lease_s = identity, board, lease_s
         self.clock, self.sleep, self.seen = clock, sleep, seen
         self.rng = rng or random.Random()
+        # ``decode`` must authenticate like Claim.decode (a simulator passes a memo of it).
+        self.decode = decode
+        self.me = identity.public_key  # derived once: Identity derives the key on every access
         self.won = 0
         self.lost = 0
+        self.renewed = 0
 
     async def _read(self, key: str) -> Claim | None:
         value = await self.board.read(key)
         if value is None:
             return None
         try:
-            claim = Claim.decode(value)
+            claim = self.decode(value)
         except Open1bError:
             return None
         self.seen(claim)
         return claim
 
-    async def try_claim(self, manifest: RunManifest, cov: Coverage, step: int) -> Claim | None:
-        """Claim a free redundancy slot of ``step``; returns our claim if the network shows it."""
-        status = cov.steps[step]
-        attesters = set(status.auditors) | set(status.dissenters)
-        slots = planner.target_attesters(status.status, cov.redundancy)
+    async def try_claim(self, run: bytes, cand: planner.Candidate) -> Claim | None:
+        """Claim a free redundancy slot of ``cand.step``; returns our claim if the network shows it."""
+        step, slots, attesters = cand.step, cand.slots, cand.attesters
         now = self.clock()
-        records = {s: await self._read(claim_key(manifest.run_id, step, s)) for s in range(slots)}
-        # The coverage we planned with may be stale: with the slots just read, is the step
-        # still short of attesters once others' unfinished live claims are counted?
+        records = {s: await self._read(claim_key(run, step, s)) for s in range(slots)}
+        # The view we planned with may be stale: with the slots just read, is the step still
+        # short of attesters once others' unfinished live claims are counted?
         busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
-                and c.claimant != self.identity.public_key and peer_id_from_public_key(c.claimant) not in attesters}
+                and c.claimant != self.me and c.claimant not in attesters}
         if len(attesters) + len(busy) >= slots:
             return None
-        slot = planner.free_slot(records, slots, me=self.identity.public_key, attesters=attesters, now=now)
+        slot = planner.free_slot(records, slots, me=self.me, attesters=attesters, now=now)
         if slot is None:
             return None
         held = records.get(slot)
-        if held is not None and held.claimant == self.identity.public_key and held.lease_expiry > now + RENEW_MARGIN_S:
+        if held is not None and held.claimant == self.me and held.lease_expiry > now + RENEW_MARGIN_S:
             self.won += 1
             return held
-        mine = Claim.create(self.identity, run=manifest.run_id, step=step, slot=slot, issued_at=now,
-                            lease_expiry=now + self.lease_s)
+        mine = Claim.create(self.identity, run=run, step=step, slot=slot, issued_at=now, lease_expiry=now + self.lease_s)
         self.seen(mine)
-        key = claim_key(manifest.run_id, step, slot)
+        key = claim_key(run, step, slot)
         if not await self.board.write(key, mine.encoded):
             self.lost += 1
             return None
-        await self.board.announce(mine)
         # Re-check before spending compute: a concurrent claim may have won the order.
         await self.sleep(self.rng.uniform(*RECHECK_DELAY_S))
         current = await self._read(key)
         if current is not None and current.digest != mine.digest:
             self.lost += 1
             return None
+        # Announce only a claim that won: a losing claim on gossip would count as a live
+        # claimant in every node's view until its lease ran out, hiding a free slot.
+        await self.board.announce(mine)
         self.won += 1
         return mine
+
+    async def renew(self, claim: Claim) -> Claim | None:
+        """A fresh lease on the slot ``claim`` holds; None if the slot now holds a claim the
+        order prefers (someone retook it — we keep replaying; at worst that is a duplicate)."""
+        now = self.clock()
+        fresh = Claim.create(self.identity, run=claim.run, step=claim.step, slot=claim.slot, issued_at=now,
+                             lease_expiry=now + self.lease_s)
+        self.seen(fresh)
+        if not await self.board.write(claim_key(claim.run, claim.step, claim.slot), fresh.encoded):
+            return None
+        await self.board.announce(fresh)
+        self.renewed += 1
+        return fresh
+
+    async def hold(self, claim: Claim) -> None:
+        """Keep ``claim`` alive until cancelled (run it beside the replay) or until the slot is lost."""
+        current: Claim | None = claim
+        while current is not None:
+            await self.sleep(max(0, renewal_time(current, self.lease_s) - self.clock()))
+            current = await self.renew(current)

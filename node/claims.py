@@ -1,88 +1,252 @@
 """Which step to replay next: pure logic, no I/O, no clock (the caller passes ``now``).
 
-Honest nodes spread out *before* they ever race for a claim: each ranks itself among the peers
-it knows with a rendezvous hash of (run, step, peer key) and prefers steps where it ranks
-first. Claims in the DHT then settle the races that remain. The same functions drive the daemon
-and (later) the scale simulator, so what is measured there is what runs here.
+Honest nodes spread out *before* they ever race for a claim: every node walks the run's steps in
+its own pseudo-random order of preference (:class:`StepOrder`, keyed by the run and the node's
+key) and takes the first step that still wants attesters; claims in the DHT then settle the few
+races that remain. Deficit comes first: a disputed step before any other, then the steps that
+want the most attesters, so the whole run is covered once before any step is covered twice.
+
+Why a per-node order and not a rank among known peers (rendezvous hashing over the peer list):
+ranking every step against every peer costs O(steps × peers) per pick, which is minutes of CPU
+for Open-1B's 80,957 steps and thousands of peers, and a node only ever knows a few dozen peers
+anyway — ranking among a small sample orders steps by the node's own score in all but name. The
+own-score order needs no peer list, is stable across restarts, and is what rendezvous ranking
+converges to as the network grows.
+
+Two ways to find a node's best steps give the same answer (:func:`pick`): scan the node's
+precomputed best-``PREFIX`` steps for members of a large bucket, or score every member of a
+small one. So a pick costs O(PREFIX) or O(bucket), never O(steps). The same functions drive the
+daemon and the scale simulator (``open1b.node.sim``), so what is measured there is what runs here.
+
+:func:`candidates` is the slow, obvious reference over a full :class:`~open1b.protocol.Coverage`;
+tests check that :func:`pick` over an incremental index (:mod:`.deficits`) agrees with it.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping, Protocol
 
-from open1b.protocol import Claim, Coverage, StepStatus, is_live, peer_id_from_public_key, select_claim
+import numpy as np
+
+from open1b.protocol import Claim, Coverage, StepStatus, is_live, public_key_from_peer_id, select_claim
 from open1b.protocol.hashing import blake2b256
 
-_RENDEZVOUS_TAG = b"open1b/rendezvous/v1"
+_PREFERENCE_TAG = b"open1b/preference/v1"
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+# How many of its best steps a node keeps sorted: picks scan these first. 1024 int64 = 8 KiB.
+PREFIX = 1024
+# Scan the prefix only when it should hold this many times the members we need; else score the
+# bucket's members directly (cheaper for small buckets, and exact either way).
+_SCAN_MARGIN = 8
 
 
-def rendezvous_score(run: bytes, step: int, peer_key: bytes) -> bytes:
-    return blake2b256(_RENDEZVOUS_TAG, run, struct.pack("<Q", step), peer_key)
+# -- preference order ------------------------------------------------------------------------
+def preference_key(run: bytes, me: bytes) -> int:
+    return int.from_bytes(blake2b256(_PREFERENCE_TAG, run, me)[:8], "little")
 
 
-def rendezvous_rank(run: bytes, step: int, me: bytes, peers: Iterable[bytes]) -> int:
-    """0 if ``me`` scores lowest for this step among ``peers`` ∪ {me}, 1 if second, …"""
-    mine = rendezvous_score(run, step, me)
-    return sum(1 for p in set(peers) - {me} if rendezvous_score(run, step, p) < mine)
+def _mix(x: int) -> int:
+    # SplitMix64's finaliser: a bijection on 64-bit words in which every input bit flips about
+    # half the output bits, so consecutive steps get unrelated scores.
+    x = ((x ^ (x >> 30)) * _MIX1) & _M64
+    x = ((x ^ (x >> 27)) * _MIX2) & _M64
+    return x ^ (x >> 31)
 
 
-def target_attesters(status: StepStatus, redundancy: int) -> int:
-    """A disputed step wants one independent opinion more than the redundancy target."""
-    return redundancy + 1 if status is StepStatus.DISPUTED else redundancy
+def preference_score(key: int, step: int) -> int:
+    """The node's score for ``step`` (lower is preferred). Not a secret and not a security
+    property: a node can grind keys to prefer chosen steps, as it could with any public hash."""
+    return _mix(key ^ _mix(((step + 1) * _GOLDEN) & _M64))
+
+
+def _mix_np(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX1)  # uint64 arithmetic wraps, as in _mix
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX2)
+    return x ^ (x >> np.uint64(31))
+
+
+def preference_scores(key: int, steps: np.ndarray) -> np.ndarray:
+    """:func:`preference_score` of every step in ``steps``, vectorised (uint64)."""
+    s = (np.asarray(steps, dtype=np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
+    return _mix_np(np.uint64(key) ^ _mix_np(s))
+
+
+class StepOrder:
+    """One node's order of preference over one run's steps: ascending (score, step).
+
+    Only the best :data:`PREFIX` steps are kept sorted (computed once, O(steps)); anything
+    beyond is scored on demand. Score ties need a 64-bit collision, so ties are broken by step
+    only for form's sake.
+    """
+
+    def __init__(self, run: bytes, me: bytes, steps: int, prefix: int = PREFIX) -> None:
+        self.steps = steps
+        self.key = preference_key(run, me)
+        scores = preference_scores(self.key, np.arange(steps))
+        k = min(prefix, steps)
+        best = np.argpartition(scores, k - 1)[:k] if k < steps else np.arange(steps)
+        self.prefix: np.ndarray = best[np.lexsort((best, scores[best]))].astype(np.int64)
+
+    def score(self, step: int) -> int:
+        return preference_score(self.key, step)
+
+    def best(self, steps: Iterable[int], n: int, exclude: Collection[int] = ()) -> list[int]:
+        """The ``n`` most preferred of ``steps`` not in ``exclude``, best first (exact)."""
+        pool = np.fromiter((s for s in steps if s not in exclude), dtype=np.int64)
+        if n <= 0 or pool.size == 0:
+            return []
+        scores = preference_scores(self.key, pool)
+        if pool.size > n:
+            keep = np.argpartition(scores, n - 1)[:n]
+            pool, scores = pool[keep], scores[keep]
+        return [int(s) for s in pool[np.lexsort((pool, scores))]]
+
+
+# -- deficits --------------------------------------------------------------------------------
+def wanted(disputed: bool, redundancy: int) -> int:
+    """Attesters a step wants: a disputed step wants one independent opinion more."""
+    return redundancy + 1 if disputed else redundancy
+
+
+def step_deficit(redundancy: int, disputed: bool, attesters: Collection[bytes], busy: Iterable[bytes]) -> int:
+    """Attesters a step still wants: the target, less those who attested (either verdict), less
+    the holders of live claims who have not attested yet (``busy``: claimant keys, never our own)."""
+    return wanted(disputed, redundancy) - len(attesters) - sum(1 for key in set(busy) if key not in attesters)
+
+
+def bucket_of(deficit: int, disputed: bool, redundancy: int) -> int:
+    """The priority class of a step: 0 when it wants nobody, larger is more urgent — every
+    disputed step ranks above every other, and within each group a larger deficit ranks higher."""
+    if deficit <= 0:
+        return 0
+    return deficit + (redundancy + 1 if disputed else 0)
+
+
+def bucket_count(redundancy: int) -> int:
+    return 2 * redundancy + 3
+
+
+@dataclass(frozen=True)
+class StepState:
+    deficit: int
+    disputed: bool
+    attesters: frozenset[bytes]  # keys of those who attested the step, either verdict
+
+
+class DeficitView(Protocol):
+    """What :func:`pick` needs to know about one run: a node's incremental index
+    (:class:`open1b.node.deficits.DeficitIndex`), or the simulator's per-node view of a shared one."""
+
+    redundancy: int
+
+    def open_buckets(self) -> list[int]:
+        """Non-empty buckets other than 0, most urgent first."""
+
+    def bucket_size(self, bucket: int) -> int: ...
+
+    def bucket_members(self, bucket: int) -> Iterable[int]: ...
+
+    def buckets_of(self, steps: np.ndarray) -> np.ndarray:
+        """The bucket of every step in ``steps``."""
+
+    def state(self, step: int) -> StepState: ...
 
 
 @dataclass(frozen=True)
 class Candidate:
     step: int
     deficit: int  # attesters still wanted, net of live claims by others
-    rank: int
     disputed: bool
+    score: int  # this node's preference score for the step (lower first)
+    slots: int  # redundancy slots of the step: attesters wanted in all (R, or R+1 if disputed)
+    attesters: frozenset[bytes]
 
     def order(self) -> tuple[bool, int, int, int]:
-        return (not self.disputed, -self.deficit, self.rank, self.step)
+        return (not self.disputed, -self.deficit, self.score, self.step)
+
+
+def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = frozenset(), limit: int = 4) -> list[Candidate]:
+    """Up to ``limit`` steps this node should try to claim, best first (the order of
+    :meth:`Candidate.order`). ``exclude``: steps the node must not take (it attested them, or
+    its replay failed)."""
+    out: list[Candidate] = []
+    for bucket in view.open_buckets():
+        for step in _best_in_bucket(view, order, bucket, exclude, limit - len(out)):
+            s = view.state(step)
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, view.redundancy),
+                                 s.attesters))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _best_in_bucket(view: DeficitView, order: StepOrder, bucket: int, exclude: Collection[int], need: int) -> list[int]:
+    size = view.bucket_size(bucket)
+    if size * len(order.prefix) >= _SCAN_MARGIN * need * order.steps:
+        hits = order.prefix[view.buckets_of(order.prefix) == bucket]
+        chosen: list[int] = []
+        for s in hits.tolist():
+            if s not in exclude:
+                chosen.append(s)
+                if len(chosen) == need:
+                    # Every step outside the prefix scores higher than every step in it, so
+                    # these are the bucket's best.
+                    return chosen
+    return order.best(view.bucket_members(bucket), need, exclude)
 
 
 def candidates(
     cov: Coverage,
     *,
     me: bytes,
-    peers: Iterable[bytes],
+    order: StepOrder,
     attested_by_me: set[int],
     claims_by_step: Mapping[int, list[Claim]],
     now: int,
 ) -> list[Candidate]:
-    """Steps this node should consider replaying, best first."""
-    peers = list(peers)
+    """Every step this node could replay, best first — the O(steps) reference for :func:`pick`."""
     out = []
     for s in cov.steps:
         if s.step in attested_by_me:
             continue  # a node never attests the same step twice
-        attesters = set(s.auditors) | set(s.dissenters)
-        busy = {
-            c.claimant for c in claims_by_step.get(s.step, ())
-            if is_live(c, now) and c.claimant != me
-        }
-        busy_unfinished = sum(1 for key in busy if peer_id_from_public_key(key) not in attesters)
-        deficit = target_attesters(s.status, cov.redundancy) - len(attesters) - busy_unfinished
+        attesters = frozenset(public_key_from_peer_id(p) for p in set(s.auditors) | set(s.dissenters))
+        busy = [c.claimant for c in claims_by_step.get(s.step, ()) if is_live(c, now) and c.claimant != me]
+        disputed = s.status is StepStatus.DISPUTED
+        deficit = step_deficit(cov.redundancy, disputed, attesters, busy)
         if deficit > 0:
-            rank = rendezvous_rank(cov.run, s.step, me, peers)
-            out.append(Candidate(s.step, deficit, rank, s.status is StepStatus.DISPUTED))
+            out.append(Candidate(s.step, deficit, disputed, order.score(s.step), wanted(disputed, cov.redundancy),
+                                 attesters))
     return sorted(out, key=Candidate.order)
 
 
-def free_slot(records: Mapping[int, Claim | None], slots: int, *, me: bytes, attesters: set[str], now: int) -> int | None:
-    """The first redundancy slot whose DHT record does not block a new claim by ``me``.
+# -- claim slots -----------------------------------------------------------------------------
+def free_slot(records: Mapping[int, Claim | None], slots: int, *, me: bytes, attesters: Collection[bytes], now: int) -> int | None:
+    """The redundancy slot where a new claim by ``me`` should go, or None if every slot is taken.
 
-    A slot is free if it has no record, its lease has expired, it is already ours, or its
-    claimant has finished (attested) the step.
+    A slot is usable if it has no record, its lease has expired, it is already ours, or its
+    claimant has finished (attested) the step. Among usable slots, ours comes first, then an
+    empty or expired one, and a finished claimant's slot last: within one lease round the
+    strict claim order prefers the *earlier* claim, so a claim written over a finished one
+    issued in the same round loses until the next round begins.
     """
+    best: tuple[int, int] | None = None
     for slot in range(slots):
         rec = records.get(slot)
-        if rec is None or not is_live(rec, now) or rec.claimant == me or peer_id_from_public_key(rec.claimant) in attesters:
-            return slot
-    return None
+        if rec is not None and rec.claimant == me:
+            rank = 0
+        elif rec is None or not is_live(rec, now):
+            rank = 1
+        elif rec.claimant in attesters:
+            rank = 2
+        else:
+            continue
+        if best is None or rank < best[0]:
+            best = (rank, slot)
+    return None if best is None else best[1]
 
 
 def winner(claims: list[Claim]) -> Claim:

@@ -78,7 +78,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     config = base.with_overrides(
         listen=args.listen, api=args.api, metrics=args.metrics, redundancy=args.redundancy, lease_s=args.lease,
         bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
-        audit=False if args.no_audit else None,
+        audit=False if args.no_audit else None, trust_policy=args.trust_policy,
+        trusted_peers=base.trusted_peers + tuple(args.trust), behaviour=args.behaviour,
     )
     try:
         trio.run(Daemon(config).run)
@@ -122,11 +123,16 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     def render(c: dict) -> str:
         head = (f"run {c['run']}: {c['verified_steps']}/{c['steps']} verified, {c['claimed_steps']} claimed, "
                 f"{c['unaudited_steps']} unaudited, disputed {c['disputed_steps'] or 'none'}"
-                f" ({'complete' if c['complete'] else 'incomplete'} at redundancy {c['redundancy']})")
+                f" (refuted {c['refuted_steps'] or 'none'};"
+                f" {'complete' if c['complete'] else 'incomplete'} at redundancy {c['redundancy']})")
+        trust = (f"trust: {c['policy']['name']} ({len(c['policy']['roots'])} trusted keys, quorum "
+                 f"{c['policy']['quorum']}); {len(c['untrusted'])} untrusted attesters not counted")
+        flags = [f"flagged {f['signer']} at step {f['step']}: statement {f['statement'][:16]}… contradicts"
+                 f" {f['conflicting'][:16]}…" for f in c["flagged"]]
         rows = [["STEP", "STATUS", "MATCH", "MISMATCH", "CLAIMED BY"]] + [
             [str(s["step"]), s["status"], str(len(s["auditors"])), str(len(s["dissenters"])),
              ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
-        return head + "\n" + _table(rows)
+        return "\n".join([head, trust, *flags, _table(rows)])
 
     _emit(args, cov, render)
     return 0
@@ -217,8 +223,13 @@ def cmd_devnet(args: argparse.Namespace) -> int:
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
                          deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
-                         keep=args.keep)
+                         keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)))
     summary = run_devnet(opts)
+    if opts.scenarios:
+        from .scenarios import render as render_scenarios
+
+        _emit(args, summary, render_scenarios)
+        return 0 if summary["ok"] else 2
     _emit(args, summary, render)
     return 0 if summary["complete"] else 2
 
@@ -245,6 +256,12 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--no-audit", action="store_true", help="observe only: never claim or replay")
     d.add_argument("--redundancy", type=int, help="distinct attesters wanted per step (config: redundancy)")
     d.add_argument("--lease", type=int, help="claim lease in seconds (config: lease_seconds)")
+    d.add_argument("--trust-policy", choices=["allowlist", "open"],
+                   help="whose attestations count: this node and its trusted peers, or every key (config: trust_policy)")
+    d.add_argument("--trust", action="append", default=[], metavar="PEER_ID",
+                   help="a peer whose attestations count (repeatable; adds to config: trusted_peers)")
+    # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
+    d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info")
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
     d.add_argument("--log-prefix", default="", help=argparse.SUPPRESS)
@@ -298,6 +315,10 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     n.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
+    n.add_argument("--scenario", action="append", default=[], metavar="NAME",
+                   help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
+                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner"
+                        " (docs/reliability.md)")
     n.set_defaults(func=cmd_devnet)
 
     from .verify_handoff import add_parser as add_verify_handoff  # Open-1B v3 hand-off check

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from open1b.protocol import Open1bError
+from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
+from open1b.protocol.coverage import ALLOWLIST, OPEN
 
 CONFIG_FILE = "config.toml"
 
@@ -49,6 +50,14 @@ class NodeConfig:
     idle_poll_s: float = 0.5
     heartbeat_s: float = 1.0
     max_rejects_per_peer: int = 20
+    # Whose attestations count (docs/protocol.md §8.1): by default only this node's own key and
+    # the peers the operator lists, so keys nobody vouched for can neither inflate coverage nor
+    # make the node skip steps they claim to have covered.
+    trust_policy: str = ALLOWLIST
+    trusted_peers: tuple[str, ...] = ()
+    dispute_quorum: int = 2
+    # Deliberately broken behaviour for devnet scenarios (node/adversary.py); not a config.toml key.
+    behaviour: str = ""
 
     def __post_init__(self) -> None:
         split_hostport(self.listen)
@@ -62,6 +71,20 @@ class NodeConfig:
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer id>")
+        if self.trust_policy not in (OPEN, ALLOWLIST):
+            raise ConfigError(f"trust_policy must be {OPEN!r} or {ALLOWLIST!r}")
+        if self.dispute_quorum != 0 and self.dispute_quorum < 2:
+            raise ConfigError("dispute_quorum must be 0 (off) or at least 2")
+        for peer in self.trusted_peers:
+            try:
+                public_key_from_peer_id(peer)
+            except Open1bError as exc:
+                raise ConfigError(f"trusted peer {peer!r}: {exc}") from None
+
+    def trust(self, own_key: bytes) -> TrustPolicy:
+        """The coverage policy this node applies; its own key is always a root."""
+        roots = frozenset({own_key, *(public_key_from_peer_id(p) for p in self.trusted_peers)})
+        return TrustPolicy(self.trust_policy, roots, self.dispute_quorum)
 
     def with_overrides(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -73,6 +96,8 @@ _KEYS: dict[str, tuple[str, type]] = {
     "runs": ("run_dirs", list), "audit": ("audit", bool), "redundancy": ("redundancy", int),
     "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
+    "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
+    "dispute_quorum": ("dispute_quorum", int),
 }
 
 

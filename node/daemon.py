@@ -18,6 +18,7 @@ import logging
 import platform
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import trio
@@ -25,16 +26,18 @@ import trio
 from open1b.deterministic.runfile import read_manifest
 from open1b.protocol import (
     MATCH, MISMATCH, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, claim_key,
-    coverage, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
+    coverage, peer_id_from_public_key, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
 )
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
+from . import adversary
 from . import claims as planner
 from . import views
 from .api import ApiError, RawResponse, Route, serve_api
 from .claiming import ClaimAgent
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, check_version
+from .deficits import RunIndexes
 from .identity_file import load_or_create_identity
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import NetworkError, P2P, RecordValidator, open_p2p
@@ -120,6 +123,14 @@ class Daemon:
         self.manifests: dict[bytes, RunManifest] = {}
         self._topics: set[str] = set()
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
+        self.deficits = RunIndexes(self.identity.public_key, config.redundancy, self._load_run, now_s)
+        self.trust = config.trust(self.identity.public_key)
+        # Per run, the keys coverage flags (docs/protocol.md §8.1): the planner stops counting
+        # their attestations too, so the steps they alone covered are replayed again.
+        self.flagged: dict[bytes, frozenset[bytes]] = {}
+        self._trust_stale: set[bytes] = set()  # runs with attestations not yet judged for flags
+        self.validation: Counter[str] = Counter()  # "<kind>/<outcome>/<code>" of every statement refused
+        self.adversary = adversary.from_config(config)  # None unless a devnet asked for broken behaviour
 
     # -- runs ------------------------------------------------------------------------------
     def manifest(self, run: bytes) -> RunManifest | None:
@@ -147,6 +158,7 @@ class Daemon:
     def _validate_attestation(self, author: str, data: bytes) -> Outcome:
         verdict = validate_attestation(data, self.manifest, now_s())
         self.stats.record_gossip("attestation", verdict.outcome.value)
+        self._count_refusal("attestation", verdict)
         if verdict.outcome is not Outcome.ACCEPT:
             log.info("gossip attestation from %s: %s (%s)", author, verdict.outcome.value, verdict.reason)
         return verdict.outcome
@@ -154,21 +166,44 @@ class Daemon:
     def _validate_claim(self, author: str, data: bytes) -> Outcome:
         verdict = validate_claim(data, self.manifest, now_s())
         self.stats.record_gossip("claim", verdict.outcome.value)
+        self._count_refusal("claim", verdict)
         return verdict.outcome
 
-    def ingest_attestation(self, data: bytes) -> bool:
-        """Validate and store one attestation from anywhere; True if it was new."""
+    def _count_refusal(self, kind: str, verdict) -> None:
+        if not verdict.accepted:
+            self.validation[f"{kind}/{verdict.outcome.value}/{verdict.code}"] += 1
+
+    def ingest_attestation(self, data: bytes, source: str | None = None) -> bool:
+        """Validate and store one attestation from anywhere; True if it was new. ``source``: the
+        peer a sync response came from — a provably invalid statement counts against it, as on gossip."""
         assert self.store is not None
         verdict = validate_attestation(data, self.manifest, now_s())
         if not verdict.accepted:
+            if source is not None and self.p2p is not None:
+                self._count_refusal("sync", verdict)
+                if verdict.outcome is Outcome.REJECT:
+                    self.p2p.penalise(source)
             return False
         added = self.store.add_attestation(verdict.message)
         if added:
             self.stats.attestations_received += 1
+            self._stored(verdict.message)
         return added
 
+    def _stored(self, att: Attestation) -> None:
+        self._trust_stale.add(att.run)
+        if self._plans_with(att):
+            self.deficits.add_attestation(att)
+
+    def _plans_with(self, att: Attestation) -> bool:
+        """Whether the planner counts ``att``: our own always (we never attest a step twice);
+        others' when the trust policy counts the key and coverage has not flagged it."""
+        me = att.signer == self.identity.public_key
+        return me or (self.trust.trusts(att.signer) and att.signer not in self.flagged.get(att.run, ()))
+
     async def _on_attestation(self, author: str, data: bytes) -> None:
-        self.ingest_attestation(data)
+        if not self.ingest_attestation(data):  # the validator accepted it: a statement we hold already
+            self.validation["attestation/duplicate"] += 1
 
     async def _on_claim(self, author: str, data: bytes) -> None:
         verdict = validate_claim(data, self.manifest, now_s())
@@ -178,6 +213,7 @@ class Daemon:
     def _seen_claim(self, claim: Claim) -> None:
         if self.store is not None and claim.run in self.manifests:
             self.store.add_claim(claim)
+            self.deficits.add_claim(claim)
 
     # -- coverage --------------------------------------------------------------------------
     def coverage(self, run: bytes, redundancy: int | None = None) -> Coverage:
@@ -185,41 +221,58 @@ class Daemon:
         now = now_s()
         return coverage(
             self.manifests[run], self.store.attestations(run), self.store.claims(run, live_at=now),
-            now=now, redundancy=redundancy or self.config.redundancy,
+            now=now, redundancy=redundancy or self.config.redundancy, policy=self.trust,
         )
 
+    def refresh_flags(self) -> bool:
+        """Re-judge flags for runs with new attestations; when a run's flagged keys change, the
+        planner's indexes are rebuilt without (or again with) their attestations. True if any changed."""
+        changed = False
+        for run in list(self._trust_stale):
+            self._trust_stale.discard(run)
+            flagged = frozenset(public_key_from_peer_id(f.signer) for f in self.coverage(run).flagged)
+            if flagged != self.flagged.get(run, frozenset()):
+                log.warning("run %s: flagged keys now %s", run.hex()[:12],
+                            sorted(peer_id_from_public_key(k) for k in flagged) or "none")
+                self.flagged[run] = flagged
+                changed = True
+        if changed:
+            self.deficits = RunIndexes(self.identity.public_key, self.config.redundancy, self._load_run, now_s)
+        return changed
+
+    async def _trust_loop(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            self.refresh_flags()
+
     # -- claiming and replaying -------------------------------------------------------------
-    def _next_candidates(self) -> list[tuple[RunManifest, Coverage, planner.Candidate]]:
-        assert self.store is not None and self.p2p is not None
-        peers = []
-        for peer_id in self.p2p.connected_peers():
-            try:
-                peers.append(public_key_from_peer_id(peer_id))
-            except Open1bError:
-                continue  # not an Ed25519 peer: it cannot be an auditor
-        now = now_s()
+    def _load_run(self, run: bytes) -> tuple[int, list[Attestation], list[Claim]]:
+        assert self.store is not None
+        attestations = [a for a in self.store.attestations(run) if self._plans_with(a)]
+        return self.manifests[run].steps, attestations, self.store.claims(run, live_at=now_s())
+
+    def _next_candidates(self) -> list[tuple[RunManifest, planner.Candidate]]:
+        # Incremental (node/deficits.py): no pass over every step or every stored statement.
+        assert self.store is not None
         out = []
         for run, manifest in self.manifests.items():
             if self.store.run_dir(run) is None:
                 continue  # we can only replay runs whose files we hold
-            cov = self.coverage(run)
-            by_step: dict[int, list[Claim]] = {}
-            for c in self.store.claims(run, live_at=now):
-                by_step.setdefault(c.step, []).append(c)
-            done_here = self.store.attested_steps(run, self.identity.public_key) | self._failed.get(run, set())
-            for cand in planner.candidates(cov, me=self.identity.public_key, peers=peers,
-                                           attested_by_me=done_here, claims_by_step=by_step, now=now):
-                out.append((manifest, cov, cand))
-        return sorted(out, key=lambda item: item[2].order())
+            index = self.deficits.index(run)
+            done_here = index.mine | self._failed.get(run, set())
+            for cand in planner.pick(index, self.deficits.order(run), exclude=done_here):
+                out.append((manifest, cand))
+        return sorted(out, key=lambda item: item[1].order())
 
     async def _audit_loop(self) -> None:
         assert self.claimer is not None
         await self.bootstrapped.wait()
         while True:
             picked = None
-            for manifest, cov, cand in self._next_candidates()[:4]:
-                if await self.claimer.try_claim(manifest, cov, cand.step):
-                    picked = (manifest, cand.step)
+            for manifest, cand in self._next_candidates()[:4]:
+                claim = await self.claimer.try_claim(manifest.run_id, cand)
+                if claim is not None:
+                    picked = (manifest, claim)
                     break
             self.stats.claims_won, self.stats.claims_lost = self.claimer.won, self.claimer.lost
             if picked is None:
@@ -227,21 +280,29 @@ class Daemon:
                 continue
             await self._replay_and_attest(*picked)
 
-    async def _replay_and_attest(self, manifest: RunManifest, step: int) -> None:
-        assert self.store is not None and self.p2p is not None
+    async def _replay_and_attest(self, manifest: RunManifest, claim: Claim) -> None:
+        assert self.store is not None and self.p2p is not None and self.claimer is not None
+        step = claim.step
         run_dir = self.store.run_dir(manifest.run_id)
         assert run_dir is not None
         self.stats.busy_step = step
         started = time.monotonic()
+        failure: ReplayFailed | None = None
         try:
-            result = await self.worker.replay(run_dir, step, timeout_s=self.config.replay_timeout_s)
-        except ReplayFailed as exc:
-            self.stats.replay_failures += 1
-            self._failed.setdefault(manifest.run_id, set()).add(step)
-            log.warning("replay of step %d failed: %s", step, exc)
-            return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.claimer.hold, claim)  # a replay may outlast one lease
+                try:
+                    result = await self._replay(manifest, run_dir, step)
+                except ReplayFailed as exc:  # caught in here: a nursery would wrap it in a group
+                    failure = exc
+                nursery.cancel_scope.cancel()
         finally:
             self.stats.busy_step = None
+        if failure is not None:
+            self.stats.replay_failures += 1
+            self._failed.setdefault(manifest.run_id, set()).add(step)
+            log.warning("replay of step %d failed: %s", step, failure)
+            return
         self.stats.record_replay(time.monotonic() - started)
         self.stats.replayed.append((manifest.run_id.hex(), step))
         if result.pre_state != manifest.state_hashes[step]:
@@ -257,8 +318,14 @@ class Daemon:
             elapsed_ms=result.elapsed_ms, issued_at=now_s(),
         )
         self.store.add_attestation(att)
+        self._stored(att)
         log.info("step %d of run %s: %s (%d ms)", step, manifest.run_id.hex()[:12], att.verdict, result.elapsed_ms)
         await self.p2p.publish(attestations_topic(manifest.run_id), att.encoded)
+
+    async def _replay(self, manifest: RunManifest, run_dir: Path, step: int):
+        if self.adversary is not None:  # a devnet's deliberately broken node
+            return await self.adversary.replay(self, manifest, run_dir, step)
+        return await self.worker.replay(run_dir, step, timeout_s=self.config.replay_timeout_s)
 
     # -- sync and peers --------------------------------------------------------------------
     def _attestations_for_sync(self, run: bytes) -> list[Attestation] | None:
@@ -271,7 +338,8 @@ class Daemon:
         for run in list(self.manifests):
             try:
                 with trio.fail_after(SYNC_TIMEOUT_S):
-                    new += await pull_attestations(self.p2p, peer_id, run, self.ingest_attestation)
+                    new += await pull_attestations(self.p2p, peer_id, run,
+                                                   lambda data: self.ingest_attestation(data, source=peer_id))
             except Exception as exc:  # libp2p raises many types for a peer's failure; never ours to die of
                 log.debug("sync with %s failed: %s", peer_id, exc)
         self.stats.synced += new
@@ -294,7 +362,9 @@ class Daemon:
         assert self.p2p is not None
         pending = list(self.config.bootstrap)
         delay = 0.2
-        while pending and len(pending) == len(self.config.bootstrap):
+        # Until a bootstrap peer answers or some other peer has dialled us: a node whose only
+        # bootstrap peer crashed must not wait for it while its other peers carry on.
+        while pending and len(pending) == len(self.config.bootstrap) and not self.p2p.connected_peers():
             for addr in list(pending):
                 try:
                     await self.p2p.connect(addr)
@@ -333,6 +403,9 @@ class Daemon:
             "claims_lost": s.claims_lost, "gossip_rejected": s.gossip_count("reject"),
             "gossip_ignored": s.gossip_count("ignore"), "synced": s.synced, "peers_banned": g.peers_banned,
             "replaying_step": s.busy_step, "replayed": s.replayed,
+            "trust_policy": self.trust.name, "validation": dict(sorted(self.validation.items())),
+            "banned": sorted(self.p2p.banned), "penalties": dict(sorted(self.p2p.rejected.items())),
+            "behaviour": self.config.behaviour or None,
         }
 
     def routes(self) -> list[Route]:
@@ -424,8 +497,11 @@ class Daemon:
             notify("READY=1")
             nursery.start_soon(self._bootstrap)
             nursery.start_soon(self._sync_loop)
+            nursery.start_soon(self._trust_loop)
             if cfg.audit:
                 nursery.start_soon(self._audit_loop)
+            if self.adversary is not None:
+                nursery.start_soon(self.adversary.run, self)
             await self.shutdown.wait()
             log.info("shutting down")
             notify("STOPPING=1")

@@ -23,6 +23,7 @@ from pathlib import Path
 from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity, Open1bError
 
+from .adversary import ENV_SWITCH as DEVNET_ENV
 from .client import ApiUnavailable, call
 from .daemon import API_ADDR_FILE
 from .datadir import init_data_dir
@@ -30,6 +31,9 @@ from .progress import progress
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+# Faults and adversaries a devnet can inject (node/scenarios.py; docs/reliability.md).
+SCENARIOS = ("tampered-step", "lying-auditor", "copying-auditor", "forged-and-malformed", "sybil", "crash",
+             "partition", "late-joiner")
 
 
 class DevnetError(Open1bError):
@@ -46,8 +50,12 @@ class DevnetOptions:
     seed: int = 0
     workdir: Path | None = None
     keep: bool = False
+    scenarios: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = set(self.scenarios) - set(SCENARIOS)
+        if unknown:
+            raise ValueError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
         if self.nodes < 1 or self.steps < 1 or self.redundancy < 1:
             raise ValueError("nodes, steps and redundancy must be at least 1")
         if self.redundancy > self.nodes:
@@ -69,31 +77,45 @@ class Daemons:
         self.procs: list[subprocess.Popen] = []
         self.dirs: list[Path] = []
         self.addrs: list[str] = []
+        self.api_hosts: list[str] = []
+        self.prefixes: list[tuple[str, ...]] = []  # what a node's command runs under (a network namespace)
 
-    def plan(self, count: int) -> list[str]:
-        """Prepare ``count`` more nodes; returns their multiaddrs."""
+    def plan(self, count: int, *, host: str = "127.0.0.1", api_host: str = "127.0.0.1",
+             prefix: tuple[str, ...] = ()) -> list[str]:
+        """Prepare ``count`` more nodes listening on ``host``; returns their multiaddrs."""
         for index in range(len(self.dirs), len(self.dirs) + count):
             data_dir = self.workdir / f"node-{index}"
             peer_id = init_data_dir(data_dir).peer_id
             self.dirs.append(data_dir)
-            self.addrs.append(f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{peer_id}")
+            self.addrs.append(f"/ip4/{host}/tcp/{_free_port()}/p2p/{peer_id}")
+            self.api_hosts.append(api_host)
+            self.prefixes.append(prefix)
         return self.addrs[-count:]
+
+    def peer_id(self, index: int) -> str:
+        return self.addrs[index].rsplit("/", 1)[1]
 
     def start(self, index: int, *, audit: bool, bootstrap: list[str], extra_args: tuple[str, ...] = (),
               env: dict[str, str] | None = None) -> None:
+        """Start (or restart) node ``index``. It trusts every node planned so far: one operator
+        runs the whole devnet (docs/protocol.md §8.1)."""
         data_dir = self.dirs[index]
-        port = self.addrs[index].split("/")[4]
-        cmd = [sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
-               "--listen", f"127.0.0.1:{port}", "--api", "127.0.0.1:0", "--run", str(self.run_dir),
+        host, port = self.addrs[index].split("/")[2], self.addrs[index].split("/")[4]
+        cmd = [*self.prefixes[index], sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
+               "--listen", f"{host}:{port}", "--api", f"{self.api_hosts[index]}:0", "--run", str(self.run_dir),
                "--redundancy", str(self.redundancy), "--log-prefix", f"node-{index} "]
         for addr in bootstrap:
             cmd += ["--bootstrap", addr]
+        for other in range(len(self.addrs)):
+            if other != index:
+                cmd += ["--trust", self.peer_id(other)]
         if not audit:
             cmd.append("--no-audit")
         cmd += extra_args
+        (data_dir / API_ADDR_FILE).unlink(missing_ok=True)  # a killed daemon leaves its old one behind
         with open(data_dir / "daemon.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **(env or {})})
+                                    env={**os.environ, DEVNET_ENV: "1", **(env or {})})
         if index < len(self.procs):
             self.procs[index] = proc  # a restart
         else:
@@ -112,6 +134,11 @@ class Daemons:
 
     def api(self, index: int) -> str:
         return self.wait_file(index, API_ADDR_FILE)
+
+    def kill(self, index: int) -> None:
+        """``kill -9``: no shutdown path runs, as in a crash or power cut of the process."""
+        self.procs[index].kill()
+        self.procs[index].wait()
 
     def stop(self) -> None:
         for i, proc in enumerate(self.procs):
@@ -140,6 +167,10 @@ def _say(line: str) -> None:
 
 
 def run_devnet(opts: DevnetOptions) -> dict:
+    if opts.scenarios:
+        from .scenarios import run_scenarios
+
+        return run_scenarios(opts)
     started = time.monotonic()
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="open1b-devnet-"))
     workdir.mkdir(parents=True, exist_ok=True)

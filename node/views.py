@@ -28,10 +28,18 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
     return {
         "run": cov.run.hex(), "steps": manifest.steps, "redundancy": cov.redundancy,
         "verified_steps": cov.count(StepStatus.VERIFIED), "disputed_steps": cov.disputed_steps,
+        "refuted_steps": cov.refuted_steps,
         "claimed_steps": cov.count(StepStatus.CLAIMED), "unaudited_steps": cov.count(StepStatus.UNAUDITED),
         "complete": cov.complete,
+        "policy": {"name": cov.policy.name, "roots": sorted(peer_id_from_public_key(k) for k in cov.policy.roots),
+                   "quorum": cov.policy.quorum},
+        # evidence: digests of signed attestations, which /v1/attestations serves for anyone to re-check
+        "flagged": [{"signer": f.signer, "step": f.step, "statement": f.statement.hex(),
+                     "conflicting": f.conflicting.hex()} for f in cov.flagged],
+        "untrusted": list(cov.untrusted),
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
-                      "dissenters": list(s.dissenters), "claimants": list(s.claimants)} for s in cov.steps],
+                      "dissenters": list(s.dissenters), "claimants": list(s.claimants),
+                      "evidence": [d.hex() for d in s.evidence]} for s in cov.steps],
     }
 
 

@@ -11,7 +11,8 @@ keep their meaning within a protocol version, and anything else may change. How 
   :func:`decode_message` takes any kind;
 * judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_manifest` give a
   :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
-  per-step status from a set of statements; :func:`select_claim` arbitrates DHT claim records;
+  per-step status from a set of statements under a :class:`TrustPolicy`; :func:`select_claim`
+  arbitrates DHT claim records;
 * commitments: :func:`state_hash` and friends, Merkle proofs, external trajectories
   (:func:`resolve_external_run`); Open-1B's v3 hash is the module :mod:`.open1b_v3`;
 * errors: everything raised on purpose is an :class:`Open1bError`; a :class:`ProtocolError`
@@ -25,7 +26,7 @@ from .claims import (
 )
 from .codec import decode, encode
 from .commitments import ZERO_HASH, TensorBytes, batch_digest, genesis, state_hash, tensor_digest
-from .coverage import Coverage, StepCoverage, StepStatus, coverage
+from .coverage import Contradiction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage
 from .errors import (
     DecodeError,
     InvalidStatementError,
@@ -63,7 +64,7 @@ __all__ = [
     "MISMATCH", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
     # judging
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest",
-    "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus",
+    "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments
     "TensorBytes", "ZERO_HASH", "tensor_digest", "state_hash", "genesis", "batch_digest",

@@ -1,32 +1,50 @@
 """Coverage: what a set of attestations says about each step of a run.
 
-``coverage`` is a pure function of (manifest, attestations, claims, now): two nodes holding the
-same statements report the same coverage whatever order they heard them in. Attestations that
-are inconsistent with the manifest are not counted (validation already keeps them out of
-stores; coverage re-checks so that it is safe on any input set).
+``coverage`` is a pure function of (run, attestations, claims, now, redundancy, policy): two
+nodes holding the same statements and applying the same policy report the same coverage
+whatever order they heard them in. Attestations that are inconsistent with the run are not
+counted (validation already keeps them out of stores; coverage re-checks so that it is safe on
+any input set).
 
-Status of a step, first rule that applies:
+Whose attestations count is a :class:`TrustPolicy`, applied here and never to what is stored
+(design invariant 7):
 
+* ``open`` counts every distinct key; ``allowlist`` counts only the policy's ``roots`` (keys an
+  operator trusts). Keys the policy does not count are reported as ``untrusted``.
+* ``quorum`` (0 turns it off) *settles* a step: when at least ``quorum`` keys report the same
+  post_state and more keys report it than any other value, that is the step's result. Replay is
+  deterministic, so a key that reported another value for a settled step, or two values for one
+  step, is *flagged* with two conflicting signed statements as evidence, and none of its
+  attestations count.
+
+Status of a step, first rule that applies (counting only trusted, unflagged keys):
+
+* ``refuted``   — the settled result differs from the published h_{step+1}: independent replays
+  confirm the mismatch;
 * ``disputed``  — at least one auditor reports a mismatch;
 * ``verified``  — at least one auditor reports a match;
 * ``claimed``   — someone holds a live claim on it;
 * ``unaudited`` — none of the above.
 
-``auditors`` counts *distinct* signing keys; a step *meets the target* when its distinct
-auditors (either verdict) reach the requested redundancy.
+The default policy (``open``, quorum 0) is protocol r2's coverage: every key counts, nothing is
+settled or flagged. A step *meets the target* when its counted attesters (either verdict)
+reach the requested redundancy.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from .claims import is_live
 from .errors import ProtocolError
 from .identity import peer_id_from_public_key
-from .messages import MATCH, Attestation, Claim
+from .messages import Attestation, Claim
 from .validation import Run, check_attestation, check_claim
+
+OPEN, ALLOWLIST = "open", "allowlist"
 
 
 class StepStatus(str, enum.Enum):
@@ -34,6 +52,37 @@ class StepStatus(str, enum.Enum):
     CLAIMED = "claimed"
     VERIFIED = "verified"
     DISPUTED = "disputed"
+    REFUTED = "refuted"
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """Which keys count (``name``, ``roots``) and how many agreeing keys settle a step (``quorum``)."""
+
+    name: str = OPEN
+    roots: frozenset[bytes] = frozenset()
+    quorum: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in (OPEN, ALLOWLIST):
+            raise ValueError(f"unknown trust policy {self.name!r} (known: {OPEN}, {ALLOWLIST})")
+        if self.quorum != 0 and self.quorum < 2:  # one key cannot confirm itself
+            raise ValueError("quorum must be 0 (off) or at least 2")
+
+    def trusts(self, key: bytes) -> bool:
+        return self.name == OPEN or key in self.roots
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """Evidence against ``signer``: its signed ``statement`` about ``step`` and a ``conflicting``
+    one (the settled result's, or its own other result) — both from the same pre_state with
+    different post_states, which one deterministic replay cannot both give. Values are digests."""
+
+    signer: str
+    step: int
+    statement: bytes
+    conflicting: bytes
 
 
 @dataclass(frozen=True)
@@ -43,6 +92,7 @@ class StepCoverage:
     auditors: tuple[str, ...]  # peer IDs that attested a match, sorted
     dissenters: tuple[str, ...]  # peer IDs that attested a mismatch, sorted
     claimants: tuple[str, ...]  # peer IDs holding a live claim, sorted
+    evidence: tuple[bytes, ...] = ()  # digests of the counted mismatch attestations, sorted
 
     @property
     def attesters(self) -> int:
@@ -54,18 +104,31 @@ class Coverage:
     run: bytes
     redundancy: int
     steps: tuple[StepCoverage, ...]
+    policy: TrustPolicy = TrustPolicy()
+    flagged: tuple[Contradiction, ...] = ()  # one per flagged key, sorted by peer ID
+    untrusted: tuple[str, ...] = ()  # peer IDs of valid attesters the policy does not count, sorted
 
     def count(self, status: StepStatus) -> int:
         return sum(1 for s in self.steps if s.status == status)
 
     @property
     def disputed_steps(self) -> list[int]:
-        return [s.step for s in self.steps if s.status is StepStatus.DISPUTED]
+        """Steps some counted auditor reports a mismatch for (status disputed or refuted)."""
+        return [s.step for s in self.steps if s.status in (StepStatus.DISPUTED, StepStatus.REFUTED)]
+
+    @property
+    def refuted_steps(self) -> list[int]:
+        return [s.step for s in self.steps if s.status is StepStatus.REFUTED]
 
     @property
     def complete(self) -> bool:
         """Every step has at least ``redundancy`` distinct attesters."""
         return all(s.attesters >= self.redundancy for s in self.steps)
+
+
+# Per step: signer -> post_state -> its attestation with the lowest digest (any would do; the
+# lowest makes the evidence chosen independent of arrival order).
+Reports = list[dict[bytes, dict[bytes, Attestation]]]
 
 
 def coverage(
@@ -75,35 +138,80 @@ def coverage(
     *,
     now: int = 0,
     redundancy: int = 1,
+    policy: TrustPolicy = TrustPolicy(),
 ) -> Coverage:
     if redundancy < 1:
         raise ValueError("redundancy must be at least 1")
-    matches: list[set[bytes]] = [set() for _ in range(manifest.steps)]
-    mismatches: list[set[bytes]] = [set() for _ in range(manifest.steps)]
-    live: list[set[bytes]] = [set() for _ in range(manifest.steps)]
+    reports: Reports = [{} for _ in range(manifest.steps)]
+    untrusted: set[bytes] = set()
     for att in attestations:
         if att.run != manifest.run_id or not _consistent(att, manifest):
             continue
-        (matches if att.verdict == MATCH else mismatches)[att.step].add(att.signer)
+        if not policy.trusts(att.signer):
+            untrusted.add(att.signer)
+            continue
+        by_post = reports[att.step].setdefault(att.signer, {})
+        held = by_post.get(att.post_state)
+        if held is None or att.digest < held.digest:
+            by_post[att.post_state] = att
+    flagged = _contradictions(reports, policy.quorum) if policy.quorum else {}
+    live: list[set[bytes]] = [set() for _ in range(manifest.steps)]
     for claim in claims:
         if claim.run == manifest.run_id and is_live(claim, now) and _claim_ok(claim, manifest):
             live[claim.step].add(claim.claimant)
 
-    def ids(keys: set[bytes]) -> tuple[str, ...]:
-        return tuple(sorted(peer_id_from_public_key(k) for k in keys))
-
     steps = []
     for k in range(manifest.steps):
-        if mismatches[k]:
+        published = manifest.state_hashes[k + 1]
+        counted = {s: posts for s, posts in reports[k].items() if s not in flagged}
+        matches = {s for s, posts in counted.items() if published in posts}
+        wrong = {s: [a for p, a in posts.items() if p != published] for s, posts in counted.items()}
+        dissent = [a for atts in wrong.values() for a in atts]
+        settled = _settled(counted, policy.quorum) if policy.quorum else None
+        if settled is not None and settled != published:
+            status = StepStatus.REFUTED
+        elif dissent:
             status = StepStatus.DISPUTED
-        elif matches[k]:
+        elif matches:
             status = StepStatus.VERIFIED
         elif live[k]:
             status = StepStatus.CLAIMED
         else:
             status = StepStatus.UNAUDITED
-        steps.append(StepCoverage(k, status, ids(matches[k]), ids(mismatches[k]), ids(live[k])))
-    return Coverage(manifest.run_id, redundancy, tuple(steps))
+        steps.append(StepCoverage(k, status, _ids(matches), _ids(s for s, atts in wrong.items() if atts),
+                                  _ids(live[k]), tuple(sorted(a.digest for a in dissent))))
+    return Coverage(manifest.run_id, redundancy, tuple(steps), policy,
+                    tuple(sorted(flagged.values(), key=lambda c: c.signer)), _ids(untrusted))
+
+
+def _ids(keys: Iterable[bytes]) -> tuple[str, ...]:
+    return tuple(sorted(peer_id_from_public_key(k) for k in set(keys)))
+
+
+def _settled(reports: Mapping[bytes, Mapping[bytes, Attestation]], quorum: int) -> bytes | None:
+    """The post_state at least ``quorum`` keys report and more keys report than any other value."""
+    ranked = Counter(post for posts in reports.values() for post in posts).most_common(2)
+    if not ranked or ranked[0][1] < quorum or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
+        return None
+    return ranked[0][0]
+
+
+def _contradictions(reports: Reports, quorum: int) -> dict[bytes, Contradiction]:
+    """Each key that contradicts a settled result or itself, with the evidence at its lowest such step."""
+    found: dict[bytes, Contradiction] = {}
+    for step, by_signer in enumerate(reports):
+        settled = _settled(by_signer, quorum)
+        backing = sorted(posts[settled].digest for posts in by_signer.values() if settled in posts)
+        for signer, posts in by_signer.items():
+            if signer in found:
+                continue
+            if settled is not None and any(p != settled for p in posts):
+                statement = min(a.digest for p, a in posts.items() if p != settled)
+                found[signer] = Contradiction(peer_id_from_public_key(signer), step, statement, backing[0])
+            elif len(posts) > 1:
+                first, second = sorted(a.digest for a in posts.values())[:2]
+                found[signer] = Contradiction(peer_id_from_public_key(signer), step, first, second)
+    return found
 
 
 def _consistent(att: Attestation, manifest: Run) -> bool:

@@ -102,7 +102,7 @@ def read_safetensors(buffer: bytes | memoryview) -> dict[str, Tensor]:
         raise _fail("safetensors header length out of range")
     try:
         header = json.loads(bytes(view[8:8 + size]).decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # deep nesting raises RecursionError, not ValueError
         raise _fail(f"safetensors header is not JSON: {exc}") from exc
     if type(header) is not dict:
         raise _fail("safetensors header is not an object")

@@ -142,7 +142,7 @@ def parse_state_hash_log(data: bytes) -> dict[int, bytes]:
                     or not set(digest) <= _HEX:
                 raise ValueError("bad step or state_hash")
             hashes[step] = bytes.fromhex(digest)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # deep nesting: RecursionError
             raise InvalidStatementError(f"trajectory line {number}: {exc}", code="trajectory_format") from exc
     return hashes
 

@@ -127,7 +127,8 @@ def decode_message(data: bytes, kinds: frozenset[str] | None = None) -> SignedMe
     expected = MESSAGE_TYPES.keys() if kinds is None else kinds & MESSAGE_TYPES.keys()
     value = decode(data, max_size=max((MESSAGE_TYPES[k].MAX_SIZE for k in expected), default=0))
     kind = value.get("kind") if type(value) is dict else None
-    if kind not in MESSAGE_TYPES or (kinds is not None and kind not in kinds):
+    # type first: any CBOR value may stand there, and a list or map is not even hashable
+    if type(kind) is not str or kind not in MESSAGE_TYPES or (kinds is not None and kind not in kinds):
         raise WrongTypeError(f"not a message of an expected kind: {kind!r}", code="kind")
     return MESSAGE_TYPES[kind].decode(data)
 

@@ -1,32 +1,66 @@
-"""Start-up probes pass here, and each can fail."""
+"""Start-up probes pass here, each can fail, and the known-answer step pins the whole spec."""
+
+import importlib
+import pkgutil
 
 import numpy as np
 import pytest
 import torch
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
 from open1b.deterministic import DeterminismError, require_deterministic_machine, run_selfchecks
-from open1b.deterministic.selfcheck import FUSION_A, FUSION_C
+from open1b.deterministic.backend import cpu_backend
+from open1b.deterministic.selfcheck import (
+    FUSION_A, FUSION_C, KNOWN_ANSWER_STATE, fusion_probe, known_answer_state, state_fingerprint,
+)  # fmt: skip
 
 F = np.float32
+NAMES = {"no-fma-contraction", "gradual-underflow", "float32-arithmetic", "expf-logf-known-answers", "known-answer-step"}
 
 
-def test_all_probes_pass_on_this_machine():
-    results = run_selfchecks()
-    assert {r.name for r in results} == {"no-fma-contraction", "gradual-underflow", "float32-arithmetic", "expf-logf-known-answers"}
-    assert all(r.ok for r in results), results
-    require_deterministic_machine()
+def test_all_probes_pass_on_this_machine_for_both_cpu_backends():
+    for parallel in (False, True):
+        results = run_selfchecks(cpu_backend(parallel))
+        assert {r.name for r in results} == NAMES
+        assert all(r.ok for r in results), results
+        require_deterministic_machine(cpu_backend(parallel))
 
 
-def test_fusion_probe_detects_contraction():
+def test_known_answer_state_is_the_pinned_test_vector():
+    # The pinned hash covers init, the kernels' orders, the rank/micro-batch reduction, clipping
+    # and AdamW: any change to the spec must change it (and the engine version) deliberately.
+    assert state_fingerprint(known_answer_state()) == KNOWN_ANSWER_STATE
+
+
+def test_fusion_probe_values_detect_contraction():
     @njit(fastmath={"contract"})
     def fused(a, b, c):
         return a * b + c
 
-    assert F(fused(FUSION_A, FUSION_A, FUSION_C)) == F(2.0**-24)
+    assert F(fused(FUSION_A, FUSION_A, FUSION_C)) == F(2.0**-24)  # what a fused multiply-add gives
+    assert F(fusion_probe(FUSION_A, FUSION_A, FUSION_C)) == F(0.0)  # what the engine's options give
 
 
-def test_promotion_probe_detects_float64():
+def test_no_engine_kernel_is_compiled_with_fastmath():
+    import open1b.deterministic as package
+
+    dispatchers = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name in ("cuda", "torch_twin"):
+            continue
+        module = importlib.import_module(f"open1b.deterministic.{info.name}")
+        for value in vars(module).values():
+            kernels = value.values() if isinstance(value, dict) else [value]
+            for k in kernels:
+                for d in k if isinstance(k, tuple) else [k]:
+                    if isinstance(d, Dispatcher):
+                        dispatchers.append(d)
+    assert len(dispatchers) >= 20
+    assert all(not d.targetoptions.get("fastmath") and d.targetoptions.get("error_model") == "numpy" for d in dispatchers)
+
+
+def test_promotion_probe_values_detect_float64():
     @njit
     def promoted(a, b):
         return (np.float64(a) + b) - a
@@ -43,5 +77,27 @@ def test_flush_to_zero_is_refused():
             require_deterministic_machine()
     finally:
         torch.set_flush_denormal(False)
-    assert failed == {"gradual-underflow"}
+    assert "gradual-underflow" in failed
     require_deterministic_machine()
+
+
+class BlasMatmul:
+    """The CPU backend with numpy's (BLAS) matmul: right to ~1e-7, but other bits."""
+
+    def __init__(self):
+        self.inner = cpu_backend(False)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def matmul(self, a, b, trans_a=False, trans_b=False, structure=0):
+        a = np.swapaxes(a, -1, -2) if trans_a else a
+        b = np.swapaxes(b, -1, -2) if trans_b else b
+        return np.ascontiguousarray(np.matmul(a, b), dtype=np.float32)
+
+
+def test_known_answer_step_refuses_a_backend_with_other_bits():
+    failed = {r.name for r in run_selfchecks(BlasMatmul()) if not r.ok}
+    assert failed == {"known-answer-step"}
+    with pytest.raises(DeterminismError, match="known-answer-step"):
+        require_deterministic_machine(BlasMatmul())

@@ -71,7 +71,8 @@ def test_js_libp2p_peer_among_open1b_daemons(js_ready, small_run, tmp_path):
     js = JsPeer(JS_SEED, tmp_path / "js-peer.log")
     try:
         js.call("subscribe", topic=topic)
-        daemons.start(0, audit=False, bootstrap=[])
+        # the observer trusts the js peer's key too: counting it is what this test checks
+        daemons.start(0, audit=False, bootstrap=[], extra_args=("--trust", Identity(JS_SEED).peer_id))
         observer = daemons.api(0)
         js.call("dial", addr=observer_addr)
         wait_until(lambda: observer_addr.rsplit("/", 1)[1] in js.call("topic_peers", topic=topic)["peers"], 30,

@@ -1,11 +1,16 @@
 from collections import Counter
 
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
 from open1b.node import claims as planner
+from open1b.node.deficits import DeficitIndex
 from open1b.protocol import Attestation, Claim, coverage
 
 from .conftest import ident
 
 NOW = 1_800_000_000
+RUN = b"\x01" * 32
 
 
 def _att(signer, manifest, step, match=True):
@@ -20,36 +25,51 @@ def _claim(signer, manifest, step, slot=0, issued_at=NOW):
                         lease_expiry=issued_at + 60)
 
 
-def test_rendezvous_spreads_first_choices_evenly():
-    peers = [ident(i).public_key for i in range(4)]
-    run = b"\x01" * 32
-    firsts = Counter(min(peers, key=lambda p: planner.rendezvous_score(run, k, p)) for k in range(400))
-    assert set(firsts) == set(peers)
-    assert all(60 <= n <= 140 for n in firsts.values())  # 100 expected each
-    for k in range(20):
-        ranks = sorted(planner.rendezvous_rank(run, k, p, peers) for p in peers)
-        assert ranks == [0, 1, 2, 3]
+def test_scalar_and_vector_scores_agree():
+    key = planner.preference_key(RUN, ident(1).public_key)
+    steps = np.array([0, 1, 2, 80_956, 2**40], dtype=np.int64)
+    assert planner.preference_scores(key, steps).tolist() == [planner.preference_score(key, int(s)) for s in steps]
+
+
+def test_own_orders_spread_first_choices_evenly():
+    # Each of 8 nodes prefers its own steps; over 4000 steps the node that likes a step best
+    # is close to uniform, as rendezvous ranking would give.
+    keys = [planner.preference_key(RUN, ident(i).public_key) for i in range(8)]
+    firsts = Counter(min(range(8), key=lambda n: planner.preference_score(keys[n], k)) for k in range(4000))
+    assert set(firsts) == set(range(8))
+    assert all(400 <= n <= 600 for n in firsts.values())  # 500 expected each
+
+
+def test_order_prefix_is_the_best_steps_sorted():
+    order = planner.StepOrder(RUN, ident(2).public_key, 5000, prefix=64)
+    everything = order.best(range(5000), 5000)
+    assert order.prefix.tolist() == everything[:64]
+    assert order.best([10, 20, 30, 40], 2, exclude={everything[0]}) == sorted(
+        [10, 20, 30, 40], key=lambda s: (order.score(s), s))[:2]
 
 
 def test_candidates_order_and_filters(manifest):
     me, other = ident(1), ident(2)
+    order = planner.StepOrder(manifest.run_id, me.public_key, manifest.steps)
     atts = [_att(other, manifest, 0), _att(other, manifest, 1, match=False)]
     cov = coverage(manifest, atts, now=NOW, redundancy=1)
     busy = {3: [_claim(other, manifest, 3)]}
-    cands = planner.candidates(cov, me=me.public_key, peers=[other.public_key], attested_by_me={4},
-                               claims_by_step=busy, now=NOW)
+    cands = planner.candidates(cov, me=me.public_key, order=order, attested_by_me={4}, claims_by_step=busy, now=NOW)
     steps = [c.step for c in cands]
     assert steps[0] == 1  # a disputed step wants a second opinion, and comes first
+    assert cands[0].slots == 2 and cands[0].attesters == {other.public_key}
     assert 0 not in steps  # already has its one attester
     assert 3 not in steps  # someone else holds a live claim
     assert 4 not in steps  # never attest a step twice
     assert set(steps) == {1, 2, 5}
+    assert [c.step for c in cands[1:]] == sorted([2, 5], key=order.score)
 
 
 def test_expired_claims_do_not_block(manifest):
     cov = coverage(manifest, [], now=NOW, redundancy=1)
+    order = planner.StepOrder(manifest.run_id, ident(1).public_key, manifest.steps)
     stale = {3: [_claim(ident(2), manifest, 3, issued_at=NOW - 100)]}
-    cands = planner.candidates(cov, me=ident(1).public_key, peers=[], attested_by_me=set(),
+    cands = planner.candidates(cov, me=ident(1).public_key, order=order, attested_by_me=set(),
                                claims_by_step=stale, now=NOW)
     assert 3 in [c.step for c in cands]
 
@@ -60,7 +80,36 @@ def test_free_slot_rules(manifest):
     assert planner.free_slot({}, 1, me=me.public_key, attesters=set(), now=NOW) == 0
     assert planner.free_slot({0: live_other}, 1, me=me.public_key, attesters=set(), now=NOW) is None
     assert planner.free_slot({0: live_other}, 2, me=me.public_key, attesters=set(), now=NOW) == 1
-    assert planner.free_slot({0: live_other}, 1, me=me.public_key, attesters={other.peer_id}, now=NOW) == 0
+    assert planner.free_slot({0: live_other}, 1, me=me.public_key, attesters={other.public_key}, now=NOW) == 0
     assert planner.free_slot({0: live_other}, 1, me=me.public_key, attesters=set(), now=NOW + 61) == 0
     mine = _claim(me, manifest, 0, slot=0)
     assert planner.free_slot({0: mine}, 1, me=me.public_key, attesters=set(), now=NOW) == 0
+    # A finished claimant's slot is the last resort: a claim over it in the same lease round
+    # would lose to it. An empty or expired slot, or one we hold, comes first.
+    done = {other.public_key}
+    assert planner.free_slot({0: live_other, 1: None}, 2, me=me.public_key, attesters=done, now=NOW) == 1
+    stale = _claim(ident(3), manifest, 0, slot=1, issued_at=NOW - 100)
+    assert planner.free_slot({0: live_other, 1: stale}, 2, me=me.public_key, attesters=done, now=NOW) == 1
+    assert planner.free_slot({0: live_other, 1: mine}, 2, me=me.public_key, attesters=done, now=NOW) == 1
+    assert planner.free_slot({0: live_other, 1: _claim(ident(3), manifest, 0, slot=1)}, 2, me=me.public_key,
+                             attesters=done, now=NOW) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(200, 3000), st.integers(1, 3), st.data())
+def test_pick_scans_and_scores_to_the_same_answer(steps, redundancy, data):
+    """The prefix scan and the exact scoring of a bucket's members agree, whatever the buckets
+    hold: pick over the index equals the sorted list of every open step."""
+    me = ident(3).public_key
+    index = DeficitIndex(steps, redundancy, me=me)
+    covered = data.draw(st.sets(st.integers(0, steps - 1), max_size=steps))
+    for s in covered:
+        for a in range(data.draw(st.integers(1, redundancy))):
+            index.add_attestation(s, ident(10 + a).public_key, match=True)
+    exclude = data.draw(st.sets(st.integers(0, steps - 1), max_size=50))
+    order = planner.StepOrder(RUN, me, steps, prefix=data.draw(st.sampled_from([16, 128, 1024])))
+    limit = data.draw(st.integers(1, 6))
+    got = [c.step for c in planner.pick(index, order, exclude=exclude, limit=limit)]
+    want = sorted((s for s in range(steps) if s not in exclude and index.deficit(s) > 0),
+                  key=lambda s: (-index.deficit(s), order.score(s), s))[:limit]
+    assert got == want

@@ -72,6 +72,9 @@ def test_live_network_answers_coverage_cli_with_signed_evidence(tmp_path, tamper
         # the dispute is backed by a signed statement any node can re-check on its own
         evidence = call(observer, f"/v1/attestations/{run_hex}?step=2")
         assert evidence
+        # read after the evidence: a disputed step is still being replayed again (it wants one more
+        # attester), and a store only grows, so this coverage counts every statement fetched above
+        cov = call(observer, f"/v1/coverage/{run_hex}")
         for item in evidence:
             att = Attestation.decode(bytes.fromhex(item["encoded"]))  # verifies the signature
             assert att.verdict == MISMATCH and att.step == 2

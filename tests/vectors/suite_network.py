@@ -11,8 +11,10 @@ is valid), and the valid records' indices from most to least preferred. The winn
 depend on the order the records are presented in.
 
 ``coverage`` case: ``{"description", "runs", "attestations", "claims", "now", "redundancy",
-"result": {"complete", "steps": [{"step", "status", "auditors", "dissenters", "claimants"}]}}``
-(peer IDs sorted; the run is ``runs[0]``).
+"policy": {"name", "roots", "quorum"}, "result": {"complete", "steps": [{"step", "status", "auditors",
+"dissenters", "claimants", "evidence"}], "flagged": [{"signer", "step", "statement", "conflicting"}],
+"untrusted"}}`` (peer IDs sorted; ``roots`` are peer IDs; evidence, statements and conflicting
+statements are attestation digests; the run is ``runs[0]``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from pathlib import Path
 import cbor2
 
 from open1b.protocol import (
-    Attestation, Claim, ProtocolError, claim_key, claim_precedence, coverage, decode_message, encode,
-    resolve_external_run, select_claim_record, sign, validate_attestation, validate_claim, validate_claim_record,
-    validate_manifest,
+    Attestation, Claim, ProtocolError, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
+    encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign, validate_attestation,
+    validate_claim, validate_claim_record, validate_manifest,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
 
@@ -223,20 +225,47 @@ class CoverageSuite:
                              [{"manifest": hx(ext_m.encoded), "trajectory": hx(traj)}],
                              [A(1, ext, 0), A(2, ext, 0), A(1, ext, 5, match=False)], [fixtures.claim(2, ext, 3)], 2),
         }
-        for name, (description, runs, atts, claims, redundancy) in sets.items():
+        odd = blake2b256(b"vector-another-wrong")
+        one = [{"manifest": hx(m.encoded)}]
+        settle = {"name": "open", "roots": [], "quorum": 2}
+        policies = {
+            "refuted": ("quorum 2: two agreeing mismatches refute step 0; the key that matched it is flagged"
+                        " and its match on step 1 stops counting", one,
+                        [A(1, m, 0), A(2, m, 0, match=False), A(3, m, 0, match=False), A(1, m, 1), A(2, m, 1)], [], 2,
+                        settle),
+            "lone-dissent-flagged": ("quorum 2: two matches settle step 2; the lone mismatch is flagged", one,
+                                     [A(1, m, 2), A(2, m, 2), A(3, m, 2, match=False)], [], 1, settle),
+            "no-majority": ("quorum 2: dissenters disagree with each other and with the match: nothing settles",
+                            one, [A(1, m, 0), A(2, m, 0, match=False), A(3, m, 0, match=False, post_state=odd)], [], 1,
+                            settle),
+            "self-contradiction": ("quorum 2: a key reporting two results for one step is flagged", one,
+                                   [A(4, m, 1), A(4, m, 1, match=False)], [], 1, settle),
+            "allowlist": ("allowlist: only the roots count; four other keys attesting every step are listed as untrusted",
+                          one, [A(1, m, 0), A(2, m, 1)] + [A(s, m, k) for s in range(5, 9) for k in range(4)], [], 1,
+                          {"name": "allowlist", "roots": sorted([ident(1).peer_id, ident(2).peer_id]), "quorum": 2}),
+        }
+        default = {"name": "open", "roots": [], "quorum": 0}
+        for name, entry in [*sets.items(), *policies.items()]:
+            description, runs, atts, claims, redundancy, policy = (*entry, default)[:6]
             case = {"description": description, "runs": runs, "attestations": [hx(a.encoded) for a in atts],
-                    "claims": [hx(c.encoded) for c in claims], "now": NOW, "redundancy": redundancy}
+                    "claims": [hx(c.encoded) for c in claims], "now": NOW, "redundancy": redundancy, "policy": policy}
             out[name] = {**case, "result": CoverageSuite._result(case)}
         return out
 
     @staticmethod
     def _result(case: dict) -> dict:
         run = _runs(case)[0]
+        p = case["policy"]
+        policy = TrustPolicy(p["name"], frozenset(public_key_from_peer_id(r) for r in p["roots"]), p["quorum"])
         cov = coverage(run, [Attestation.decode(unhex(a)) for a in case["attestations"]],
-                       [Claim.decode(unhex(c)) for c in case["claims"]], now=case["now"], redundancy=case["redundancy"])
+                       [Claim.decode(unhex(c)) for c in case["claims"]], now=case["now"], redundancy=case["redundancy"],
+                       policy=policy)
         return {"complete": cov.complete, "steps": [
             {"step": s.step, "status": s.status.value, "auditors": list(s.auditors), "dissenters": list(s.dissenters),
-             "claimants": list(s.claimants)} for s in cov.steps]}
+             "claimants": list(s.claimants), "evidence": [hx(d) for d in s.evidence]} for s in cov.steps],
+            "flagged": [{"signer": f.signer, "step": f.step, "statement": hx(f.statement),
+                         "conflicting": hx(f.conflicting)} for f in cov.flagged],
+            "untrusted": list(cov.untrusted)}
 
     @staticmethod
     def check(case: dict, root: Path) -> None:

@@ -1,0 +1,96 @@
+"""The GPT's forward and backward pass over one micro-batch, as a fixed sequence of kernels.
+
+The sequence below *is* the model's definition: every kernel call, its operands and their order
+(including which operand of each residual add comes first) is part of the spec. Shapes: ``b``
+sequences of ``T`` positions, ``n = b·T`` rows, ``d`` model width, ``H`` heads.
+
+Forward::
+
+    x = wte[tokens] + wpe                                     (embedding)
+    per layer: h = rmsnorm(x; ln1);  qkv = h @ attn_qkv;  o = attention(qkv)
+               x = x + o @ attn_out;  h = rmsnorm(x; ln2);  x = x + gelu(h @ mlp_fc) @ mlp_proj
+    logits = rmsnorm(x; ln_f) @ wteᵀ;  loss = cross_entropy(logits, targets)
+
+The attention products name the causal zeros they have (:data:`.matmul.CAUSAL_OUTPUT`, …) so
+that a kernel may skip work; the results are the full products either way.
+
+Backward mirrors it in reverse; the residual stream's gradient enters each norm's backward as
+``dres`` (``dx = dres + dnorm``), and the tied table's gradient is the head's product followed by
+the embedding scatter-add.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import attention_scale
+from .config import GPTConfig
+from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT
+
+
+def _layer_names(layer: int) -> tuple[str, ...]:
+    return tuple(f"h{layer}.{p}" for p in ("ln1", "attn_qkv", "attn_out", "ln2", "mlp_fc", "mlp_proj"))
+
+
+def forward_backward(params: dict, tokens: np.ndarray, inv_n: np.float32, config: GPTConfig, be):
+    """``(loss, grads)`` of one micro-batch: ``tokens`` int32 (b, T + 1) (inputs ``[:, :-1]``,
+    targets ``[:, 1:]``); the loss and every gradient already scaled by ``inv_n`` (one over the
+    *step's* number of target tokens). ``params`` and the results are backend arrays."""
+    seq_len, heads, d = config.seq_len, config.n_heads, config.d_model
+    eps = config.hyper32()["norm_eps"]
+    scale = attention_scale(config.head_dim)
+    inputs = np.ascontiguousarray(tokens[:, :-1]).reshape(-1)
+    targets = np.ascontiguousarray(tokens[:, 1:]).reshape(-1)
+    rows = inputs.shape[0]
+
+    # ---- forward -------------------------------------------------------------------------
+    x = be.embed(params["wte"], params["wpe"], be.upload(inputs))
+    saved = []
+    for layer in range(config.n_layers):
+        ln1, w_qkv, w_out, ln2, w_fc, w_proj = (params[n] for n in _layer_names(layer))
+        h, rstd1 = be.rmsnorm(x, ln1, eps)
+        qkv = be.matmul(h, w_qkv)
+        q, k, v = (be.split_heads(qkv, i * d, d, seq_len, heads) for i in range(3))
+        p = be.causal_softmax(be.matmul(q, k, False, True, CAUSAL_OUTPUT), scale)
+        att = be.merge_heads(be.matmul(p, v, False, False, A_LOWER), seq_len, heads)
+        x_mid = be.add(x, be.matmul(att, w_out))
+        h2, rstd2 = be.rmsnorm(x_mid, ln2, eps)
+        u = be.matmul(h2, w_fc)
+        a = be.gelu(u)
+        x_out = be.add(x_mid, be.matmul(a, w_proj))
+        saved.append((x, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a))
+        x = x_out
+    xf, rstd_f = be.rmsnorm(x, params["ln_f"], eps)
+    logits = be.matmul(xf, params["wte"], False, True)
+    loss, dlogits = be.cross_entropy(logits, be.upload(targets), inv_n)
+
+    # ---- backward ------------------------------------------------------------------------
+    grads = {}
+    dxf = be.matmul(dlogits, params["wte"])
+    d_wte = be.matmul(dlogits, xf, True, False)
+    dx, dg = be.rmsnorm_backward(x, params["ln_f"], rstd_f, dxf, be.zeros((rows, d)))
+    grads["ln_f"] = be.sum_rows(dg)
+    for layer in reversed(range(config.n_layers)):
+        names = _layer_names(layer)
+        ln1, w_qkv, w_out, ln2, w_fc, w_proj = (params[n] for n in names)
+        x_in, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a = saved.pop()
+        # x_out = x_mid + gelu(h2 @ w_fc) @ w_proj
+        grads[names[5]] = be.matmul(a, dx, True, False)
+        du = be.gelu_backward(u, be.matmul(dx, w_proj, False, True))
+        grads[names[4]] = be.matmul(h2, du, True, False)
+        dx, dg = be.rmsnorm_backward(x_mid, ln2, rstd2, be.matmul(du, w_fc, False, True), dx)
+        grads[names[3]] = be.sum_rows(dg)
+        # x_mid = x_in + attention(h @ w_qkv) @ w_out
+        grads[names[2]] = be.matmul(att, dx, True, False)
+        do = be.split_heads(be.matmul(dx, w_out, False, True), 0, d, seq_len, heads)
+        dv = be.matmul(p, do, True, False, A_UPPER)
+        ds = be.causal_softmax_backward(p, be.matmul(do, v, False, True, CAUSAL_OUTPUT), scale)
+        dq, dk = be.matmul(ds, k, False, False, A_LOWER), be.matmul(ds, q, True, False, A_UPPER)
+        dqkv = be.merge_qkv(dq, dk, dv, seq_len, heads)
+        grads[names[1]] = be.matmul(h, dqkv, True, False)
+        dx, dg = be.rmsnorm_backward(x_in, ln1, rstd1, be.matmul(dqkv, w_qkv, False, True), dx)
+        grads[names[0]] = be.sum_rows(dg)
+    be.scatter_add(d_wte, dx, inputs)
+    grads["wte"] = d_wte
+    grads["wpe"] = be.sum_rows(dx.reshape(rows // seq_len, seq_len * d)).reshape(seq_len, d)
+    return loss, {name: grads[name] for name in config.param_shapes()}

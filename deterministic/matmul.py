@@ -1,0 +1,272 @@
+"""Batched matrix product ``out[b] = op(a[b]) @ op(b[b])`` in the fixed summation order.
+
+Every output element is ``sum_k A[i, k] * B[k, j]`` in the order of :mod:`.reduction`: K split
+into chunks of ``K_CHUNK``, each folded left to right from ``+0.0`` with a fused multiply-add,
+``s = ffma(A[i, k], B[k, j], s)`` (one rounding per term, on every target), and the chunk sums
+combined by the pairwise tree. Nothing else is defined; the CPU kernel below and the CUDA kernel
+in :mod:`.cuda` are two schedules of that one order.
+
+Why the CPU kernel is deterministic and fast at once: it computes a 4 x 16 tile of outputs at a
+time, each of the 64 outputs in its own register with its own sequential fold over a chunk —
+the tile only decides *which* outputs are in flight together, never the order of any one sum,
+so SIMD lanes (SLP-vectorised, 2 x 8 floats per row) and threads change nothing. Threads
+(``prange``) split the independent (batch, row-block) tasks. Operands are packed into
+contiguous panels first (a copy: exact); ``trans_a``/``trans_b`` are read while packing, so one
+compiled kernel serves ``x @ w``, ``dy @ w.T`` and ``x.T @ dy``.
+
+Layouts (all float32, C-contiguous, 3-D — a 2-D product is batch 1)::
+
+    a: (batch, M, K), or (batch, K, M) with trans_a      b: (batch, K, N), or (batch, N, K) with trans_b
+    out: (batch, M, N)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .jit import CPU_OPTIONS, cpu_kernels
+from .primitives import fadd, ffma
+from .reduction import K_CHUNK, STACK_DEPTH, fixed_sum
+
+MR = 4
+"""Rows of the CPU register tile (a schedule choice: it does not affect any result)."""
+NR = 16
+"""Columns of the CPU register tile."""
+GROUP_ROW_BLOCKS = 8
+"""Row blocks per parallel task; each packed B panel is swept by the whole group while it is
+in cache (a schedule choice: no effect on any result)."""
+
+# Known structure of causal attention's products (the kernels may exploit it; bits never change):
+DENSE = 0
+"""No structure."""
+CAUSAL_OUTPUT = 1
+"""Only outputs with column <= row are wanted; the others are written as +0.0 (Q Kᵀ, dO Vᵀ)."""
+A_LOWER = 2
+"""A[r, k] is exactly zero for k > r (P and dS on the left: P V, dS K). Chunks past a tile's
+last row are trailing zero terms, which the zero-padding fact of :mod:`.reduction` lets a kernel
+skip."""
+A_UPPER = 3
+"""A[r, k] is exactly zero for k < r (Pᵀ dO, dSᵀ Q). Chunks before a tile's first row sum to
++0.0, which a kernel may push into the tree without computing (leading zeros do shape the tree)."""
+
+_ZERO = np.float32(0.0)
+
+
+@njit(**CPU_OPTIONS)
+def _tile_chunk(ap, bp, k0, k1, stack, count):
+    """Fold chunk ``[k0, k1)`` of a 4 x 16 tile with ``ffma``; push its 64 sums into the streaming tree.
+
+    ``ap`` (K, 4) and ``bp`` (K, 16) are packed operands; ``stack`` (STACK_DEPTH, 64) holds
+    the tile's waiting subtrees (:func:`.reduction.stack_push`, one lane per output). Returns
+    ``count + 1``. The 64 accumulators are spelled out because LLVM keeps only scalars in
+    registers; SLP packs each row's 16 into two 8-wide vectors. Each is still its own left fold.
+    """
+    c00 = c01 = c02 = c03 = c04 = c05 = c06 = c07 = _ZERO
+    c08 = c09 = c0a = c0b = c0c = c0d = c0e = c0f = _ZERO
+    c10 = c11 = c12 = c13 = c14 = c15 = c16 = c17 = _ZERO
+    c18 = c19 = c1a = c1b = c1c = c1d = c1e = c1f = _ZERO
+    c20 = c21 = c22 = c23 = c24 = c25 = c26 = c27 = _ZERO
+    c28 = c29 = c2a = c2b = c2c = c2d = c2e = c2f = _ZERO
+    c30 = c31 = c32 = c33 = c34 = c35 = c36 = c37 = _ZERO
+    c38 = c39 = c3a = c3b = c3c = c3d = c3e = c3f = _ZERO
+    for k in range(k0, k1):
+        a = ap[k]
+        b = bp[k]
+        a0, a1, a2, a3 = a[0], a[1], a[2], a[3]
+        b0, b1, b2, b3, b4, b5, b6, b7 = b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
+        b8, b9, ba, bb, bc, bd, be, bf = b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]
+        c00 = ffma(a0, b0, c00); c01 = ffma(a0, b1, c01)
+        c02 = ffma(a0, b2, c02); c03 = ffma(a0, b3, c03)
+        c04 = ffma(a0, b4, c04); c05 = ffma(a0, b5, c05)
+        c06 = ffma(a0, b6, c06); c07 = ffma(a0, b7, c07)
+        c08 = ffma(a0, b8, c08); c09 = ffma(a0, b9, c09)
+        c0a = ffma(a0, ba, c0a); c0b = ffma(a0, bb, c0b)
+        c0c = ffma(a0, bc, c0c); c0d = ffma(a0, bd, c0d)
+        c0e = ffma(a0, be, c0e); c0f = ffma(a0, bf, c0f)
+        c10 = ffma(a1, b0, c10); c11 = ffma(a1, b1, c11)
+        c12 = ffma(a1, b2, c12); c13 = ffma(a1, b3, c13)
+        c14 = ffma(a1, b4, c14); c15 = ffma(a1, b5, c15)
+        c16 = ffma(a1, b6, c16); c17 = ffma(a1, b7, c17)
+        c18 = ffma(a1, b8, c18); c19 = ffma(a1, b9, c19)
+        c1a = ffma(a1, ba, c1a); c1b = ffma(a1, bb, c1b)
+        c1c = ffma(a1, bc, c1c); c1d = ffma(a1, bd, c1d)
+        c1e = ffma(a1, be, c1e); c1f = ffma(a1, bf, c1f)
+        c20 = ffma(a2, b0, c20); c21 = ffma(a2, b1, c21)
+        c22 = ffma(a2, b2, c22); c23 = ffma(a2, b3, c23)
+        c24 = ffma(a2, b4, c24); c25 = ffma(a2, b5, c25)
+        c26 = ffma(a2, b6, c26); c27 = ffma(a2, b7, c27)
+        c28 = ffma(a2, b8, c28); c29 = ffma(a2, b9, c29)
+        c2a = ffma(a2, ba, c2a); c2b = ffma(a2, bb, c2b)
+        c2c = ffma(a2, bc, c2c); c2d = ffma(a2, bd, c2d)
+        c2e = ffma(a2, be, c2e); c2f = ffma(a2, bf, c2f)
+        c30 = ffma(a3, b0, c30); c31 = ffma(a3, b1, c31)
+        c32 = ffma(a3, b2, c32); c33 = ffma(a3, b3, c33)
+        c34 = ffma(a3, b4, c34); c35 = ffma(a3, b5, c35)
+        c36 = ffma(a3, b6, c36); c37 = ffma(a3, b7, c37)
+        c38 = ffma(a3, b8, c38); c39 = ffma(a3, b9, c39)
+        c3a = ffma(a3, ba, c3a); c3b = ffma(a3, bb, c3b)
+        c3c = ffma(a3, bc, c3c); c3d = ffma(a3, bd, c3d)
+        c3e = ffma(a3, be, c3e); c3f = ffma(a3, bf, c3f)
+    level = 0
+    while (count >> level) & 1:
+        s = stack[level]
+        c00 = fadd(s[0], c00); c01 = fadd(s[1], c01)
+        c02 = fadd(s[2], c02); c03 = fadd(s[3], c03)
+        c04 = fadd(s[4], c04); c05 = fadd(s[5], c05)
+        c06 = fadd(s[6], c06); c07 = fadd(s[7], c07)
+        c08 = fadd(s[8], c08); c09 = fadd(s[9], c09)
+        c0a = fadd(s[10], c0a); c0b = fadd(s[11], c0b)
+        c0c = fadd(s[12], c0c); c0d = fadd(s[13], c0d)
+        c0e = fadd(s[14], c0e); c0f = fadd(s[15], c0f)
+        c10 = fadd(s[16], c10); c11 = fadd(s[17], c11)
+        c12 = fadd(s[18], c12); c13 = fadd(s[19], c13)
+        c14 = fadd(s[20], c14); c15 = fadd(s[21], c15)
+        c16 = fadd(s[22], c16); c17 = fadd(s[23], c17)
+        c18 = fadd(s[24], c18); c19 = fadd(s[25], c19)
+        c1a = fadd(s[26], c1a); c1b = fadd(s[27], c1b)
+        c1c = fadd(s[28], c1c); c1d = fadd(s[29], c1d)
+        c1e = fadd(s[30], c1e); c1f = fadd(s[31], c1f)
+        c20 = fadd(s[32], c20); c21 = fadd(s[33], c21)
+        c22 = fadd(s[34], c22); c23 = fadd(s[35], c23)
+        c24 = fadd(s[36], c24); c25 = fadd(s[37], c25)
+        c26 = fadd(s[38], c26); c27 = fadd(s[39], c27)
+        c28 = fadd(s[40], c28); c29 = fadd(s[41], c29)
+        c2a = fadd(s[42], c2a); c2b = fadd(s[43], c2b)
+        c2c = fadd(s[44], c2c); c2d = fadd(s[45], c2d)
+        c2e = fadd(s[46], c2e); c2f = fadd(s[47], c2f)
+        c30 = fadd(s[48], c30); c31 = fadd(s[49], c31)
+        c32 = fadd(s[50], c32); c33 = fadd(s[51], c33)
+        c34 = fadd(s[52], c34); c35 = fadd(s[53], c35)
+        c36 = fadd(s[54], c36); c37 = fadd(s[55], c37)
+        c38 = fadd(s[56], c38); c39 = fadd(s[57], c39)
+        c3a = fadd(s[58], c3a); c3b = fadd(s[59], c3b)
+        c3c = fadd(s[60], c3c); c3d = fadd(s[61], c3d)
+        c3e = fadd(s[62], c3e); c3f = fadd(s[63], c3f)
+        level += 1
+    s = stack[level]
+    s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7] = c00, c01, c02, c03, c04, c05, c06, c07
+    s[8], s[9], s[10], s[11], s[12], s[13], s[14], s[15] = c08, c09, c0a, c0b, c0c, c0d, c0e, c0f
+    s[16], s[17], s[18], s[19], s[20], s[21], s[22], s[23] = c10, c11, c12, c13, c14, c15, c16, c17
+    s[24], s[25], s[26], s[27], s[28], s[29], s[30], s[31] = c18, c19, c1a, c1b, c1c, c1d, c1e, c1f
+    s[32], s[33], s[34], s[35], s[36], s[37], s[38], s[39] = c20, c21, c22, c23, c24, c25, c26, c27
+    s[40], s[41], s[42], s[43], s[44], s[45], s[46], s[47] = c28, c29, c2a, c2b, c2c, c2d, c2e, c2f
+    s[48], s[49], s[50], s[51], s[52], s[53], s[54], s[55] = c30, c31, c32, c33, c34, c35, c36, c37
+    s[56], s[57], s[58], s[59], s[60], s[61], s[62], s[63] = c38, c39, c3a, c3b, c3c, c3d, c3e, c3f
+    return count + 1
+
+
+@njit(**CPU_OPTIONS)
+def _tile_total(stack, count, tile):
+    """:func:`.reduction.stack_total` for 64 lanes at once, written into ``tile``."""
+    tile[:] = _ZERO
+    seen = False
+    level = 0
+    while (count >> level) != 0:
+        if (count >> level) & 1:
+            if seen:
+                for t in range(MR * NR):
+                    tile[t] = fadd(stack[level, t], tile[t])
+            else:
+                tile[:] = stack[level]
+                seen = True
+        level += 1
+
+
+def _build(rows, parallel):
+    @njit(parallel=parallel, **CPU_OPTIONS)
+    def matmul(a, b, trans_a, trans_b, structure):
+        batch = a.shape[0]
+        m = a.shape[2] if trans_a else a.shape[1]
+        k = a.shape[1] if trans_a else a.shape[2]
+        n = b.shape[1] if trans_b else b.shape[2]
+        row_blocks = (m + MR - 1) // MR
+        panels = (n + NR - 1) // NR
+        # Packed operands, zero-padded to whole tiles (padding rows/columns are never stored).
+        # Every element is written by the (parallel) packing loops, so no serial memset first.
+        ap = np.empty((batch, row_blocks, k, MR), np.float32)
+        bp = np.empty((batch, panels, k, NR), np.float32)
+        for task in rows(batch * row_blocks):
+            bi, rb = task // row_blocks, task % row_blocks
+            rows_here = min(MR, m - rb * MR)
+            if trans_a:  # walk the source contiguously
+                for kk in range(k):
+                    for ii in range(rows_here):
+                        ap[bi, rb, kk, ii] = a[bi, kk, rb * MR + ii]
+            else:
+                for ii in range(rows_here):
+                    for kk in range(k):
+                        ap[bi, rb, kk, ii] = a[bi, rb * MR + ii, kk]
+            for kk in range(k):
+                for ii in range(rows_here, MR):
+                    ap[bi, rb, kk, ii] = _ZERO
+        for task in rows(batch * panels):
+            bi, jp = task // panels, task % panels
+            cols_here = min(NR, n - jp * NR)
+            if trans_b:
+                for jj in range(cols_here):
+                    for kk in range(k):
+                        bp[bi, jp, kk, jj] = b[bi, jp * NR + jj, kk]
+            else:
+                for kk in range(k):
+                    for jj in range(cols_here):
+                        bp[bi, jp, kk, jj] = b[bi, kk, jp * NR + jj]
+            for kk in range(k):
+                for jj in range(cols_here, NR):
+                    bp[bi, jp, kk, jj] = _ZERO
+        out = np.empty((batch, m, n), np.float32)
+        groups = (row_blocks + GROUP_ROW_BLOCKS - 1) // GROUP_ROW_BLOCKS
+        for task in rows(batch * groups):
+            bi, g = task // groups, task % groups
+            stack = np.empty((STACK_DEPTH, MR * NR), np.float32)
+            tile = np.empty(MR * NR, np.float32)
+            for jp in range(panels):
+                for rb in range(g * GROUP_ROW_BLOCKS, min((g + 1) * GROUP_ROW_BLOCKS, row_blocks)):
+                    first_row, first_col = rb * MR, jp * NR
+                    if structure == CAUSAL_OUTPUT and first_col > first_row + MR - 1:
+                        tile[:] = _ZERO  # every output of the tile is above the diagonal
+                    else:
+                        count = 0
+                        for k0 in range(0, k, K_CHUNK):
+                            k1 = min(k0 + K_CHUNK, k)
+                            if structure == A_LOWER and k0 > first_row + MR - 1:
+                                break  # trailing all-zero chunks: dropping them changes nothing
+                            if structure == A_UPPER and k1 <= first_row:
+                                k1 = k0  # a leading all-zero chunk: its sum, +0.0, is pushed
+                            count = _tile_chunk(ap[bi, rb], bp[bi, jp], k0, k1, stack, count)
+                        _tile_total(stack, count, tile)
+                    for ii in range(min(MR, m - first_row)):
+                        for jj in range(min(NR, n - first_col)):
+                            above = structure == CAUSAL_OUTPUT and first_col + jj > first_row + ii
+                            out[bi, first_row + ii, first_col + jj] = _ZERO if above else tile[ii * NR + jj]
+        return out
+
+    return matmul
+
+
+MATMUL = cpu_kernels(_build)
+"""``{False: serial, True: parallel}`` CPU kernels ``(a, b, trans_a, trans_b, structure) -> out``."""
+
+
+def matmul_reference(a: np.ndarray, b: np.ndarray, trans_a: bool = False, trans_b: bool = False,
+                     structure: int = DENSE) -> np.ndarray:
+    """Slow, obvious numpy version: the chunk folds with the exact ``ffma`` emulation, vectorised
+    over all outputs, then the level-by-level tree of :func:`.reduction.pairwise_tree`. Structure
+    only zeroes the unwanted outputs of ``CAUSAL_OUTPUT``; everything else is computed in full."""
+    a = np.swapaxes(a, 1, 2) if trans_a else a
+    b = np.swapaxes(b, 1, 2) if trans_b else b
+    k = a.shape[2]
+    partials = []
+    for k0 in range(0, k, K_CHUNK):
+        s = np.zeros((a.shape[0], a.shape[1], b.shape[2]), np.float32)
+        for kk in range(k0, min(k0 + K_CHUNK, k)):
+            s = ffma(a[:, :, kk, None], b[:, None, kk, :], s)
+        partials.append(s)
+    if not partials:
+        return np.zeros((a.shape[0], a.shape[1], b.shape[2]), np.float32)
+    # The tree over chunk sums: with chunk=1 each is folded from +0.0 alone, which leaves it
+    # unchanged (a fold from +0.0 never yields -0.0), so this is the pairwise tree itself.
+    out = fixed_sum(np.stack(partials), chunk=1)
+    if structure == CAUSAL_OUTPUT:
+        out = np.where(np.tri(out.shape[1], out.shape[2], dtype=bool), out, np.float32(0))
+    return out

@@ -1,0 +1,331 @@
+"""Deliberately broken daemons, for devnet scenarios only (docs/reliability.md).
+
+A devnet starts some of its daemons with the hidden flag ``--behaviour NAME[=ARG]``. The daemon
+refuses the flag unless its environment holds ``OPEN1B_DEVNET=1``, which only the devnet's
+:class:`~open1b.node.devnet.Daemons` helper sets, and it is not a config.toml key: an operator
+cannot switch any of this on by accident. Behaviours:
+
+* ``lie``     — signs ``match`` (the published hash) for every step of every run it knows, at
+  once and without replaying; if it claims a step, it "replays" it the same way.
+  ``lie=mismatch`` signs a ``mismatch`` with a made-up result instead: a false dispute.
+* ``copy``    — replays nothing: re-signs the result (and every other field, such as a replay
+  witness) of whatever another node attested, for each step it has not attested yet (run it
+  with ``--no-audit``).
+* ``spam=N``  — publishes N of each kind of forged or malformed statement (:data:`SPAM`) on the
+  run's topics, in bursts until every peer has banned it (at most :data:`SPAM_BURSTS`), answers
+  sync requests with the same bytes, and writes what it sent to ``<data dir>/injected.json``.
+* ``sybil=N`` — mints N fresh keys and publishes, under each, a match for every step at once.
+* ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import cbor2
+import trio
+
+from open1b.protocol import (
+    MATCH, MAX_ATTESTATION_SIZE, MISMATCH, Attestation, Claim, Identity, Outcome, RunManifest, encode, sign,
+)
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.schema import Bytes, FieldType, UInt
+
+from .config import ConfigError
+from .sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
+from .worker import WorkerResult
+
+if TYPE_CHECKING:  # the daemon imports this module
+    from .daemon import Daemon
+
+log = logging.getLogger("open1b.node.adversary")
+
+ENV_SWITCH = "OPEN1B_DEVNET"
+INJECTED_FILE = "injected.json"
+MESH_WAIT_S = 15.0
+SPAM_BURSTS, SPAM_PAUSE_S = 5, 3.0
+
+
+def from_config(config) -> Adversary | None:
+    """The behaviour a devnet asked for, or None for an honest node."""
+    if not config.behaviour:
+        return None
+    if os.environ.get(ENV_SWITCH) != "1":
+        raise ConfigError("--behaviour is a devnet-only test switch (it makes the node misbehave on purpose)")
+    name, _, arg = config.behaviour.partition("=")
+    if name not in BEHAVIOURS:
+        raise ConfigError(f"unknown behaviour {name!r} (known: {', '.join(sorted(BEHAVIOURS))})")
+    log.warning("THIS NODE MISBEHAVES ON PURPOSE: behaviour %s", config.behaviour)
+    return BEHAVIOURS[name](arg)
+
+
+class Adversary:
+    def __init__(self, arg: str) -> None:
+        self.arg = arg
+
+    async def replay(self, daemon: Daemon, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
+        """What the node signs instead of an honest replay; by default an echo of the published hash."""
+        return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], 1)
+
+    async def run(self, daemon: Daemon) -> None:
+        """Misbehaviour of its own, started with the daemon's other tasks."""
+
+
+class Slow(Adversary):
+    async def replay(self, daemon, manifest, run_dir, step):
+        result = await daemon.worker.replay(run_dir, step, timeout_s=daemon.config.replay_timeout_s)
+        await trio.sleep(float(self.arg or 3))
+        return result
+
+
+def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) -> Attestation:
+    fields = dict(
+        run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
+        post_state=manifest.state_hashes[step + 1], verdict=MATCH, engine=manifest.engine,
+        engine_version=manifest.engine_version, hardware=daemon.hardware, elapsed_ms=1, issued_at=int(time.time()))
+    # Fields a later protocol adds (a replay witness): someone who never replayed can only make one up.
+    made_up = {name: _made_up(kind) for name, kind in Attestation.SCHEMA.items()
+               if name not in fields and name != "signer"}
+    return Attestation.create(identity, **fields, **made_up)
+
+
+def _made_up(kind: FieldType):
+    if isinstance(kind, Bytes):
+        return blake2b256(b"open1b/devnet/made-up")[: kind.size or 32]
+    return 0 if isinstance(kind, UInt) else ""
+
+
+async def _publish(daemon: Daemon, att: Attestation) -> None:
+    from .daemon import attestations_topic
+
+    assert daemon.store is not None and daemon.p2p is not None
+    if daemon.store.add_attestation(att):
+        daemon._stored(att)
+    await daemon.p2p.publish(attestations_topic(att.run), att.encoded)
+
+
+async def _wait_for_mesh(daemon: Daemon) -> None:
+    """Until every run's attestation topic has a peer (what we publish before that is lost)."""
+    from .daemon import attestations_topic
+
+    await daemon.bootstrapped.wait()
+    assert daemon.p2p is not None
+    with trio.move_on_after(MESH_WAIT_S):
+        while not all(daemon.p2p.topic_peers(attestations_topic(r)) for r in daemon.manifests):
+            await trio.sleep(0.2)
+
+
+class Lie(Adversary):
+    """``lie``: a match for every step; ``lie=mismatch``: a mismatch (with a made-up result) for
+    every step — a false dispute of each."""
+
+    async def run(self, daemon):
+        await _wait_for_mesh(daemon)
+        for manifest in list(daemon.manifests.values()):
+            for step in range(manifest.steps):
+                att = _echo(daemon, daemon.identity, manifest, step)
+                if self.arg == "mismatch":
+                    made_up = blake2b256(b"open1b/devnet/made-up", manifest.run_id, step.to_bytes(8, "little"))
+                    att = Attestation.create(daemon.identity, **{**_fields(att), "post_state": made_up,
+                                                                  "verdict": MISMATCH})
+                await _publish(daemon, att)
+        log.warning("lie: signed a %s for every step without replaying", self.arg or MATCH)
+
+
+def _fields(att: Attestation) -> dict:
+    return {f.name: getattr(att, f.name) for f in dataclasses.fields(att) if f.name not in ("sig", "signer")}
+
+
+class Copy(Adversary):
+    """Run it with ``--no-audit``: then it only copies (a step it claimed would get the base
+    class's echo of the published hash, a plain lie)."""
+
+    @staticmethod
+    def _source(daemon: Daemon, run: bytes, step: int) -> Attestation | None:
+        assert daemon.store is not None
+        others = [a for a in daemon.store.attestations(run, step) if a.signer != daemon.identity.public_key]
+        return min(others, key=lambda a: a.digest) if others else None
+
+    async def run(self, daemon):
+        await _wait_for_mesh(daemon)
+        assert daemon.store is not None
+        me = daemon.identity.public_key
+        while True:
+            for manifest in list(daemon.manifests.values()):
+                mine = daemon.store.attested_steps(manifest.run_id, me)
+                for step in range(manifest.steps):
+                    source = None if step in mine else self._source(daemon, manifest.run_id, step)
+                    if source is not None:
+                        await _publish(daemon, copy_attestation(daemon.identity, source, daemon.hardware))
+            await trio.sleep(0.5)
+
+
+def copy_attestation(identity: Identity, source: Attestation, hardware: str) -> Attestation:
+    """``source``'s statement re-signed by ``identity``: every field copied (a replay witness
+    included, whatever its name), except who signs, when, and on what hardware."""
+    fields = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)
+              if f.name not in ("sig", "signer", "issued_at", "hardware")}
+    return Attestation.create(identity, **fields, hardware=hardware, issued_at=int(time.time()))
+
+
+class Sybil(Adversary):
+    async def run(self, daemon):
+        await _wait_for_mesh(daemon)
+        keys = [Identity(blake2b256(b"open1b/devnet/sybil", daemon.identity.seed, i.to_bytes(4, "little")))
+                for i in range(int(self.arg or 20))]
+        for manifest in list(daemon.manifests.values()):
+            for identity in keys:
+                for step in range(manifest.steps):
+                    await _publish(daemon, _echo(daemon, identity, manifest, step))
+        log.warning("sybil: %d fresh keys attested every step", len(keys))
+
+
+# -- spam: forged and malformed statements ---------------------------------------------------
+# name -> (what a receiver must answer, how to build one from (daemon, manifest, honest, i))
+Forge = Callable[["Daemon", RunManifest, Attestation, int], bytes]
+
+
+def _resign(identity: Identity, body: dict) -> bytes:
+    """A correctly signed attestation whose body the constructors would refuse to build."""
+    body = {k: v for k, v in body.items() if k != "sig"}
+    return encode({**body, "sig": sign(identity, "attestation", body)})
+
+
+def _own(daemon: Daemon, manifest: RunManifest, i: int, **changes) -> dict:
+    body = cbor2.loads(_echo(daemon, daemon.identity, manifest, i % manifest.steps).encoded)
+    body["elapsed_ms"] = 1000 + i  # every copy distinct
+    body.update(changes)
+    return body
+
+
+def _flip_sig(daemon, manifest, honest, i):
+    body = _own(daemon, manifest, i)
+    data = bytearray(_resign(daemon.identity, body))
+    data[-1] ^= 1  # the signature is the last map value: one bit of it
+    return bytes(data)
+
+
+def _wrong_key(daemon, manifest, honest, i):
+    return _resign(daemon.identity, _own(daemon, manifest, i, signer=honest.signer))  # signed as someone else
+
+
+def _truncated(daemon, manifest, honest, i):
+    return _resign(daemon.identity, _own(daemon, manifest, i))[: -1 - i % 16]
+
+
+def _oversized(daemon, manifest, honest, i):
+    return _resign(daemon.identity, _own(daemon, manifest, i, hardware="x" * (1200 + i)))
+
+
+def _non_canonical(daemon, manifest, honest, i):
+    body = cbor2.loads(_resign(daemon.identity, _own(daemon, manifest, i)))
+    return cbor2.dumps(dict(sorted(body.items(), reverse=True)))
+
+
+def _garbage(daemon, manifest, honest, i):
+    return blake2b256(b"garbage", bytes([i])) * (1 + i % 3)
+
+
+def _wrong_kind(daemon, manifest, honest, i):
+    now = int(time.time())
+    return Claim.create(daemon.identity, run=manifest.run_id, step=i % manifest.steps, slot=0, issued_at=now,
+                        lease_expiry=now + 60 + i).encoded
+
+
+def _verdict_lie(daemon, manifest, honest, i):
+    return _resign(daemon.identity, _own(daemon, manifest, i, post_state=blake2b256(b"not the result", bytes([i]))))
+
+
+def _unknown_run(daemon, manifest, honest, i):
+    return _resign(daemon.identity, _own(daemon, manifest, i, run=blake2b256(b"no such run", bytes([i]))))
+
+
+def _future(daemon, manifest, honest, i):
+    return _resign(daemon.identity, _own(daemon, manifest, i, issued_at=int(time.time()) + 3600 + i))
+
+
+def _replayed(daemon, manifest, honest, i):
+    return honest.encoded  # an old, valid statement sent again
+
+
+SPAM: dict[str, tuple[str, Forge]] = {
+    "bad_signature": ("reject/bad_signature", _flip_sig),
+    "wrong_key": ("reject/bad_signature", _wrong_key),
+    "truncated": ("reject/malformed", _truncated),
+    "oversized": ("reject/oversize", _oversized),
+    "non_canonical": ("reject/non_canonical", _non_canonical),
+    "garbage": ("reject/*", _garbage),  # random bytes: whichever decoding rule they break first
+    "wrong_kind": ("reject/kind", _wrong_kind),
+    "verdict_lie": ("reject/verdict", _verdict_lie),
+    "unknown_run": ("ignore/unknown_run", _unknown_run),
+    "future": ("ignore/future", _future),
+    "replayed": ("duplicate", _replayed),
+}
+
+
+class Spam(Adversary):
+    async def run(self, daemon):
+        from .daemon import attestations_topic
+
+        await _wait_for_mesh(daemon)
+        assert daemon.store is not None and daemon.p2p is not None
+        count = int(self.arg or 3)
+        injected: dict[str, dict] = {}
+        frames: list[bytes] = []
+        # Bursts, as a real spammer keeps going: gossip reaches only our mesh peers, and the mesh
+        # moves on to the peers that have not banned us yet.
+        for burst in range(SPAM_BURSTS):
+            if burst and not daemon.p2p.connected_peers():
+                break  # everyone has banned us
+            for manifest in list(daemon.manifests.values()):
+                honest = await self._an_honest_attestation(daemon, manifest)
+                topic = attestations_topic(manifest.run_id)
+                # Our own validator would drop what we publish: accept everything on our side.
+                daemon.p2p.set_validator(topic, lambda author, data: Outcome.ACCEPT)
+                # Round-robin over the kinds: receivers ban us after max_rejects_per_peer rejections
+                # and drop the rest unread, so every kind must come early at least once.
+                for i in range(count):
+                    for name, (expect, forge) in SPAM.items():
+                        data = forge(daemon, manifest, honest, i)
+                        await daemon.p2p.publish(topic, data)
+                        await trio.sleep(0.02)
+                        entry = injected.setdefault(name, {"expect": expect, "count": 0, "digests": []})
+                        entry["count"] += 1
+                        entry["digests"].append(blake2b256(data).hex())
+                        if burst == 0 and len(data) <= MAX_ATTESTATION_SIZE:
+                            frames.append(data)
+            if burst == 0:
+                daemon.p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: _serve_garbage(stream, frames))
+            tmp = daemon.config.data_dir / (INJECTED_FILE + ".tmp")
+            tmp.write_text(json.dumps({"peer_id": daemon.identity.peer_id, "bursts": burst + 1, "per_kind": count,
+                                       "injected": injected}))
+            tmp.replace(daemon.config.data_dir / INJECTED_FILE)
+            log.warning("spam: burst %d: %d forged or malformed statements so far", burst + 1,
+                        sum(v["count"] for v in injected.values()))
+            await trio.sleep(SPAM_PAUSE_S)
+
+    @staticmethod
+    async def _an_honest_attestation(daemon: Daemon, manifest: RunManifest) -> Attestation:
+        assert daemon.store is not None
+        while True:
+            found = [a for a in daemon.store.attestations(manifest.run_id) if a.signer != daemon.identity.public_key]
+            if found:
+                return min(found, key=lambda a: a.digest)
+            await trio.sleep(0.2)
+
+
+async def _serve_garbage(stream, frames: list[bytes]) -> None:
+    await stream.receive(MAX_SYNC_REQUEST)
+    for frame in frames:
+        await stream.send(frame)
+    await stream.send(b"")
+    await stream.close()
+
+
+BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow}

@@ -1,0 +1,31 @@
+"""open1b at internet scale: thousands of virtual auditors running the node's real claiming code.
+
+What is real and what is simulated (docs/scale.md has the long version):
+
+* real — the daemon's step planning (:func:`open1b.node.claims.pick`, :class:`~open1b.node.claims.StepOrder`),
+  its incremental index (:class:`open1b.node.deficits.DeficitIndex`), the claim protocol
+  (:class:`open1b.node.claiming.ClaimAgent`: read slots, ``free_slot``, write, announce, re-check,
+  renew), the protocol's claim keys, lease liveness and strict claim order (``select_claim``),
+  and signed, canonically encoded ``Claim`` and ``Attestation`` messages;
+* simulated — time (:mod:`.loop`), the DHT and gossip (:mod:`.network`: latency, loss, sync),
+  replays (a duration drawn per hardware class, :mod:`.hardware`), who is online (:class:`.scenario.Churn`),
+  and, optionally, the Ed25519 arithmetic (:mod:`.crypto`).
+
+Entry point: :func:`simulate` (a :class:`Scenario` in, a JSON-able summary out).
+"""
+
+from .scenario import Churn, Scenario, STRATEGIES
+from .network import NetworkModel
+
+
+def simulate(sc: Scenario) -> dict:
+    if sc.strategy == "open1b":
+        from .swarm import Swarm
+
+        return Swarm(sc).simulate()
+    from .baselines import run_baseline
+
+    return run_baseline(sc)
+
+
+__all__ = ["Churn", "NetworkModel", "Scenario", "STRATEGIES", "simulate"]

@@ -1,0 +1,106 @@
+"""The CUDA kernels under the numba CUDA simulator against the CPU kernels: every op and a whole
+two-rank train_step, bit for bit, at tiny sizes.
+
+The simulator runs each CUDA thread as a Python thread and the device bodies as their numpy
+emulation, so this checks the CUDA drivers' logic (indexing, shared-memory staging, the per-thread
+fold and tree) — not NVVM's code generation, which ``test_cuda_ptx`` inspects. It is a
+process-wide switch, hence the child process."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from open1b.deterministic import matmul
+from open1b.deterministic.attention import attention_scale
+from open1b.deterministic.backend import cpu_backend
+from open1b.deterministic.optimizer import AdamWScalars
+from open1b.deterministic.selfcheck import state_fingerprint
+from open1b.deterministic.state import init_state
+from open1b.deterministic.step import train_step
+
+from .conftest import MICRO, MICRO_TOPOLOGY, F, micro_batch, rand
+
+
+def _digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for x in arrays:
+        x = np.asarray(x)
+        h.update(str(x.dtype).encode() + str(x.shape).encode() + np.ascontiguousarray(x).tobytes())
+    return h.hexdigest()[:16]
+
+
+def op_digests(be) -> dict[str, str]:
+    """Each op on fixed inputs (host arrays in, host digests out) through backend ``be``."""
+    rng = np.random.default_rng(0)
+    up, down = be.upload, be.download
+    out = {}
+    for ta in (False, True):
+        for tb in (False, True):
+            a, b = rand(rng, 2, *((45, 5) if ta else (5, 45))), rand(rng, 2, *((9, 45) if tb else (45, 9)))
+            out[f"matmul-{ta:d}{tb:d}"] = _digest(down(be.matmul(up(a), up(b), ta, tb)))
+    p, v = np.tril(rand(rng, 2, 37, 37)), rand(rng, 2, 37, 3)
+    for structure in (matmul.CAUSAL_OUTPUT, matmul.A_LOWER, matmul.A_UPPER):
+        trans_a = structure == matmul.A_UPPER
+        out[f"matmul-structure-{structure}"] = _digest(down(be.matmul(up(p), up(p if structure == 1 else v), trans_a,
+                                                                      structure == 1, structure)))  # fmt: skip
+    x, g, dy = rand(rng, 6, 40), rand(rng, 40), rand(rng, 6, 40)
+    y, rstd = be.rmsnorm(up(x), up(g), F(1e-5))
+    out["rmsnorm"] = _digest(down(y), down(rstd))
+    out["rmsnorm_backward"] = _digest(*map(down, be.rmsnorm_backward(up(x), up(g), rstd, up(dy), up(dy))))
+    out["sum_rows"] = _digest(down(be.sum_rows(up(rand(rng, 70, 3)))))
+    out["sumsq"] = _digest(be.sumsq(up(rand(rng, 100))))
+    out["add"] = _digest(down(be.add(up(x), up(dy))), down(be.plus_zero(up(np.concatenate([x, -0.0 * x])))))
+    u = rand(rng, 3, 7, scale=3.0)
+    out["gelu"] = _digest(down(be.gelu(up(u))), down(be.gelu_backward(up(u), up(u))))
+    qkv = rand(rng, 8, 12)
+    parts = [be.split_heads(up(qkv), i * 4, 4, 4, 2) for i in range(3)]
+    out["heads"] = _digest(*map(down, parts), down(be.merge_heads(parts[0], 4, 2)), down(be.merge_qkv(*parts, 4, 2)))
+    s, dp = rand(rng, 2, 35, 35, scale=3.0), rand(rng, 2, 35, 35)
+    p = be.causal_softmax(up(s), attention_scale(4))
+    out["softmax"] = _digest(down(p), down(be.causal_softmax_backward(p, up(dp), attention_scale(4))))
+    logits, targets = rand(rng, 5, 40, scale=3.0), rng.integers(0, 40, 5).astype(np.int32)
+    loss, dlogits = be.cross_entropy(up(logits), up(targets), F(1) / F(10))
+    out["cross_entropy"] = _digest(np.float32(loss), down(dlogits))
+    wte, wpe, tokens = rand(rng, 6, 3), rand(rng, 4, 3), np.array([1, 5, 1, 0, 1, 2, 5, 1], np.int32)
+    dwte = up(rand(rng, 6, 3))
+    be.scatter_add(dwte, up(rand(rng, 8, 3)), tokens)
+    out["embedding"] = _digest(down(be.embed(up(wte), up(wpe), up(tokens))), down(dwte))
+    s = AdamWScalars.for_step(lr=F(1e-2), beta1=F(0.9), beta2=F(0.95), eps=F(1e-8), weight_decay=F(0.1),
+                              beta1_pow=F(0.9), beta2_pow=F(0.95), coef=F(0.5))  # fmt: skip
+    pmv = [rand(rng, 4, 5) for _ in range(3)]
+    pmv[2] = np.abs(pmv[2])
+    out["adamw"] = _digest(*map(down, be.adamw(up(pmv[0]), up(dy[:4, :5].copy()), up(pmv[1]), up(pmv[2]), s)))
+    return out
+
+
+def step_fingerprint(be) -> str:
+    """A two-rank step of the micro model (the cross-rank sum included) through ``be``."""
+    return state_fingerprint(train_step(init_state(MICRO, 5), micro_batch(0), MICRO_TOPOLOGY, backend=be)[0])
+
+
+_CHILD = """
+import json
+import numpy as np
+np.seterr(all="ignore")  # the device bodies run as numpy emulation here
+from open1b.deterministic.cuda import SIMULATED, CudaBackend
+from tests.deterministic.test_cuda_sim import op_digests, step_fingerprint
+assert SIMULATED
+be = CudaBackend()
+print(json.dumps({"ops": op_digests(be), "step": step_fingerprint(be), "name": be.name}))
+"""
+
+
+def test_cuda_simulator_matches_cpu_bit_for_bit():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": os.pathsep.join([root, *filter(None, sys.path)])}
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=900, cwd=root)
+    assert out.returncode == 0, out.stderr[-4000:]
+    sim = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sim["name"] == "cuda-simulator"
+    cpu = cpu_backend(True)
+    assert sim["ops"] == op_digests(cpu)
+    assert sim["step"] == step_fingerprint(cpu)

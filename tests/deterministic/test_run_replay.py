@@ -1,0 +1,84 @@
+"""Publish a run, replay its steps: matches, the forged step, tampered inputs, the run format."""
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens
+from open1b.deterministic.errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
+from open1b.deterministic.replay import replay
+from open1b.deterministic.runfile import (
+    ENGINE, ENGINE_VERSION, as_tensor_bytes, checkpoint_path, load_checkpoint, max_checkpoint_bytes, step_batch_digest,
+)  # fmt: skip
+from open1b.deterministic.trainer import config_of, publish_run
+from open1b.protocol import Identity, RunManifest, batch_digest
+from open1b.protocol.hashing import blake2b256
+
+PRESET = PRESETS["tiny"]
+
+
+@pytest.fixture(scope="module")
+def forged_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    manifest = publish_run(run_dir, Identity(blake2b256(b"trainer")), steps=3, seed=4, tamper_step=1)
+    return run_dir, manifest
+
+
+def test_manifest_carries_engine_preset_config_and_topology(forged_run):
+    _, manifest = forged_run
+    assert (manifest.engine, manifest.engine_version) == (ENGINE, ENGINE_VERSION)
+    assert manifest.model["preset"] == "tiny"
+    assert config_of(manifest) == (PRESET.config, PRESET.topology)
+
+
+def test_replay_matches_every_honest_step_and_exposes_the_forged_one(forged_run):
+    run_dir, manifest = forged_run
+    results = [replay(run_dir, k, manifest) for k in range(3)]
+    assert [r.match for r in results] == [True, False, True]
+    assert all(r.pre_state == manifest.state_hashes[r.step] for r in results)
+    assert results[1].post_state != manifest.state_hashes[2]
+
+
+def test_a_tampered_checkpoint_is_refused_before_the_step_runs(forged_run, tmp_path):
+    # Even the lowest bit of a moment, which the step itself might round away, changes h_k.
+    run_dir, manifest = forged_run
+    copy = tmp_path / "run"
+    (copy / "checkpoints").mkdir(parents=True)
+    (copy / "manifest.cbor").write_bytes((run_dir / "manifest.cbor").read_bytes())
+    for k in range(4):
+        checkpoint_path(copy, k).write_bytes(checkpoint_path(run_dir, k).read_bytes())
+    tensors = load_file(str(checkpoint_path(copy, 2)))
+    tensors["adam_m/h1.mlp_fc"].view(np.uint32)[0, 0] ^= 1
+    save_file(tensors, str(checkpoint_path(copy, 2)))
+    with pytest.raises(CheckpointMismatchError):
+        replay(copy, 2, manifest)
+    assert replay(copy, 0, manifest).match
+
+
+def test_engine_and_range_are_checked(forged_run):
+    run_dir, manifest = forged_run
+    fields = {k: v for k, v in manifest.body().items() if k not in ("kind", "v", "publisher")}
+    fields["engine_version"] = "9.9.9"
+    other = RunManifest.create(Identity(blake2b256(b"x")), **fields)
+    with pytest.raises(EngineMismatchError):
+        replay(run_dir, 0, other)
+    with pytest.raises(RunFormatError):
+        replay(run_dir, 3, manifest)
+
+
+def test_batch_digest_lists_each_rank_in_order():
+    batch = batch_for_step(corpus_tokens(), 4, 0, PRESET.config, PRESET.topology)
+    per_rank = [as_tensor_bytes(batch[r]) for r in range(batch.shape[0])]
+    assert step_batch_digest(batch) == batch_digest(per_rank)
+    assert step_batch_digest(batch) != step_batch_digest(batch[::-1].copy())
+
+
+def test_oversized_checkpoint_is_refused_before_parsing(forged_run, tmp_path):
+    run_dir, _ = forged_run
+    limit = max_checkpoint_bytes(PRESET.config)
+    assert checkpoint_path(run_dir, 0).stat().st_size <= limit
+    big = tmp_path / "checkpoints" / "00000000.safetensors"
+    big.parent.mkdir()
+    big.write_bytes(b"\0" * (limit + 1))
+    with pytest.raises(RunFormatError, match="exceeds"):
+        load_checkpoint(tmp_path, 0, PRESET.config)

@@ -1,0 +1,214 @@
+"""Fuzzing what a node does with bytes from peers: gossip validation and ingestion into the
+store, the sync stream (both ends), the blob stream (both ends) and the DHT claim-record
+validator. No input may crash the node (only typed errors, which the p2p layer turns into a
+reset stream or a rejection) or reach the store without passing validation."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
+from open1b.node.config import NodeConfig
+from open1b.node.daemon import ClaimRecords, Daemon
+from open1b.node.store import Store
+from open1b.node.sync import pull_attestations, serve_sync
+from open1b.protocol import (
+    Claim, Open1bError, Outcome, ProtocolError, blake2b256, claim_key, encode, validate_attestation,
+)
+from open1b.protocol.claims import claim_precedence
+
+from ..vectors import fixtures
+from .budget import FUZZ
+from .strategies import inputs_for, mutated, raw_cbor
+
+RUN = fixtures.run_manifest()
+ISSUED = int(time.time()) - 60  # the daemon judges with its real clock: no statement from its future
+GOOD = [fixtures.attestation(s, RUN, k, match=(s + k) % 3 != 0, issued_at=ISSUED) for s in (1, 2)
+        for k in range(RUN.steps)]
+
+
+class TooLong(Exception):
+    """What the real framing raises for a frame over its limit (libp2p's MessageTooLarge)."""
+
+
+class FakeStream:
+    """A peer's side of a stream: frames it will deliver, frames we sent."""
+
+    def __init__(self, incoming: list[bytes], peer_id: str = "fuzz-peer") -> None:
+        self.incoming, self.sent, self.peer_id, self.closed = list(incoming), [], peer_id, False
+
+    async def receive(self, max_size: int) -> bytes:
+        if not self.incoming:
+            raise EOFError("stream closed")
+        frame = self.incoming.pop(0)
+        if len(frame) > max_size:
+            raise TooLong(f"{len(frame)} > {max_size}")
+        return frame
+
+    async def send(self, frame: bytes) -> None:
+        self.sent.append(frame)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with tempfile.TemporaryDirectory() as tmp:
+        node = Daemon(NodeConfig(data_dir=Path(tmp) / "node"))
+        node.store = Store(Path(tmp) / "store.sqlite")
+        node.manifests = {RUN.run_id: RUN}
+        yield node
+        node.store.close()
+
+
+def _stored_are_valid(node: Daemon) -> None:
+    for att in node.store.attestations(RUN.run_id):
+        assert validate_attestation(att.encoded, node.manifest, int(time.time())).accepted
+
+
+def test_the_ingestion_path_under_fuzz_does_store_valid_statements():
+    with tempfile.TemporaryDirectory() as tmp:
+        node = Daemon(NodeConfig(data_dir=Path(tmp) / "node"))
+        node.store = Store(Path(tmp) / "store.sqlite")
+        node.manifests = {RUN.run_id: RUN}
+        assert all(node.ingest_attestation(a.encoded) for a in GOOD)
+        assert not any(node.ingest_attestation(a.encoded) for a in GOOD)  # a set: nothing twice
+        assert len(node.store.attestations(RUN.run_id)) == len(GOOD)
+        node.store.close()
+
+
+any_attestation_bytes = st.one_of(inputs_for(GOOD[0], 1), inputs_for(GOOD[5], 2),
+                                  st.sampled_from([a.encoded for a in GOOD]))
+
+
+@FUZZ
+@given(st.lists(any_attestation_bytes, max_size=8))
+def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, messages):
+    for raw in messages:
+        before = {a.digest for a in daemon.store.attestations(RUN.run_id)}
+        outcome = daemon._validate_attestation("fuzz-peer", raw)
+        assert isinstance(outcome, Outcome)
+        added = daemon.ingest_attestation(raw)
+        after = {a.digest for a in daemon.store.attestations(RUN.run_id)}
+        if added:
+            assert outcome is Outcome.ACCEPT and after == before | {blake2b256(raw)}
+        else:
+            assert after == before
+        assert isinstance(daemon._validate_claim("fuzz-peer", raw), Outcome)
+    _stored_are_valid(daemon)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), raw_cbor(), mutated(encode({"run": RUN.run_id})),
+                 st.just(encode({"run": RUN.run_id}))))
+def test_sync_server_answers_or_raises_a_typed_error(request):
+    stream = FakeStream([request])
+    try:
+        trio.run(serve_sync, stream, lambda run: GOOD if run == RUN.run_id else None)
+    except (ProtocolError, TooLong):
+        return
+    assert stream.sent[-1] == b"" and stream.closed
+    if request == encode({"run": RUN.run_id}):
+        assert stream.sent[:-1] == [a.encoded for a in GOOD]
+
+
+class FakeP2P:
+    def __init__(self, stream: FakeStream) -> None:
+        self.stream = stream
+
+    async def open_stream(self, peer_id: str, protocol: str) -> FakeStream:
+        return self.stream
+
+
+@FUZZ
+@given(st.lists(any_attestation_bytes, max_size=10))
+def test_sync_client_validates_every_frame(daemon, frames):
+    stream = FakeStream(frames + [b""])
+    try:
+        new = trio.run(pull_attestations, FakeP2P(stream), "fuzz-peer", RUN.run_id,
+                       lambda data: daemon.ingest_attestation(data))
+    except (TooLong, EOFError):
+        new = 0
+    assert 0 <= new <= len(frames)
+    _stored_are_valid(daemon)
+
+
+BLOB = b"open1b blob " * 300
+
+
+@pytest.fixture(scope="module")
+def cache():
+    with tempfile.TemporaryDirectory() as tmp:
+        c = BlobCache(Path(tmp) / "cache", max_bytes=1 << 20)
+        source = Path(tmp) / "src"
+        source.write_bytes(BLOB)
+        c.add_file(source, pin=True)
+        yield c
+
+
+def _request(digest: bytes, offset: int, length: int) -> bytes:
+    return encode({"digest": digest, "offset": offset, "length": length})
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.binary(max_size=140), raw_cbor(), mutated(_request(blake2b256(BLOB), 0, 100)),
+                          st.builds(_request, st.sampled_from([blake2b256(BLOB), bytes(32)]),
+                                    st.integers(0, 2 * len(BLOB)), st.integers(-5, MAX_CHUNK + 5))), max_size=4))
+def test_blob_server_answers_or_raises_a_typed_error(cache, requests):
+    stream = FakeStream(requests)
+    try:
+        trio.run(cache.serve, stream)
+    except (ProtocolError, TooLong):
+        pass
+    sent = list(stream.sent)
+    while sent:  # a head frame, and after {"size"} one data frame: a piece of the blob
+        head = sent.pop(0)
+        assert head in (encode({"size": len(BLOB)}), encode({"error": "not found"}))
+        if head != encode({"error": "not found"}):
+            assert sent.pop(0) in BLOB
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.binary(max_size=120), raw_cbor(), st.just(encode({"size": len(BLOB)})),
+                          st.just(BLOB[:1000]), st.just(encode({"error": "no"})),
+                          st.integers(-1, 2**70).map(lambda n: encode({"size": n}))), max_size=6))
+def test_blob_client_keeps_only_bytes_that_hash_to_the_digest(frames):
+    digest = blake2b256(b"wanted content")
+    with tempfile.TemporaryDirectory() as tmp:
+        c = BlobCache(Path(tmp), max_bytes=1 << 20)
+        try:
+            path = trio.run(c.fetch, FakeP2P(FakeStream(frames)), digest, ["fuzz-peer"])
+        except BlobError:
+            assert not c.has(digest)
+            return
+        assert path.read_bytes() == b"wanted content"
+
+
+@FUZZ
+@given(st.lists(st.one_of(inputs_for(fixtures.claim(1, RUN, 1), 1), st.binary(max_size=80)), min_size=1, max_size=5))
+def test_dht_claim_validator_and_selector(values):
+    records = ClaimRecords()
+    key = claim_key(RUN.run_id, 1, 0)
+    for value in values:
+        try:
+            records.validate(key, value)
+        except (Open1bError, ValueError):
+            pass  # raising is how libp2p's DHT learns a record is invalid
+    index = records.select(key, values)
+    assert 0 <= index < len(values)
+    claims = []
+    for value in values:
+        try:
+            claims.append(Claim.decode(value))
+        except ProtocolError:
+            pass
+    if claims:  # libp2p hands select() validated values; among claims, the protocol's order decides
+        assert values[index] == min(claims, key=claim_precedence).encoded

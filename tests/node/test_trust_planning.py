@@ -1,0 +1,116 @@
+"""The daemon applies its trust policy twice: to the coverage it reports and to the planner that
+picks steps to replay — so keys nobody trusts, and keys coverage has flagged, neither inflate
+coverage nor make the node skip steps they claim to have covered."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from open1b.node import cli
+from open1b.node.config import ConfigError, NodeConfig, load_config
+from open1b.node.daemon import Daemon
+from open1b.node.store import Store
+from open1b.node.views import coverage_json
+from open1b.protocol import Attestation, RunManifest
+from open1b.protocol.hashing import blake2b256
+
+from .conftest import ident
+
+NOW = int(time.time()) - 30
+MANIFEST = RunManifest.create(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
+                              steps=4, state_hashes=[blake2b256(b"h", bytes([k])) for k in range(5)],
+                              created_at=NOW - 100)
+
+
+def att(signer: int, step: int, *, match: bool = True) -> Attestation:
+    post = MANIFEST.state_hashes[step + 1] if match else blake2b256(b"wrong", bytes([step]))
+    return Attestation.create(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
+                              post_state=post, verdict="match" if match else "mismatch", engine="test-engine",
+                              engine_version="1", hardware="t", elapsed_ms=1, issued_at=NOW)
+
+
+def make_daemon(tmp_path: Path, **config) -> Daemon:
+    node = Daemon(NodeConfig(data_dir=tmp_path / "node", redundancy=2, **config))
+    node.store = Store(tmp_path / "store.sqlite")
+    node.manifests = {MANIFEST.run_id: MANIFEST}
+    return node
+
+
+def trusted(*signers: int) -> tuple[str, ...]:
+    return tuple(ident(s).peer_id for s in signers)
+
+
+def test_untrusted_keys_count_neither_in_coverage_nor_in_the_planner(tmp_path):
+    node = make_daemon(tmp_path, trusted_peers=trusted(1))
+    for k in range(4):
+        node.ingest_attestation(att(1, k).encoded)
+        for sybil in range(20, 30):
+            node.ingest_attestation(att(sybil, k).encoded)
+    cov = node.coverage(MANIFEST.run_id)
+    assert not cov.complete and all(s.auditors == (ident(1).peer_id,) for s in cov.steps)
+    assert len(cov.untrusted) == 10
+    index = node.deficits.index(MANIFEST.run_id)
+    assert all(index.attesters(k) == {ident(1).public_key} and index.deficit(k) == 1 for k in range(4))
+    # `open` counts them all: the same statements, another policy
+    open_node = make_daemon(tmp_path / "open", trust_policy="open")
+    for a in node.store.attestations(MANIFEST.run_id):
+        open_node.ingest_attestation(a.encoded)
+    assert open_node.coverage(MANIFEST.run_id).complete
+
+
+def test_a_flagged_key_stops_counting_for_the_planner_too(tmp_path):
+    node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3, 4))
+    for k in range(4):
+        node.ingest_attestation(att(4, k).encoded)  # the liar: matches everywhere
+    node.ingest_attestation(att(1, 1).encoded)
+    node.deficits.index(MANIFEST.run_id)  # built while the liar still counts
+    assert node.deficits.index(MANIFEST.run_id).deficit(0) == 1
+    for honest in (2, 3):
+        node.ingest_attestation(att(honest, 2, match=False).encoded)  # step 2 is forged: two replays say so
+    assert node.refresh_flags()
+    assert node.flagged[MANIFEST.run_id] == {ident(4).public_key}
+    index = node.deficits.index(MANIFEST.run_id)
+    assert index.deficit(0) == 2 and index.attesters(1) == {ident(1).public_key}
+    cov = node.coverage(MANIFEST.run_id)
+    assert cov.refuted_steps == [2] and [f.signer for f in cov.flagged] == [ident(4).peer_id]
+    assert not node.refresh_flags()  # nothing new: nothing rebuilt
+
+
+def test_own_attestations_always_count_for_planning(tmp_path):
+    node = make_daemon(tmp_path, trust_policy="allowlist")
+    mine = Attestation.create(node.identity, **{f: getattr(att(1, 0), f) for f in Attestation.SCHEMA
+                                                 if f not in ("signer",)})
+    node.ingest_attestation(mine.encoded)
+    assert 0 in node.deficits.index(MANIFEST.run_id).mine
+
+
+def test_coverage_json_and_cli_show_policy_flags_and_untrusted_keys(tmp_path, monkeypatch, capsys):
+    node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3))
+    for a in (att(1, 0), att(2, 0, match=False), att(3, 0, match=False), att(9, 1)):
+        node.ingest_attestation(a.encoded)
+    view = coverage_json(node.coverage(MANIFEST.run_id), MANIFEST)
+    assert view["refuted_steps"] == [0] and view["policy"]["name"] == "allowlist"
+    assert view["flagged"][0]["signer"] == ident(1).peer_id and view["untrusted"] == [ident(9).peer_id]
+    assert len(view["per_step"][0]["evidence"]) == 2
+    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: view)
+    assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
+    out = capsys.readouterr().out
+    assert "refuted [0]" in out and f"flagged {ident(1).peer_id} at step 0" in out and "1 untrusted" in out
+    assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == view
+
+
+def test_trust_config_keys(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        f'[node]\ntrust_policy = "open"\ntrusted_peers = ["{ident(1).peer_id}"]\ndispute_quorum = 3\n')
+    config = load_config(tmp_path)
+    assert config.trust(b"k" * 32).name == "open" and config.trust(b"k" * 32).quorum == 3
+    assert config.trust(b"k" * 32).roots == {b"k" * 32, ident(1).public_key}
+    for bad in ('trust_policy = "everyone"', 'trusted_peers = ["QmNotAnEd25519Peer"]', "dispute_quorum = 1"):
+        (tmp_path / "config.toml").write_text(f"[node]\n{bad}\n")
+        with pytest.raises(ConfigError):
+            load_config(tmp_path)
