@@ -4,9 +4,11 @@
 
 * step: one ``small`` training step (forward, backward, clipping, AdamW) of the deterministic
   engine vs PyTorch eager float32 on the same model, batch, machine and thread count
-  (:mod:`open1b.deterministic.torch_twin`); ``ratio_vs_torch`` = our time / torch's (medians).
+  (:mod:`open1b.deterministic.torch_twin`); ``ratio_vs_torch`` = our wall time / torch's
+  (medians), and the same on one thread by CPU time.
 * matmul: GFLOP/s of the fixed-order matmul vs ``torch.matmul`` on the small model's shapes,
-  1 and N threads.
+  1 thread (by the thread's CPU clock, which other processes on the machine barely disturb) and
+  N threads (wall clock).
 * memory: peak resident memory of one small step above the process's resting size, vs the
   analytic minimum (parameters + gradients + Adam moments + the activations the backward keeps).
 * compile: cold numba compile of every kernel a tiny step uses (fresh cache), and the warm load.
@@ -31,16 +33,16 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def timed_pair(ours, theirs, repeats: int) -> tuple[list[float], list[float]]:
+def timed_pair(ours, theirs, repeats: int, clock=time.perf_counter) -> tuple[list[float], list[float]]:
     """Alternate the two (after one warm-up call each), so that a change in the machine's load
     during the run affects both alike."""
     ours(), theirs()
     a, b = [], []
     for _ in range(repeats):
         for fn, out in ((ours, a), (theirs, b)):
-            t = time.perf_counter()
+            t = clock()
             fn()
-            out.append(time.perf_counter() - t)
+            out.append(clock() - t)
     return a, b
 
 
@@ -71,6 +73,13 @@ def bench_step(repeats: int, threads: int) -> dict:
     ours, theirs = timed_pair(lambda: train_step(state, batch, topology, backend=be),
                               lambda: torch_twin.train_step(tp, opt, batch, config), repeats)  # fmt: skip
 
+    # One thread each, timed by the calling thread's CPU clock: the serial kernels and torch's
+    # single-threaded ops both run in this thread, and CPU time barely moves when other
+    # processes share the machine (wall time does).
+    torch.set_num_threads(1)
+    ours_1t, torch_1t = timed_pair(lambda: train_step(state, batch, topology, backend=cpu_backend(False)),
+                                   lambda: torch_twin.train_step(tp, opt, batch, config), repeats,
+                                   clock=time.thread_time)  # fmt: skip
     flops = step_flops(config, topology)
     ours_s, torch_s = statistics.median(ours), statistics.median(theirs)
     return {
@@ -79,6 +88,8 @@ def bench_step(repeats: int, threads: int) -> dict:
         "ours_s": {"median": ours_s, "min": min(ours)}, "torch_s": {"median": torch_s, "min": min(theirs)},
         "ratio_vs_torch": ours_s / torch_s, "ratio_vs_torch_min": min(ours) / min(theirs),
         "ours_gflops": flops / ours_s / 1e9, "torch_gflops": flops / torch_s / 1e9,
+        "one_thread_cpu_s": {"ours": statistics.median(ours_1t), "torch": statistics.median(torch_1t)},
+        "ratio_vs_torch_one_thread_cpu_time": statistics.median(ours_1t) / statistics.median(torch_1t),
         "loss_ours_first_step": float(train_step(state, batch, topology, backend=be)[1].loss),
         "numpy": np.__version__, "torch": torch.__version__,
     }  # fmt: skip
@@ -107,7 +118,9 @@ def bench_matmul(repeats: int, threads: int) -> list[dict]:
         row = {"name": name, "shape": [batch, m, k, nn]}
         for t in sorted({1, threads}):
             torch.set_num_threads(t)
-            ours, theirs = timed_pair(lambda: MATMUL[t > 1](a, b, False, False, DENSE), lambda: torch.matmul(ta, tb), repeats)
+            clock = time.thread_time if t == 1 else time.perf_counter  # see bench_step
+            ours, theirs = timed_pair(lambda: MATMUL[t > 1](a, b, False, False, DENSE), lambda: torch.matmul(ta, tb),
+                                      repeats, clock)  # fmt: skip
             row[f"ours_gflops_{t}t"] = flops / min(ours) / 1e9
             row[f"torch_gflops_{t}t"] = flops / min(theirs) / 1e9
         rows.append(row)
@@ -222,7 +235,9 @@ def table(results: dict) -> str:
     lines = [f"step (small, {s['params'] / 1e6:.1f}M params, {s['tokens']} tokens, {s['threads']} threads)",
              f"  ours  {s['ours_s']['median']:.3f} s  ({s['ours_gflops']:.0f} GFLOP/s)",
              f"  torch {s['torch_s']['median']:.3f} s  ({s['torch_gflops']:.0f} GFLOP/s)",
-             f"  ratio_vs_torch {s['ratio_vs_torch']:.2f}  (best-of: {s['ratio_vs_torch_min']:.2f})", "matmul GFLOP/s"]  # fmt: skip
+             f"  ratio_vs_torch {s['ratio_vs_torch']:.2f}  (best-of: {s['ratio_vs_torch_min']:.2f})",
+             f"  1 thread, CPU time: ours {s['one_thread_cpu_s']['ours']:.3f} s, torch {s['one_thread_cpu_s']['torch']:.3f} s,"
+             f" ratio {s['ratio_vs_torch_one_thread_cpu_time']:.2f}", "matmul GFLOP/s"]  # fmt: skip
     for r in results["matmul"]:
         cols = "  ".join(f"{k.replace('_gflops_', ' ')} {v:.0f}" for k, v in r.items() if "gflops" in k)
         lines.append(f"  {r['name']:<20} {str(r['shape']):<22} {cols}")

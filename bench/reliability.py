@@ -26,6 +26,7 @@ from open1b.node.devnet import SCENARIOS, DevnetOptions, run_devnet
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "reliability.json"
 FUZZ_RESULTS = ROOT / "bench" / "results" / "fuzz.json"
+SOAK_RESULTS = ROOT / "bench" / "results" / "soak.json"
 DOC = ROOT / "docs" / "reliability.md"
 
 INTRO = """\
@@ -132,14 +133,29 @@ def table(name: str, runs: list[dict]) -> list[str]:
     return lines + ([""] + details if details else []) + [""]
 
 
+def soak() -> list[str]:
+    """The last soak (bench/soak.py): scenarios alone and combined, on a bigger devnet."""
+    if not SOAK_RESULTS.exists():
+        return []
+    soak = json.loads(SOAK_RESULTS.read_text())
+    lines = ["## Soak", "", f"`bench/soak.py`, last run: {soak['nodes']} auditors, {soak['steps']} steps.", "",
+             "| scenarios | result | lost | wall s |", "|---|---|---|---|"]
+    for r in soak["runs"]:
+        result = "ok" if r["ok"] else ("error: " + r["error"] if "error" in r else "FAILED " + ", ".join(r["failed"]))
+        lost, wall = r.get("lost", "—"), r.get("wall_seconds", "—")
+        lines.append(f"| {' + '.join(r['scenarios'])} | {result} | {lost} | {wall} |")
+    return lines + [""]
+
+
 def fuzzing() -> list[str]:
     """The fuzzers' budget, and the last long run's results (bench/fuzz_long.py) if there is one."""
     import re
 
     tests = sorted((ROOT / "tests" / "fuzz").glob("test_*.py"))
-    properties = sum(len(re.findall(r"^def test_", p.read_text(), re.M)) for p in tests)
+    properties = sum(len(re.findall(r"^@FUZZ$", p.read_text(), re.M)) for p in tests)
     lines = ["## Fuzzing", "",
-             f"`tests/fuzz/` holds {properties} properties over every decoder and validator: canonical CBOR, the four "
+             f"`tests/fuzz/` holds {properties} fuzzed properties (one of them per message kind) over every decoder "
+             "and validator: canonical CBOR, the four "
              "message kinds and `decode_message`, the attestation, claim and manifest validators, DHT claim records "
              "and their selection, trajectory files, safetensors hand-off headers, and on the node: gossip "
              "validation and ingestion into the store, both ends of the sync stream, both ends of the blob stream "
@@ -158,11 +174,13 @@ def fuzzing() -> list[str]:
 
 def write_doc(results: dict) -> None:
     meta = results["meta"]
-    lines = [INTRO, f"Runs: {meta['runs']} per scenario, {meta['nodes']} auditors, {meta['steps']} steps, on "
-             f"{meta['machine']} ({meta['cpus']} CPUs), {meta['date']}; {meta['wall_minutes']} min in all.", ""]
+    lines = [INTRO, f"Runs: {meta['runs']} per scenario, {meta['nodes']} auditors (more where a scenario needs "
+             f"them), {meta['steps']} steps, on {meta['machine']} ({meta['cpus']} CPUs, shared), {meta['date']}; "
+             f"{meta['wall_minutes']} min in all.", ""]
     for name in SCENARIOS:
         if name in results["scenarios"]:
             lines += table(name, results["scenarios"][name])
+    lines += soak()
     lines += fuzzing()
     lines += FINDINGS.splitlines()
     DOC.write_text("\n".join(lines).rstrip() + "\n")
@@ -199,7 +217,9 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   connected); `decode_message` raised `TypeError` on a non-text `kind` and the trajectory and
   safetensors parsers raised `RecursionError` on deeply nested JSON (found by the fuzzers in
   `tests/fuzz/`; now typed errors); sync responses carrying invalid statements now count against
-  the peer that sent them, as gossip does.
+  the peer that sent them, as gossip does; the evidence against a flagged key could cite another
+  flagged key's statement (seen once in CI, when the false accuser's evidence cited the other
+  liar's match) — the settled result is now cited from a key that is not flagged itself.
 """
 
 
@@ -216,16 +236,21 @@ def main() -> int:
         write_doc(json.loads(RESULTS.read_text()))
         return 0
     started = time.monotonic()
-    results = {"scenarios": {}}
+    # --scenario reruns only those: the other scenarios keep their last results
+    results = json.loads(RESULTS.read_text()) if args.scenario and RESULTS.exists() else {"scenarios": {}}
     for name in args.scenario or SCENARIOS:
+        results["scenarios"][name] = []
         for i in range(args.runs):
             print(f"reliability: {name} run {i + 1}/{args.runs}", file=sys.stderr, flush=True)
             row = run_one(name, args)
             print(f"reliability: {name} run {i + 1}: {'ok' if row['ok'] else 'FAILED'}", file=sys.stderr, flush=True)
             results["scenarios"].setdefault(name, []).append(row)
+    minutes = round((time.monotonic() - started) / 60, 1)
+    if args.scenario and "meta" in results:
+        minutes = round(results["meta"]["wall_minutes"] + minutes, 1)
     results["meta"] = {"runs": args.runs, "nodes": args.nodes, "steps": args.steps,
                        "machine": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count(),
-                       "date": time.strftime("%Y-%m-%d"), "wall_minutes": round((time.monotonic() - started) / 60, 1)}
+                       "date": time.strftime("%Y-%m-%d"), "wall_minutes": minutes}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     write_doc(results)

@@ -189,10 +189,18 @@ def _adversary_row(sc: Scenario, r: dict) -> dict:
 
 # -- validation against a real devnet ----------------------------------------------------------
 def validate(args) -> None:
-    from devnet_vs_sim import compare_devnet
+    """Real devnets, then the same configuration simulated. The devnets' raw measurements are kept
+    (scale_validation_raw.json), so ``--reuse-devnets`` redoes only the simulated side."""
+    from devnet_vs_sim import compare_devnet, measure
 
-    save("scale_validation.json", compare_devnet(nodes=args.devnet_nodes, steps=args.devnet_steps, redundancy=2,
-                                                 repeats=args.devnet_repeats, seed=args.seed))
+    raw_path = RESULTS / "scale_validation_raw.json"
+    if args.reuse_devnets:
+        raw = json.loads(raw_path.read_text())
+    else:
+        raw = measure(nodes=args.devnet_nodes, steps=args.devnet_steps, redundancy=2, repeats=args.devnet_repeats,
+                      seed=args.seed)
+        save(raw_path.name, raw)
+    save("scale_validation.json", compare_devnet(raw, seed=args.seed))
 
 
 # -- plots -------------------------------------------------------------------------------------
@@ -335,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devnet-nodes", type=int, default=8)
     parser.add_argument("--devnet-steps", type=int, default=32)
     parser.add_argument("--devnet-repeats", type=int, default=3)
+    parser.add_argument("--reuse-devnets", action="store_true", help="validate: reuse the last devnet measurements")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -10,9 +10,10 @@ Why the CPU kernel is deterministic and fast at once: it computes a 4 x 16 tile 
 time, each of the 64 outputs in its own register with its own sequential fold over a chunk —
 the tile only decides *which* outputs are in flight together, never the order of any one sum,
 so SIMD lanes (SLP-vectorised, 2 x 8 floats per row) and threads change nothing. Threads
-(``prange``) split the independent (batch, row-block) tasks. Operands are packed into
-contiguous panels first (a copy: exact); ``trans_a``/``trans_b`` are read while packing, so one
-compiled kernel serves ``x @ w``, ``dy @ w.T`` and ``x.T @ dy``.
+(``prange``) split the independent (batch, group of row blocks) tasks. B is packed into
+contiguous 16-column panels once, and each task packs its own rows of A (copies: exact);
+``trans_a``/``trans_b`` are read while packing, so one compiled kernel serves ``x @ w``,
+``dy @ w.T`` and ``x.T @ dy``.
 
 Layouts (all float32, C-contiguous, 3-D — a 2-D product is batch 1)::
 
@@ -173,6 +174,24 @@ def _tile_total(stack, count, tile):
         level += 1
 
 
+@njit(**CPU_OPTIONS)
+def _pack_rows(a, bi, rb, trans_a, m, block):
+    """Rows ``rb·MR …`` of op(A) into ``block`` (K, MR), zero-padded past the last row."""
+    k = block.shape[0]
+    rows_here = min(MR, m - rb * MR)
+    if trans_a:  # walk the source contiguously
+        for kk in range(k):
+            for ii in range(rows_here):
+                block[kk, ii] = a[bi, kk, rb * MR + ii]
+    else:
+        for ii in range(rows_here):
+            for kk in range(k):
+                block[kk, ii] = a[bi, rb * MR + ii, kk]
+    for kk in range(k):
+        for ii in range(rows_here, MR):
+            block[kk, ii] = _ZERO
+
+
 def _build(rows, parallel):
     @njit(parallel=parallel, **CPU_OPTIONS)
     def matmul(a, b, trans_a, trans_b, structure):
@@ -184,22 +203,7 @@ def _build(rows, parallel):
         panels = (n + NR - 1) // NR
         # Packed operands, zero-padded to whole tiles (padding rows/columns are never stored).
         # Every element is written by the (parallel) packing loops, so no serial memset first.
-        ap = np.empty((batch, row_blocks, k, MR), np.float32)
         bp = np.empty((batch, panels, k, NR), np.float32)
-        for task in rows(batch * row_blocks):
-            bi, rb = task // row_blocks, task % row_blocks
-            rows_here = min(MR, m - rb * MR)
-            if trans_a:  # walk the source contiguously
-                for kk in range(k):
-                    for ii in range(rows_here):
-                        ap[bi, rb, kk, ii] = a[bi, kk, rb * MR + ii]
-            else:
-                for ii in range(rows_here):
-                    for kk in range(k):
-                        ap[bi, rb, kk, ii] = a[bi, rb * MR + ii, kk]
-            for kk in range(k):
-                for ii in range(rows_here, MR):
-                    ap[bi, rb, kk, ii] = _ZERO
         for task in rows(batch * panels):
             bi, jp = task // panels, task % panels
             cols_here = min(NR, n - jp * NR)
@@ -220,6 +224,9 @@ def _build(rows, parallel):
             bi, g = task // groups, task % groups
             stack = np.empty((STACK_DEPTH, MR * NR), np.float32)
             tile = np.empty(MR * NR, np.float32)
+            ap = np.empty((GROUP_ROW_BLOCKS, k, MR), np.float32)  # this group's rows of A, packed
+            for rb in range(g * GROUP_ROW_BLOCKS, min((g + 1) * GROUP_ROW_BLOCKS, row_blocks)):
+                _pack_rows(a, bi, rb, trans_a, m, ap[rb - g * GROUP_ROW_BLOCKS])
             for jp in range(panels):
                 for rb in range(g * GROUP_ROW_BLOCKS, min((g + 1) * GROUP_ROW_BLOCKS, row_blocks)):
                     first_row, first_col = rb * MR, jp * NR
@@ -233,7 +240,7 @@ def _build(rows, parallel):
                                 break  # trailing all-zero chunks: dropping them changes nothing
                             if structure == A_UPPER and k1 <= first_row:
                                 k1 = k0  # a leading all-zero chunk: its sum, +0.0, is pushed
-                            count = _tile_chunk(ap[bi, rb], bp[bi, jp], k0, k1, stack, count)
+                            count = _tile_chunk(ap[rb - g * GROUP_ROW_BLOCKS], bp[bi, jp], k0, k1, stack, count)
                         _tile_total(stack, count, tile)
                     for ii in range(min(MR, m - first_row)):
                         for jj in range(min(NR, n - first_col)):

@@ -210,6 +210,7 @@ class LyingAuditor(Scenario):
 
     def report(self, net):
         liars = self._liars(net)
+        honest = {net.peer(i) for i in net.indices("auditor", "late")}
         cov = net.coverage(net.observer)
         flags = {f["signer"]: f for f in cov["flagged"]}
         lies = sum(1 for a in net.attestations(net.observer) if a["signer"] in liars.values())
@@ -222,7 +223,8 @@ class LyingAuditor(Scenario):
                 pair = [held[d]["encoded"] for d in (flag["statement"], flag["conflicting"]) if d in held]
             atts = [Attestation.decode(bytes.fromhex(e)) for e in pair]
             conflicts[role] = (len(atts) == 2 and atts[0].signer_peer_id == liar and atts[0].step == atts[1].step
-                               and atts[0].pre_state == atts[1].pre_state and atts[0].post_state != atts[1].post_state)
+                               and atts[0].pre_state == atts[1].pre_state and atts[0].post_state != atts[1].post_state
+                               and atts[1].signer_peer_id in honest)  # cites an honest replay, not the other liar
             evidence[role] = pair
         counted = {p for s in cov["per_step"] for p in s["auditors"] + s["dissenters"]}
         return _result(
@@ -231,7 +233,8 @@ class LyingAuditor(Scenario):
              "count": len(set(liars.values()) & set(flags)),
              "flagged_at_steps": {role: flags[p]["step"] for role, p in liars.items() if p in flags}},
             0,
-            {"both liars flagged": set(liars.values()) <= set(flags), "evidence conflicts": all(conflicts.values()),
+            {"both liars flagged": set(liars.values()) <= set(flags),
+             "evidence: an honest replay conflicts with each": all(conflicts.values()),
              "liars no longer counted": not counted & set(liars.values()),
              "coverage complete without them": cov["complete"]},
             liars=liars, evidence=evidence)

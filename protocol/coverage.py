@@ -197,21 +197,26 @@ def _settled(reports: Mapping[bytes, Mapping[bytes, Attestation]], quorum: int) 
 
 
 def _contradictions(reports: Reports, quorum: int) -> dict[bytes, Contradiction]:
-    """Each key that contradicts a settled result or itself, with the evidence at its lowest such step."""
-    found: dict[bytes, Contradiction] = {}
+    """Each key that contradicts a settled result or itself, with the evidence at its lowest such
+    step. The settled result is cited from a key that is not flagged itself when there is one, so
+    the evidence against a liar is an honest statement wherever the statements allow it."""
+    found: dict[bytes, tuple[int, bytes, list[tuple[bytes, bytes]]]] = {}  # signer -> step, own, backers
     for step, by_signer in enumerate(reports):
         settled = _settled(by_signer, quorum)
-        backing = sorted(posts[settled].digest for posts in by_signer.values() if settled in posts)
+        backing = sorted((posts[settled].digest, s) for s, posts in by_signer.items() if settled in posts)
         for signer, posts in by_signer.items():
             if signer in found:
                 continue
             if settled is not None and any(p != settled for p in posts):
-                statement = min(a.digest for p, a in posts.items() if p != settled)
-                found[signer] = Contradiction(peer_id_from_public_key(signer), step, statement, backing[0])
+                found[signer] = (step, min(a.digest for p, a in posts.items() if p != settled), backing)
             elif len(posts) > 1:
                 first, second = sorted(a.digest for a in posts.values())[:2]
-                found[signer] = Contradiction(peer_id_from_public_key(signer), step, first, second)
-    return found
+                found[signer] = (step, first, [(second, signer)])
+    out = {}
+    for signer, (step, statement, backers) in found.items():
+        conflicting = next((d for d, s in backers if s not in found), backers[0][0])
+        out[signer] = Contradiction(peer_id_from_public_key(signer), step, statement, conflicting)
+    return out
 
 
 def _consistent(att: Attestation, manifest: Run) -> bool:

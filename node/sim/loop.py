@@ -1,8 +1,8 @@
 """A virtual-time event loop that runs the node's real ``async`` code.
 
-trio's MockClock would run it too, but a trio task switch costs tens of microseconds and ten
-thousand virtual nodes make millions of them; this loop drives the same coroutines with one
-heap and ``coroutine.send``. The only thing a simulated coroutine may await is a
+trio's MockClock would run it too, but a sleep there costs ~65 µs with a thousand tasks (4 µs
+here) and ten thousand virtual nodes make millions of them; this loop drives the same coroutines
+with one heap and ``coroutine.send``. The only thing a simulated coroutine may await is a
 :class:`Delay` (directly, or through the simulated network, which awaits delays), an
 :class:`At`, and :data:`PARK` — "do not resume me until someone calls :meth:`EventLoop.resume_at`".
 

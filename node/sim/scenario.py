@@ -53,6 +53,7 @@ class Scenario:
     view: str = "overlay"  # "overlay": shared index + per-node lag; "exact": one real index per node
     parking: bool = True  # skip idle polls that provably find nothing (overlay view only)
     max_seconds: float = 20 * YEAR
+    start_s: tuple[float, ...] = ()  # when each node starts auditing (default: all at 0; not with churn)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -63,6 +64,8 @@ class Scenario:
             raise ValueError("adversary must be lazy or liar")
         if self.view not in ("overlay", "exact"):
             raise ValueError("view must be overlay or exact")
+        if self.start_s and (len(self.start_s) != self.nodes or self.churn is not None):
+            raise ValueError("start_s needs one time per node, and no churn")
 
     def replace(self, **changes) -> "Scenario":
         return dataclasses.replace(self, **changes)
@@ -74,7 +77,7 @@ class Scenario:
             "idle_poll_s": self.idle_poll_s, "churn": dataclasses.asdict(self.churn) if self.churn else None,
             "adversary_share": self.adversary_share, "adversary": self.adversary, "forged_steps": self.forged_steps,
             "segment": self.segment, "seed": self.seed, "crypto": self.crypto, "view": self.view,
-            "parking": self.parking,
+            "parking": self.parking, "start_s": list(self.start_s),
         }
 
 
@@ -99,7 +102,10 @@ class Population:
         for i in range(self.sc.nodes):
             if churn is None:
                 self.online[i] = True
-                self._join(i)
+                if self.sc.start_s:
+                    self.loop.call_at(self.sc.start_s[i], self._join, i)
+                else:
+                    self._join(i)
                 continue
             rng = self._churn[i]
             if rng.random() < churn.availability:

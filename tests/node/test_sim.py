@@ -114,3 +114,11 @@ def test_segments_are_sequential_and_central_is_breadth_first():
     central = simulate(sc.replace(strategy="central"))
     assert central["time_to_full_s"] <= 2 * FAST.seconds * (1 + FAST.jitter)  # 300 steps on 200 nodes
     assert seg["replay_ratio"] == central["replay_ratio"] == 1.0
+
+
+def test_nodes_start_auditing_when_told():
+    late = STORMY.replace(churn=None, start_s=tuple(500.0 + 10 * i for i in range(STORMY.nodes)))
+    result = simulate(late)
+    assert result["complete"] and 500.0 <= result["first_replay_start_s"] < 600.0
+    with pytest.raises(ValueError):
+        STORMY.replace(start_s=(0.0,) * STORMY.nodes)  # not with churn

@@ -74,6 +74,21 @@ def test_a_key_reporting_two_results_for_one_step_is_flagged_by_its_own_statemen
     assert cov.steps[1].status is StepStatus.UNAUDITED
 
 
+def test_evidence_against_a_liar_cites_a_key_that_is_not_flagged_itself():
+    # A vouches for every step's published hash without replaying; B disputes every step. Step 0
+    # is honest (two replays match), step 1 forged (two replays agree on another result). Pick
+    # A's key so that its match on step 0 has the lowest digest among those backing the result.
+    honest_matches = [att(2, 0), att(3, 0)]
+    a = next(n for n in range(10, 300) if att(n, 0).digest < min(x.digest for x in honest_matches))
+    liar, accuser = [att(a, 0), att(a, 1)], [att(9, 0, match=False), att(9, 1, post=blake2b256(b"made up"))]
+    forged = [att(4, 1, match=False), att(5, 1, match=False)]
+    cov = coverage(MANIFEST, [*liar, *accuser, *honest_matches, *forged], policy=SETTLE)
+    flags = {f.signer: f for f in cov.flagged}
+    assert set(flags) == {ident(a).peer_id, ident(9).peer_id}
+    assert flags[ident(9).peer_id].conflicting == min(x.digest for x in honest_matches)  # not the liar's match
+    assert flags[ident(a).peer_id].conflicting == min(x.digest for x in forged)
+
+
 def test_allowlist_counts_only_its_roots():
     roots = frozenset({ident(1).public_key, ident(2).public_key})
     sybils = [att(n, k) for n in range(10, 30) for k in range(4)]
@@ -128,11 +143,15 @@ def test_flags_carry_checkable_evidence(picks):
     atts = [POOL[i] for i in picks]
     by_digest = {a.digest: a for a in atts}
     cov = coverage(MANIFEST, atts, policy=SETTLE)
+    flagged = {f.signer for f in cov.flagged}
     for flag in cov.flagged:
         mine, other = by_digest[flag.statement], by_digest[flag.conflicting]
         assert mine.signer_peer_id == flag.signer and mine.step == other.step == flag.step
         assert mine.pre_state == other.pre_state and mine.post_state != other.post_state
         assert all(flag.signer not in (s.auditors + s.dissenters) for s in cov.steps)
+        if other.signer_peer_id in flagged - {flag.signer}:  # cited a flagged key: only if no other backs it
+            assert all(a.signer_peer_id in flagged for a in atts
+                       if a.step == flag.step and a.post_state == other.post_state)
     for s in cov.steps:
         assert (s.status is StepStatus.REFUTED) <= bool(s.evidence)
         assert len(s.evidence) >= len(s.dissenters)

@@ -228,6 +228,8 @@ class CoverageSuite:
         odd = blake2b256(b"vector-another-wrong")
         one = [{"manifest": hx(m.encoded)}]
         settle = {"name": "open", "roots": [], "quorum": 2}
+        # a voucher whose match on step 0 has the lowest digest among the keys backing that result
+        vouch = next(n for n in range(10, 300) if A(n, m, 0).digest < min(A(2, m, 0).digest, A(3, m, 0).digest))
         policies = {
             "refuted": ("quorum 2: two agreeing mismatches refute step 0; the key that matched it is flagged"
                         " and its match on step 1 stops counting", one,
@@ -240,6 +242,12 @@ class CoverageSuite:
                             settle),
             "self-contradiction": ("quorum 2: a key reporting two results for one step is flagged", one,
                                    [A(4, m, 1), A(4, m, 1, match=False)], [], 1, settle),
+            "evidence-from-unflagged": ("quorum 2: a key vouching for every published hash and a key disputing every"
+                                        " step are both flagged; the evidence against the disputer cites an honest"
+                                        " match, not the other flagged key's", one,
+                                        [A(vouch, m, 0), A(vouch, m, 1), A(9, m, 0, match=False),
+                                         A(9, m, 1, match=False, post_state=odd), A(2, m, 0), A(3, m, 0),
+                                         A(4, m, 1, match=False), A(5, m, 1, match=False)], [], 1, settle),
             "allowlist": ("allowlist: only the roots count; four other keys attesting every step are listed as untrusted",
                           one, [A(1, m, 0), A(2, m, 1)] + [A(s, m, k) for s in range(5, 9) for k in range(4)], [], 1,
                           {"name": "allowlist", "roots": sorted([ident(1).peer_id, ident(2).peer_id]), "quorum": 2}),
