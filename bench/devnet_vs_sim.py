@@ -74,7 +74,7 @@ async def _dht_latencies(ops: int) -> dict:
 def _devnet_once(run_dir: Path, run_hex: str, workdir: Path, nodes: int, redundancy: int) -> dict:
     workdir.mkdir(parents=True)
     load_before = os.getloadavg()[0]
-    daemons = Daemons(workdir, run_dir, redundancy)
+    daemons = Daemons(workdir, run_dir, redundancy, run_on_all=True)
     addrs = daemons.plan(nodes + 1)
     observer = nodes
     try:

@@ -59,13 +59,13 @@ def bench_step(repeats: int, threads: int) -> dict:
     import numpy as np
     import torch
 
-    from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens, init_state, torch_twin, train_step
+    from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, torch_twin, train_step
     from open1b.deterministic.backend import cpu_backend
 
     preset = PRESETS["small"]
     config, topology = preset.config, preset.topology
     state = init_state(config, 0)
-    batch = batch_for_step(corpus_tokens(), 0, 0, config, topology)
+    batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
     be = cpu_backend(threads > 1)
     torch.set_num_threads(threads)
     tp = torch_twin.to_torch(state.params, torch.float32)
@@ -138,15 +138,15 @@ _MEMORY_CHILD = """
 import json, sys
 sys.path.insert(0, {bench!r})
 from engine_bench import _status_bytes
-from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens, init_state, train_step
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.backend import cpu_backend
 be = cpu_backend({parallel})
 tiny = PRESETS["tiny"]  # compiles or loads every kernel with tiny arrays, before the measurement
-train_step(init_state(tiny.config, 0), batch_for_step(corpus_tokens(), 0, 0, tiny.config, tiny.topology), tiny.topology,
+train_step(init_state(tiny.config, 0), batch_for_step(builtin_dataset(tiny.config), 0, 0, tiny.config, tiny.topology), tiny.topology,
            backend=be)
 p = PRESETS["small"]
 state = init_state(p.config, 0)
-batch = batch_for_step(corpus_tokens(), 0, 0, p.config, p.topology)
+batch = batch_for_step(builtin_dataset(p.config), 0, 0, p.config, p.topology)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak-resident mark (VmHWM) to the current size
 rest = _status_bytes("VmRSS")
@@ -191,11 +191,11 @@ def bench_memory(threads: int) -> dict:
 _COMPILE_CHILD = """
 import time
 t = time.perf_counter()
-from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens, init_state, train_step, require_deterministic_machine
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step, require_deterministic_machine
 from open1b.deterministic.backend import cpu_backend
 be = cpu_backend({parallel})
 p = PRESETS["tiny"]
-train_step(init_state(p.config, 0), batch_for_step(corpus_tokens(), 0, 0, p.config, p.topology), p.topology, backend=be)
+train_step(init_state(p.config, 0), batch_for_step(builtin_dataset(p.config), 0, 0, p.config, p.topology), p.topology, backend=be)
 require_deterministic_machine(be)
 print(time.perf_counter() - t)
 """

@@ -138,7 +138,7 @@ def gpu_timings(config, topology, gpu, repeats: int, seed: int) -> list[dict]:
     """Each op and the whole step on the GPU, and torch's equivalents where torch has CUDA."""
     from numba import cuda
 
-    from open1b.deterministic import batch_for_step, corpus_tokens, init_state, torch_twin, train_step
+    from open1b.deterministic import batch_for_step, builtin_dataset, init_state, torch_twin, train_step
 
     def clock(fn) -> float:
         fn()
@@ -156,7 +156,7 @@ def gpu_timings(config, topology, gpu, repeats: int, seed: int) -> list[dict]:
         args = [gpu.upload(x) for x in inputs]  # transfers stay outside the clock
         rows.append({"what": name, "ours_s": clock(lambda fn=fn, args=args: fn(gpu, *args))})
     state = init_state(config, 0)
-    batch = batch_for_step(corpus_tokens(), 0, 0, config, topology)
+    batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
     step = {"what": "train_step", "ours_s": clock(lambda: train_step(state, batch, topology, backend=gpu))}
     try:
         import torch
@@ -189,7 +189,7 @@ def main() -> int:
 
     from numba import cuda
 
-    from open1b.deterministic import PRESETS, GPTConfig, Topology, batch_for_step, corpus_tokens
+    from open1b.deterministic import PRESETS, GPTConfig, Topology, batch_for_step, builtin_dataset
     from open1b.deterministic.backend import cpu_backend
     from open1b.deterministic.cuda import SIMULATED, CudaBackend
     from open1b.deterministic.selfcheck import KNOWN_ANSWER_CONFIG, KNOWN_ANSWER_TOPOLOGY, known_answer_batch
@@ -206,7 +206,7 @@ def main() -> int:
         batches = [(np.arange(10) * 7 % 16 + k).astype(np.int32).reshape(2, 1, 1, 5) % 16 for k in range(args.steps)]
     else:
         config, topology = PRESETS[args.preset].config, PRESETS[args.preset].topology
-        batches = [batch_for_step(corpus_tokens(), 0, k, config, topology) for k in range(args.steps)]
+        batches = [batch_for_step(builtin_dataset(config), 0, k, config, topology) for k in range(args.steps)]
     cpu, gpu = cpu_backend(True), CudaBackend()
     name = "simulator" if SIMULATED else cuda.get_current_device().name
     device = name.decode() if isinstance(name, bytes) else str(name)

@@ -35,6 +35,7 @@ from open1b.node.p2p import open_p2p
 from open1b.node.store import Store
 from open1b.protocol import Attestation, Identity, RunManifest, signing
 from open1b.protocol.hashing import blake2b256
+from open1b.protocol.witness import witness_binding
 
 RESULTS = Path(__file__).parent / "results" / "node.json"
 
@@ -48,7 +49,8 @@ def attestations(manifest: RunManifest, signers: int) -> list[Attestation]:
             out.append(Attestation.create(
                 ident, run=manifest.run_id, step=k, pre_state=manifest.state_hashes[k],
                 post_state=manifest.state_hashes[k + 1], verdict="match", engine=manifest.engine,
-                engine_version=manifest.engine_version, hardware="bench", elapsed_ms=1, issued_at=now))
+                engine_version=manifest.engine_version, hardware="bench", elapsed_ms=1, issued_at=now,
+                witness=witness_binding(manifest.run_id, k, ident.public_key, blake2b256(b"bench-witness"))))
     return out
 
 
@@ -95,7 +97,7 @@ async def _publish(addrs: list[str], run: bytes, atts: list[Attestation], rate: 
 
 
 def bench_gossip(run_dir: Path, manifest: RunManifest, workdir: Path, nodes: int, signers: int) -> dict:
-    daemons = Daemons(workdir / "gossip", run_dir, redundancy=1)
+    daemons = Daemons(workdir / "gossip", run_dir, redundancy=1, run_on_all=True)
     (workdir / "gossip").mkdir()
     addrs = daemons.plan(nodes)
     try:
@@ -189,7 +191,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def bench_idle(run_dir: Path, workdir: Path, seconds: float) -> dict:
-    daemons = Daemons(workdir / "idle", run_dir, redundancy=1)
+    daemons = Daemons(workdir / "idle", run_dir, redundancy=1, run_on_all=True)
     (workdir / "idle").mkdir()
     daemons.plan(1)
     try:

@@ -53,8 +53,10 @@ planner's choice of steps. `dispute_quorum` (2) settles a step when at least two
 report one post-state and more keys report it than any other: a key that reported something else
 is *flagged* with two conflicting signed statements as evidence and stops counting anywhere in the
 run; a step whose settled post-state differs from the published one is `refuted`, one with a
-mismatch not (yet) confirmed is `disputed`. Set `trust_policy = "open"` to count every key, as
-protocol revision r2 did.
+mismatch not (yet) confirmed is `disputed`. Whatever the quorum, a key whose `match` binds another
+replay witness than one revealed for that step, while another key's match binds it, is flagged a
+*copier* (docs/run-format.md §5) and stops counting too. Set `trust_policy = "open"` to count every
+key, as protocol revision r2 did.
 """
 
 WHAT = {
@@ -65,8 +67,12 @@ WHAT = {
                      "the other disputes every step with a made-up result. Independent replays must settle each "
                      "step against them: both flagged with two conflicting signed statements, neither counted, "
                      "coverage complete (redundancy 2: at redundancy 1 nobody would replay what a liar covered).",
-    "copying-auditor": "A trusted node replays nothing and re-signs other nodes' results. Only a proof of replay "
-                       "(issue 8) can tell it from an honest auditor.",
+    "copying-auditor": "A trusted node replays nothing and re-signs other nodes' results, every field copied "
+                       "(the witness binding included). An honest replayer of a copied step finds the binding "
+                       "wrong for the copier's key and reveals the step's replay witness; every node must then "
+                       "flag the copier (kind `copier`, with its attestation, an honest replay's and the reveal as "
+                       "evidence that re-checks against the manifest alone), stop counting it, and flag no honest "
+                       "node (docs/run-format.md §5).",
     "forged-and-malformed": "A node publishes bursts of 3 of each of 11 kinds of bad statement (bad signature, "
                             "another key, truncated, oversized, non-canonical, garbage, wrong kind, a verdict that "
                             "contradicts its hash, an unknown run, dated in the future, an old statement replayed) and "
@@ -75,7 +81,9 @@ WHAT = {
                             "none may be stored, whoever refused one must penalise its sender and no one else, the "
                             "sender must be banned, and no daemon may crash.",
     "sybil": "A node mints 20 fresh keys and signs a match for every step under each, at once. Under the default "
-             "policy none may count; an observer using `open` shows what they would have added.",
+             "policy none may count; an observer using `open` shows what they would have added (their made-up "
+             "witness bindings only fail where a witness has been revealed, which in this scenario alone is "
+             "nowhere).",
     "crash": "`kill -9` of a third of the auditors while they replay (each with attestations stored already), "
              "with 5 s leases. Others must retake the steps and complete coverage; restarted nodes must keep "
              "every attestation they had.",
@@ -155,8 +163,9 @@ def fuzzing() -> list[str]:
     properties = sum(len(re.findall(r"^@FUZZ$", p.read_text(), re.M)) for p in tests)
     lines = ["## Fuzzing", "",
              f"`tests/fuzz/` holds {properties} fuzzed properties (one of them per message kind) over every decoder "
-             "and validator: canonical CBOR, the four "
-             "message kinds and `decode_message`, the attestation, claim and manifest validators, DHT claim records "
+             "and validator: canonical CBOR, the five "
+             "message kinds and `decode_message`, the attestation, claim, reveal and manifest validators, DHT claim "
+             "records "
              "and their selection, trajectory files, safetensors hand-off headers, and on the node: gossip "
              "validation and ingestion into the store, both ends of the sync stream, both ends of the blob stream "
              "and the DHT record validator. Inputs are arbitrary bytes, arbitrary CBOR, mutations of valid "
@@ -191,15 +200,17 @@ FINDINGS = """\
 
 What these runs showed beyond pass/fail, and what is not protected yet:
 
-- **Copying is undetectable without a proof of replay.** A copier that re-signs honest results is
-  counted like an honest auditor (the copying-auditor table; its test in `tests/scenarios/` is an
-  expected failure until issue 8). Worse, combined with a liar it is an accomplice: in a devnet
-  with both (`--scenario tampered-step --scenario lying-auditor --scenario copying-auditor`) the
-  copier copies the liar's matches, the two fill the redundancy target of every step before an
-  honest node replays it, and the forged steps end *verified* (one such run: steps 1, 3 and 5
-  verified, the honest auditors replayed 2 steps in all, and the false accuser was still flagged).
-  Issue 8's replay witness is what closes this; until then only the allowlist stands between a
-  copier and coverage.
+- **A copier is caught only where an honest replay meets it.** The proof of replay (issue 8,
+  docs/run-format.md §5) flags a copier once an honest replayer of a step it copied reveals that
+  step's witness (the copying-auditor table). Before the witness, an earlier run of this scenario
+  counted the copier like an honest auditor, and combined with a liar it was an accomplice: in a
+  devnet with both (`--scenario tampered-step --scenario lying-auditor --scenario copying-auditor`)
+  the copier copied the liar's matches, the two filled the redundancy target of every step before
+  an honest node replayed it, and the forged steps ended *verified*. The witness does not change
+  that by itself: if no honest node replays a step, no auditor can reveal its witness. The trainer
+  can (`open1b-node reveal RUN_DIR`, after the audit); a reveal makes the copied matches
+  *unproven*, so they stop filling the redundancy target, honest nodes replay the step, and the
+  copier is flagged. Keep redundancy above the number of colluding trusted keys.
 - **Settling counts keys.** Two trusted keys reporting the same wrong result out-vote one honest
   replay (quorum 2, strict majority). Redundancy must exceed the number of colluding trusted keys
   for an honest replay to happen at all.

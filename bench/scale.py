@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from open1b.node.sim import Churn, Scenario, simulate
-from open1b.node.sim.hardware import HOUR, VOLUNTEER_MIX
+from open1b.node.sim.hardware import HOUR
 
 RESULTS = Path(__file__).parent / "results"
 OPEN1B_STEPS = 80_957

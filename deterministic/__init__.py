@@ -15,7 +15,9 @@ How the pieces fit:
   :mod:`.state` — :class:`TrainState` and the counter-based :func:`init_state`;
 * :mod:`.gpt` — forward and backward of one micro-batch as a fixed sequence of kernels;
   :mod:`.step` — :func:`train_step`, the one function a trainer and a replayer share;
-* :mod:`.data` — the built-in corpus and :func:`batch_for_step`; :mod:`.trainer`,
+* :mod:`.data` — the shipped corpus, the ``bytes/v1`` tokenizer and :func:`batch_for_step` (the
+  ``open1b/data/v2`` order); :mod:`.samples` — :class:`Dataset`, its Merkle commitment and the
+  samples file; :mod:`.provenance` — which samples a step used, with proofs; :mod:`.trainer`,
   :mod:`.replay`, :mod:`.runfile` — publishing and replaying runs;
 * :mod:`.selfcheck` — probes that refuse a process that would compute other bits.
 
@@ -27,8 +29,9 @@ a process whose FPU flags change after the check, or to steps with a non-finite 
 """
 
 from .config import PRESETS, GPTConfig, Preset, Topology
-from .data import batch_for_step, corpus_digest, corpus_tokens, tokenize
+from .data import batch_for_step, builtin_dataset, step_sample_indices, tokenize
 from .errors import BatchFormatError, ConfigError, DeterminismError, NonFiniteError, StateFormatError
+from .samples import Dataset, read_samples, write_samples
 from .selfcheck import CheckResult, require_deterministic_machine, run_selfchecks
 from .state import TrainState, init_state
 from .step import StepReport, train_step
@@ -38,6 +41,7 @@ __all__ = [
     "BatchFormatError",
     "CheckResult",
     "ConfigError",
+    "Dataset",
     "DeterminismError",
     "GPTConfig",
     "NonFiniteError",
@@ -47,11 +51,13 @@ __all__ = [
     "Topology",
     "TrainState",
     "batch_for_step",
-    "corpus_digest",
-    "corpus_tokens",
+    "builtin_dataset",
     "init_state",
+    "read_samples",
     "require_deterministic_machine",
     "run_selfchecks",
+    "step_sample_indices",
     "tokenize",
     "train_step",
+    "write_samples",
 ]

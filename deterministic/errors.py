@@ -42,3 +42,24 @@ class EngineMismatchError(Open1bError):
 
 class CheckpointMismatchError(RunFormatError):
     """A checkpoint whose recomputed state hash differs from the manifest's h_k: not the published state."""
+
+
+class SamplesFormatError(RunFormatError):
+    """A samples file that is malformed, truncated, over-long, over the size bound, or holds a
+    token outside its vocabulary (docs/run-format.md §4)."""
+
+
+class SamplesMismatchError(RunFormatError):
+    """A well-formed samples file, or a sample, that is not the one the run commits to (count,
+    sample length, blob address or Merkle root differ)."""
+
+
+class DistributedError(Open1bError):
+    """A data-parallel training run that stopped because of its processes, not its data: a rank
+    failed, died or did not answer within the timeout. ``rank`` is the rank to blame when one can
+    be named (else None); ``detail`` is that rank's traceback as text, when it sent one."""
+
+    def __init__(self, message: str, *, rank: int | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.detail = detail

@@ -2,10 +2,11 @@
 
 The replayer trusts nothing in the run directory it has not checked: the manifest's signature
 (on decode), the engine it names (it must be exactly this one), the corpus (by digest), and
-the checkpoint (its recomputed h_k must equal the manifest's — so a flipped bit anywhere in the
-input state is caught before the step runs, even one the step itself would round away). Only
-then does it call the same :func:`train_step` the trainer called, with the run's topology, and
-hash the result.
+the checkpoint (its bytes must have the address the manifest names, and its recomputed h_k
+must equal the manifest's — so a flipped bit anywhere in the input state is caught before the
+step runs, even one the step itself would round away). Only then does it call the same
+:func:`train_step` the trainer called, with the run's topology, and hash the result. The
+step's replay witness comes back with the result; the caller binds it to its key.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import numpy as np
 from open1b.protocol import RunManifest
 
 from .backend import default_backend
-from .data import batch_for_step, corpus_digest, corpus_tokens
+from .data import DATA_ORDER, TOKENIZER, batch_for_step
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
-from .runfile import ENGINE, ENGINE_VERSION, genesis_hash, load_checkpoint, next_state_hash, read_manifest
+from .provenance import load_run_samples
+from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest
+from .samples import Dataset
 from .selfcheck import require_deterministic_machine
 from .step import train_step
 from .trainer import config_of
@@ -35,6 +38,7 @@ class ReplayResult:
     post_state: bytes  # the replayed h_{step+1}
     expected: bytes  # the published h_{step+1}
     loss: np.float32
+    witness: bytes  # W_k of this replay (docs/run-format.md §5)
     elapsed_s: float
 
     @property
@@ -48,6 +52,19 @@ def check_engine(manifest: RunManifest) -> None:
             f"run needs engine {manifest.engine} {manifest.engine_version}; this node has {ENGINE} {ENGINE_VERSION}")
 
 
+# A worker replays many steps of one run: verify its samples file once (by blob address, which
+# the manifest signs), not once per step.
+_DATASETS: dict[tuple[str, bytes], Dataset] = {}
+
+
+def _samples(run_dir: Path, manifest: RunManifest) -> Dataset:
+    key = (str(run_dir.resolve()), manifest.samples_blob)
+    if key not in _DATASETS:
+        _DATASETS.clear()
+        _DATASETS[key] = load_run_samples(run_dir, manifest)
+    return _DATASETS[key]
+
+
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step``."""
     run_dir = Path(run_dir)
@@ -55,24 +72,26 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> Rep
     check_engine(manifest)
     if not 0 <= step < manifest.steps:
         raise RunFormatError(f"step {step} is outside the run's {manifest.steps} steps")
-    if manifest.data.get("corpus_digest") != corpus_digest().hex():
-        raise RunFormatError("the run's corpus is not the corpus this engine ships")
+    if (manifest.data.get("order"), manifest.data.get("tokenizer"), manifest.data.get("schedule")) != (
+            DATA_ORDER, TOKENIZER, SCHEDULE):
+        raise RunFormatError(f"run's data rules {dict(manifest.data)} are not this engine's "
+                             f"({DATA_ORDER}, {TOKENIZER}, {SCHEDULE})")
     config, topology = config_of(manifest)
     require_deterministic_machine(default_backend(config))
     started = time.perf_counter()
-    tokens = corpus_tokens()
-    state = load_checkpoint(run_dir, step, config)
+    dataset = _samples(run_dir, manifest)
+    state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
     if step == 0:
         recomputed = next_state_hash(genesis_hash(manifest.body()), state, None)
     else:
-        prev_batch = batch_for_step(tokens, manifest.seed, step - 1, config, topology)
+        prev_batch = batch_for_step(dataset, manifest.seed, step - 1, config, topology)
         recomputed = next_state_hash(manifest.state_hashes[step - 1], state, prev_batch)
     if recomputed != manifest.state_hashes[step]:
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
-    batch = batch_for_step(tokens, manifest.seed, step, config, topology)
+    batch = batch_for_step(dataset, manifest.seed, step, config, topology)
     new_state, report = train_step(state, batch, topology)
     post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
-        expected=manifest.state_hashes[step + 1], loss=report.loss, elapsed_s=time.perf_counter() - started,
+        expected=manifest.state_hashes[step + 1], loss=report.loss, witness=report.witness, elapsed_s=time.perf_counter() - started,
     )

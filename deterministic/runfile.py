@@ -1,11 +1,13 @@
-"""The run directory: what a trainer publishes and a replayer reads.
+"""The run directory (run format 2, docs/run-format.md): what a trainer publishes and a replayer reads.
 
     RUN/manifest.cbor                      the signed RunManifest (canonical CBOR)
     RUN/checkpoints/<k:08d>.safetensors    state k (before step k), k = 0 … steps
+    RUN/samples.bin                        the samples the batches are drawn from
 
 Checkpoints are safetensors files — a JSON header and raw little-endian arrays — so loading
-one never executes anything (no pickle). A checkpoint is trusted only after the state hash
-recomputed from it equals the manifest's h_k (see :mod:`.replay`).
+one never executes anything (no pickle). The manifest names each file by its BLAKE2b-256 (its
+blob address, so peers can serve it); a checkpoint is trusted only when its bytes have that
+digest *and* the state hash recomputed from it equals the manifest's h_k (see :mod:`.replay`).
 """
 
 from __future__ import annotations
@@ -17,20 +19,23 @@ import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from open1b.protocol import RunManifest, TensorBytes, batch_digest, genesis, state_hash
+from open1b.protocol import RUN_FORMAT, Identity, RunManifest, TensorBytes, batch_digest, genesis, state_hash
+from open1b.protocol.hashing import blake2b256
 from open1b.protocol.messages import MAX_MANIFEST_SIZE
+from open1b.protocol.witness import witness_commitment
 
 from .config import GPTConfig
-from .errors import RunFormatError
+from .errors import CheckpointMismatchError, RunFormatError
 from .state import TrainState
 
 ENGINE = "open1b-gpt"
-ENGINE_VERSION = "0.2.0"
-DATA_ORDER = "open1b/data/v1"
-CORPUS_NAME = "builtin-v1"
+ENGINE_VERSION = "0.3.0"
+SCHEDULE = "constant"  # the learning rate of every step is config.lr
 
 MANIFEST_FILE = "manifest.cbor"
 CHECKPOINT_DIR = "checkpoints"
+SAMPLES_FILE = "samples.bin"
+CHECKPOINT_METADATA_KEY = "open1b_checkpoint_step"
 CHECKPOINT_HEADER_SLACK = 1 << 20
 """Bytes allowed for a checkpoint's safetensors header beyond its tensors' data."""
 
@@ -41,7 +46,8 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 def as_tensor_bytes(array: np.ndarray) -> TensorBytes:
     little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    return TensorBytes(str(little.dtype.name), tuple(int(d) for d in little.shape), little.tobytes())
+    # A byte view, not a copy: a `small` state is ~130 MB and is hashed after every step.
+    return TensorBytes(str(little.dtype.name), tuple(int(d) for d in little.shape), memoryview(little.reshape(-1)).cast("B"))
 
 
 def state_tensor_bytes(state: TrainState) -> dict[str, TensorBytes]:
@@ -54,15 +60,25 @@ def step_batch_digest(batch: np.ndarray) -> bytes:
     return batch_digest([as_tensor_bytes(batch[rank]) for rank in range(batch.shape[0])])
 
 
+GENESIS_KEYS = ("format", "engine", "engine_version", "model", "data", "seed", "samples_root", "samples")
+
+
 def genesis_hash(manifest_fields: dict) -> bytes:
-    keys = ("engine", "engine_version", "model", "data", "seed")
-    return genesis({k: manifest_fields[k] for k in keys})
+    """The ``prev`` of h_0: binds the run's format, engine, model, data rules, seed and samples."""
+    return genesis({k: manifest_fields[k] for k in GENESIS_KEYS})
+
+
+def lr_bits(config: GPTConfig) -> int:
+    """The float32 bit pattern of the learning rate a step used (the schedule is constant)."""
+    return int(config.hyper32()["lr"].view(np.uint32))
 
 
 def next_state_hash(prev: bytes, state: TrainState, batch: np.ndarray | None) -> bytes:
-    """h_k for ``state`` (at step k), given h_{k-1} (or the genesis hash) and the batch of step k-1."""
+    """h_k for ``state`` (at step k), given h_{k-1} (or the genesis hash) and the batch of step k-1;
+    h_0 (``batch`` None) records no batch and a learning rate of 0."""
     consumed = step_batch_digest(batch) if batch is not None else bytes(32)
-    return state_hash(prev, state.step, state_tensor_bytes(state), consumed)
+    lr = lr_bits(state.config) if batch is not None else 0
+    return state_hash(prev, state.step, state_tensor_bytes(state), consumed, lr_bits=lr)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -75,9 +91,47 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(run_dir: Path, state: TrainState) -> None:
-    data = save_safetensors(dict(state.tensors()), metadata={"format": "open1b-checkpoint", "step": str(state.step)})
+def save_checkpoint(run_dir: Path, state: TrainState) -> bytes:
+    """Write checkpoint ``state.step``; returns its blob address (BLAKE2b-256 of the file)."""
+    # One metadata key: safetensors keeps metadata in a randomly seeded hash map, so with two keys
+    # the same state would be written in two byte orders and get two blob addresses.
+    data = save_safetensors(dict(state.tensors()), metadata={CHECKPOINT_METADATA_KEY: str(state.step)})
     write_atomic(checkpoint_path(run_dir, state.step), data)
+    return blake2b256(data)
+
+
+class RunWriter:
+    """Writes a run directory as training goes and signs its manifest at the end.
+
+    ``fields`` are the manifest's run parameters (engine … seed, samples_*); :meth:`start`
+    records state 0, :meth:`record` each following state with the batch that produced it and
+    the step's replay witness. The trainer and the forging trainer of the devnet both use it,
+    so the format lives in one place.
+    """
+
+    def __init__(self, run_dir: Path, fields: dict) -> None:
+        self.run_dir, self.fields = Path(run_dir), {"format": RUN_FORMAT, **fields}
+        self.hashes: list[bytes] = []
+        self.checkpoints: list[bytes] = []
+        self.witnesses: list[bytes] = []
+
+    def start(self, state: TrainState) -> None:
+        self.hashes.append(next_state_hash(genesis_hash(self.fields), state, None))
+        self.checkpoints.append(save_checkpoint(self.run_dir, state))
+
+    def record(self, state: TrainState, batch: np.ndarray, witness: bytes) -> None:
+        """State ``k + 1``, the batch of step k (named in h_{k+1}) and W_k, step k's witness."""
+        self.hashes.append(next_state_hash(self.hashes[-1], state, batch))
+        self.checkpoints.append(save_checkpoint(self.run_dir, state))
+        self.witnesses.append(witness_commitment(witness))
+
+    def finish(self, identity: Identity, created_at: int) -> RunManifest:
+        manifest = RunManifest.create(
+            identity, **self.fields, steps=len(self.witnesses), state_hashes=self.hashes,
+            checkpoints=self.checkpoints, witnesses=self.witnesses, created_at=created_at,
+        )
+        write_atomic(self.run_dir / MANIFEST_FILE, manifest.encoded)
+        return manifest
 
 
 def max_checkpoint_bytes(config: GPTConfig) -> int:
@@ -86,14 +140,18 @@ def max_checkpoint_bytes(config: GPTConfig) -> int:
     return 4 * (3 * config.n_params() + 2) + CHECKPOINT_HEADER_SLACK
 
 
-def load_checkpoint(run_dir: Path, step: int, config: GPTConfig) -> TrainState:
-    """State ``step`` of the run; refused before parsing when the file is larger than its config allows."""
+def load_checkpoint(run_dir: Path, step: int, config: GPTConfig, address: bytes | None = None) -> TrainState:
+    """State ``step`` of the run; refused before parsing when the file is larger than its config
+    allows, or when ``address`` is given and the file's BLAKE2b-256 is not it."""
     path = checkpoint_path(run_dir, step)
     try:
         size = path.stat().st_size
         if size > max_checkpoint_bytes(config):
             raise RunFormatError(f"{path}: {size} bytes exceeds the checkpoint limit")
-        tensors = load_safetensors(path.read_bytes())
+        data = path.read_bytes()
+        if address is not None and blake2b256(data) != address:
+            raise CheckpointMismatchError(f"checkpoint {step}: the file is not the one the manifest names")
+        tensors = load_safetensors(data)
     except RunFormatError:
         raise
     except Exception as exc:

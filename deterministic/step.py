@@ -13,6 +13,12 @@ The loss is summed exactly like a gradient. Then the global gradient norm gives 
 coefficient and AdamW updates every parameter (:mod:`.optimizer`). One process replays a W-rank
 step exactly because the order is a function of the topology alone.
 
+The step is three pieces, each callable alone: :func:`rank_gradients` (one rank's term, from
+its share of the batch), :func:`reduce_ranks` (the cross-rank sum of W terms in the fixed
+order) and :func:`finish_step` (norm, clipping, AdamW and the :class:`StepReport`). The
+one-process :func:`train_step` runs them in sequence; :mod:`.distributed` runs the first on
+each rank's own process, exchanges the terms' bits, and runs the other two on every rank.
+
 Its output bits are a pure function of (state bits, batch bits, topology) on every backend.
 A step whose loss or gradient norm is not finite raises :class:`.errors.NonFiniteError`: NaN
 payloads are not portable, so such a state could never be verified.
@@ -20,8 +26,8 @@ payloads are not portable, so such a state could never be verified.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -32,6 +38,7 @@ from .gpt import forward_backward
 from .optimizer import AdamWScalars, clip_coefficient
 from .reduction import RANK_GROUP, fixed_sum
 from .state import TrainState
+from .witness import replay_witness
 
 LOSS_KEY = "loss"
 
@@ -39,11 +46,13 @@ LOSS_KEY = "loss"
 @dataclass(frozen=True)
 class StepReport:
     """What a step observed: the exact float32 mean loss *before* the update, the global
-    gradient norm and the clipping coefficient applied."""
+    gradient norm, the clipping coefficient applied, and the replay witness W_k
+    (:mod:`.witness`), which only a replay of the step's forward and backward yields."""
 
     loss: np.float32
     grad_norm: np.float32
     clip_coef: np.float32
+    witness: bytes
 
 
 def check_batch(batch: np.ndarray, config: GPTConfig, topology: Topology) -> None:
@@ -108,40 +117,79 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be) -> tuple[np.float32, dict]:
-    """The step's mean loss and summed gradients (backend arrays), in the order of the module doc."""
-    config = state.config
-    inv_n = np.float32(1) / np.float32(topology.sequences * config.seq_len)
+def _inv_tokens(config: GPTConfig, topology: Topology) -> np.float32:
+    """One over the step's target-token count (all ranks together): every micro-batch's scale."""
+    return np.float32(1) / np.float32(topology.sequences * config.seq_len)
+
+
+def _rank_term(params: dict, share: np.ndarray, inv_n: np.float32, config: GPTConfig, be) -> dict:
+    micro = _GroupedTree(share.shape[0], be.add, be.plus_zero)  # one group: a plain fold from +0.0
+    for mb in range(share.shape[0]):
+        loss, grads = forward_backward(params, share[mb], inv_n, config, be)
+        grads[LOSS_KEY] = be.upload(np.array([loss], np.float32))
+        micro.push(grads)
+    return micro.total()
+
+
+def rank_gradients(state: TrainState, share: np.ndarray, topology: Topology, be) -> dict:
+    """Rank r's term of the cross-rank sum, from its share ``batch[r]`` of the step's batch
+    (``micro_batches × micro_batch_size × (seq_len + 1)``) alone: its micro-batches' gradients
+    and loss shares folded in ascending order from ``+0.0`` (step 1 of the module doc), the loss
+    under :data:`LOSS_KEY` as a (1,) array. Backend arrays.
+
+    This is all a data-parallel rank computes by itself (:mod:`.distributed`); the scale is one
+    over the *step's* token count, so the term depends on the topology, not only on the share.
+    Raises :class:`BatchFormatError` unless ``share`` is one rank's share of such a batch.
+    """
+    check_batch(share[None] if isinstance(share, np.ndarray) else share, state.config, replace(topology, ranks=1))
     params = {k: be.upload(a) for k, a in state.params.items()}
-    ranks = _GroupedTree(RANK_GROUP, be.add, be.plus_zero)
-    for rank in range(topology.ranks):
-        micro = _GroupedTree(topology.micro_batches, be.add, be.plus_zero)  # one group: a plain fold
-        for mb in range(topology.micro_batches):
-            loss, grads = forward_backward(params, batch[rank, mb], inv_n, config, be)
-            grads[LOSS_KEY] = be.upload(np.array([loss], np.float32))
-            micro.push(grads)
-        ranks.push(micro.total())
-    summed = ranks.total()
+    return _rank_term(params, share, _inv_tokens(state.config, topology), state.config, be)
+
+
+def reduce_ranks(terms: Iterable[dict], be) -> tuple[np.float32, dict]:
+    """The step's mean loss and summed gradients from the rank terms (:func:`rank_gradients`)
+    given in ascending rank order, summed in the cross-rank order (step 2 of the module doc).
+
+    Consumes ``terms`` as it goes and keeps O(log W) partial sums, so a generator of terms
+    never holds every rank's gradients at once. The bits depend on the terms' bits and their
+    order only, not on which process computed each term.
+    """
+    tree = _GroupedTree(RANK_GROUP, be.add, be.plus_zero)
+    for term in terms:
+        tree.push(term)
+    if tree.count == 0 and tree.acc is None:
+        raise ValueError("reduce_ranks needs at least one rank term")
+    summed = tree.total()
     return np.float32(be.download(summed.pop(LOSS_KEY))[0]), summed
 
 
-def train_step(
-    state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
-) -> tuple[TrainState, StepReport]:
-    """Forward, backward, gradient reduction, clipping and one AdamW update.
+def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be) -> tuple[np.float32, dict]:
+    """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
+    every rank's term computed here, one after the other, and reduced as they come."""
+    config = state.config
+    inv_n = _inv_tokens(config, topology)
+    params = {k: be.upload(a) for k, a in state.params.items()}
+    terms = (_rank_term(params, batch[rank], inv_n, config, be) for rank in range(topology.ranks))
+    return reduce_ranks(terms, be)
 
-    Returns a new state (``step + 1``) and a :class:`StepReport`; ``state`` is not modified.
-    ``backend`` (default: :func:`.backend.default_backend`) changes the speed, never the bits.
+
+def finish_step(state: TrainState, loss: np.float32, grads: dict, be) -> tuple[TrainState, StepReport]:
+    """The rest of a step once its mean ``loss`` and summed, pre-clip ``grads`` (backend arrays,
+    from :func:`reduce_ranks`) are known: the global gradient norm, the clipping coefficient,
+    the replay witness, one AdamW update of every parameter, and the :class:`StepReport`.
+
+    The one place a report is built, so the one-process step and every rank of the distributed
+    trainer derive the same witness from the same bits. Raises :class:`NonFiniteError` as
+    :func:`train_step` does.
     """
     config = state.config
-    check_batch(batch, config, topology)
-    be = backend or default_backend(config)
     hp = config.hyper32()
-    loss, grads = step_gradients(state, batch, topology, be)
     norm = np.sqrt(fixed_sum(np.array([be.sumsq(grads[name]) for name in config.param_shapes()], np.float32)))
     if not (np.isfinite(loss) and np.isfinite(norm)):
         raise NonFiniteError(f"step {state.step}: loss {loss}, gradient norm {norm}")
     coef = clip_coefficient(norm, hp["grad_clip"])
+    order = list(config.param_shapes())
+    witness = replay_witness(loss, {name: be.download(grads[name]) for name in order}, order)
     beta1_pow = np.float32(state.beta1_pow * hp["beta1"])  # beta1**(step+1), one rounding per step
     beta2_pow = np.float32(state.beta2_pow * hp["beta2"])
     new_p, new_m, new_v = {}, {}, {}
@@ -155,4 +203,21 @@ def train_step(
                            be.upload(state.v[name]), scalars)  # fmt: skip
         new_p[name], new_m[name], new_v[name] = (_read_only(be.download(a)) for a in (p, m, v))
     new_state = TrainState(config, new_p, new_m, new_v, state.step + 1, beta1_pow, beta2_pow)
-    return new_state, StepReport(loss=loss, grad_norm=np.float32(norm), clip_coef=coef)
+    return new_state, StepReport(loss=loss, grad_norm=np.float32(norm), clip_coef=coef, witness=witness)
+
+
+def train_step(
+    state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
+) -> tuple[TrainState, StepReport]:
+    """Forward, backward, gradient reduction, clipping and one AdamW update.
+
+    Returns a new state (``step + 1``) and a :class:`StepReport`; ``state`` is not modified.
+    ``backend`` (default: :func:`.backend.default_backend`) changes the speed, never the bits.
+    It is :func:`step_gradients` (every rank's :func:`rank_gradients`, then :func:`reduce_ranks`)
+    followed by :func:`finish_step`; the distributed trainer runs the same three pieces.
+    """
+    config = state.config
+    check_batch(batch, config, topology)
+    be = backend or default_backend(config)
+    loss, grads = step_gradients(state, batch, topology, be)
+    return finish_step(state, loss, grads, be)

@@ -10,6 +10,8 @@ trainer would — so replaying that one step, and no other, disagrees with the p
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,13 +22,11 @@ import numpy as np
 from open1b.protocol import Identity, RunManifest
 
 from .config import PRESETS, GPTConfig, Topology, from_manifest_model, to_manifest_model
-from .data import batch_for_step, corpus_digest, corpus_tokens
-from .runfile import (
-    CORPUS_NAME, DATA_ORDER, ENGINE, ENGINE_VERSION, MANIFEST_FILE, genesis_hash, next_state_hash, save_checkpoint,
-    write_atomic,
-)
+from .data import BUILTIN_CORPUS, DATA_ORDER, TOKENIZER, batch_for_step, builtin_dataset
+from .distributed import run_steps
+from .provenance import write_run_samples
+from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, RunWriter
 from .state import TrainState, init_state
-from .step import train_step
 
 Progress = Callable[[int, int], None]
 
@@ -41,6 +41,21 @@ def flip_weight_bit(state: TrainState) -> TrainState:
     return replace(state, params={**state.params, "wte": wte})
 
 
+def run_fields(preset: str, seed: int, samples: dict, topology: Topology | None = None) -> dict:
+    """The manifest's run parameters for ``preset`` trained from ``seed`` on the built-in corpus;
+    ``samples`` are the fields committing to the run's samples file (:func:`.provenance.write_run_samples`).
+    ``topology`` (default: the preset's) is the one the run trains with."""
+    config, topology = PRESETS[preset].config, topology or PRESETS[preset].topology
+    return {
+        "engine": ENGINE,
+        "engine_version": ENGINE_VERSION,
+        "model": to_manifest_model(preset, config, topology),
+        "data": {"corpus": BUILTIN_CORPUS, "tokenizer": TOKENIZER, "order": DATA_ORDER, "schedule": SCHEDULE},
+        "seed": seed,
+        **samples,
+    }
+
+
 def publish_run(
     out_dir: Path,
     identity: Identity,
@@ -50,41 +65,41 @@ def publish_run(
     preset: str = DEFAULT_PRESET,
     tamper_step: int | None = None,
     progress: Progress | None = None,
+    ranks: int | None = None,
 ) -> RunManifest:
     """Train ``steps`` steps of ``preset`` (its model and topology) and write the run directory
-    ``out_dir``; returns the signed manifest."""
+    ``out_dir``; returns the signed manifest.
+
+    ``ranks`` W replaces the preset topology's ``ranks`` and trains with W processes
+    (:func:`.distributed.distributed_steps`; W = 1: this process alone). Without it, this
+    process computes every rank of the preset's topology. Either way the run's bits are those of
+    one-process :func:`train_step` calls on its topology."""
     if steps < 1:
         raise ValueError("a run needs at least one step")
     if tamper_step is not None and not 0 <= tamper_step < steps:
         raise ValueError(f"tamper_step must be in [0, {steps})")
     config, topology = PRESETS[preset].config, PRESETS[preset].topology
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fields = {
-        "engine": ENGINE,
-        "engine_version": ENGINE_VERSION,
-        "model": to_manifest_model(preset, config, topology),
-        "data": {"corpus": CORPUS_NAME, "corpus_digest": corpus_digest().hex(), "order": DATA_ORDER},
-        "seed": seed,
-    }
-    tokens = corpus_tokens()
+    if ranks is not None:
+        topology = replace(topology, ranks=ranks)
+    dataset = builtin_dataset(config)
+    writer = RunWriter(Path(out_dir), run_fields(preset, seed, write_run_samples(Path(out_dir), dataset), topology))
     state = init_state(config, seed)
-    hashes = [next_state_hash(genesis_hash(fields), state, None)]
-    save_checkpoint(out_dir, state)
-    for k in range(steps):
-        batch = batch_for_step(tokens, seed, k, config, topology)
-        state, _ = train_step(state, batch, topology)
-        if k == tamper_step:
-            state = flip_weight_bit(state)
-        hashes.append(next_state_hash(hashes[-1], state, batch))
-        save_checkpoint(out_dir, state)
-        if progress:
-            progress(k + 1, steps)
-    manifest = RunManifest.create(
-        identity, **fields, steps=steps, state_hashes=hashes, created_at=int(time.time()),
-    )
-    write_atomic(out_dir / MANIFEST_FILE, manifest.encoded)
-    return manifest
+    writer.start(state)
+    # Picklable (module-level functions and partials): with W > 1 they run in every rank's process.
+    batch_fn = functools.partial(batch_for_step, dataset, seed, config=config, topology=topology)
+    forge = functools.partial(_forge_after, tamper_step) if tamper_step is not None else None
+    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge)
+    with contextlib.closing(trained):  # a failure below ends the worker processes at once
+        for k, (state, batch, report) in enumerate(trained):
+            writer.record(state, batch, report.witness)
+            if progress:
+                progress(k + 1, steps)
+    return writer.finish(identity, created_at=int(time.time()))
+
+
+def _forge_after(tamper_step: int, state: TrainState) -> TrainState:
+    """``tamper_step``'s forgery as a per-step hook: flip a bit of the state after that step."""
+    return flip_weight_bit(state) if state.step == tamper_step + 1 else state
 
 
 def config_of(manifest: RunManifest) -> tuple[GPTConfig, Topology]:

@@ -49,6 +49,7 @@ log = logging.getLogger("open1b.node.adversary")
 ENV_SWITCH = "OPEN1B_DEVNET"
 INJECTED_FILE = "injected.json"
 MESH_WAIT_S = 15.0
+RUN_WAIT_S = 120.0
 SPAM_BURSTS, SPAM_PAUSE_S = 5, 3.0
 
 
@@ -71,7 +72,8 @@ class Adversary:
 
     async def replay(self, daemon: Daemon, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         """What the node signs instead of an honest replay; by default an echo of the published hash."""
-        return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], 1)
+        made_up = blake2b256(b"open1b/devnet/made-up-witness", manifest.run_id, step.to_bytes(8, "little"))
+        return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], made_up, 1)
 
     async def run(self, daemon: Daemon) -> None:
         """Misbehaviour of its own, started with the daemon's other tasks."""
@@ -111,11 +113,15 @@ async def _publish(daemon: Daemon, att: Attestation) -> None:
 
 
 async def _wait_for_mesh(daemon: Daemon) -> None:
-    """Until every run's attestation topic has a peer (what we publish before that is lost)."""
+    """Until the node knows a run (runs arrive by gossip or sync, after start-up) and every run's
+    attestation topic has a peer (what we publish before that is lost)."""
     from .daemon import attestations_topic
 
     await daemon.bootstrapped.wait()
     assert daemon.p2p is not None
+    with trio.move_on_after(RUN_WAIT_S):
+        while not daemon.manifests:
+            await trio.sleep(0.2)
     with trio.move_on_after(MESH_WAIT_S):
         while not all(daemon.p2p.topic_peers(attestations_topic(r)) for r in daemon.manifests):
             await trio.sleep(0.2)

@@ -11,6 +11,10 @@
   ``{"size": total}`` or ``{"error": text}``, then (on success) one frame with the bytes
   ``[o, o + n)`` clipped to the blob. Requests repeat on the same stream until the requester
   closes it.
+* Blame: a provider whose bytes do not hash to the address (or that announces a size the
+  requester knows to be wrong) is reported through ``on_bad_peer``, so the node can penalise it
+  like any other provably invalid message. Bytes resumed from an earlier provider's partial
+  download cannot be attributed: such a file is discarded and fetched again from scratch.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+
+import trio
 from typing import Callable
 
 from open1b.protocol import Open1bError
@@ -34,11 +40,22 @@ BLOB_PROTOCOL = "/open1b/blob/1.0.0"
 MAX_CHUNK = 1 << 20
 MAX_REQUEST = 128
 MAX_BLOB_SIZE = 64 << 30
+CHUNK_TIMEOUT_S = 30.0
+OPEN_TIMEOUT_S = 10.0
 _MULTIHASH_BLAKE2B_256 = bytes([0xA0, 0xE4, 0x02, 0x20])  # varint(0xb220) ‖ length 32
 
 
 class BlobError(Open1bError):
     """A blob could not be fetched or failed verification."""
+
+
+class BlobMismatch(BlobError):
+    """A provider delivered bytes (or a size) that cannot be the blob: its fault when the whole
+    download came from it (``resumed`` False), unattributable otherwise."""
+
+    def __init__(self, message: str, peer: str, resumed: bool) -> None:
+        super().__init__(message)
+        self.peer, self.resumed = peer, resumed
 
 
 def provider_key(digest: bytes) -> str:
@@ -60,6 +77,7 @@ class BlobCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.pinned: set[bytes] = set()
+        self.served_bytes = 0
 
     def path(self, digest: bytes) -> Path:
         return self.dir / digest.hex()
@@ -89,6 +107,33 @@ class BlobCache:
             self.pinned.add(digest)
         self.evict()
         return digest
+
+    def stage(self, source: Path, digest: bytes) -> Path:
+        """Link (or copy) ``source`` next to the cache and check that its bytes hash to ``digest``;
+        returns the staged file for :meth:`commit`. Blocking (it hashes): run it in a thread.
+        The file is hashed *after* it is staged, so what is committed is what was checked."""
+        staged = self.path(digest).with_suffix(".import")
+        staged.unlink(missing_ok=True)
+        try:
+            os.link(source, staged)
+        except OSError:
+            with open(source, "rb") as src, open(staged, "wb") as dst:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    dst.write(chunk)
+        got = file_digest(staged)
+        if got != digest:
+            staged.unlink(missing_ok=True)
+            raise BlobError(f"{source}: BLAKE2b-256 is {got.hex()}, the manifest names {digest.hex()}")
+        return staged
+
+    def commit(self, staged: Path, digest: bytes, *, pin: bool = False) -> None:
+        """Move a file checked by :meth:`stage` into the cache under ``digest``."""
+        if self.has(digest):
+            staged.unlink(missing_ok=True)
+        else:
+            os.replace(staged, self.path(digest))
+        if pin:
+            self.pinned.add(digest)
 
     def used_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
@@ -133,46 +178,67 @@ class BlobCache:
                 data = f.read(request["length"])
             await stream.send(encode({"size": size}))
             await stream.send(data)
+            self.served_bytes += len(data)
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self, p2p: P2P, digest: bytes, providers: list[str],
-                    progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+                    progress: Callable[[int, int], None] = lambda done, total: None, *,
+                    size: int | None = None, max_size: int = MAX_BLOB_SIZE,
+                    on_bad_peer: Callable[[str], None] = lambda peer: None,
+                    chunk_timeout_s: float = CHUNK_TIMEOUT_S) -> Path:
         """Download ``digest`` from the first provider that has it, resuming a partial download,
-        verify it, and return its path in the cache."""
+        verify it, and return its path in the cache. ``size`` (when the caller knows it) and
+        ``max_size`` bound what a provider may announce; each chunk must arrive within
+        ``chunk_timeout_s``. A provider caught lying is passed to ``on_bad_peer``."""
         done = self.open_blob(digest)
         if done is not None:
             return done
         errors = []
         for peer in providers:
-            try:
-                return await self._fetch_from(p2p, peer, digest, progress)
-            except Exception as exc:  # one provider failing is routine; try the next
-                errors.append(f"{peer}: {exc}")
+            for attempt in range(2):
+                try:
+                    return await self._fetch_from(p2p, peer, digest, progress, size, max_size, chunk_timeout_s)
+                except BlobMismatch as exc:
+                    if exc.resumed and attempt == 0:
+                        continue  # the partial file may have come from someone else: once more, from scratch
+                    on_bad_peer(peer)
+                    errors.append(f"{peer}: {exc}")
+                except Exception as exc:  # one provider failing is routine; try the next
+                    errors.append(f"{peer}: {exc}")
+                break
         raise BlobError(f"no provider delivered blob {digest.hex()[:16]}: " + "; ".join(errors) if errors
                         else f"no provider known for blob {digest.hex()[:16]}")
 
-    async def _fetch_from(self, p2p: P2P, peer: str, digest: bytes, progress: Callable[[int, int], None]) -> Path:
+    async def _fetch_from(self, p2p: P2P, peer: str, digest: bytes, progress: Callable[[int, int], None],
+                          expected: int | None, max_size: int, chunk_timeout_s: float) -> Path:
         partial = self.path(digest).with_suffix(".partial")
-        stream = await p2p.open_stream(peer, BLOB_PROTOCOL)
+        with trio.fail_after(min(chunk_timeout_s, OPEN_TIMEOUT_S)):  # a blackholed peer must not stall us
+            stream = await p2p.open_stream(peer, BLOB_PROTOCOL)
+        resumed = False
         try:
             with open(partial, "ab") as out:
                 offset = out.tell()
+                resumed = offset > 0
                 size = None
                 while size is None or offset < size:
-                    await stream.send(encode({"digest": digest, "offset": offset, "length": MAX_CHUNK}))
-                    head = decode(await stream.receive(MAX_REQUEST), max_size=MAX_REQUEST)
-                    if type(head) is not dict or "size" not in head:
-                        raise BlobError(f"peer answered {head!r}")
-                    if size is None:
-                        size = head["size"]
-                        if type(size) is not int or not 0 <= size <= MAX_BLOB_SIZE:
-                            raise BlobError(f"implausible blob size {size!r}")
-                        if offset > size:  # a partial file longer than the blob: start over
-                            out.truncate(0)
-                            offset = 0
-                    elif head["size"] != size:
-                        raise BlobError("blob size changed during the transfer")
-                    data = await stream.receive(MAX_CHUNK)
+                    with trio.fail_after(chunk_timeout_s):
+                        await stream.send(encode({"digest": digest, "offset": offset, "length": MAX_CHUNK}))
+                        head = decode(await stream.receive(MAX_REQUEST), max_size=MAX_REQUEST)
+                        if type(head) is not dict or "size" not in head:
+                            raise BlobError(f"peer answered {head!r}")
+                        if size is None:
+                            size = head["size"]
+                            if type(size) is not int or not 0 <= size <= min(max_size, MAX_BLOB_SIZE) or (
+                                    expected is not None and size != expected):
+                                raise BlobMismatch(f"{peer} announced an impossible size {size!r} for blob "
+                                                   f"{digest.hex()[:16]}", peer, resumed=False)
+                            if offset > size:  # a partial file longer than the blob: start over
+                                out.truncate(0)
+                                offset = 0
+                                resumed = False
+                        elif head["size"] != size:
+                            raise BlobMismatch("blob size changed during the transfer", peer, resumed=False)
+                        data = await stream.receive(MAX_CHUNK)
                     if not data and offset < size:
                         raise BlobError("peer sent no data")
                     out.write(data)
@@ -181,10 +247,11 @@ class BlobCache:
                 out.flush()
                 os.fsync(out.fileno())
         finally:
-            await stream.close()
-        if offset != size or file_digest(partial) != digest:
+            with trio.move_on_after(1):
+                await stream.close()
+        if offset != size or await trio.to_thread.run_sync(file_digest, partial) != digest:
             partial.unlink(missing_ok=True)
-            raise BlobError(f"bytes from {peer} do not hash to {digest.hex()[:16]}")
+            raise BlobMismatch(f"bytes from {peer} do not hash to {digest.hex()[:16]}", peer, resumed)
         target = self.path(digest)
         os.replace(partial, target)
         self.evict()

@@ -128,7 +128,10 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         trust = (f"trust: {c['policy']['name']} ({len(c['policy']['roots'])} trusted keys, quorum "
                  f"{c['policy']['quorum']}); {len(c['untrusted'])} untrusted attesters not counted")
         flags = [f"flagged {f['signer']} at step {f['step']}: statement {f['statement'][:16]}… contradicts"
-                 f" {f['conflicting'][:16]}…" for f in c["flagged"]]
+                 f" {f['conflicting'][:16]}…" if f.get("kind", "contradiction") == "contradiction" else
+                 f"flagged {f['signer']} at step {f['step']} as a copier: statement {f['statement'][:16]}… binds"
+                 f" another witness than reveal {f['reveal'][:16]}… (which {f['conflicting'][:16]}… binds)"
+                 for f in c["flagged"]]
         rows = [["STEP", "STATUS", "MATCH", "MISMATCH", "CLAIMED BY"]] + [
             [str(s["step"]), s["status"], str(len(s["auditors"])), str(len(s["dissenters"])),
              ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
@@ -153,15 +156,44 @@ def cmd_attestations(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .client import publish
+    from .progress import progress
+
+    run_dir = Path(args.dir)
+    if not run_dir.is_dir():
+        raise Open1bError(f"{run_dir} is not a directory")
+    api = _api(args)
+    try:  # only to size the progress bar: the daemon validates the manifest
+        from open1b.deterministic.runfile import read_manifest
+
+        blobs = read_manifest(run_dir).steps + 2
+    except Open1bError:
+        blobs = 1
+    phase = {"checking": 0, "providing": blobs, "announcing": 2 * blobs, "done": 2 * blobs, "failed": 0}
+    with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
+        job = publish(api, run_dir, lambda j: update(min(phase[j["state"]] + j["done"], 2 * blobs), j["note"]))
+    _emit(args, job, lambda j: "\n".join([
+        f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
+        f"imported   {j['bytes']} bytes into the blob cache (pinned)",
+        f"providing  {j['provided']} blobs in the DHT",
+        f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (too large for gossip)'}",
+        f"took       {j['seconds']} s"]))
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .progress import progress
 
     run_dir = Path(args.run)
-    if not run_dir.is_dir():  # a run id (or prefix) the node knows
+    if not run_dir.is_dir():  # a run id (or prefix) the node knows: it fetches the step's files
         runs = [r for r in _call(args, "/v1/runs") if r["run"].startswith(args.run.lower())]
-        if len(runs) != 1 or not runs[0]["run_dir"]:
+        if len(runs) != 1 or not runs[0].get("auditable", runs[0]["run_dir"]):
             raise Open1bError(f"{args.run!r} is neither a run directory nor a single replayable run the node knows")
-        run_dir = Path(runs[0]["run_dir"])
+        with progress(f"fetching the files of step {args.step}", 1) as update:
+            fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", method="POST", timeout=3600)
+            update(1, "verified")
+        run_dir = Path(fetched["run_dir"])
     from open1b.deterministic.replay import replay
 
     with progress(f"replaying step {args.step}", 1) as update:
@@ -173,6 +205,52 @@ def cmd_replay(args: argparse.Namespace) -> int:
            "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4)}
     _emit(args, out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()))
     return 0 if result.match else 2
+
+
+def cmd_reveal(args: argparse.Namespace) -> int:
+    """The trainer's reveal of its replay witnesses after an audit (docs/run-format.md §5.2): each
+    W_k is recomputed by replaying step k from RUN_DIR, checked against the manifest's C_k, and
+    signed and gossiped by the daemon. Once W_k is public anyone can bind it: reveal after the audit."""
+    from open1b.deterministic.replay import replay
+    from open1b.deterministic.runfile import read_manifest
+    from open1b.protocol.witness import witness_commitment
+
+    from .progress import progress
+
+    run_dir = Path(args.run_dir)
+    manifest = read_manifest(run_dir)
+    steps = args.step or list(range(manifest.steps))
+    out = []
+    with progress(f"replaying {len(steps)} steps to recompute their witnesses", len(steps)) as update:
+        for i, step in enumerate(steps):
+            witness = replay(run_dir, step, manifest).witness
+            if witness_commitment(witness) != manifest.witnesses[step]:
+                raise Open1bError(f"step {step}: the replay's witness does not open the manifest's C_{step}")
+            out.append(_call(args, f"/v1/reveal/{manifest.run_id.hex()}?step={step}&witness={witness.hex()}",
+                             method="POST"))
+            update(i + 1, f"step {step} revealed")
+    _emit(args, out, lambda rs: _table([["STEP", "WITNESS", "REVEAL"]] + [
+        [str(r["step"]), r["witness"][:16] + "…", r["digest"][:16] + "…"] for r in rs]))
+    return 0
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    from open1b.deterministic.provenance import run_step_samples
+
+    manifest, result = run_step_samples(Path(args.run), args.step, rank=args.rank)
+    out = {"run": manifest.run_id.hex(), **result.to_json()}
+
+    def render(o: dict) -> str:
+        lines = [f"run {o['run']} step {o['step']}: {len(o['uses'])} rows, every proof verified against"
+                 f" samples_root {o['samples_root']} (N = {o['samples']})"]
+        for u in o["uses"]:
+            lines.append(f"rank {u['rank']}  micro-batch {u['micro_batch']}  row {u['row']}  sample {u['index']}"
+                         f"  digest {u['digest']}")
+            lines += [f"    {'proof' if n == 0 else '':<6}{h}" for n, h in enumerate(u["proof"])]
+        return "\n".join(lines)
+
+    _emit(args, out, render)
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -199,6 +277,13 @@ def cmd_key_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from open1b.deterministic.trainer import publish_run
 
@@ -209,11 +294,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     options = {"preset": args.preset} if args.preset else {}
-    with progress(f"training {args.steps} steps into {args.out}", args.steps) as update:
+    ranks = f" on {args.ranks} processes (torch.distributed, gloo)" if args.ranks and args.ranks > 1 else ""
+    with progress(f"training {args.steps} steps into {args.out}{ranks}", args.steps) as update:
         manifest = publish_run(Path(args.out), load_identity(data_dir), steps=args.steps, seed=args.seed,
-                               tamper_step=args.tamper_step, progress=lambda done, total: update(done, ""), **options)
+                               tamper_step=args.tamper_step, ranks=args.ranks,
+                               progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
-           "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}"}
+           "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
+           "ranks": manifest.model["ranks"]}
     _emit(args, out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
     return 0
 
@@ -267,6 +355,12 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--log-prefix", default="", help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_daemon)
 
+    pb = sub.add_parser("publish", parents=[client],
+                        help="announce a run directory: the daemon checks every file against the manifest,"
+                             " serves them to peers and gossips the manifest")
+    pb.add_argument("dir", help="run directory (manifest.cbor, checkpoints/, samples.bin)")
+    pb.set_defaults(func=cmd_publish)
+
     sub.add_parser("status", parents=[client], help="the daemon's status").set_defaults(func=cmd_status)
     sub.add_parser("peers", parents=[client], help="connected peers").set_defaults(func=cmd_peers)
     sub.add_parser("runs", parents=[client], help="runs the daemon knows").set_defaults(func=cmd_runs)
@@ -290,6 +384,19 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--step", type=int, required=True)
     r.set_defaults(func=cmd_replay)
 
+    rv = sub.add_parser("reveal", parents=[client],
+                        help="after an audit: publish a run's replay witnesses (recomputed from RUN_DIR)")
+    rv.add_argument("run_dir", help="the run directory (manifest and checkpoints)")
+    rv.add_argument("--step", type=int, action="append", help="only these steps (default: all)")
+    rv.set_defaults(func=cmd_reveal)
+
+    sm = sub.add_parser("samples", parents=[reporting],
+                        help="which samples a step used, each with its Merkle proof against the manifest")
+    sm.add_argument("run", help="a run directory")
+    sm.add_argument("--step", type=int, required=True)
+    sm.add_argument("--rank", type=int, help="only this rank's rows")
+    sm.set_defaults(func=cmd_samples)
+
     sub.add_parser("doctor", parents=[client], help="check this machine and node: OK / WARN / FAIL").set_defaults(
         func=cmd_doctor)
 
@@ -304,6 +411,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--preset", help="model preset (default: the engine's default)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--tamper-step", type=int, help="forge the published state after this step (for testing auditors)")
+    t.add_argument("--ranks", type=_at_least_one, metavar="W",
+                   help="data-parallel ranks: W > 1 trains in W processes (torch.distributed, gloo); "
+                        "default: the preset's topology, in one process")
     t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")

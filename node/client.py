@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from open1b.protocol import Open1bError
 
@@ -28,3 +30,31 @@ def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0) -> 
         raise ApiUnavailable(f"{api}{path}: HTTP {exc.code} {detail}".strip()) from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ApiUnavailable(f"cannot reach the node API at {api}: {exc}") from exc
+
+
+PUBLISH_POLL_S = 0.2
+
+
+def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job: None,
+            timeout: float = 24 * 3600.0) -> dict:
+    """Ask the daemon at ``api`` to publish ``run_dir`` (docs/run-format.md §6) and follow the job
+    until it is done; ``update`` sees every state. Raises :class:`ApiUnavailable` if the daemon
+    refuses the manifest, and :class:`PublishFailed` if a file does not match it."""
+    from urllib.parse import quote
+
+    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST")
+    deadline = time.monotonic() + timeout
+    while True:
+        update(job)
+        if job["state"] == "failed":
+            raise PublishFailed(f"{job['dir']}: {job['error']}")
+        if job["state"] == "done":
+            return job
+        if time.monotonic() > deadline:
+            raise PublishFailed(f"{job['dir']}: still {job['state']} after {timeout:.0f} s")
+        time.sleep(PUBLISH_POLL_S)
+        job = call(api, f"/v1/publications/{job['run']}")
+
+
+class PublishFailed(Open1bError):
+    """The daemon checked the run directory and refused it (or did not finish in time)."""

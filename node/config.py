@@ -50,6 +50,9 @@ class NodeConfig:
     idle_poll_s: float = 0.5
     heartbeat_s: float = 1.0
     max_rejects_per_peer: int = 20
+    # Bound on the blob cache (checkpoints and samples fetched from peers); blobs this node
+    # publishes are pinned and never evicted, so they may take it over the bound.
+    blob_cache_bytes: int = 8 << 30
     # Whose attestations count (docs/protocol.md §8.1): by default only this node's own key and
     # the peers the operator lists, so keys nobody vouched for can neither inflate coverage nor
     # make the node skip steps they claim to have covered.
@@ -97,7 +100,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
-    "dispute_quorum": ("dispute_quorum", int),
+    "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
 }
 
 

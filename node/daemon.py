@@ -2,8 +2,12 @@
 
 Tasks (one trio nursery, all cancelled together on shutdown):
 
-* gossip: per run, an attestations topic and a claims topic, each behind a validator from
-  :mod:`open1b.protocol.validation` — nothing reaches the store unvalidated;
+* gossip: per run, an attestations, a claims and a (witness) reveals topic, each behind a validator from
+  :mod:`open1b.protocol.validation` — nothing reaches the store unvalidated; one network-wide
+  runs topic carries signed manifests (docs/run-format.md §6);
+* run files (:mod:`.runs`, :mod:`.blobs`): ``publish`` imports a run directory into the blob
+  cache, pinned, and provides every blob in the DHT; an auditor fetches checkpoint k and the
+  samples file from providers, verified against the manifest, before it replays step k;
 * bootstrap, then audit loop: pick a step (:mod:`.claims`), claim it (:mod:`.claiming`), replay
   it in the worker process (:mod:`.worker`), compare with the manifest, sign and publish;
 * sync loop (:mod:`.sync`): periodically pull a peer's attestations, so messages missed on gossip
@@ -23,26 +27,36 @@ from pathlib import Path
 
 import trio
 
-from open1b.deterministic.runfile import read_manifest
+from open1b.deterministic.runfile import MANIFEST_FILE
 from open1b.protocol import (
     MATCH, MISMATCH, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, claim_key,
     coverage, peer_id_from_public_key, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
+    validate_manifest,
 )
 from open1b.protocol.claims import CLAIM_NAMESPACE
+from open1b.protocol.codec import decode as decode_cbor
+from open1b.protocol.errors import ProtocolError, UnjudgeableError
+from open1b.protocol.messages import MAX_MANIFEST_SIZE
+from open1b.protocol.validation import validate_reveal
+from open1b.protocol.witness import WitnessReveal
+from open1b.protocol.witness import witness_binding
 
 from . import adversary
 from . import claims as planner
 from . import views
 from .api import ApiError, RawResponse, Route, serve_api
+from .blobs import BLOB_PROTOCOL, BlobCache, provider_key
 from .claiming import ClaimAgent
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, check_version
 from .deficits import RunIndexes
 from .identity_file import load_or_create_identity
 from .metrics import Gauges, NodeStats, metrics_registry, render
-from .p2p import NetworkError, P2P, RecordValidator, open_p2p
+from .p2p import MAX_PUBSUB_MESSAGE, NetworkError, P2P, RecordValidator, open_p2p
+from .replay_proof import ReplayProof
+from .runs import RunFiles, RunFilesError, checkpoint_blob, run_blobs, samples_blob, why_not_auditable
 from .store import Store
-from .sync import SYNC_PROTOCOL, pull_attestations, serve_sync
+from .sync import RUNS_SYNC_PROTOCOL, SYNC_PROTOCOL, pull_attestations, pull_manifests, serve_runs, serve_sync
 from .systemd import notify
 from .worker import ReplayFailed, ReplayWorker
 
@@ -54,6 +68,12 @@ SYNC_TIMEOUT_S = 10.0
 API_ADDR_FILE = "api.addr"
 P2P_ADDR_FILE = "p2p.addr"
 STORE_FILE = "store.sqlite"
+BLOBS_DIR = "blobs"
+RUNS_TOPIC = "/open1b/1/runs"
+MAX_GOSSIP_MANIFEST = MAX_PUBSUB_MESSAGE - 4096  # room for the pubsub envelope; larger ones travel by sync
+MAX_KNOWN_RUNS = 256  # manifests from the network beyond this are ignored (published ones still count)
+FETCH_RETRY_S = 10.0  # a step whose files could not be fetched is retried after this long
+REPROVIDE_S = 12 * 3600.0  # provider records expire after 48 h (py-libp2p): announce again well before
 
 
 def now_s() -> int:
@@ -62,6 +82,10 @@ def now_s() -> int:
 
 def attestations_topic(run: bytes) -> str:
     return f"/open1b/1/run/{run.hex()}/attestations"
+
+
+def reveals_topic(run: bytes) -> str:
+    return f"/open1b/1/run/{run.hex()}/reveals"
 
 
 def claims_topic(run: bytes) -> str:
@@ -121,6 +145,11 @@ class Daemon:
         self.store: Store | None = None
         self.claimer: ClaimAgent | None = None
         self.manifests: dict[bytes, RunManifest] = {}
+        self.runfiles: RunFiles | None = None
+        self.runs_synced = 0  # manifests learned through the runs sync protocol
+        self.publications: dict[str, dict] = {}  # run hex -> progress of a publish (API /v1/publications)
+        self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (monotonic)
+        self._nursery: trio.Nursery | None = None
         self._topics: set[str] = set()
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self.deficits = RunIndexes(self.identity.public_key, config.redundancy, self._load_run, now_s)
@@ -131,6 +160,7 @@ class Daemon:
         self._trust_stale: set[bytes] = set()  # runs with attestations not yet judged for flags
         self.validation: Counter[str] = Counter()  # "<kind>/<outcome>/<code>" of every statement refused
         self.adversary = adversary.from_config(config)  # None unless a devnet asked for broken behaviour
+        self.proof: ReplayProof | None = None  # our replays' witnesses, and the reveals they call for
 
     # -- runs ------------------------------------------------------------------------------
     def manifest(self, run: bytes) -> RunManifest | None:
@@ -147,12 +177,129 @@ class Daemon:
         for topic, validator, handler in (
             (attestations_topic(run), self._validate_attestation, self._on_attestation),
             (claims_topic(run), self._validate_claim, self._on_claim),
+            (reveals_topic(run), self._validate_reveal, self._on_reveal),
         ):
             if topic in self._topics:
                 continue
             self._topics.add(topic)
             self.p2p.set_validator(topic, validator)
             await self.p2p.subscribe(topic, handler)
+
+    def _validate_manifest(self, author: str, data: bytes) -> Outcome:
+        verdict = self._judge_manifest(data)
+        self.stats.record_gossip("manifest", verdict.outcome.value)
+        self._count_refusal("manifest", verdict)
+        if verdict.outcome is not Outcome.ACCEPT:
+            log.info("gossip manifest from %s: %s (%s)", author, verdict.outcome.value, verdict.reason)
+        return verdict.outcome
+
+    def _judge_manifest(self, data: bytes):
+        verdict = validate_manifest(data, now_s())
+        if not verdict.accepted:
+            return verdict
+        try:
+            # [IGNORE] a manifest of this node's kind (external trajectories are not gossiped here)
+            if not isinstance(verdict.message, RunManifest):
+                raise UnjudgeableError("not a run manifest", code="manifest_kind")
+            # [IGNORE] room for one more run (a known run is always accepted: it may be our own)
+            if verdict.message.run_id not in self.manifests and len(self.manifests) >= MAX_KNOWN_RUNS:
+                raise UnjudgeableError("too many runs known", code="runs_full")
+        except UnjudgeableError as exc:
+            return type(verdict)(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
+        return verdict
+
+    async def ingest_manifest(self, data: bytes, source: str | None = None) -> bool:
+        """Validate and store a manifest from gossip or sync; True if the run is new here."""
+        verdict = self._judge_manifest(data)
+        if not verdict.accepted:
+            if source is not None and self.p2p is not None:
+                self._count_refusal("sync", verdict)
+                if verdict.outcome is Outcome.REJECT:
+                    self.p2p.penalise(source)
+            return False
+        manifest = verdict.message
+        if manifest.run_id in self.manifests:
+            return False
+        await self.add_run(manifest, None)
+        self.runs_synced += source is not None
+        why = why_not_auditable(manifest)
+        log.info("learned run %s (%d steps, publisher %s)%s", manifest.run_id.hex()[:16], manifest.steps,
+                 manifest.signer_peer_id, f"; not auditing it: {why}" if why else "")
+        return True
+
+    async def _on_manifest(self, author: str, data: bytes) -> None:
+        await self.ingest_manifest(data)
+
+    # -- publishing ------------------------------------------------------------------------
+    @staticmethod
+    def read_run_manifest(run_dir: Path) -> RunManifest:
+        """``run_dir``'s manifest, validated as gossip would be; :class:`ApiError` (400) if it is not one."""
+        try:
+            data = (run_dir / MANIFEST_FILE).read_bytes()[: MAX_MANIFEST_SIZE + 1]
+        except OSError as exc:
+            raise ApiError(400, f"no run at {run_dir}: {exc.strerror or exc}") from None
+        verdict = validate_manifest(data, now_s())
+        if not verdict.accepted or not isinstance(verdict.message, RunManifest):
+            raise ApiError(400, f"{run_dir / MANIFEST_FILE}: {verdict.reason if not verdict.accepted else 'not a run manifest'}")
+        return verdict.message
+
+    def start_publish(self, run_dir: Path, manifest: RunManifest | None = None) -> dict:
+        """Validate ``run_dir``'s manifest now; check, import, provide and announce its files in the
+        background (progress: :attr:`publications`). Raises :class:`ApiError` for a bad manifest."""
+        assert self._nursery is not None
+        run_dir = Path(run_dir).resolve()
+        manifest = manifest or self.read_run_manifest(run_dir)
+        run = manifest.run_id.hex()
+        job = self.publications.get(run)
+        if job is not None and job["state"] not in ("done", "failed"):
+            return job
+        job = {"run": run, "dir": str(run_dir), "steps": manifest.steps, "state": "checking", "done": 0,
+               "total": manifest.steps + 2, "note": "", "bytes": 0, "provided": 0, "gossiped": False,
+               "error": None, "started_at": time.time(), "seconds": None}
+        self.publications[run] = job
+        self._nursery.start_soon(self._publish, manifest, run_dir, job)
+        return job
+
+    async def _publish(self, manifest: RunManifest, run_dir: Path, job: dict) -> None:
+        assert self.runfiles is not None and self.p2p is not None
+        started = time.monotonic()
+
+        def progress(done: int, total: int, note: str) -> None:
+            job.update(done=done, total=total, note=note)
+
+        try:
+            log.info("publishing run %s from %s: checking %d files", job["run"][:16], run_dir, manifest.steps + 2)
+            job["bytes"] = await self.runfiles.import_dir(manifest, run_dir, progress)
+            await self.add_run(manifest, run_dir)
+            job.update(state="providing", done=0)
+            await self.bootstrapped.wait()
+            blobs = run_blobs(manifest)
+            for i, blob in enumerate(blobs):
+                job.update(done=i, total=len(blobs), note=f"providing {blob.name}")
+                job["provided"] += bool(await self.p2p.provide(provider_key(blob.digest)))
+            job.update(state="announcing", done=len(blobs), note="gossiping the manifest")
+            job["gossiped"] = await self._announce(manifest)
+            job.update(state="done", note="", seconds=round(time.monotonic() - started, 3))
+            log.info("published run %s: %d blobs provided, manifest %s", job["run"][:16], job["provided"],
+                     "gossiped" if job["gossiped"] else "left to sync (too large for gossip)")
+        except (Open1bError, OSError) as exc:
+            job.update(state="failed", error=str(exc), seconds=round(time.monotonic() - started, 3))
+            log.warning("publishing %s failed: %s", run_dir, exc)
+
+    async def _announce(self, manifest: RunManifest) -> bool:
+        assert self.p2p is not None
+        if len(manifest.encoded) > MAX_GOSSIP_MANIFEST:
+            return False
+        await self.p2p.publish(RUNS_TOPIC, manifest.encoded)
+        return True
+
+    async def _run_files(self, manifest: RunManifest, step: int) -> tuple[Path, list]:
+        """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working directory."""
+        assert self.runfiles is not None and self.p2p is not None
+        blobs = [samples_blob(manifest), checkpoint_blob(manifest, step)]
+        for blob in blobs:
+            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise)
+        return self.runfiles.assemble(manifest, blobs), blobs
 
     # -- gossip validation and ingestion ---------------------------------------------------
     def _validate_attestation(self, author: str, data: bytes) -> Outcome:
@@ -191,15 +338,72 @@ class Daemon:
         return added
 
     def _stored(self, att: Attestation) -> None:
+        if self.proof is not None:
+            self.proof.check(att)
         self._trust_stale.add(att.run)
         if self._plans_with(att):
             self.deficits.add_attestation(att)
 
     def _plans_with(self, att: Attestation) -> bool:
         """Whether the planner counts ``att``: our own always (we never attest a step twice);
-        others' when the trust policy counts the key and coverage has not flagged it."""
+        others' when the trust policy counts the key, coverage has not flagged it and no held witness
+        reveal disproves it (docs/protocol.md §8.2)."""
         me = att.signer == self.identity.public_key
-        return me or (self.trust.trusts(att.signer) and att.signer not in self.flagged.get(att.run, ()))
+        return me or (self.trust.trusts(att.signer) and att.signer not in self.flagged.get(att.run, ())
+                      and not (self.proof is not None and self.proof.disproves(att)))
+
+    # -- proof of replay: witness reveals (docs/run-format.md §5) ----------------------------
+    def _validate_reveal(self, author: str, data: bytes) -> Outcome:
+        verdict = validate_reveal(data, self.manifest, now_s())
+        self.stats.record_gossip("reveal", verdict.outcome.value)
+        self._count_refusal("reveal", verdict)
+        return verdict.outcome
+
+    def ingest_reveal(self, data: bytes, source: str | None = None) -> bool:
+        """Validate and store one witness reveal; True if it was new (as :meth:`ingest_attestation`)."""
+        assert self.store is not None
+        verdict = validate_reveal(data, self.manifest, now_s())
+        if not verdict.accepted:
+            if source is not None and self.p2p is not None:
+                self._count_refusal("sync", verdict)
+                if verdict.outcome is Outcome.REJECT:
+                    self.p2p.penalise(source)
+            return False
+        added = self.store.add_reveal(verdict.message)
+        if added:
+            self._revealed(verdict.message)
+        return added
+
+    def _revealed(self, reveal: WitnessReveal) -> None:
+        """A new reveal: coverage may flag a copier now, and the planner stops counting the matches
+        it disproves (so the steps they alone covered are replayed again)."""
+        if self.proof is not None:
+            self.proof.stored_reveal(reveal)
+        self._trust_stale.add(reveal.run)
+        self.deficits = RunIndexes(self.identity.public_key, self.config.redundancy, self._load_run, now_s)
+
+    def ingest_synced(self, data: bytes, source: str) -> bool:
+        """A sync frame: an attestation or a witness reveal, told apart by its kind."""
+        try:
+            value = decode_cbor(data, max_size=len(data))
+            kind = value.get("kind") if type(value) is dict else None
+        except Open1bError:
+            kind = None
+        if kind == WitnessReveal.KIND:
+            return self.ingest_reveal(data, source=source)
+        return self.ingest_attestation(data, source=source)
+
+    async def _on_reveal(self, author: str, data: bytes) -> None:
+        self.ingest_reveal(data)
+
+    async def _publish_reveals(self) -> None:
+        assert self.p2p is not None
+        for reveal in self.proof.due(now_s()) if self.proof is not None else ():
+            self._revealed(reveal)
+            await self.p2p.publish(reveals_topic(reveal.run), reveal.encoded)
+
+    def _counts(self, run: bytes, key: bytes) -> bool:
+        return self.trust.trusts(key) and key not in self.flagged.get(run, ())
 
     async def _on_attestation(self, author: str, data: bytes) -> None:
         if not self.ingest_attestation(data):  # the validator accepted it: a statement we hold already
@@ -221,6 +425,7 @@ class Daemon:
         now = now_s()
         return coverage(
             self.manifests[run], self.store.attestations(run), self.store.claims(run, live_at=now),
+            reveals=self.store.reveals(run),
             now=now, redundancy=redundancy or self.config.redundancy, policy=self.trust,
         )
 
@@ -243,6 +448,7 @@ class Daemon:
     async def _trust_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
+            await self._publish_reveals()
             self.refresh_flags()
 
     # -- claiming and replaying -------------------------------------------------------------
@@ -255,11 +461,13 @@ class Daemon:
         # Incremental (node/deficits.py): no pass over every step or every stored statement.
         assert self.store is not None
         out = []
+        now = time.monotonic()
         for run, manifest in self.manifests.items():
-            if self.store.run_dir(run) is None:
-                continue  # we can only replay runs whose files we hold
+            if why_not_auditable(manifest) is not None:
+                continue  # a node runs only its own engine
             index = self.deficits.index(run)
             done_here = index.mine | self._failed.get(run, set())
+            done_here = done_here | {s for (r, s), t in self._fetch_backoff.items() if r == run and t > now}
             for cand in planner.pick(index, self.deficits.order(run), exclude=done_here):
                 out.append((manifest, cand))
         return sorted(out, key=lambda item: item[1].order())
@@ -283,21 +491,31 @@ class Daemon:
     async def _replay_and_attest(self, manifest: RunManifest, claim: Claim) -> None:
         assert self.store is not None and self.p2p is not None and self.claimer is not None
         step = claim.step
-        run_dir = self.store.run_dir(manifest.run_id)
-        assert run_dir is not None
         self.stats.busy_step = step
         started = time.monotonic()
         failure: ReplayFailed | None = None
+        unavailable: RunFilesError | None = None
+        blobs: list = []
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.claimer.hold, claim)  # a replay may outlast one lease
+                nursery.start_soon(self.claimer.hold, claim)  # fetching and replaying may outlast one lease
                 try:
+                    run_dir, blobs = await self._run_files(manifest, step)
                     result = await self._replay(manifest, run_dir, step)
                 except ReplayFailed as exc:  # caught in here: a nursery would wrap it in a group
                     failure = exc
+                except RunFilesError as exc:
+                    unavailable = exc
                 nursery.cancel_scope.cancel()
         finally:
             self.stats.busy_step = None
+            if blobs and self.runfiles is not None:
+                self.runfiles.release(manifest, blobs[1:])  # keep samples.bin, drop the checkpoint link
+        if unavailable is not None:
+            # Not a verdict and not permanent: providers may appear (or stop lying). Retry later.
+            self._fetch_backoff[(manifest.run_id, step)] = time.monotonic() + FETCH_RETRY_S
+            log.warning("step %d of run %s: files unavailable: %s", step, manifest.run_id.hex()[:12], unavailable)
+            return
         if failure is not None:
             self.stats.replay_failures += 1
             self._failed.setdefault(manifest.run_id, set()).add(step)
@@ -316,9 +534,12 @@ class Daemon:
             post_state=result.post_state, verdict=MATCH if result.post_state == expected else MISMATCH,
             engine=manifest.engine, engine_version=manifest.engine_version, hardware=self.hardware,
             elapsed_ms=result.elapsed_ms, issued_at=now_s(),
+            witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
         )
         self.store.add_attestation(att)
         self._stored(att)
+        if self.proof is not None:
+            self.proof.replayed(manifest, step, result.post_state, result.witness)
         log.info("step %d of run %s: %s (%d ms)", step, manifest.run_id.hex()[:12], att.verdict, result.elapsed_ms)
         await self.p2p.publish(attestations_topic(manifest.run_id), att.encoded)
 
@@ -330,16 +551,28 @@ class Daemon:
     # -- sync and peers --------------------------------------------------------------------
     def _attestations_for_sync(self, run: bytes) -> list[Attestation] | None:
         assert self.store is not None
-        return self.store.attestations(run) if run in self.manifests else None
+        if run not in self.manifests:
+            return None
+        return [*self.store.attestations(run), *self.store.reveals(run)]
 
     async def sync_with(self, peer_id: str) -> int:
         assert self.p2p is not None
         new = 0
+        try:
+            with trio.fail_after(SYNC_TIMEOUT_S):
+                new += await pull_manifests(self.p2p, peer_id, lambda run: run in self.manifests,
+                                            lambda data: self.ingest_manifest(data, source=peer_id))
+        except ProtocolError as exc:  # a malformed answer: provably the peer's fault
+            log.info("runs sync with %s: %s", peer_id, exc)
+            self.validation[f"sync/reject/{exc.code}"] += 1
+            self.p2p.penalise(peer_id)
+        except Exception as exc:  # libp2p raises many types for a peer's failure; never ours to die of
+            log.debug("runs sync with %s failed: %s", peer_id, exc)
         for run in list(self.manifests):
             try:
                 with trio.fail_after(SYNC_TIMEOUT_S):
                     new += await pull_attestations(self.p2p, peer_id, run,
-                                                   lambda data: self.ingest_attestation(data, source=peer_id))
+                                                   lambda data: self.ingest_synced(data, source=peer_id))
             except Exception as exc:  # libp2p raises many types for a peer's failure; never ours to die of
                 log.debug("sync with %s failed: %s", peer_id, exc)
         self.stats.synced += new
@@ -354,6 +587,16 @@ class Daemon:
             peers = self.p2p.connected_peers()
             if peers:
                 await self.sync_with(random.choice(peers))
+
+    async def _reprovide_loop(self) -> None:
+        """Provider records expire (48 h in py-libp2p): announce every blob we hold again, twice a day."""
+        assert self.p2p is not None and self.runfiles is not None
+        await self.bootstrapped.wait()
+        while True:
+            await trio.sleep(REPROVIDE_S)
+            for path in list(self.runfiles.cache.dir.iterdir()):
+                if len(path.name) == 64:
+                    await self.p2p.provide(provider_key(bytes.fromhex(path.name)))
 
     async def _bootstrap(self) -> None:
         """Dial the bootstrap peers (retrying with backoff until one answers), discover more
@@ -389,8 +632,14 @@ class Daemon:
 
     def gauges(self) -> Gauges:
         assert self.store is not None and self.p2p is not None
+        blobs = {}
+        if self.runfiles is not None:
+            f, cache = self.runfiles.stats, self.runfiles.cache
+            blobs = dict(blobs_fetched=f.fetched, blob_fetch_failures=f.failed, blob_fetched_bytes=f.fetched_bytes,
+                         blob_served_bytes=cache.served_bytes, blob_bad_providers=f.bad_providers,
+                         blob_cache_bytes=cache.used_bytes())
         return Gauges(self.store.attestation_count(), len(self.p2p.connected_peers()), len(self.p2p.banned),
-                      len(self.manifests))
+                      len(self.manifests), **blobs)
 
     def status(self) -> dict:
         assert self.p2p is not None
@@ -406,7 +655,19 @@ class Daemon:
             "trust_policy": self.trust.name, "validation": dict(sorted(self.validation.items())),
             "banned": sorted(self.p2p.banned), "penalties": dict(sorted(self.p2p.rejected.items())),
             "behaviour": self.config.behaviour or None,
+            "reveals_made": self.proof.revealed if self.proof else 0,
+            "witness_commitment_mismatches": self.proof.commitment_mismatches if self.proof else 0,
+            "runs_synced": self.runs_synced, "blobs": self.blob_status(),
         }
+
+    def blob_status(self) -> dict:
+        if self.runfiles is None:
+            return {}
+        f, cache = self.runfiles.stats, self.runfiles.cache
+        return {"fetched": f.fetched, "fetched_bytes": f.fetched_bytes, "fetch_failures": f.failed,
+                "bad_providers": f.bad_providers, "served_bytes": cache.served_bytes,
+                "cache_bytes": cache.used_bytes(), "cache_limit": cache.max_bytes, "pinned": len(cache.pinned),
+                "fetching": {name: {"done": d, "total": t} for name, (d, t) in f.in_flight.items()}}
 
     def routes(self) -> list[Route]:
         assert self.store is not None and self.p2p is not None
@@ -420,7 +681,36 @@ class Daemon:
                     for p in p2p.connected_peers()]
 
         async def runs(path, query):
-            return [views.run_json(m, str(store.run_dir(m.run_id) or "") or None) for m in self.manifests.values()]
+            out = []
+            for m in self.manifests.values():
+                item = views.run_json(m, str(store.run_dir(m.run_id) or "") or None)
+                item["auditable"] = why_not_auditable(m) is None
+                out.append(item)
+            return out
+
+        async def publish(path, query):
+            if not query.get("dir"):
+                raise ApiError(400, "publish needs ?dir=<run directory>")
+            return self.start_publish(Path(query["dir"]))
+
+        async def publications(path, query):
+            if path:
+                jobs = [j for run, j in self.publications.items() if run.startswith(path[0].lower())]
+                if len(jobs) != 1:
+                    raise ApiError(404, f"no single run matching {path[0]!r} was published by this node since it started")
+                return jobs[0]
+            return list(self.publications.values())
+
+        async def fetch(path, query):
+            run = self._run_arg(path[0] if path else "")
+            step = query.get("step", "")
+            if not step.isdigit() or int(step) >= self.manifests[run].steps:
+                raise ApiError(400, "fetch needs ?step=<a step of the run>")
+            try:
+                work, _ = await self._run_files(self.manifests[run], int(step))
+            except RunFilesError as exc:
+                raise ApiError(404, str(exc)) from None
+            return {"run": run.hex(), "step": int(step), "run_dir": str(work)}
 
         async def cov(path, query):
             run = self._run_arg(path[0] if path else "")
@@ -437,6 +727,25 @@ class Daemon:
                 raise ApiError(400, "step must be a non-negative integer")
             return [views.attestation_json(a, ms) for a, ms in store.attestations_received(run, int(step) if step else None)]
 
+        async def reveals(path, query):
+            run = self._run_arg(path[0] if path else "")
+            return [views.reveal_json(r) for r in store.reveals(run)]
+
+        async def reveal(path, query):  # a trainer publishing W_step after the audit (docs/run-format.md §5.2)
+            run = self._run_arg(path[0] if path else "")
+            step, witness = query.get("step", ""), query.get("witness", "")
+            if not step.isdigit() or len(witness) != 64 or any(c not in "0123456789abcdef" for c in witness.lower()):
+                raise ApiError(400, "reveal needs ?step=<a step>&witness=<W_step as 64 hex digits>")
+            made = WitnessReveal.create(self.identity, run=run, step=int(step), witness=bytes.fromhex(witness),
+                                        issued_at=now_s())
+            verdict = validate_reveal(made.encoded, self.manifest, now_s())
+            if not verdict.accepted:
+                raise ApiError(400, f"not a valid reveal: {verdict.reason}")
+            if store.add_reveal(made):
+                self._revealed(made)
+            await p2p.publish(reveals_topic(run), made.encoded)
+            return views.reveal_json(made)
+
         async def claims(path, query):
             now = now_s()
             runs = [self._run_arg(path[0])] if path else list(self.manifests)
@@ -448,7 +757,10 @@ class Daemon:
 
         return [Route("GET", "/v1/status", status), Route("GET", "/v1/peers", peers), Route("GET", "/v1/runs", runs),
                 Route("GET", "/v1/coverage", cov), Route("GET", "/v1/attestations", attestations),
-                Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown)]
+                Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown),
+                Route("GET", "/v1/reveals", reveals), Route("POST", "/v1/reveal", reveal),
+                Route("POST", "/v1/publish", publish), Route("GET", "/v1/publications", publications),
+                Route("POST", "/v1/fetch", fetch)]
 
     def metrics_routes(self) -> list[Route]:
         registry = metrics_registry(self.stats, self.gauges)
@@ -464,27 +776,42 @@ class Daemon:
         listen_host, listen_port = split_hostport(cfg.listen)
         with DaemonLock(cfg.data_dir):
             self.store = Store(cfg.data_dir / STORE_FILE)
+            self.proof = ReplayProof(self.identity, self.store, self._counts)
+            self.runfiles = RunFiles(cfg.data_dir, BlobCache(cfg.data_dir / BLOBS_DIR, cfg.blob_cache_bytes))
             try:
+                # an operator's local runs (--run): a bad manifest stops the daemon before it listens
+                local_runs = tuple((Path(d).resolve(), self.read_run_manifest(Path(d).resolve())) for d in cfg.run_dirs)
                 self.manifests = {m.run_id: m for m in self.store.manifests()}
+                for run, m in self.manifests.items():
+                    if self.store.run_dir(run) is not None and why_not_auditable(m) is None:
+                        self.runfiles.pin(m)  # runs we published: served for as long as we run
                 async with open_p2p(self.identity, listen_host, listen_port, heartbeat_s=cfg.heartbeat_s,
                                     max_rejects_per_peer=cfg.max_rejects_per_peer) as p2p:
-                    await self._serve(p2p)
+                    await self._serve(p2p, local_runs)
             finally:
                 await self.worker.aclose()
                 self.store.close()
 
-    async def _serve(self, p2p: P2P) -> None:
+    async def _serve(self, p2p: P2P, local_runs: tuple[tuple[Path, RunManifest], ...] = ()) -> None:
         cfg = self.config
         self.p2p = p2p
         self.claimer = ClaimAgent(self.identity, _DhtClaimBoard(p2p), lease_s=cfg.lease_s, clock=now_s,
                                   sleep=trio.sleep, seen=self._seen_claim)
         p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
         p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: serve_sync(stream, self._attestations_for_sync))
+        p2p.set_stream_handler(RUNS_SYNC_PROTOCOL, lambda stream: serve_runs(
+            stream, lambda: list(self.manifests), lambda run: m.encoded if (m := self.manifests.get(run)) else None))
+        assert self.runfiles is not None
+        p2p.set_stream_handler(BLOB_PROTOCOL, self.runfiles.cache.serve)
+        p2p.set_validator(RUNS_TOPIC, self._validate_manifest)
+        await p2p.subscribe(RUNS_TOPIC, self._on_manifest)
         for run in list(self.manifests):
             await self._join_run_topics(run)
-        for run_dir in cfg.run_dirs:
-            await self.add_run(read_manifest(run_dir), run_dir.resolve())
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
+                self.start_publish(run_dir, manifest)
+            nursery.start_soon(self._reprovide_loop)
             api_host, api_port = split_hostport(cfg.api)
             api_port = await nursery.start(serve_api, api_host, api_port, self.routes())
             if cfg.metrics:

@@ -1,10 +1,13 @@
 """``open1b-node devnet``: a whole audit on one machine, with real daemon processes.
 
-1. train and publish a fresh run (optionally forging the state after one step);
+1. train a fresh run into a directory (optionally forging the state after one step);
 2. start N auditor daemons and one observer daemon (audits nothing) as separate OS processes on
-   127.0.0.1, all bootstrapping from the first;
-3. poll the observer's API until every step has ``redundancy`` distinct attesters, or a deadline;
-4. read coverage from the observer — a node that replayed nothing, so everything it reports
+   127.0.0.1, all bootstrapping from the first; no daemon is given the run directory;
+3. publish the run through the observer's API, exactly as ``open1b-node publish`` does: the
+   observer checks and serves the files and gossips the manifest, and every auditor fetches the
+   checkpoints and samples it replays from peers (docs/run-format.md §6);
+4. poll the observer's API until every step has ``redundancy`` distinct attesters, or a deadline;
+5. read coverage from the observer — a node that replayed nothing, so everything it reports
    reached it over the network — shut every daemon down through its API, and summarise.
 """
 
@@ -24,7 +27,7 @@ from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity, Open1bError
 
 from .adversary import ENV_SWITCH as DEVNET_ENV
-from .client import ApiUnavailable, call
+from .client import ApiUnavailable, call, publish
 from .daemon import API_ADDR_FILE
 from .datadir import init_data_dir
 from .progress import progress
@@ -72,8 +75,11 @@ class Daemons:
     bootstrapping from another, and none audits alone while the others are still starting.
     """
 
-    def __init__(self, workdir: Path, run_dir: Path, redundancy: int) -> None:
-        self.workdir, self.run_dir, self.redundancy = workdir, run_dir, redundancy
+    def __init__(self, workdir: Path, run_dir: Path, redundancy: int, *, run_on_all: bool = False) -> None:
+        """``run_dir`` reaches the network through :meth:`publish`; ``run_on_all`` instead hands
+        it to every daemon (``--run``, an operator's local copy), as devnets did before runs
+        were published."""
+        self.workdir, self.run_dir, self.redundancy, self.run_on_all = workdir, run_dir, redundancy, run_on_all
         self.procs: list[subprocess.Popen] = []
         self.dirs: list[Path] = []
         self.addrs: list[str] = []
@@ -102,8 +108,10 @@ class Daemons:
         data_dir = self.dirs[index]
         host, port = self.addrs[index].split("/")[2], self.addrs[index].split("/")[4]
         cmd = [*self.prefixes[index], sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
-               "--listen", f"{host}:{port}", "--api", f"{self.api_hosts[index]}:0", "--run", str(self.run_dir),
+               "--listen", f"{host}:{port}", "--api", f"{self.api_hosts[index]}:0",
                "--redundancy", str(self.redundancy), "--log-prefix", f"node-{index} "]
+        if self.run_on_all:
+            cmd += ["--run", str(self.run_dir)]
         for addr in bootstrap:
             cmd += ["--bootstrap", addr]
         for other in range(len(self.addrs)):
@@ -134,6 +142,10 @@ class Daemons:
 
     def api(self, index: int) -> str:
         return self.wait_file(index, API_ADDR_FILE)
+
+    def publish(self, index: int) -> dict:
+        """Publish the run directory through node ``index``'s API (what ``open1b-node publish`` does)."""
+        return publish(self.api(index), self.run_dir, timeout=START_TIMEOUT_S * 5)
 
     def kill(self, index: int) -> None:
         """``kill -9``: no shutdown path runs, as in a crash or power cut of the process."""
@@ -188,7 +200,9 @@ def run_devnet(opts: DevnetOptions) -> dict:
             for i in range(opts.nodes + 1):
                 daemons.start(i, audit=i != observer, bootstrap=[addrs[1 if i == 0 else 0]])
             apis = [daemons.api(i) for i in range(opts.nodes + 1)]
-            _say(f"{opts.nodes} auditors and 1 observer up in {run_dir.parent}; auditing run {run_hex[:16]}…")
+            job = daemons.publish(observer)
+            _say(f"{opts.nodes} auditors and 1 observer up in {run_dir.parent}; run {run_hex[:16]}… published by the"
+                 f" observer ({job['bytes']} bytes in {job['steps'] + 2} blobs, {job['seconds']} s); auditors fetch from peers")
             cov = None
             deadline = started + opts.deadline_s
             with progress(f"devnet: steps with {opts.redundancy} attester(s), seen by the observer", opts.steps) as update:
@@ -215,7 +229,8 @@ def run_devnet(opts: DevnetOptions) -> dict:
             "wall_seconds": round(wall, 2),
             "queried_from": {"peer_id": statuses[-1]["peer_id"], "replays": statuses[-1]["replays"]},
             "per_node": [{"peer_id": s["peer_id"], "replays": s["replays"], "claims_lost": s["claims_lost"],
-                          "audit": s["audit"]} for s in statuses],
+                          "audit": s["audit"], "fetched_bytes": s["blobs"]["fetched_bytes"],
+                          "served_bytes": s["blobs"]["served_bytes"]} for s in statuses],
             "per_step": [{"step": s["step"], "status": s["status"], "auditors": s["auditors"],
                           "dissenters": s["dissenters"]} for s in cov["per_step"]] if cov else [],
             "workdir": str(workdir) if opts.keep else None,

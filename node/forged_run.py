@@ -20,15 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
-from open1b.deterministic.config import PRESETS, to_manifest_model
-from open1b.deterministic.data import batch_for_step, corpus_digest, corpus_tokens
-from open1b.deterministic.runfile import (
-    CORPUS_NAME, DATA_ORDER, ENGINE, ENGINE_VERSION, MANIFEST_FILE, genesis_hash, next_state_hash, save_checkpoint,
-    write_atomic,
-)
+from open1b.deterministic.config import PRESETS
+from open1b.deterministic.data import batch_for_step, builtin_dataset
+from open1b.deterministic.provenance import write_run_samples
+from open1b.deterministic.runfile import RunWriter
 from open1b.deterministic.state import init_state
 from open1b.deterministic.step import train_step
-from open1b.deterministic.trainer import DEFAULT_PRESET, flip_weight_bit
+from open1b.deterministic.trainer import DEFAULT_PRESET, flip_weight_bit, run_fields
 from open1b.protocol import Identity, RunManifest
 
 FORGERIES = ("bitflip", "batch", "skip")
@@ -43,30 +41,23 @@ def publish_forged_run(out_dir: Path, identity: Identity, *, steps: int, seed: i
         if kind == "batch" and steps < 2:
             raise ValueError("a swapped batch needs a run of at least 2 steps")
     config, topology = PRESETS[preset].config, PRESETS[preset].topology
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fields = {
-        "engine": ENGINE, "engine_version": ENGINE_VERSION, "model": to_manifest_model(preset, config, topology),
-        "data": {"corpus": CORPUS_NAME, "corpus_digest": corpus_digest().hex(), "order": DATA_ORDER}, "seed": seed,
-    }
-    tokens = corpus_tokens()
+    dataset = builtin_dataset(config)
+    writer = RunWriter(Path(out_dir), run_fields(preset, seed, write_run_samples(Path(out_dir), dataset)))
     state = init_state(config, seed)
-    hashes = [next_state_hash(genesis_hash(fields), state, None)]
-    save_checkpoint(out_dir, state)
+    writer.start(state)
     for k in range(steps):
-        batch = batch_for_step(tokens, seed, k, config, topology)
+        batch = batch_for_step(dataset, seed, k, config, topology)
         kind = forgeries.get(k)
-        if kind == "skip":
-            state = replace(state, step=state.step + 1)
+        if kind == "skip":  # nothing ran, so there is no witness either: commit to a made-up one
+            state, witness = replace(state, step=state.step + 1), bytes(32)
         elif kind == "batch":
-            other = batch_for_step(tokens, seed, (k + 1) % steps, config, topology)
-            state, _ = train_step(state, other, topology)
+            other = batch_for_step(dataset, seed, (k + 1) % steps, config, topology)
+            state, report = train_step(state, other, topology)
+            witness = report.witness
         else:
-            state, _ = train_step(state, batch, topology)
+            state, report = train_step(state, batch, topology)
+            witness = report.witness
             if kind == "bitflip":
                 state = flip_weight_bit(state)
-        hashes.append(next_state_hash(hashes[-1], state, batch))  # always names the step's own batch
-        save_checkpoint(out_dir, state)
-    manifest = RunManifest.create(identity, **fields, steps=steps, state_hashes=hashes, created_at=int(time.time()))
-    write_atomic(out_dir / MANIFEST_FILE, manifest.encoded)
-    return manifest
+        writer.record(state, batch, witness)  # h_{k+1} always names the step's own batch
+    return writer.finish(identity, created_at=int(time.time()))

@@ -26,6 +26,11 @@ METRIC_NAMES = (
     "open1b_peers_connected",
     "open1b_peers_banned",
     "open1b_runs_known",
+    "open1b_blob_fetches_total",
+    "open1b_blob_fetched_bytes_total",
+    "open1b_blob_served_bytes_total",
+    "open1b_blob_bad_providers_total",
+    "open1b_blob_cache_bytes",
 )
 
 REPLAY_SECONDS_BUCKETS = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
@@ -65,6 +70,13 @@ class Gauges:
     peers_connected: int
     peers_banned: int
     runs_known: int
+    # blob layer (node/runs.py, node/blobs.py): counters read at scrape time
+    blobs_fetched: int = 0
+    blob_fetch_failures: int = 0
+    blob_fetched_bytes: int = 0
+    blob_served_bytes: int = 0
+    blob_bad_providers: int = 0
+    blob_cache_bytes: int = 0
 
 
 class _Collector:
@@ -95,6 +107,16 @@ class _Collector:
         yield GaugeMetricFamily("open1b_peers_connected", "Connected libp2p peers", value=g.peers_connected)
         yield GaugeMetricFamily("open1b_peers_banned", "Peers disconnected for invalid messages", value=g.peers_banned)
         yield GaugeMetricFamily("open1b_runs_known", "Runs this node knows", value=g.runs_known)
+        fetches = CounterMetricFamily("open1b_blob_fetches", "Blobs fetched from peers, by result", labels=["result"])
+        fetches.add_metric(["ok"], g.blobs_fetched)
+        fetches.add_metric(["failed"], g.blob_fetch_failures)
+        yield fetches
+        yield CounterMetricFamily("open1b_blob_fetched_bytes", "Verified blob bytes fetched from peers",
+                                  value=g.blob_fetched_bytes)
+        yield CounterMetricFamily("open1b_blob_served_bytes", "Blob bytes served to peers", value=g.blob_served_bytes)
+        yield CounterMetricFamily("open1b_blob_bad_providers", "Providers caught serving bytes that are not the blob",
+                                  value=g.blob_bad_providers)
+        yield GaugeMetricFamily("open1b_blob_cache_bytes", "Bytes in the blob cache", value=g.blob_cache_bytes)
 
 
 def metrics_registry(stats: NodeStats, gauges: Callable[[], Gauges]) -> CollectorRegistry:

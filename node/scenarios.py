@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from open1b.protocol import MISMATCH, Attestation, Identity, Open1bError
+from open1b.protocol import MATCH, MISMATCH, Attestation, Identity, Open1bError, WitnessReveal
+from open1b.protocol.witness import witness_binding, witness_commitment
 
 from .adversary import INJECTED_FILE, SPAM_BURSTS
 from .client import ApiUnavailable, call
@@ -123,6 +124,10 @@ class Scenario:
     def auditor_args(self) -> tuple[str, ...]:
         return ()
 
+    def publishers(self, net: Net) -> list[int]:
+        """Nodes besides the observer that publish the run (each serves its files)."""
+        return []
+
     def forgeries(self) -> dict[int, str]:
         return {}
 
@@ -205,7 +210,9 @@ class LyingAuditor(Scenario):
         return {role: net.peer(net.indices(role)[0]) for role in self.ROLES}
 
     def done(self, net):
-        flagged = {f["signer"] for f in net.coverage(net.observer)["flagged"]}
+        # A liar's made-up witness bindings may get it flagged a copier first (docs/run-format.md
+        # §5); once a forged step settles, its flag carries the contradiction this scenario checks.
+        flagged = {f["signer"] for f in net.coverage(net.observer)["flagged"] if f["kind"] == "contradiction"}
         return set(self._liars(net).values()) <= flagged
 
     def report(self, net):
@@ -242,34 +249,68 @@ class LyingAuditor(Scenario):
 
 # -- copying-auditor ---------------------------------------------------------------------------
 class CopyingAuditor(Scenario):
+    """A trusted node re-signs other nodes' attestations, every field copied (the witness binding
+    included), without replaying. An honest replayer of a copied step that finds the copy's binding
+    wrong for its signer reveals the step's witness W_k; every node then flags the copier
+    (docs/run-format.md §5) and stops counting it."""
+
     name = "copying-auditor"
 
     def nodes(self):
         return [Node("copier", audit=False, args=("--behaviour", "copy"))]
 
-    def done(self, net):
-        return self._sent(net) >= net.manifest.steps  # it has copied a result for every step
+    def done(self, net):  # it has copied a result for every step, and the observer caught it
+        return self._sent(net) >= net.manifest.steps and self._flag(net) is not None
 
     def _sent(self, net) -> int:
         i = net.indices("copier")[0]
         return sum(1 for a in net.attestations(i) if a["signer"] == net.peer(i))
 
+    def _flag(self, net) -> dict | None:
+        copier = net.peer(net.indices("copier")[0])
+        return next((f for f in net.coverage(net.observer)["flagged"] if f["signer"] == copier), None)
+
     def report(self, net):
         copier = net.peer(net.indices("copier")[0])
         cov = net.coverage(net.observer)
+        flag = self._flag(net)
         counted = sorted(s["step"] for s in cov["per_step"] if copier in s["auditors"] + s["dissenters"])
-        witness = sorted(set(Attestation.SCHEMA) - R2_ATTESTATION_FIELDS)  # issue 8 adds one
+        reveals = {r["digest"]: r for r in net.get(net.observer, f"/v1/reveals/{net.run}")}
+        evidence: dict[str, str] = {}
+        if flag is not None and flag["kind"] == "copier":
+            held = {a["digest"]: a for a in net.attestations(net.observer, flag["step"])}
+            found = {"statement": held.get(flag["statement"]), "conflicting": held.get(flag["conflicting"]),
+                     "reveal": reveals.get(flag["reveal"])}
+            evidence = {k: v["encoded"] for k, v in found.items() if v is not None}
+        honest = {net.peer(i) for i in net.indices(*HONEST_ROLES)}
+        sent = self._sent(net)
         return _result(
-            {"what": "attestations copied from other nodes without replaying", "count": self._sent(net)},
-            {"what": "copies not counted", "count": net.manifest.steps - len(counted), "counted_steps": counted,
-             "proof_of_replay_fields": witness},
+            {"what": "attestations copied from other nodes without replaying", "count": sent},
+            {"what": "copiers flagged by a witness reveal", "count": int(bool(evidence)),
+             "flagged_at_step": flag["step"] if flag else None, "reveals": len(reveals), "counted_steps": counted},
             0,
-            {"copier caught (needs a proof of replay: issue 8)": self._sent(net) > 0 and not counted},
-            copier=copier)
+            {"copier flagged as a copier": flag is not None and flag["kind"] == "copier",
+             "evidence re-checks": _copy_proven(evidence, net.manifest, flag["step"] if flag else -1, copier),
+             "copies not counted": sent > 0 and not counted,
+             "no honest node flagged": not honest & {f["signer"] for f in cov["flagged"]}},
+            copier=copier, evidence=evidence)
 
 
-R2_ATTESTATION_FIELDS = {"run", "step", "pre_state", "post_state", "verdict", "engine", "engine_version", "hardware",
-                         "elapsed_ms", "signer", "issued_at"}
+def _copy_proven(evidence: dict[str, str], manifest, step: int, copier: str) -> bool:
+    """Re-check a copier's evidence from its bytes alone: the reveal opens the manifest's C_step,
+    the copier's match binds another witness, and another key's match binds the revealed one."""
+    try:
+        mine = Attestation.decode(bytes.fromhex(evidence["statement"]))
+        other = Attestation.decode(bytes.fromhex(evidence["conflicting"]))
+        reveal = WitnessReveal.decode(bytes.fromhex(evidence["reveal"]))
+    except (KeyError, ValueError, Open1bError):
+        return False
+    w = reveal.witness
+    return (reveal.run == mine.run == other.run == manifest.run_id and reveal.step == mine.step == other.step == step
+            and witness_commitment(w) == manifest.witnesses[step] and mine.signer_peer_id == copier
+            and mine.verdict == other.verdict == MATCH and other.signer_peer_id != copier
+            and mine.witness != witness_binding(mine.run, step, mine.signer, w)
+            and other.witness == witness_binding(other.run, step, other.signer, w))
 
 
 # -- forged-and-malformed ----------------------------------------------------------------------
@@ -356,15 +397,21 @@ class Sybil(Scenario):
         counted = {p for s in cov["per_step"] for p in s["auditors"] + s["dissenters"]}
         per_step_open = min(len(set(s["auditors"] + s["dissenters"])) for s in open_cov["per_step"])
         per_step = max(len(set(s["auditors"] + s["dissenters"])) for s in cov["per_step"])
+        # Under `open` the fresh keys count, unless the proof of replay caught them: their made-up
+        # witness bindings fail any step's reveal (another scenario's copier makes honest nodes
+        # reveal witnesses), and then they are flagged copiers in every step.
+        caught = {f["signer"] for f in open_cov["flagged"] if f["kind"] == "copier"} & set(cov["untrusted"])
         return _result(
             {"what": "fresh keys attesting every step at once", "count": SYBIL_KEYS,
              "attestations": SYBIL_KEYS * net.manifest.steps},
             {"what": "keys not counted under the default policy", "count": len(cov["untrusted"]),
-             "max_attesters_per_step": per_step, "min_attesters_per_step_under_open": per_step_open},
+             "max_attesters_per_step": per_step, "min_attesters_per_step_under_open": per_step_open,
+             "caught_as_copiers_under_open": len(caught)},
             0,
             {"no fresh key counted": counted <= members and len(cov["untrusted"]) == SYBIL_KEYS,
              "honest coverage still complete": cov["complete"],
-             "the same statements inflate `open`": per_step_open >= SYBIL_KEYS})
+             "under `open` every fresh key inflates coverage or is caught as a copier":
+                 per_step_open + len(caught) >= SYBIL_KEYS})
 
 
 # -- crash -------------------------------------------------------------------------------------
@@ -456,6 +503,11 @@ class Partition(Scenario):
 
     def nodes(self):
         return [Node("observer-b", audit=False, half=1)]
+
+    def publishers(self, net):
+        # The trainer seeds both halves: a half whose only source of checkpoints is cut off can
+        # audit nothing (data availability is not what this scenario measures).
+        return self._observers(net)[1:]
 
     def auditor_args(self):
         # Leases claimed before the split by the other half block a slot until they end: short
@@ -626,6 +678,10 @@ def _drive(net: Net, chosen: list[Scenario], redundancy: int, forgeries: dict[in
     for i, node in enumerate(net.nodes):
         if not node.late:
             net.api(i)
+    # The trainer's run directory reaches the network only by being published (as `open1b-node
+    # publish` does): the observer checks and serves it; auditors fetch what they replay from peers.
+    for i in dict.fromkeys([net.observer] + [j for s in chosen for j in s.publishers(net)]):
+        daemons.publish(i)
     _say(f"{len(net.nodes)} daemons ({', '.join(sorted({n.role for n in net.nodes}))}); scenarios: "
          f"{', '.join(opts.scenarios)}; run {net.run[:16]}…")
     deadline = net.started + opts.deadline_s

@@ -13,7 +13,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from open1b.protocol import Attestation, Claim, RunManifest
+from open1b.protocol import Attestation, Claim, RunManifest, WitnessReveal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
@@ -26,6 +26,11 @@ CREATE TABLE IF NOT EXISTS claims (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, slot INTEGER NOT NULL,
     claimant BLOB NOT NULL, lease_expiry INTEGER NOT NULL, encoded BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS claims_by_step ON claims (run_id, step);
+CREATE TABLE IF NOT EXISTS reveals (
+    digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, encoded BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS reveals_by_step ON reveals (run_id, step);
+CREATE TABLE IF NOT EXISTS replay_witnesses (
+    run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
 
 
@@ -106,3 +111,26 @@ class Store:
             rows = self._db.execute(
                 "SELECT encoded FROM claims WHERE run_id = ? AND lease_expiry > ? ORDER BY digest", (run_id, live_at))
         return [Claim.decode(r[0]) for r in rows.fetchall()]
+
+    # -- proof of replay -------------------------------------------------------------------
+    def add_reveal(self, reveal: WitnessReveal) -> bool:
+        return self._insert("INSERT OR IGNORE INTO reveals VALUES (?, ?, ?, ?)",
+                            (reveal.digest, reveal.run, reveal.step, reveal.encoded))
+
+    def reveals(self, run_id: bytes, step: int | None = None) -> list[WitnessReveal]:
+        if step is None:
+            rows = self._db.execute("SELECT encoded FROM reveals WHERE run_id = ? ORDER BY step, digest", (run_id,))
+        else:
+            rows = self._db.execute(
+                "SELECT encoded FROM reveals WHERE run_id = ? AND step = ? ORDER BY digest", (run_id, step))
+        return [WitnessReveal.decode(r[0]) for r in rows.fetchall()]
+
+    def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> None:
+        """W_step from this node's own replay (checked against the manifest's C_step by the caller).
+        Kept so that a restarted node can still check later attestations' bindings; it is not a
+        signed statement and is never served."""
+        self._insert("INSERT OR IGNORE INTO replay_witnesses VALUES (?, ?, ?)", (run_id, step, witness))
+
+    def replay_witnesses(self, run_id: bytes) -> dict[int, bytes]:
+        rows = self._db.execute("SELECT step, witness FROM replay_witnesses WHERE run_id = ?", (run_id,))
+        return {r[0]: r[1] for r in rows.fetchall()}

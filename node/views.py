@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from open1b.protocol import Attestation, Claim, Coverage, RunManifest, StepStatus, peer_id_from_public_key
+from open1b.protocol import (
+    Attestation, Claim, Coverage, RunManifest, StepStatus, WitnessReveal, peer_id_from_public_key,
+)
 
 
 def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
@@ -13,6 +15,14 @@ def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
         "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware,
         "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
         "encoded": att.encoded.hex(),  # the signed statement itself: anyone can re-check it
+    }
+
+
+def reveal_json(reveal: WitnessReveal) -> dict:
+    return {
+        "digest": reveal.digest.hex(), "run": reveal.run.hex(), "step": reveal.step, "witness": reveal.witness.hex(),
+        "revealer": reveal.signer_peer_id, "issued_at": reveal.issued_at,
+        "encoded": reveal.encoded.hex(),  # the signed statement itself
     }
 
 
@@ -33,9 +43,10 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
         "complete": cov.complete,
         "policy": {"name": cov.policy.name, "roots": sorted(peer_id_from_public_key(k) for k in cov.policy.roots),
                    "quorum": cov.policy.quorum},
-        # evidence: digests of signed attestations, which /v1/attestations serves for anyone to re-check
-        "flagged": [{"signer": f.signer, "step": f.step, "statement": f.statement.hex(),
-                     "conflicting": f.conflicting.hex()} for f in cov.flagged],
+        # evidence: digests of signed attestations (and, for a copier, of the witness reveal its
+        # binding fails), which /v1/attestations and /v1/reveals serve for anyone to re-check
+        "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": f.statement.hex(),
+                     "conflicting": f.conflicting.hex(), "reveal": f.reveal.hex() or None} for f in cov.flagged],
         "untrusted": list(cov.untrusted),
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),

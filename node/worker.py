@@ -32,6 +32,7 @@ class ReplayFailed(Open1bError):
 class WorkerResult:
     pre_state: bytes
     post_state: bytes
+    witness: bytes  # W_k of the replay; the daemon binds it to its key when it signs
     elapsed_ms: int
 
 
@@ -87,8 +88,14 @@ class ReplayWorker:
                 self.kill()
         if "error" in reply:
             raise ReplayFailed(reply["error"])
-        return WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]),
-                            int(reply["elapsed_ms"]))
+        try:
+            result = WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]),
+                                  bytes.fromhex(reply["witness"]), int(reply["elapsed_ms"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayFailed(f"malformed worker reply: {exc}") from exc
+        if not len(result.pre_state) == len(result.post_state) == len(result.witness) == 32:
+            raise ReplayFailed("malformed worker reply: hashes must be 32 bytes")
+        return result
 
     async def aclose(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
@@ -109,7 +116,7 @@ def _serve() -> int:
             request = json.loads(line)
             result = replay(Path(request["run_dir"]), int(request["step"]))
             reply = {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
-                     "elapsed_ms": int(result.elapsed_s * 1000)}
+                     "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
         except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         sys.stdout.write(json.dumps(reply) + "\n")

@@ -7,14 +7,16 @@ keep their meaning within a protocol version, and anything else may change. How 
 * keys: :class:`Identity` (an Ed25519 seed, also a libp2p peer ID), :func:`sign` / :func:`verify`
   (domain-separated signatures);
 * statements: :class:`RunManifest`, :class:`ExternalRunManifest`, :class:`Claim`,
-  :class:`Attestation` — ``X.decode(data)`` authenticates, ``X.create(identity, ...)`` signs;
+  :class:`Attestation`, :class:`WitnessReveal` — ``X.decode(data)`` authenticates, ``X.create(identity, ...)`` signs;
   :func:`decode_message` takes any kind;
-* judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_manifest` give a
+* judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_reveal`,
+  :func:`validate_manifest` give a
   :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
   per-step status from a set of statements under a :class:`TrustPolicy`; :func:`select_claim`
   arbitrates DHT claim records;
-* commitments: :func:`state_hash` and friends, Merkle proofs, external trajectories
-  (:func:`resolve_external_run`); Open-1B's v3 hash is the module :mod:`.open1b_v3`;
+* commitments: :func:`state_hash` and friends (a tree: :func:`tensor_proof` proves one tensor),
+  Merkle proofs, external trajectories (:func:`resolve_external_run`); Open-1B's v3 hash is the
+  module :mod:`.open1b_v3`;
 * errors: everything raised on purpose is an :class:`Open1bError`; a :class:`ProtocolError`
   carries its ``outcome`` and ``code``.
 """
@@ -25,7 +27,10 @@ from .claims import (
     validate_claim_record,
 )
 from .codec import decode, encode
-from .commitments import ZERO_HASH, TensorBytes, batch_digest, genesis, state_hash, tensor_digest
+from .commitments import (
+    CHUNK_SIZE, ZERO_HASH, TensorBytes, TensorProof, batch_digest, genesis, state_hash, tensor_digest, tensor_proof,
+    verify_tensor_proof,
+)
 from .coverage import Contradiction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage
 from .errors import (
     DecodeError,
@@ -46,13 +51,15 @@ from .hashing import blake2b256
 from .identity import Identity, peer_id_from_public_key, public_key_from_peer_id
 from .merkle import merkle_proof, merkle_root, verify_merkle_proof
 from .messages import (
-    MATCH, MAX_ATTESTATION_SIZE, MAX_CLAIM_SIZE, MAX_MANIFEST_SIZE, MISMATCH, PROTOCOL_VERSION, Attestation, Claim,
+    MATCH, MAX_ATTESTATION_SIZE, MAX_CLAIM_SIZE, MAX_MANIFEST_SIZE, MISMATCH, PROTOCOL_VERSION, RUN_FORMAT, Attestation, Claim,
     RunManifest, SignedMessage,
 )
 from .signing import sign, signing_bytes, verify
 from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, resolve_external_run
+from .witness import WitnessReveal, witness_binding, witness_commitment
 from .validation import (
     MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_manifest,
+    validate_reveal,
 )
 
 __all__ = [
@@ -60,16 +67,17 @@ __all__ = [
     "encode", "decode", "Identity", "peer_id_from_public_key", "public_key_from_peer_id", "sign", "verify",
     "signing_bytes", "blake2b256",
     # statements
-    "PROTOCOL_VERSION", "SignedMessage", "RunManifest", "ExternalRunManifest", "Claim", "Attestation", "MATCH",
-    "MISMATCH", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
+    "PROTOCOL_VERSION", "RUN_FORMAT", "SignedMessage", "RunManifest", "ExternalRunManifest", "Claim", "Attestation", "MATCH",
+    "MISMATCH", "WitnessReveal", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
     # judging
-    "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest",
+    "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments
-    "TensorBytes", "ZERO_HASH", "tensor_digest", "state_hash", "genesis", "batch_digest",
+    "TensorBytes", "ZERO_HASH", "tensor_digest", "state_hash", "genesis", "batch_digest", "CHUNK_SIZE", "TensorProof",
+    "tensor_proof", "verify_tensor_proof",
     "merkle_root", "merkle_proof", "verify_merkle_proof",
-    "ExternalRun", "parse_state_hash_log", "resolve_external_run",
+    "ExternalRun", "parse_state_hash_log", "resolve_external_run", "witness_commitment", "witness_binding",
     # errors
     "Open1bError", "ProtocolError", "DecodeError", "OversizeError", "NonCanonicalError", "SchemaError",
     "UnknownFieldError", "MissingFieldError", "WrongTypeError", "SignatureError", "InvalidStatementError",

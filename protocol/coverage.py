@@ -1,6 +1,6 @@
 """Coverage: what a set of attestations says about each step of a run.
 
-``coverage`` is a pure function of (run, attestations, claims, now, redundancy, policy): two
+``coverage`` is a pure function of (run, attestations, claims, reveals, now, redundancy, policy): two
 nodes holding the same statements and applying the same policy report the same coverage
 whatever order they heard them in. Attestations that are inconsistent with the run are not
 counted (validation already keeps them out of stores; coverage re-checks so that it is safe on
@@ -16,6 +16,14 @@ Whose attestations count is a :class:`TrustPolicy`, applied here and never to wh
   deterministic, so a key that reported another value for a settled step, or two values for one
   step, is *flagged* with two conflicting signed statements as evidence, and none of its
   attestations count.
+* Whatever the quorum, a key's ``match`` of a step with a valid reveal whose witness binding
+  fails the revealed W_k does not count for that step; the key is flagged a ``copier`` when
+  another counted key's match binds W_k: it signed a result without knowing what only a replay
+  yields (docs/run-format.md §5). The evidence is its attestation, that other key's, and the
+  reveal. Copiers' reports never help
+  settle a step; a copier that also contradicts a settled result carries that evidence instead.
+  A ``mismatch`` is never judged by its binding: an honest replay of a step the trainer forged
+  may compute another witness.
 
 Status of a step, first rule that applies (counting only trusted, unflagged keys):
 
@@ -41,10 +49,12 @@ from typing import Iterable, Mapping
 from .claims import is_live
 from .errors import ProtocolError
 from .identity import peer_id_from_public_key
-from .messages import Attestation, Claim
-from .validation import Run, check_attestation, check_claim
+from .messages import MATCH, Attestation, Claim
+from .validation import Run, check_attestation, check_claim, check_reveal
+from .witness import WitnessReveal, witness_binding
 
 OPEN, ALLOWLIST = "open", "allowlist"
+CONTRADICTION, COPIER = "contradiction", "copier"  # kinds of flag
 
 
 class StepStatus(str, enum.Enum):
@@ -77,12 +87,16 @@ class TrustPolicy:
 class Contradiction:
     """Evidence against ``signer``: its signed ``statement`` about ``step`` and a ``conflicting``
     one (the settled result's, or its own other result) — both from the same pre_state with
-    different post_states, which one deterministic replay cannot both give. Values are digests."""
+    different post_states, which one deterministic replay cannot both give. For ``kind`` COPIER,
+    ``statement`` is its match whose witness binding fails the revealed W_step, ``conflicting``
+    another key's match that binds it, and ``reveal`` the reveal. Values are digests."""
 
     signer: str
     step: int
     statement: bytes
     conflicting: bytes
+    kind: str = CONTRADICTION
+    reveal: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,7 @@ def coverage(
     attestations: Iterable[Attestation],
     claims: Iterable[Claim] = (),
     *,
+    reveals: Iterable[WitnessReveal] = (),
     now: int = 0,
     redundancy: int = 1,
     policy: TrustPolicy = TrustPolicy(),
@@ -143,21 +158,30 @@ def coverage(
     if redundancy < 1:
         raise ValueError("redundancy must be at least 1")
     reports: Reports = [{} for _ in range(manifest.steps)]
+    matches: list[list[Attestation]] = [[] for _ in range(manifest.steps)]
     untrusted: set[bytes] = set()
     for att in attestations:
-        if att.run != manifest.run_id or not _consistent(att, manifest):
+        if att.run != manifest.run_id or not _ok(check_attestation, att, manifest):
             continue
         if not policy.trusts(att.signer):
             untrusted.add(att.signer)
             continue
+        if att.verdict == MATCH:
+            matches[att.step].append(att)
         by_post = reports[att.step].setdefault(att.signer, {})
         held = by_post.get(att.post_state)
         if held is None or att.digest < held.digest:
             by_post[att.post_state] = att
-    flagged = _contradictions(reports, policy.quorum) if policy.quorum else {}
+    copiers, unproven = _copiers(manifest.run_id, matches, _revealed(manifest, reveals))
+    for step, signer in unproven:  # a match the step's revealed witness disproves counts for nothing
+        posts = reports[step][signer]
+        del posts[manifest.state_hashes[step + 1]]
+        if not posts:
+            del reports[step][signer]
+    flagged = {**copiers, **(_contradictions(reports, policy.quorum, copiers) if policy.quorum else {})}
     live: list[set[bytes]] = [set() for _ in range(manifest.steps)]
     for claim in claims:
-        if claim.run == manifest.run_id and is_live(claim, now) and _claim_ok(claim, manifest):
+        if claim.run == manifest.run_id and is_live(claim, now) and _ok(check_claim, claim, manifest):
             live[claim.step].add(claim.claimant)
 
     steps = []
@@ -196,14 +220,16 @@ def _settled(reports: Mapping[bytes, Mapping[bytes, Attestation]], quorum: int) 
     return ranked[0][0]
 
 
-def _contradictions(reports: Reports, quorum: int) -> dict[bytes, Contradiction]:
-    """Each key that contradicts a settled result or itself, with the evidence at its lowest such
-    step. The settled result is cited from a key that is not flagged itself when there is one, so
-    the evidence against a liar is an honest statement wherever the statements allow it."""
+def _contradictions(reports: Reports, quorum: int, copiers: Mapping[bytes, object]) -> dict[bytes, Contradiction]:
+    """Each key that contradicts a settled result (settled without ``copiers``) or itself, with the
+    evidence at its lowest such step. The settled result is cited from a key that is not flagged
+    itself when there is one, so the evidence against a liar is an honest statement wherever the
+    statements allow it."""
     found: dict[bytes, tuple[int, bytes, list[tuple[bytes, bytes]]]] = {}  # signer -> step, own, backers
     for step, by_signer in enumerate(reports):
-        settled = _settled(by_signer, quorum)
-        backing = sorted((posts[settled].digest, s) for s, posts in by_signer.items() if settled in posts)
+        voters = {s: posts for s, posts in by_signer.items() if s not in copiers}
+        settled = _settled(voters, quorum)
+        backing = sorted((posts[settled].digest, s) for s, posts in voters.items() if settled in posts)
         for signer, posts in by_signer.items():
             if signer in found:
                 continue
@@ -219,17 +245,46 @@ def _contradictions(reports: Reports, quorum: int) -> dict[bytes, Contradiction]
     return out
 
 
-def _consistent(att: Attestation, manifest: Run) -> bool:
-    try:
-        check_attestation(att, manifest)
-    except ProtocolError:
-        return False
-    return True
+def _revealed(manifest: Run, reveals: Iterable[WitnessReveal]) -> dict[int, tuple[bytes, bytes]]:
+    """Step -> (W_step, the lowest digest among its valid reveals; all of them carry one witness)."""
+    out: dict[int, tuple[bytes, bytes]] = {}
+    for r in reveals:
+        if r.run == manifest.run_id and _ok(check_reveal, r, manifest):
+            if r.step not in out or r.digest < out[r.step][1]:
+                out[r.step] = (r.witness, r.digest)
+    return out
 
 
-def _claim_ok(claim: Claim, manifest: Run) -> bool:
+def _copiers(run: bytes, matches: list[list[Attestation]], revealed: dict[int, tuple[bytes, bytes]]
+             ) -> tuple[dict[bytes, Contradiction], list[tuple[int, bytes]]]:
+    """Each key with a match whose binding fails a revealed W_k that another key's match binds, with
+    the evidence at its lowest such step (lowest digests; the binding match is cited from a key
+    that is not a copier itself when there is one); and the (step, key) whose matches of a
+    revealed step all fail its binding (*unproven*, flagged or not)."""
+    found: dict[bytes, tuple[int, bytes, list[tuple[bytes, bytes]], bytes]] = {}
+    unproven = []
+    for step in sorted(revealed):
+        witness, reveal = revealed[step]
+        knew: dict[bytes, bytes] = {}  # signer -> lowest digest, of matches that bind W_step / that do not
+        did_not: dict[bytes, bytes] = {}
+        for att in matches[step]:
+            side = knew if att.witness == witness_binding(run, step, att.signer, witness) else did_not
+            side[att.signer] = min(att.digest, side.get(att.signer, att.digest))
+        unproven += [(step, signer) for signer in did_not if signer not in knew]
+        for signer, own in did_not.items():
+            backers = sorted((d, s) for s, d in knew.items() if s != signer)
+            if signer not in found and backers:
+                found[signer] = (step, own, backers, reveal)
+    out = {}
+    for signer, (step, own, backers, reveal) in found.items():
+        conflicting = next((d for d, s in backers if s not in found), backers[0][0])
+        out[signer] = Contradiction(peer_id_from_public_key(signer), step, own, conflicting, COPIER, reveal)
+    return out, unproven
+
+
+def _ok(check, message, manifest: Run) -> bool:
     try:
-        check_claim(claim, manifest)
+        check(message, manifest)
     except ProtocolError:
         return False
     return True

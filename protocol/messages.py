@@ -21,14 +21,18 @@ from .identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_pu
 from .schema import Bytes, Enum, FieldType, ListOf, Scalars, Text, UInt, check_map
 
 PROTOCOL_VERSION = 1
+# The run format (docs/run-format.md): what a manifest commits to and how h_k is computed.
+# Bumped when either changes; a node refuses runs of a format it does not read.
+RUN_FORMAT = 2
 HASH_SIZE = 32
 
 MAX_MANIFEST_SIZE = 1 << 20
 MAX_CLAIM_SIZE = 512
 MAX_ATTESTATION_SIZE = 1024
-# Manifests carry the state-hash chain inline; 35 bytes per step keeps a run of this many
-# steps inside MAX_MANIFEST_SIZE. Longer runs need a trajectory blob (see docs/protocol.md).
-MAX_INLINE_STEPS = 16384
+# Manifests carry three 35-byte lists per step inline (state hashes, checkpoint addresses,
+# witness commitments); this many steps keeps them inside MAX_MANIFEST_SIZE (~860 KB).
+# Longer runs are split or use an external trajectory (docs/protocol.md).
+MAX_INLINE_STEPS = 8192
 
 MATCH = "match"
 MISMATCH = "mismatch"
@@ -97,6 +101,7 @@ class SignedMessage:
             raise WrongTypeError(f"expected a {cls.KIND}, got {kind!r}", code="kind")
         if value.get("v") != PROTOCOL_VERSION or type(value.get("v")) is not int:
             raise WrongTypeError(f"{cls.KIND}: unsupported protocol version {value.get('v')!r}", code="version")
+        cls._check_format(value)
         check_map({**_ENVELOPE, **cls.SCHEMA}, value, cls.KIND)
         fields = {name: value[name] for name in cls.SCHEMA}
         message = cls(sig=value["sig"], **fields)
@@ -104,22 +109,30 @@ class SignedMessage:
         signing.verify(fields[cls.SIGNER], cls.KIND, message.body(), value["sig"])
         return message
 
+    @classmethod
+    def _check_format(cls, value: dict) -> None:
+        """Checks that must come before the schema (a later format may change every field)."""
+
     def _check_semantics(self) -> None:
         """Cross-field rules a schema cannot express; subclasses extend."""
 
 
 @dataclass(frozen=True)
 class RunManifest(SignedMessage):
-    """A trainer's signed description of a published run, with its state-hash chain.
+    """A trainer's signed description of a published run (run format 2, docs/run-format.md).
 
-    ``state_hashes[k]`` is h_k, the commitment to the state before step k; it has ``steps + 1``
-    entries. The run is identified by :attr:`run_id`, the digest of the signed manifest.
+    ``state_hashes[k]`` is h_k, the commitment to the state before step k, and ``checkpoints[k]``
+    the blob address (BLAKE2b-256 of the file) of that state's checkpoint: ``steps + 1`` entries
+    each. ``witnesses[k]`` commits to step k's replay witness (``steps`` entries). The samples
+    the batches are drawn from are committed by a Merkle root and by their file's blob address.
+    The run is identified by :attr:`run_id`, the digest of the signed manifest.
     """
 
     KIND: ClassVar[str] = "manifest"
     MAX_SIZE: ClassVar[int] = MAX_MANIFEST_SIZE
     SIGNER: ClassVar[str] = "publisher"
     SCHEMA: ClassVar[Mapping[str, FieldType]] = {
+        "format": UInt(maximum=255),
         "engine": Text(max_length=64),
         "engine_version": Text(max_length=64),
         "model": Scalars(max_entries=64),
@@ -127,10 +140,17 @@ class RunManifest(SignedMessage):
         "seed": UInt(),
         "steps": UInt(maximum=MAX_INLINE_STEPS),
         "state_hashes": ListOf(_HASH, max_length=MAX_INLINE_STEPS + 1),
+        "checkpoints": ListOf(_HASH, max_length=MAX_INLINE_STEPS + 1),
+        "witnesses": ListOf(_HASH, max_length=MAX_INLINE_STEPS),
+        "samples_root": _HASH,
+        "samples": UInt(),
+        "samples_blob": _HASH,
+        "samples_size": UInt(),
         "publisher": _KEY,
         "created_at": UInt(),
     }
 
+    format: int
     engine: str
     engine_version: str
     model: dict[str, Any]
@@ -138,12 +158,33 @@ class RunManifest(SignedMessage):
     seed: int
     steps: int
     state_hashes: list[bytes]
+    checkpoints: list[bytes]
+    witnesses: list[bytes]
+    samples_root: bytes
+    samples: int
+    samples_blob: bytes
+    samples_size: int
     publisher: bytes
     created_at: int
 
+    @classmethod
+    def _check_format(cls, value: dict) -> None:
+        if value.get("format") != RUN_FORMAT or type(value.get("format")) is not int:
+            raise WrongTypeError(
+                f"manifest: run format {value.get('format')!r} is not supported; this node reads format {RUN_FORMAT}",
+                code="run_format")
+
     def _check_semantics(self) -> None:
+        if self.format != RUN_FORMAT:
+            raise WrongTypeError(f"manifest: run format must be {RUN_FORMAT}", code="run_format")
         if self.steps < 1 or len(self.state_hashes) != self.steps + 1:
             raise WrongTypeError("manifest: state_hashes must hold steps + 1 hashes, steps >= 1", code="state_hashes")
+        if len(self.checkpoints) != self.steps + 1:
+            raise WrongTypeError("manifest: checkpoints must hold steps + 1 addresses", code="checkpoints")
+        if len(self.witnesses) != self.steps:
+            raise WrongTypeError("manifest: witnesses must hold one commitment per step", code="witnesses")
+        if self.samples < 1:
+            raise WrongTypeError("manifest: a run needs at least one sample", code="samples")
 
     @property
     def run_id(self) -> bytes:
@@ -199,6 +240,7 @@ class Attestation(SignedMessage):
         "engine_version": Text(max_length=64),
         "hardware": Text(max_length=128),
         "elapsed_ms": UInt(),
+        "witness": _HASH,
         "signer": _KEY,
         "issued_at": UInt(),
     }
@@ -212,5 +254,6 @@ class Attestation(SignedMessage):
     engine_version: str
     hardware: str
     elapsed_ms: int
+    witness: bytes  # B2 binding of the signer's replay witness to its key (docs/run-format.md §5)
     signer: bytes
     issued_at: int

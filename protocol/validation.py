@@ -16,9 +16,10 @@ from .codec import decode
 from .errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableError, WrongTypeError
 from .messages import MATCH, Attestation, Claim, RunManifest, SignedMessage
 from .trajectory import ExternalRunManifest
+from .witness import WitnessReveal, witness_commitment
 
 MESSAGE_TYPES: dict[str, type[SignedMessage]] = {
-    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation)
+    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal)
 }
 
 # A statement dated further in the future than this is ignored, not rejected: the clocks of
@@ -86,40 +87,49 @@ def check_claim(claim: Claim, manifest: Run) -> None:
         raise InvalidStatementError("lease longer than MAX_LEASE_SECONDS", code="lease_length")
 
 
+def check_reveal(reveal: WitnessReveal, manifest: Run) -> None:
+    # [REJECT] the step exists in the run
+    if reveal.step >= manifest.steps:
+        raise InvalidStatementError(f"step {reveal.step} is outside the run's {manifest.steps} steps", code="step_range")
+    # [REJECT] the witness opens the run's commitment C_step (a run without commitments has none to open)
+    commitments = getattr(manifest, "witnesses", None)
+    if commitments is None or witness_commitment(reveal.witness) != commitments[reveal.step]:
+        raise InvalidStatementError("witness does not open the run's commitment C_step", code="witness")
+
+
 def _check_not_future(issued_at: int, now: int) -> None:
     # [IGNORE] the statement is not dated in the future beyond the tolerated clock skew
     if issued_at > now + MAX_CLOCK_SKEW_SECONDS:
         raise UnjudgeableError("issued in the future", code="future")
 
 
-def validate_attestation(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation]:
+def _validate_about_run(cls: type[T], check: Callable[[T, Run], None], data: bytes, manifests: RunLookup,
+                        now: int) -> Verdict[T]:
+    """The rules of a statement about one run: decode, known run, not from the future, then ``check``."""
     try:
-        # [REJECT] size, canonical CBOR, schema and signature (Attestation.decode)
-        att = Attestation.decode(data)
+        # [REJECT] size, canonical CBOR, schema, cross-field rules and signature (cls.decode)
+        message = cls.decode(data)
         # [IGNORE] the run is known locally
-        manifest = manifests(att.run)
+        manifest = manifests(message.run)  # type: ignore[attr-defined]
         if manifest is None:
             raise UnjudgeableError("unknown run", code="unknown_run")
-        _check_not_future(att.issued_at, now)
-        check_attestation(att, manifest)
+        _check_not_future(message.issued_at, now)  # type: ignore[attr-defined]
+        check(message, manifest)
     except ProtocolError as exc:
         return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
-    return Verdict(Outcome.ACCEPT, "ok", att)
+    return Verdict(Outcome.ACCEPT, "ok", message)
+
+
+def validate_attestation(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation]:
+    return _validate_about_run(Attestation, check_attestation, data, manifests, now)
 
 
 def validate_claim(data: bytes, manifests: RunLookup, now: int) -> Verdict[Claim]:
-    try:
-        # [REJECT] size, canonical CBOR, schema, lease after issue, signature (Claim.decode)
-        claim = Claim.decode(data)
-        # [IGNORE] the run is known locally
-        manifest = manifests(claim.run)
-        if manifest is None:
-            raise UnjudgeableError("unknown run", code="unknown_run")
-        _check_not_future(claim.issued_at, now)
-        check_claim(claim, manifest)
-    except ProtocolError as exc:
-        return Verdict(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
-    return Verdict(Outcome.ACCEPT, "ok", claim)
+    return _validate_about_run(Claim, check_claim, data, manifests, now)
+
+
+def validate_reveal(data: bytes, manifests: RunLookup, now: int) -> Verdict[WitnessReveal]:
+    return _validate_about_run(WitnessReveal, check_reveal, data, manifests, now)
 
 
 def decode_message(data: bytes, kinds: frozenset[str] | None = None) -> SignedMessage:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens, init_state, torch_twin, train_step
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, torch_twin, train_step
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.step import step_gradients
 
@@ -16,7 +16,7 @@ SEED = 3
 @pytest.fixture(scope="module")
 def trained():
     """(state after 4 steps, the batch of step 4)."""
-    tokens, state = corpus_tokens(), init_state(CONFIG, SEED)
+    tokens, state = builtin_dataset(CONFIG), init_state(CONFIG, SEED)
     for k in range(4):
         state, _ = train_step(state, batch_for_step(tokens, SEED, k, CONFIG, TOPOLOGY), TOPOLOGY)
     return state, batch_for_step(tokens, SEED, 4, CONFIG, TOPOLOGY)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset
 from open1b.deterministic.errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import (
@@ -13,6 +13,7 @@ from open1b.deterministic.runfile import (
 from open1b.deterministic.trainer import config_of, publish_run
 from open1b.protocol import Identity, RunManifest, batch_digest
 from open1b.protocol.hashing import blake2b256
+from open1b.protocol.witness import witness_commitment
 
 PRESET = PRESETS["tiny"]
 
@@ -37,6 +38,14 @@ def test_replay_matches_every_honest_step_and_exposes_the_forged_one(forged_run)
     assert [r.match for r in results] == [True, False, True]
     assert all(r.pre_state == manifest.state_hashes[r.step] for r in results)
     assert results[1].post_state != manifest.state_hashes[2]
+    # The replay witness is the one the trainer committed to, for the forged step too: the
+    # forgery happened after the step's gradients were computed.
+    assert [witness_commitment(r.witness) for r in results] == manifest.witnesses
+
+
+def test_every_checkpoint_has_the_address_the_manifest_names(forged_run):
+    run_dir, manifest = forged_run
+    assert [blake2b256(checkpoint_path(run_dir, k).read_bytes()) for k in range(4)] == manifest.checkpoints
 
 
 def test_a_tampered_checkpoint_is_refused_before_the_step_runs(forged_run, tmp_path):
@@ -44,7 +53,8 @@ def test_a_tampered_checkpoint_is_refused_before_the_step_runs(forged_run, tmp_p
     run_dir, manifest = forged_run
     copy = tmp_path / "run"
     (copy / "checkpoints").mkdir(parents=True)
-    (copy / "manifest.cbor").write_bytes((run_dir / "manifest.cbor").read_bytes())
+    for name in ("manifest.cbor", "samples.bin"):
+        (copy / name).write_bytes((run_dir / name).read_bytes())
     for k in range(4):
         checkpoint_path(copy, k).write_bytes(checkpoint_path(run_dir, k).read_bytes())
     tensors = load_file(str(checkpoint_path(copy, 2)))
@@ -67,7 +77,7 @@ def test_engine_and_range_are_checked(forged_run):
 
 
 def test_batch_digest_lists_each_rank_in_order():
-    batch = batch_for_step(corpus_tokens(), 4, 0, PRESET.config, PRESET.topology)
+    batch = batch_for_step(builtin_dataset(PRESET.config), 4, 0, PRESET.config, PRESET.topology)
     per_rank = [as_tensor_bytes(batch[r]) for r in range(batch.shape[0])]
     assert step_batch_digest(batch) == batch_digest(per_rank)
     assert step_batch_digest(batch) != step_batch_digest(batch[::-1].copy())
@@ -82,3 +92,13 @@ def test_oversized_checkpoint_is_refused_before_parsing(forged_run, tmp_path):
     big.write_bytes(b"\0" * (limit + 1))
     with pytest.raises(RunFormatError, match="exceeds"):
         load_checkpoint(tmp_path, 0, PRESET.config)
+
+
+def test_a_state_is_always_written_as_the_same_bytes(tmp_path):
+    # Its address is in the manifest: two writers of one state must agree on the file.
+    from open1b.deterministic import init_state
+    from open1b.deterministic.runfile import save_checkpoint
+
+    state = init_state(PRESET.config, 5)
+    addresses = {save_checkpoint(tmp_path / str(i), state) for i in range(12)}
+    assert len(addresses) == 1

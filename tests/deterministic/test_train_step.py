@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from open1b.deterministic import (
-    PRESETS, BatchFormatError, NonFiniteError, Topology, TrainState, batch_for_step, corpus_tokens, init_state,
+    PRESETS, BatchFormatError, NonFiniteError, Topology, TrainState, batch_for_step, builtin_dataset, init_state,
     train_step,
 )  # fmt: skip
 from open1b.deterministic.backend import cpu_backend
@@ -25,7 +25,7 @@ SEED = 11
 
 
 def run(state: TrainState, steps: int, backend=None) -> TrainState:
-    tokens = corpus_tokens()
+    tokens = builtin_dataset(CONFIG)
     for _ in range(steps):
         state, _ = train_step(state, batch_for_step(tokens, SEED, state.step, CONFIG, TOPOLOGY), TOPOLOGY,
                               backend=backend)  # fmt: skip
@@ -35,7 +35,7 @@ def run(state: TrainState, steps: int, backend=None) -> TrainState:
 @pytest.fixture(scope="module")
 def after_two():
     """The state after two steps (non-zero moments) and the batch of step 2."""
-    return run(init_state(CONFIG, SEED), 2), batch_for_step(corpus_tokens(), SEED, 2, CONFIG, TOPOLOGY)
+    return run(init_state(CONFIG, SEED), 2), batch_for_step(builtin_dataset(CONFIG), SEED, 2, CONFIG, TOPOLOGY)
 
 
 def test_replay_is_bit_exact_and_does_not_mutate_its_input():
@@ -149,13 +149,14 @@ def test_rank_reduction_follows_the_spec_order():
 
 
 _CHILD = """
-from open1b.deterministic import PRESETS, batch_for_step, corpus_tokens, init_state, require_deterministic_machine, train_step
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, require_deterministic_machine, train_step
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.selfcheck import state_fingerprint
 import numba
 be = cpu_backend({parallel})
 require_deterministic_machine(be)
-p, tokens = PRESETS["tiny"], corpus_tokens()
+p = PRESETS["tiny"]
+tokens = builtin_dataset(p.config)
 s = init_state(p.config, {seed})
 for _ in range(2):
     s, _ = train_step(s, batch_for_step(tokens, {seed}, s.step, p.config, p.topology), p.topology, backend=be)

@@ -18,9 +18,9 @@ from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
 from open1b.node.config import NodeConfig
 from open1b.node.daemon import ClaimRecords, Daemon
 from open1b.node.store import Store
-from open1b.node.sync import pull_attestations, serve_sync
+from open1b.node.sync import pull_attestations, pull_manifests, serve_runs, serve_sync
 from open1b.protocol import (
-    Claim, Open1bError, Outcome, ProtocolError, blake2b256, claim_key, encode, validate_attestation,
+    Claim, Open1bError, Outcome, ProtocolError, blake2b256, claim_key, encode, validate_attestation, validate_reveal,
 )
 from open1b.protocol.claims import claim_precedence
 
@@ -103,6 +103,25 @@ def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, mes
         else:
             assert after == before
         assert isinstance(daemon._validate_claim("fuzz-peer", raw), Outcome)
+    _stored_are_valid(daemon)
+
+
+REVEALS = [fixtures.reveal(s, RUN, k, issued_at=ISSUED) for s in (1, 2) for k in range(RUN.steps)]
+
+
+@FUZZ
+@given(st.lists(st.one_of(inputs_for(REVEALS[0], 1), inputs_for(REVEALS[3], 2), any_attestation_bytes,
+                          st.sampled_from([r.encoded for r in REVEALS])), max_size=8))
+def test_reveal_gossip_and_sync_frames_store_only_valid_reveals(daemon, messages):
+    for raw in messages:
+        before = {r.digest for r in daemon.store.reveals(RUN.run_id)}
+        outcome = daemon._validate_reveal("fuzz-peer", raw)
+        assert isinstance(outcome, Outcome)
+        added = daemon.ingest_synced(raw, source="fuzz-peer")  # either kind, told apart by its own bytes
+        after = {r.digest for r in daemon.store.reveals(RUN.run_id)}
+        assert after == (before | {blake2b256(raw)} if added and outcome is Outcome.ACCEPT else before)
+    for reveal in daemon.store.reveals(RUN.run_id):
+        assert validate_reveal(reveal.encoded, daemon.manifest, int(time.time())).accepted
     _stored_are_valid(daemon)
 
 
@@ -212,3 +231,44 @@ def test_dht_claim_validator_and_selector(values):
             pass
     if claims:  # libp2p hands select() validated values; among claims, the protocol's order decides
         assert values[index] == min(claims, key=claim_precedence).encoded
+
+
+def _want(ids: list[bytes]) -> bytes:
+    return encode({"want": ids})
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.binary(max_size=120), raw_cbor(), st.just(encode({"runs": True})),
+                          mutated(encode({"runs": True})), st.just(_want([RUN.run_id])),
+                          st.builds(_want, st.lists(st.binary(min_size=32, max_size=32), max_size=20))),
+                max_size=3))
+def test_runs_sync_server_answers_or_raises_a_typed_error(requests):
+    stream = FakeStream(requests)
+    try:
+        trio.run(serve_runs, stream, lambda: [RUN.run_id], lambda run: RUN.encoded if run == RUN.run_id else None)
+    except (ProtocolError, TooLong, EOFError):
+        return
+    assert stream.closed and stream.sent[0] == encode([RUN.run_id])
+    assert all(frame in (RUN.encoded, b"") for frame in stream.sent[1:])
+
+
+@FUZZ
+@given(st.one_of(raw_cbor(), st.just(encode([RUN.run_id])), st.just(encode([bytes(32), RUN.run_id]))),
+       st.lists(st.one_of(st.just(RUN.encoded), mutated(RUN.encoded), st.binary(max_size=200)), max_size=3))
+def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing, frames):
+    stream = FakeStream([listing] + frames)
+    accepted = []
+
+    async def ingest(data: bytes) -> bool:
+        verdict = daemon._judge_manifest(data)
+        if verdict.accepted:
+            accepted.append(verdict.message)
+        return verdict.accepted
+
+    try:
+        new = trio.run(pull_manifests, FakeP2P(stream), "fuzz-peer", lambda run: False, ingest)
+    except (ProtocolError, TooLong, EOFError):
+        new = None
+    assert all(m.encoded == RUN.encoded for m in accepted)  # the only validly signed manifest offered
+    if new is not None:
+        assert new == len(accepted) and len(stream.sent) == 2 and stream.closed

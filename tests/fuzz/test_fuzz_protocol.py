@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from open1b.protocol import (
-    Attestation, Claim, ExternalRunManifest, Outcome, ProtocolError, RunManifest, claim_key, decode, decode_message,
-    encode, parse_state_hash_log, resolve_external_run, select_claim_record, validate_attestation, validate_claim,
-    validate_claim_record, validate_manifest,
+    Attestation, Claim, ExternalRunManifest, Outcome, ProtocolError, RunManifest, WitnessReveal, claim_key, decode,
+    decode_message, encode, parse_state_hash_log, resolve_external_run, select_claim_record, validate_attestation,
+    validate_claim, validate_claim_record, validate_manifest, validate_reveal,
 )
 from open1b.protocol.claims import claim_precedence
 from open1b.protocol.open1b_v3 import HandoffMeta, read_safetensors
-from open1b.protocol.validation import check_attestation, check_claim
+from open1b.protocol.validation import check_attestation, check_claim, check_reveal
 
 from ..vectors import fixtures
 from ..vectors.common import NOW
@@ -31,6 +31,7 @@ EXTERNAL = fixtures.external_manifest(TRAJECTORY)
 RUNS = {RUN.run_id: RUN}
 ATTESTATION = fixtures.attestation(1, RUN, 1)
 CLAIM = fixtures.claim(1, RUN, 1)
+REVEAL = fixtures.reveal(1, RUN, 1)
 
 
 def _typed(exc: ProtocolError) -> None:
@@ -40,6 +41,7 @@ def _typed(exc: ProtocolError) -> None:
 
 @pytest.mark.parametrize("cls,message,signer", [
     (Attestation, ATTESTATION, 1), (Claim, CLAIM, 1), (RunManifest, RUN, 0), (ExternalRunManifest, EXTERNAL, 0),
+    (WitnessReveal, REVEAL, 1),
 ], ids=lambda v: getattr(v, "KIND", None) or getattr(v, "__name__", "") if isinstance(v, type) else None)
 @FUZZ
 @given(data=st.data())
@@ -87,6 +89,17 @@ def test_claim_validator(raw):
     if verdict.accepted:
         assert verdict.message.encoded == raw
         check_claim(verdict.message, RUN)
+    else:
+        assert verdict.code in SPEC_CODES and verdict.message is None
+
+
+@FUZZ
+@given(raw=inputs_for(REVEAL, 1))
+def test_reveal_validator(raw):
+    verdict = validate_reveal(raw, RUNS.get, NOW)
+    if verdict.accepted:
+        assert verdict.message.encoded == raw
+        check_reveal(verdict.message, RUN)  # its witness opens the run's commitment
     else:
         assert verdict.code in SPEC_CODES and verdict.message is None
 

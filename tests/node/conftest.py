@@ -4,6 +4,7 @@ import pytest
 
 from open1b.protocol import Identity
 from open1b.protocol.hashing import blake2b256
+from tests.runs import run_manifest
 
 
 def ident(n: int) -> Identity:
@@ -23,8 +24,7 @@ def tampered_run(tmp_path_factory) -> tuple[Path, object]:
 @pytest.fixture(scope="session")
 def manifest():
     """A signed 6-step manifest with made-up state hashes (no training needed)."""
-    from open1b.protocol import RunManifest
 
-    return RunManifest.create(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
+    return run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
                               steps=6, state_hashes=[blake2b256(b"h", bytes([k])) for k in range(7)],
                               created_at=1_800_000_000)

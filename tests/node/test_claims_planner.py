@@ -5,9 +5,10 @@ from hypothesis import given, settings, strategies as st
 
 from open1b.node import claims as planner
 from open1b.node.deficits import DeficitIndex
-from open1b.protocol import Attestation, Claim, coverage
+from open1b.protocol import Claim, coverage
 
 from .conftest import ident
+from tests.runs import attestation
 
 NOW = 1_800_000_000
 RUN = b"\x01" * 32
@@ -15,7 +16,7 @@ RUN = b"\x01" * 32
 
 def _att(signer, manifest, step, match=True):
     post = manifest.state_hashes[step + 1] if match else bytes(32)
-    return Attestation.create(signer, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
+    return attestation(signer, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine=manifest.engine,
                               engine_version=manifest.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW)
 

@@ -6,10 +6,11 @@ from hypothesis import given, settings, strategies as st
 
 from open1b.node import claims as planner
 from open1b.node.deficits import DeficitIndex
-from open1b.protocol import Attestation, Claim, RunManifest, coverage
+from open1b.protocol import Attestation, Claim, coverage
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
+from tests.runs import run_manifest, attestation
 
 T0 = 1_800_000_000
 STEPS = 12
@@ -17,7 +18,7 @@ SIGNERS = [ident(100 + i) for i in range(6)]
 
 
 def _manifest():
-    return RunManifest.create(ident(0), engine="e", engine_version="1", model={}, data={}, seed=0, steps=STEPS,
+    return run_manifest(ident(0), engine="e", engine_version="1", model={}, data={}, seed=0, steps=STEPS,
                               state_hashes=[blake2b256(b"h", bytes([k])) for k in range(STEPS + 1)], created_at=T0)
 
 
@@ -26,7 +27,7 @@ MANIFEST = _manifest()
 
 def _att(signer, step, match):
     post = MANIFEST.state_hashes[step + 1] if match else bytes(32)
-    return Attestation.create(signer, run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
+    return attestation(signer, run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine="e",
                               engine_version="1", hardware="t", elapsed_ms=1, issued_at=T0)
 

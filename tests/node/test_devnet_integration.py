@@ -52,6 +52,7 @@ def test_live_network_answers_coverage_cli_with_signed_evidence(tmp_path, tamper
         for i in range(4):
             daemons.start(i, audit=i < 3, bootstrap=[addrs[1 if i == 0 else 0]])
         observer = daemons.api(3)
+        daemons.publish(3)
         deadline = time.monotonic() + 120
         while not call(observer, f"/v1/coverage/{run_hex}")["complete"]:
             assert time.monotonic() < deadline, "coverage did not complete"

@@ -52,6 +52,9 @@ def network(tmp_path_factory, tampered_run):
     observer = daemons.api(3)
     run_hex = manifest.run_id.hex()
     try:
+        rc, out, err = cli("publish", str(run_dir), "--api", observer, "--json")  # only the observer sees run_dir
+        assert rc == 0, err
+        assert json.loads(out)["run"] == run_hex
         wait_for(lambda: call(observer, f"/v1/coverage/{run_hex}")["complete"], what="coverage")
         yield {"daemons": daemons, "manifest": manifest, "run_dir": run_dir, "run": run_hex, "observer": observer,
                "metrics": f"127.0.0.1:{metrics_port}", "notify": notify, "addrs": addrs}
@@ -140,6 +143,7 @@ def test_late_joiner_and_kill_9_restart_converge(network):
     # a node that joins after the run is covered catches up through sync
     (late_addr,) = daemons.plan(1)
     daemons.start(4, audit=False, bootstrap=[network["addrs"][0]])
+    wait_for(lambda: run in call(daemons.api(4), "/v1/status")["runs"], what="late joiner to learn the run")
     wait_for(lambda: verdicts(daemons.api(4), run) == reference, what="late joiner to converge")
     # an auditor killed with SIGKILL keeps every attestation it had
     before = call(daemons.api(1), "/v1/status")["attestations_stored"]

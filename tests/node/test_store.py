@@ -5,15 +5,15 @@ import sys
 import textwrap
 
 from open1b.node.store import Store
-from open1b.protocol import Attestation
 
 from .conftest import ident
+from tests.runs import attestation
 
 NOW = 1_800_000_000
 
 
 def _atts(manifest, n_signers=3):
-    return [Attestation.create(ident(10 + i), run=manifest.run_id, step=k, pre_state=manifest.state_hashes[k],
+    return [attestation(ident(10 + i), run=manifest.run_id, step=k, pre_state=manifest.state_hashes[k],
                                post_state=manifest.state_hashes[k + 1], verdict="match", engine=manifest.engine,
                                engine_version=manifest.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW)
             for i in range(n_signers) for k in range(manifest.steps)]

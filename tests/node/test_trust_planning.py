@@ -15,20 +15,21 @@ from open1b.node.config import ConfigError, NodeConfig, load_config
 from open1b.node.daemon import Daemon
 from open1b.node.store import Store
 from open1b.node.views import coverage_json
-from open1b.protocol import Attestation, RunManifest
+from open1b.protocol import Attestation
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
+from tests.runs import run_manifest, attestation
 
 NOW = int(time.time()) - 30
-MANIFEST = RunManifest.create(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
+MANIFEST = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
                               steps=4, state_hashes=[blake2b256(b"h", bytes([k])) for k in range(5)],
                               created_at=NOW - 100)
 
 
 def att(signer: int, step: int, *, match: bool = True) -> Attestation:
     post = MANIFEST.state_hashes[step + 1] if match else blake2b256(b"wrong", bytes([step]))
-    return Attestation.create(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
+    return attestation(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine="test-engine",
                               engine_version="1", hardware="t", elapsed_ms=1, issued_at=NOW)
 
@@ -82,7 +83,7 @@ def test_a_flagged_key_stops_counting_for_the_planner_too(tmp_path):
 
 def test_own_attestations_always_count_for_planning(tmp_path):
     node = make_daemon(tmp_path, trust_policy="allowlist")
-    mine = Attestation.create(node.identity, **{f: getattr(att(1, 0), f) for f in Attestation.SCHEMA
+    mine = attestation(node.identity, **{f: getattr(att(1, 0), f) for f in Attestation.SCHEMA
                                                  if f not in ("signer",)})
     node.ingest_attestation(mine.encoded)
     assert 0 in node.deficits.index(MANIFEST.run_id).mine

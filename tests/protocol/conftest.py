@@ -2,6 +2,7 @@ import pytest
 
 from open1b.protocol import Attestation, Claim, Identity, RunManifest
 from open1b.protocol.hashing import blake2b256
+from tests.runs import run_manifest, attestation
 
 NOW = 1_800_000_000
 
@@ -12,7 +13,7 @@ def ident(n: int) -> Identity:
 
 def make_manifest(publisher: Identity, steps: int = 4) -> RunManifest:
     hashes = [blake2b256(b"state", bytes([k])) for k in range(steps + 1)]
-    return RunManifest.create(
+    return run_manifest(
         publisher, engine="test-engine", engine_version="1", model={"d": 8, "lr": 0.01},
         data={"corpus": "x"}, seed=7, steps=steps, state_hashes=hashes, created_at=NOW,
     )
@@ -21,7 +22,7 @@ def make_manifest(publisher: Identity, steps: int = 4) -> RunManifest:
 def make_attestation(signer: Identity, manifest: RunManifest, step: int, *, match: bool = True,
                      issued_at: int = NOW) -> Attestation:
     post = manifest.state_hashes[step + 1] if match else blake2b256(b"other", bytes([step]))
-    return Attestation.create(
+    return attestation(
         signer, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step], post_state=post,
         verdict="match" if match else "mismatch", engine=manifest.engine,
         engine_version=manifest.engine_version, hardware="test", elapsed_ms=12, issued_at=issued_at,

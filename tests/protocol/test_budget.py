@@ -6,7 +6,7 @@ from pathlib import Path
 import open1b.protocol
 
 PACKAGE = Path(open1b.protocol.__file__).parent
-PACKAGE_BUDGET = 1800  # physical lines, docstrings and comments included
+PACKAGE_BUDGET = 2300  # physical lines, docstrings and comments included (raised for run format 2: issue 8)
 MODULE_BUDGET = 300
 API_BUDGET = 80  # names in __all__
 

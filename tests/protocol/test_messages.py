@@ -7,6 +7,7 @@ from open1b.protocol.errors import (
 )
 
 from .conftest import ident, make_attestation, make_claim, make_manifest
+from tests.runs import run_manifest
 
 
 def _resign_free_tamper(message, **changes):
@@ -84,11 +85,30 @@ def test_claim_lease_must_follow_issue(manifest):
 
 def test_manifest_hash_chain_must_match_steps(publisher):
     with pytest.raises(WrongTypeError):
-        RunManifest.create(publisher, engine="e", engine_version="1", model={}, data={}, seed=0, steps=3,
+        run_manifest(publisher, engine="e", engine_version="1", model={}, data={}, seed=0, steps=3,
                            state_hashes=[bytes(32)] * 3, created_at=0)
 
 
 def test_manifest_refuses_non_finite_floats(publisher):
     with pytest.raises(WrongTypeError):
-        RunManifest.create(publisher, engine="e", engine_version="1", model={"lr": float("nan")}, data={},
+        run_manifest(publisher, engine="e", engine_version="1", model={"lr": float("nan")}, data={},
                            seed=0, steps=1, state_hashes=[bytes(32)] * 2, created_at=0)
+
+
+@pytest.mark.parametrize("fmt", [1, 3, 255, "2", None])
+def test_manifest_of_another_run_format_is_refused_by_number_before_its_schema(manifest, fmt):
+    # Signed correctly, otherwise-valid fields: the format byte alone decides, and the error names
+    # both formats. A format-1 manifest (no "format" key at all) gets the same answer.
+    from open1b.protocol import RUN_FORMAT, sign
+
+    body = dict(manifest.body())
+    if fmt is None:
+        del body["format"]
+    else:
+        body["format"] = fmt
+    body["checkpoints"] = "not even a list"  # a later format may change any field: not looked at
+    data = codec.encode({**body, "sig": sign(ident(0), "manifest", body)})
+    with pytest.raises(WrongTypeError) as info:
+        RunManifest.decode(data)
+    assert info.value.code == "run_format"
+    assert f"this node reads format {RUN_FORMAT}" in str(info.value) and repr(fmt) in str(info.value)

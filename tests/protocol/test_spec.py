@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from open1b.protocol import Attestation, Claim, ExternalRunManifest, RunManifest
+from open1b.protocol import Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal
 from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
 
 from ..vectors import ROOT as VECTORS
@@ -83,7 +83,8 @@ def _field_type(expr: str, aliases: dict[str, str]):
     raise AssertionError(f"the test does not know the CDDL type {expr!r}")
 
 
-@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation], ids=lambda c: c.KIND)
+@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal],
+                         ids=lambda c: c.KIND)
 def test_cddl_is_the_code_schema(cls):
     aliases, messages = _cddl()
     fields = messages[cls.KIND]
@@ -98,16 +99,18 @@ def test_cddl_is_the_code_schema(cls):
 
 def test_constants_table_is_the_code():
     from open1b.node import blobs, p2p, sync
-    from open1b.protocol import claims, codec, messages, trajectory, validation
+    from open1b.protocol import claims, codec, messages, trajectory, validation, witness
 
     code = {
         "PROTOCOL_VERSION": messages.PROTOCOL_VERSION, "MAX_MANIFEST_SIZE": messages.MAX_MANIFEST_SIZE,
         "MAX_CLAIM_SIZE": messages.MAX_CLAIM_SIZE, "MAX_ATTESTATION_SIZE": messages.MAX_ATTESTATION_SIZE,
+        "MAX_REVEAL_SIZE": witness.MAX_REVEAL_SIZE,
         "MAX_DEPTH": codec.MAX_DEPTH, "MAX_INLINE_STEPS": messages.MAX_INLINE_STEPS,
         "MAX_EXTERNAL_STEPS": trajectory.MAX_EXTERNAL_STEPS, "MAX_TRAJECTORY_SIZE": trajectory.MAX_TRAJECTORY_SIZE,
         "MAX_CLOCK_SKEW_SECONDS": validation.MAX_CLOCK_SKEW_SECONDS, "LEASE_ROUND_SECONDS": claims.LEASE_ROUND_SECONDS,
         "MAX_LEASE_SECONDS": claims.MAX_LEASE_SECONDS, "MAX_SYNC_REQUEST": sync.MAX_SYNC_REQUEST,
-        "MAX_SYNC_STATEMENTS": sync.MAX_SYNC_STATEMENTS, "MAX_BLOB_CHUNK": blobs.MAX_CHUNK,
+        "MAX_SYNC_STATEMENTS": sync.MAX_SYNC_STATEMENTS, "MAX_SYNC_RUNS": sync.MAX_SYNC_RUNS,
+        "MAX_SYNC_WANT": sync.MAX_SYNC_WANT, "MAX_BLOB_CHUNK": blobs.MAX_CHUNK,
         "MAX_BLOB_REQUEST": blobs.MAX_REQUEST, "MAX_BLOB_SIZE": blobs.MAX_BLOB_SIZE,
         "MAX_GOSSIP_MESSAGE": p2p.MAX_PUBSUB_MESSAGE,
     }

@@ -10,6 +10,7 @@ from open1b.protocol import Attestation, StepStatus, TrustPolicy, coverage
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import NOW, ident, make_attestation, make_manifest
+from tests.runs import attestation
 
 MANIFEST = make_manifest(ident(0), steps=4)
 SETTLE = TrustPolicy(quorum=2)
@@ -18,7 +19,7 @@ SETTLE = TrustPolicy(quorum=2)
 def att(signer: int, step: int, *, match: bool = True, post: bytes | None = None, issued_at: int = NOW) -> Attestation:
     if post is None:
         return make_attestation(ident(signer), MANIFEST, step, match=match, issued_at=issued_at)
-    return Attestation.create(
+    return attestation(
         ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step], post_state=post,
         verdict="match" if post == MANIFEST.state_hashes[step + 1] else "mismatch", engine=MANIFEST.engine,
         engine_version=MANIFEST.engine_version, hardware="test", elapsed_ms=1, issued_at=issued_at)

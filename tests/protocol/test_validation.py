@@ -4,6 +4,7 @@ from open1b.protocol import Outcome, codec, validate_attestation, validate_claim
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
 
 from .conftest import NOW, ident, make_attestation, make_claim, make_manifest
+from tests.runs import attestation
 
 
 def lookup(manifest):
@@ -30,11 +31,10 @@ def test_future_statement_is_ignored(manifest):
 
 
 def _signed_variant(manifest, **changes):
-    from open1b.protocol import Attestation
     base = make_attestation(ident(1), manifest, 1)
     fields = {k: v for k, v in base.body().items() if k not in ("kind", "v", "signer")}
     fields.update(changes)
-    return Attestation.create(ident(1), **fields)
+    return attestation(ident(1), **fields)
 
 
 def test_self_contradicting_verdict_is_rejected(manifest):

@@ -23,9 +23,12 @@ def generated(suite) -> dict[str, bytes]:
 
 
 def write() -> None:
-    for name, suite in SUITES.items():
+    # Generate every suite before touching the disk: a generator that raises must not leave a
+    # suite's folder deleted.
+    files = {name: generated(suite) for name, suite in SUITES.items()}
+    for name, suite_files in files.items():
         directory = ROOT / name
         shutil.rmtree(directory, ignore_errors=True)
-        for path, data in generated(suite).items():
+        for path, data in suite_files.items():
             (directory / path).parent.mkdir(parents=True, exist_ok=True)
             (directory / path).write_bytes(data)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 from open1b.protocol import (
-    Attestation, Claim, ExternalRunManifest, RunManifest, blake2b256, merkle_root,
+    Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal, blake2b256, merkle_root,
 )
 
 from .common import NOW, ident
+from tests.runs import attestation as signed_attestation
+from tests.runs import run_manifest as signed_run_manifest
+from tests.runs import witness_of
 
 ENGINE, ENGINE_VERSION = "test-engine", "1"
 
@@ -18,7 +21,7 @@ def state(k: int, tag: bytes = b"vector-state") -> bytes:
 
 
 def run_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
-    return RunManifest.create(
+    return signed_run_manifest(
         ident(publisher), engine=ENGINE, engine_version=ENGINE_VERSION, model={"d_model": 8, "lr": 0.001},
         data={"corpus": "vectors"}, seed=7, steps=steps, state_hashes=[state(k) for k in range(steps + 1)],
         created_at=NOW - 3600,
@@ -33,13 +36,26 @@ def attestation(signer: int, run, step: int, *, match: bool = True, issued_at: i
         hardware="vector-cpu", elapsed_ms=1234, issued_at=issued_at,
     )
     fields.update(changes)
-    return Attestation.create(ident(signer), **fields)
+    return signed_attestation(ident(signer), **fields)
 
 
 def claim(claimant: int, run, step: int, *, issued_at: int = NOW, lease: int = 120, slot: int = 0, **changes) -> Claim:
     fields = dict(run=run.run_id, step=step, slot=slot, issued_at=issued_at, lease_expiry=issued_at + lease)
     fields.update(changes)
     return Claim.create(ident(claimant), **fields)
+
+
+def reveal(revealer: int, run, step: int, *, issued_at: int = NOW, **changes) -> WitnessReveal:
+    """A reveal of the synthetic run's true witness of ``step`` (tests/runs.py) unless changed."""
+    fields = dict(run=run.run_id, step=step, witness=witness_of(step), issued_at=issued_at)
+    fields.update(changes)
+    return WitnessReveal.create(ident(revealer), **fields)
+
+
+def copied(copier: int, source: Attestation) -> Attestation:
+    """``source`` re-signed by ``copier`` with every field copied, its witness binding included."""
+    fields = {name: getattr(source, name) for name in Attestation.SCHEMA if name != "signer"}
+    return Attestation.create(ident(copier), **fields)
 
 
 def trajectory_file(first: int = 0, last: int = 12) -> bytes:

@@ -1,10 +1,18 @@
 """Suites ``state_hash``, ``merkle`` and ``trajectory``: the commitments a run is checked against.
 
-``state_hash`` case: ``{"description", "tensors": {name: tensor}, "tensor_digests": {name: hash},
-"prev", "step", "batches": [tensor per rank], "batch_digest", "state_hash"}`` where a tensor is
-``{"dtype", "shape", "data"}`` (raw little-endian C-order bytes), ``batches`` may be empty (then
-the batch digest is 32 zero bytes, as for h_0), and ``prev`` may be replaced by ``"genesis":
-{"parameters": typed map, "hash"}``.
+``state_hash`` case (docs/run-format.md §3): ``{"description", "tensors": {name: tensor},
+"chunk_digests": {name: [hash per chunk]}, "tensor_roots": {name: hash}, "tensor_digests": {name:
+hash}, "state_root", "prev", "step", "lr_bits", "batches": [tensor per rank], "batch_digest",
+"state_hash", "proofs": {name: tensor proof}, "bad_proofs": [{"why", "name", "tensor", "proof"}],
+"chunk_proofs": [{"name", "chunk", "proof"}], "bad_chunk_proofs": [{"why", "name", "chunk", "data_chunk",
+"proof"}]}`` where a tensor is ``{"dtype", "shape", "data"}`` (raw little-endian C-order bytes) or
+``{"dtype", "shape", "fill": "i mod 251"}`` (byte i of the raw data is i mod 251, for tensors too
+large to spell out), ``batches`` may be empty (then the batch digest is 32 zero bytes, as for
+h_0), and ``prev`` may be replaced by ``"genesis": {"parameters": typed map, "hash"}``. A tensor
+proof is ``{"prev", "step", "lr_bits", "batch_digest", "count", "state_root", "index", "path"}``;
+a chunk proof ``{"dtype", "shape", "tensor_root", "path", "tensor": tensor proof}``, checked
+against chunk ``chunk`` of the tensor (a bad one presents chunk ``data_chunk``'s bytes). Every
+proof verifies against ``state_hash``; every bad one fails.
 
 ``merkle`` case: ``{"description", "leaves", "root", "proofs": [[hash, ...] per leaf],
 "bad_proofs": [{"index", "size", "leaf", "proof", "why"}]}`` — every bad proof must fail.
@@ -16,37 +24,138 @@ trajectory file against the external manifest gives ``{"state_hashes": [...], "r
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
 
 from open1b.protocol import (
-    ZERO_HASH, ExternalRunManifest, ProtocolError, TensorBytes, batch_digest, blake2b256, genesis, merkle_proof,
-    merkle_root, resolve_external_run, state_hash, tensor_digest, verify_merkle_proof,
+    CHUNK_SIZE, ZERO_HASH, ExternalRunManifest, ProtocolError, TensorBytes, TensorProof, batch_digest, blake2b256,
+    genesis, merkle_proof, merkle_root, resolve_external_run, state_hash, tensor_digest, tensor_proof,
+    verify_merkle_proof, verify_tensor_proof,
 )
+from open1b.protocol.commitments import ChunkProof, chunk_proof, verify_chunk_proof
 
 from . import fixtures
 from .common import hx, typed, unhex, untyped
 
 ITEMSIZE = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1}
+FILL = "i mod 251"
+LR_BITS = struct.unpack("<I", struct.pack("<f", 1e-3))[0]  # float32(0.001) = 0x3a83126f
 
 
-def _tensor(name: str, dtype: str, shape: tuple[int, ...]) -> TensorBytes:
+def _size(dtype: str, shape: tuple[int, ...]) -> int:
     count = 1
     for d in shape:
         count *= d
-    raw = b""
-    while len(raw) < count * ITEMSIZE[dtype]:
+    return count * ITEMSIZE[dtype]
+
+
+def _tensor(name: str, dtype: str, shape: tuple[int, ...]) -> TensorBytes:
+    n, raw = _size(dtype, shape), b""
+    while len(raw) < n:
         raw += blake2b256(b"vector-tensor", name.encode(), len(raw).to_bytes(8, "little"))
-    return TensorBytes(dtype, shape, raw[:count * ITEMSIZE[dtype]])
+    return TensorBytes(dtype, shape, raw[:n])
+
+
+def _filled(dtype: str, shape: tuple[int, ...]) -> TensorBytes:
+    n = _size(dtype, shape)
+    return TensorBytes(dtype, shape, (bytes(range(251)) * (n // 251 + 1))[:n])
 
 
 def _json_tensor(t: TensorBytes) -> dict:
+    if len(t.data) > 4096:  # a large tensor is stored as its rule, and only the fill rule is used
+        assert t == _filled(t.dtype, t.shape)
+        return {"dtype": t.dtype, "shape": list(t.shape), "fill": FILL}
     return {"dtype": t.dtype, "shape": list(t.shape), "data": hx(t.data)}
 
 
 def _from_json(t: dict) -> TensorBytes:
+    if "fill" in t:
+        assert t["fill"] == FILL, t["fill"]
+        return _filled(t["dtype"], tuple(t["shape"]))
     return TensorBytes(t["dtype"], tuple(t["shape"]), unhex(t["data"]))
+
+
+def _json_proof(p: TensorProof) -> dict:
+    return {"prev": hx(p.prev), "step": p.step, "lr_bits": p.lr_bits, "batch_digest": hx(p.batch_digest),
+            "count": p.count, "state_root": hx(p.state_root), "index": p.index, "path": [hx(x) for x in p.path]}
+
+
+def _proof_from_json(p: dict) -> TensorProof:
+    return TensorProof(unhex(p["prev"]), p["step"], p["lr_bits"], unhex(p["batch_digest"]), p["count"],
+                       unhex(p["state_root"]), p["index"], tuple(unhex(x) for x in p["path"]))
+
+
+def _json_chunk_proof(p: ChunkProof) -> dict:
+    return {"dtype": p.dtype, "shape": list(p.shape), "tensor_root": hx(p.tensor_root),
+            "path": [hx(x) for x in p.path], "tensor": _json_proof(p.tensor)}
+
+
+def _chunk_proof_from_json(p: dict) -> ChunkProof:
+    return ChunkProof(p["dtype"], tuple(p["shape"]), unhex(p["tensor_root"]), tuple(unhex(x) for x in p["path"]),
+                      _proof_from_json(p["tensor"]))
+
+
+def _chunks(t: TensorBytes) -> list[bytes]:
+    raw = bytes(t.data)
+    return [raw[i:i + CHUNK_SIZE] for i in range(0, len(raw), CHUNK_SIZE)] or [b""]
+
+
+def _chunk_digests(t: TensorBytes) -> list[bytes]:
+    # the spec's chunk digest, spelled out here so that the vector pins it independently of the code
+    return [blake2b256(b"open1b/chunk/v2\x00", struct.pack("<Q", i), c) for i, c in enumerate(_chunks(t))]
+
+
+def _flip(data: bytes, i: int) -> bytes:
+    return data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
+
+
+def _case(description: str, tensors: dict[str, TensorBytes], prev: bytes, step: int, lr_bits: int,
+          batches: list[TensorBytes], *, bad: bool = False, chunked: str | None = None) -> dict:
+    bd = batch_digest(batches) if batches else ZERO_HASH
+    h = state_hash(prev, step, tensors, bd, lr_bits=lr_bits)
+    proofs = {n: tensor_proof(prev, step, tensors, bd, n, lr_bits=lr_bits) for n in tensors}
+    names = sorted(tensors, key=str.encode)
+    case = {
+        "description": description, "tensors": {n: _json_tensor(t) for n, t in tensors.items()},
+        "chunk_digests": {n: [hx(d) for d in _chunk_digests(t)] for n, t in tensors.items()},
+        "tensor_roots": {n: hx(merkle_root(_chunk_digests(t))) for n, t in tensors.items()},
+        "tensor_digests": {n: hx(tensor_digest(n, t)) for n, t in tensors.items()},
+        "state_root": hx(merkle_root([tensor_digest(n, tensors[n]) for n in names])),
+        "prev": hx(prev), "step": step, "lr_bits": lr_bits, "batches": [_json_tensor(b) for b in batches],
+        "batch_digest": hx(bd), "state_hash": hx(h), "proofs": {n: _json_proof(p) for n, p in proofs.items()},
+        "bad_proofs": [], "chunk_proofs": [], "bad_chunk_proofs": [],
+    }
+    if bad:
+        name, other = names[0], names[1]
+        t, p = tensors[name], proofs[name]
+        flipped = TensorBytes(t.dtype, t.shape, _flip(bytes(t.data), len(t.data) // 2))
+        variants = [
+            ("one byte of the tensor flipped", name, flipped, p),
+            ("the tensor and proof presented under another tensor's name", other, t, p),
+            ("the tensor presented with another tensor's proof", name, t, proofs[other]),
+            ("the index moved to the next leaf", name, t, TensorProof(**{**p.__dict__, "index": p.index + 1})),
+            ("the first sibling of the path altered", name, t,
+             TensorProof(**{**p.__dict__, "path": (_flip(p.path[0], 0),) + p.path[1:]})),
+            ("the path one sibling short", name, t, TensorProof(**{**p.__dict__, "path": p.path[:-1]})),
+            ("a different learning rate claimed", name, t, TensorProof(**{**p.__dict__, "lr_bits": lr_bits ^ 1})),
+        ]
+        for why, n, tensor, proof in variants:
+            assert not verify_tensor_proof(n, tensor, proof, h), why
+        case["bad_proofs"] = [{"why": why, "name": n, "tensor": _json_tensor(tensor), "proof": _json_proof(proof)}
+                              for why, n, tensor, proof in variants]
+    if chunked:
+        count = len(_chunks(tensors[chunked]))
+        cps = [chunk_proof(prev, step, tensors, bd, chunked, i, lr_bits=lr_bits) for i in range(count)]
+        case["chunk_proofs"] = [{"name": chunked, "chunk": i, "proof": _json_chunk_proof(p)} for i, p in enumerate(cps)]
+        case["bad_chunk_proofs"] = [
+            {"why": "chunk 1's bytes presented as chunk 0", "name": chunked, "chunk": 0, "data_chunk": 1,
+             "proof": _json_chunk_proof(cps[0])},
+            {"why": "the last chunk's proof used for chunk 0", "name": chunked, "chunk": 0, "data_chunk": 0,
+             "proof": _json_chunk_proof(cps[-1])},
+        ]
+    return case
 
 
 class StateHash:
@@ -60,27 +169,34 @@ class StateHash:
                   "data": {"corpus": "vectors"}, "seed": 7}
         g = genesis(params)
         batches = [_tensor("rank0", "int32", (2, 5)), _tensor("rank1", "int32", (2, 5))]
-        digests = {n: hx(tensor_digest(n, t)) for n, t in tensors.items()}
-        common = {"tensors": {n: _json_tensor(t) for n, t in tensors.items()}, "tensor_digests": digests}
+        large = {
+            "param/embed": _filled("float32", (640, 1024)),  # 2.5 MiB: chunks of 1 MiB, 1 MiB and 512 KiB
+            "param/z": _tensor("z", "float32", (4,)),
+            "param/ß": _tensor("sz", "uint8", (3,)),         # sorts after "param/z": 0xc3 > 0x7a
+            "empty": TensorBytes("float32", (0, 4), b""),    # no bytes: one empty chunk
+        }
+        h0 = _case("h_0: prev is the genesis hash of the run parameters, no batch, no learning rate",
+                   tensors, g, 0, 0, [])
+        h0["genesis"] = {"parameters": typed(params), "hash": h0.pop("prev")}
         return {
-            "h0-from-genesis": {
-                "description": "h_0: prev is the genesis hash of the run parameters, no batch", **common,
-                "genesis": {"parameters": typed(params), "hash": hx(g)}, "step": 0, "batches": [],
-                "batch_digest": hx(ZERO_HASH), "state_hash": hx(state_hash(g, 0, tensors, ZERO_HASH)),
-            },
-            "step-two-ranks": {
-                "description": "h_5 from h_4, after a step that consumed one batch on each of two ranks", **common,
-                "prev": hx(fixtures.state(4)), "step": 5, "batches": [_json_tensor(b) for b in batches],
-                "batch_digest": hx(batch_digest(batches)),
-                "state_hash": hx(state_hash(fixtures.state(4), 5, tensors, batch_digest(batches))),
-            },
+            "h0-from-genesis": h0,
+            "step-two-ranks": _case("h_5 from h_4, after a step at lr 0.001 that consumed one batch on each of two"
+                                    " ranks; proofs that must fail", tensors, fixtures.state(4), 5, LR_BITS, batches,
+                                    bad=True),
+            "multi-chunk": _case("a 2.5 MiB tensor cut into three chunks, a zero-byte tensor and a non-ASCII name;"
+                                 " a proof of every chunk of the large tensor", large, fixtures.state(7), 8, LR_BITS,
+                                 batches[:1], chunked="param/embed"),
         }
 
     @staticmethod
     def check(case: dict, root: Path) -> None:
         tensors = {n: _from_json(t) for n, t in case["tensors"].items()}
         for name, t in tensors.items():
+            assert [hx(d) for d in _chunk_digests(t)] == case["chunk_digests"][name]
+            assert merkle_root(_chunk_digests(t)) == unhex(case["tensor_roots"][name])
             assert tensor_digest(name, t) == unhex(case["tensor_digests"][name])
+        names = sorted(tensors, key=str.encode)
+        assert merkle_root([unhex(case["tensor_digests"][n]) for n in names]) == unhex(case["state_root"])
         if "genesis" in case:
             prev = genesis(untyped(case["genesis"]["parameters"]))
             assert prev == unhex(case["genesis"]["hash"])
@@ -89,7 +205,22 @@ class StateHash:
         batches = [_from_json(b) for b in case["batches"]]
         bd = batch_digest(batches) if batches else ZERO_HASH
         assert bd == unhex(case["batch_digest"])
-        assert state_hash(prev, case["step"], tensors, bd) == unhex(case["state_hash"])
+        h = unhex(case["state_hash"])
+        assert state_hash(prev, case["step"], tensors, bd, lr_bits=case["lr_bits"]) == h
+        for name, proof in case["proofs"].items():
+            assert verify_tensor_proof(name, tensors[name], _proof_from_json(proof), h), name
+            assert tensor_proof(prev, case["step"], tensors, bd, name, lr_bits=case["lr_bits"]) == \
+                _proof_from_json(proof)
+        for bad in case["bad_proofs"]:
+            assert not verify_tensor_proof(bad["name"], _from_json(bad["tensor"]), _proof_from_json(bad["proof"]), h), \
+                bad["why"]
+        for cp in case["chunk_proofs"]:
+            data = _chunks(tensors[cp["name"]])[cp["chunk"]]
+            assert verify_chunk_proof(cp["name"], cp["chunk"], data, _chunk_proof_from_json(cp["proof"]), h)
+        for bad in case["bad_chunk_proofs"]:
+            data = _chunks(tensors[bad["name"]])[bad["data_chunk"]]
+            assert not verify_chunk_proof(bad["name"], bad["chunk"], data, _chunk_proof_from_json(bad["proof"]), h), \
+                bad["why"]
 
 
 class Merkle:

@@ -1,7 +1,7 @@
 """Suites ``validation``, ``claims`` and ``coverage``: how a node judges what peers send.
 
 ``validation`` case: ``{"description", "topic", "runs", "now", "message", "outcome", "reason"}``.
-``topic`` is ``attestation``, ``claim`` or ``manifest``; ``runs`` are the runs the validating node
+``topic`` is ``attestation``, ``claim``, ``reveal`` or ``manifest``; ``runs`` are the runs the validating node
 knows, each ``{"manifest"}`` or ``{"manifest", "trajectory"}`` (an external run); ``outcome`` is
 ``accept``, ``reject`` or ``ignore`` and ``reason`` the rule's code (``ok`` when accepted).
 
@@ -10,11 +10,12 @@ are valid claims for ``key``, the index of the record every node must prefer (``
 is valid), and the valid records' indices from most to least preferred. The winner must not
 depend on the order the records are presented in.
 
-``coverage`` case: ``{"description", "runs", "attestations", "claims", "now", "redundancy",
+``coverage`` case: ``{"description", "runs", "attestations", "claims", "reveals", "now", "redundancy",
 "policy": {"name", "roots", "quorum"}, "result": {"complete", "steps": [{"step", "status", "auditors",
-"dissenters", "claimants", "evidence"}], "flagged": [{"signer", "step", "statement", "conflicting"}],
-"untrusted"}}`` (peer IDs sorted; ``roots`` are peer IDs; evidence, statements and conflicting
-statements are attestation digests; the run is ``runs[0]``).
+"dissenters", "claimants", "evidence"}], "flagged": [{"signer", "step", "kind", "statement", "conflicting",
+"reveal"}], "untrusted"}}`` (peer IDs sorted; ``roots`` are peer IDs; evidence, statements and conflicting
+statements are attestation digests; ``kind`` is ``contradiction`` or ``copier``, and ``reveal`` the
+digest of the witness reveal a copier's binding fails, null otherwise; the run is ``runs[0]``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import cbor2
 
 from open1b.protocol import (
     Attestation, Claim, ProtocolError, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
-    encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign, validate_attestation,
-    validate_claim, validate_claim_record, validate_manifest,
+    WitnessReveal, encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign,
+    validate_attestation, validate_claim, validate_claim_record, validate_manifest, validate_reveal,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
 
@@ -103,6 +104,19 @@ class Validation:
             "claim-unknown-run": ("a claim on an unknown run", fixtures.claim(1, fixtures.run_manifest(publisher=3), 0).encoded),
             "claim-future": ("a claim issued in the future", fixtures.claim(1, m, 1, issued_at=NOW + 600).encoded),
         }
+        rv = fixtures.reveal(1, m, 1)
+        reveals = {
+            "reveal-accept": ("a reveal whose witness opens the run's commitment C_1", rv.encoded),
+            "reveal-witness": ("a reveal of step 1 whose witness does not open C_1",
+                               fixtures.reveal(1, m, 1, witness=rv.witness[::-1]).encoded),
+            "reveal-step-range": ("a reveal of a step the run does not have", forge(1, "reveal", {**_body(rv), "step": 4})),
+            "reveal-unknown-run": ("a reveal about an unknown run",
+                                   fixtures.reveal(1, fixtures.run_manifest(publisher=3), 1).encoded),
+            "reveal-external-run": ("a reveal about an external run, which commits to no witness",
+                                    fixtures.reveal(1, ext, 1).encoded),
+            "reveal-future": ("a reveal issued in the future", fixtures.reveal(1, m, 1, issued_at=NOW + 600).encoded),
+            "reveal-kind": ("an attestation on the reveal topic", good.encoded),
+        }
         manifests = {
             "manifest-accept": ("a run manifest", m.encoded),
             "manifest-external-accept": ("an external manifest", ext_m.encoded),
@@ -112,7 +126,7 @@ class Validation:
             "manifest-kind": ("an attestation on the manifest topic", good.encoded),
         }
         out = {}
-        for topic, group in (("attestation", att), ("claim", claims), ("manifest", manifests)):
+        for topic, group in (("attestation", att), ("claim", claims), ("reveal", reveals), ("manifest", manifests)):
             for name, (description, message) in group.items():
                 case = {"description": description, "topic": topic, "runs": both if topic != "manifest" else [],
                         "now": NOW, "message": hx(message)}
@@ -128,6 +142,8 @@ class Validation:
             return validate_attestation(data, runs.get, case["now"])
         if case["topic"] == "claim":
             return validate_claim(data, runs.get, case["now"])
+        if case["topic"] == "reveal":
+            return validate_reveal(data, runs.get, case["now"])
         return validate_manifest(data, case["now"])
 
     @staticmethod
@@ -253,10 +269,38 @@ class CoverageSuite:
                           {"name": "allowlist", "roots": sorted([ident(1).peer_id, ident(2).peer_id]), "quorum": 2}),
         }
         default = {"name": "open", "roots": [], "quorum": 0}
+        R, copy = fixtures.reveal, fixtures.copied
+        proofs = {  # name -> (description, attestations, reveals, redundancy, policy)
+            "copier": ("key 5 re-signs key 1's match of step 1, witness binding included; a reveal of W_1 shows the"
+                       " binding is key 1's, not key 5's: key 5 is flagged a copier and its own match of step 2"
+                       " stops counting too", [A(1, m, 1), copy(5, A(1, m, 1)), A(5, m, 2), A(2, m, 2)],
+                       [R(1, m, 1)], 1, default),
+            "copier-unrevealed": ("the same copy without a reveal: nothing shows it, and it counts",
+                                  [A(1, m, 1), copy(5, A(1, m, 1))], [], 2, default),
+            "reveal-invalid": ("a reveal that does not open C_1 is not counted: nobody is flagged",
+                               [A(1, m, 1), copy(5, A(1, m, 1))], [R(2, m, 1, witness=fixtures.state(9))], 1, default),
+            "reveal-needs-a-replay": ("a valid reveal flags a match only when another key's match binds the witness:"
+                                      " key 3's binding of step 0 is wrong and nobody's is right, so nobody is"
+                                      " flagged, but that match is unproven and does not count; its match of"
+                                      " step 1 does", [A(3, m, 0, witness=fixtures.state(8)), A(3, m, 1)],
+                                      [R(1, m, 0)], 1, default),
+            "mismatch-not-judged": ("a mismatch's witness binding is not judged: its replay may legitimately compute"
+                                    " another witness (a forged batch)", [A(1, m, 3), A(2, m, 3, match=False,
+                                    witness=fixtures.state(7))], [R(1, m, 3)], 1, default),
+            "copiers-do-not-settle": ("quorum 2: two copiers of a match cannot outvote two agreeing mismatches; they"
+                                      " are flagged copiers and step 0 stays disputed",
+                                      [A(1, m, 0), A(4, m, 0), A(2, m, 0, match=False), A(3, m, 0, match=False),
+                                       copy(5, A(1, m, 0)), copy(6, A(1, m, 0))], [R(4, m, 0), R(1, m, 0)], 1, settle),
+        }
         for name, entry in [*sets.items(), *policies.items()]:
             description, runs, atts, claims, redundancy, policy = (*entry, default)[:6]
             case = {"description": description, "runs": runs, "attestations": [hx(a.encoded) for a in atts],
                     "claims": [hx(c.encoded) for c in claims], "now": NOW, "redundancy": redundancy, "policy": policy}
+            out[name] = {**case, "reveals": [], "result": CoverageSuite._result({**case, "reveals": []})}
+        for name, (description, atts, reveals, redundancy, policy) in proofs.items():
+            case = {"description": description, "runs": one, "attestations": [hx(a.encoded) for a in atts],
+                    "claims": [], "reveals": [hx(r.encoded) for r in reveals], "now": NOW, "redundancy": redundancy,
+                    "policy": policy}
             out[name] = {**case, "result": CoverageSuite._result(case)}
         return out
 
@@ -266,13 +310,15 @@ class CoverageSuite:
         p = case["policy"]
         policy = TrustPolicy(p["name"], frozenset(public_key_from_peer_id(r) for r in p["roots"]), p["quorum"])
         cov = coverage(run, [Attestation.decode(unhex(a)) for a in case["attestations"]],
-                       [Claim.decode(unhex(c)) for c in case["claims"]], now=case["now"], redundancy=case["redundancy"],
-                       policy=policy)
+                       [Claim.decode(unhex(c)) for c in case["claims"]],
+                       reveals=[WitnessReveal.decode(unhex(r)) for r in case["reveals"]], now=case["now"],
+                       redundancy=case["redundancy"], policy=policy)
         return {"complete": cov.complete, "steps": [
             {"step": s.step, "status": s.status.value, "auditors": list(s.auditors), "dissenters": list(s.dissenters),
              "claimants": list(s.claimants), "evidence": [hx(d) for d in s.evidence]} for s in cov.steps],
-            "flagged": [{"signer": f.signer, "step": f.step, "statement": hx(f.statement),
-                         "conflicting": hx(f.conflicting)} for f in cov.flagged],
+            "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": hx(f.statement),
+                         "conflicting": hx(f.conflicting), "reveal": hx(f.reveal) if f.reveal else None}
+                        for f in cov.flagged],
             "untrusted": list(cov.untrusted)}
 
     @staticmethod

@@ -47,7 +47,7 @@ function expectCode (fn, code) {
 
 const DECODE_CODES = new Set(['oversize', 'malformed', 'non_canonical', 'kind', 'version', 'unknown_field',
   'missing_field', 'wrong_type', 'bad_signature', 'state_hashes', 'lease_order'])
-const TOPIC_KINDS = { attestation: ['attestation'], claim: ['claim'], manifest: ['manifest', 'external_manifest'] }
+const TOPIC_KINDS = { attestation: ['attestation'], claim: ['claim'], reveal: ['reveal'], manifest: ['manifest', 'external_manifest'] }
 
 const checks = {
   codec (c) {
@@ -62,7 +62,7 @@ const checks = {
     if (c.public_key) { if (!eqBytes(publicKeyOf(seed), unhex(c.public_key))) throw new Error('public key differs'); return }
     const body = fromTyped(c.body)
     if (!eqBytes(signingBytes(c.kind, body), unhex(c.signing_bytes))) throw new Error('signing bytes differ')
-    const fields = new Map([...body].filter(([k]) => !['kind', 'v', 'publisher', 'claimant', 'signer'].includes(k)))
+    const fields = new Map([...body].filter(([k]) => !['kind', 'v', 'publisher', 'claimant', 'signer', 'revealer'].includes(k)))
     if (!eqBytes(signMessage(seed, c.kind, fields), unhex(c.encoded))) throw new Error('signed encoding differs')
     const m = decodeMessage(unhex(c.encoded))
     if (m.kind !== c.kind || '0x' + hex(m.digest) !== c.digest || m.peerId !== c.peer_id) throw new Error('decoded message differs')

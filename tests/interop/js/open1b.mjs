@@ -185,14 +185,16 @@ const privateKeyOf = (seed) => createPrivateKey({ key: Buffer.concat([PKCS8_ED25
 const publicKeyObject = (key) => createPublicKey({ key: Buffer.concat([SPKI_ED25519, key]), format: 'der', type: 'spki' })
 
 // -- messages -----------------------------------------------------------------------------
+const RUN_FORMAT = 2n // docs/run-format.md: checked before the schema
 const HASH = ['bytes', 32]; const KEY = ['bytes', 32]; const UINT = ['uint', 2n ** 64n - 1n]
 const text = (n) => ['text', n]
 const SCALARS = (n) => ['scalars', n]
 export const SCHEMAS = {
-  manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), seed: UINT, steps: ['uint', 16384n], state_hashes: ['hashes', 16385], publisher: KEY, created_at: UINT } },
+  manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { format: ['uint', 255n], engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), seed: UINT, steps: ['uint', 8192n], state_hashes: ['hashes', 8193], checkpoints: ['hashes', 8193], witnesses: ['hashes', 8192], samples_root: HASH, samples: UINT, samples_blob: HASH, samples_size: UINT, publisher: KEY, created_at: UINT } },
   external_manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), steps: ['uint', 1n << 20n], first_step: UINT, trajectory_format: ['enum', ['jsonl']], trajectory_uri: text(256), trajectory_size: ['uint', 64n << 20n], trajectory_digest: HASH, trajectory_root: HASH, publisher: KEY, created_at: UINT } },
   claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT } },
-  attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), elapsed_ms: UINT, signer: KEY, issued_at: UINT } }
+  attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
+  reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } }
 }
 
 const utf8len = (s) => new TextEncoder().encode(s).length
@@ -216,12 +218,16 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   const schema = SCHEMAS[kind]
   if (data.length > schema.maxSize) throw new ProtocolError('oversize', `${kind} larger than ${schema.maxSize}`)
   if (value.get('v') !== 1n) throw new ProtocolError('version', 'unsupported version')
+  if (kind === 'manifest' && value.get('format') !== RUN_FORMAT) throw new ProtocolError('run_format', `run format ${value.get('format')} is not supported; this peer reads format ${RUN_FORMAT}`)
   const names = ['kind', 'v', 'sig', ...Object.keys(schema.fields)]
   for (const k of value.keys()) if (!names.includes(k)) throw new ProtocolError('unknown_field', k)
   for (const k of names) if (!value.has(k)) throw new ProtocolError('missing_field', k)
   checkField('sig', ['bytes', 64], value.get('sig'))
   for (const [name, type] of Object.entries(schema.fields)) checkField(name, type, value.get(name))
   if (kind === 'manifest' && (value.get('steps') < 1n || BigInt(value.get('state_hashes').length) !== value.get('steps') + 1n)) throw new ProtocolError('state_hashes', 'steps + 1 hashes')
+  if (kind === 'manifest' && BigInt(value.get('checkpoints').length) !== value.get('steps') + 1n) throw new ProtocolError('checkpoints', 'steps + 1 addresses')
+  if (kind === 'manifest' && BigInt(value.get('witnesses').length) !== value.get('steps')) throw new ProtocolError('witnesses', 'one commitment per step')
+  if (kind === 'manifest' && value.get('samples') < 1n) throw new ProtocolError('samples', 'at least one sample')
   if (kind === 'external_manifest' && value.get('steps') < 1n) throw new ProtocolError('state_hashes', 'steps >= 1')
   if (kind === 'claim' && value.get('lease_expiry') <= value.get('issued_at')) throw new ProtocolError('lease_order', 'lease_expiry after issued_at')
   const body = new Map([...value].filter(([k]) => k !== 'sig'))

@@ -94,7 +94,10 @@ const commands = {
     const fields = new Map([['run', blake2b256(unhex(manifest))], ['step', BigInt(step)], ['pre_state', hashes[step]],
       ['post_state', post], ['verdict', 'match'], ['engine', m.fields.get('engine')],
       ['engine_version', m.fields.get('engine_version')], ['hardware', `js-libp2p on node ${process.version}`],
-      ['elapsed_ms', 0n], ['issued_at', BigInt(issuedAt)]])
+      ['elapsed_ms', 0n], ['issued_at', BigInt(issuedAt)],
+      // This peer never replays, so it cannot know the step's replay witness: it binds one it made
+      // up, which is accepted and counted until someone reveals the real witness (run-format §5).
+      ['witness', blake2b256(Buffer.from('js peer: made-up witness binding'))]])
     const data = signMessage(seed, 'attestation', fields)
     if (forge === 'signature') data[data.length - 1] ^= 1 // the last byte belongs to a signed field's value
     return { data: hex(data), decoded: summary(data) }

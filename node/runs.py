@@ -1,0 +1,239 @@
+"""A run's files on a node (docs/run-format.md §6): imported from a run directory by its
+publisher, fetched from peers by everyone else, always through the blob cache.
+
+* :func:`run_blobs` lists what a manifest names: the samples file and checkpoints 0 … S, each
+  with its blob address, its place in a run directory and a bound on its size (the samples
+  file's exact size is in the manifest; a checkpoint can be no larger than its model allows).
+* :meth:`RunFiles.import_dir` is publishing: every file of the directory is staged and hashed
+  *before* anything is accepted; one missing or wrong file refuses the whole run. Imported blobs
+  are pinned (never evicted: the publisher serves them).
+* :meth:`RunFiles.fetch` is auditing: providers come from DHT provider records (connected peers
+  as a last resort), the blob layer resumes and verifies the download against the manifest's
+  address, and the node then provides the blob itself.
+* :meth:`RunFiles.assemble` builds ``<data dir>/runs/<run hex>/`` — ``manifest.cbor``,
+  ``samples.bin``, ``checkpoints/<k:08d>.safetensors`` — as hard links into the cache, and hands
+  that to the replay worker, which re-verifies the checkpoint's address and state hash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import trio
+
+from open1b.deterministic.config import from_manifest_model
+from open1b.deterministic.runfile import (
+    CHECKPOINT_DIR, ENGINE, ENGINE_VERSION, MANIFEST_FILE, SAMPLES_FILE, max_checkpoint_bytes, write_atomic,
+)
+from open1b.protocol import Open1bError, RunManifest
+
+from .blobs import BlobCache, BlobError, provider_key
+from .p2p import P2P
+
+log = logging.getLogger(__name__)
+
+RUNS_DIR = "runs"
+MAX_SAMPLES_FILE = 1 << 30
+"""A node declines runs whose samples file is larger than this."""
+MAX_FALLBACK_PEERS = 8
+FIND_PROVIDERS_TIMEOUT_S = 10.0
+"""Connected peers asked directly when the providers the DHT names cannot deliver."""
+
+Progress = Callable[[int, int, str], None]  # (done, total, note)
+
+
+class RunFilesError(Open1bError):
+    """A run's files are missing, wrong, or cannot be obtained."""
+
+
+@dataclass(frozen=True)
+class RunBlob:
+    name: str  # "samples", "checkpoint 3"
+    relpath: str  # where it lives in a run directory
+    digest: bytes
+    size: int | None  # exact size when the manifest says it
+    max_size: int
+
+
+def checkpoint_relpath(step: int) -> str:
+    return f"{CHECKPOINT_DIR}/{step:08d}.safetensors"
+
+
+def checkpoint_limit(manifest: RunManifest) -> int:
+    """The largest checkpoint the run's model allows (its ``model`` map must be well-formed)."""
+    try:
+        _, config, _ = from_manifest_model(dict(manifest.model))
+    except Open1bError as exc:
+        raise RunFilesError(f"run {manifest.run_id.hex()[:16]}: {exc}") from exc
+    return max_checkpoint_bytes(config)
+
+
+def samples_blob(manifest: RunManifest) -> RunBlob:
+    return RunBlob("samples", SAMPLES_FILE, manifest.samples_blob, manifest.samples_size, manifest.samples_size)
+
+
+def checkpoint_blob(manifest: RunManifest, step: int, limit: int | None = None) -> RunBlob:
+    return RunBlob(f"checkpoint {step}", checkpoint_relpath(step), manifest.checkpoints[step], None,
+                   limit if limit is not None else checkpoint_limit(manifest))
+
+
+def run_blobs(manifest: RunManifest) -> list[RunBlob]:
+    limit = checkpoint_limit(manifest)
+    return [samples_blob(manifest)] + [checkpoint_blob(manifest, k, limit) for k in range(manifest.steps + 1)]
+
+
+def why_not_auditable(manifest: RunManifest) -> str | None:
+    """Why this node cannot replay the run (None: it can). A node runs only its own engine."""
+    if (manifest.engine, manifest.engine_version) != (ENGINE, ENGINE_VERSION):
+        return f"engine {manifest.engine} {manifest.engine_version} (this node has {ENGINE} {ENGINE_VERSION})"
+    if manifest.samples_size > MAX_SAMPLES_FILE:
+        return f"samples file of {manifest.samples_size} bytes exceeds {MAX_SAMPLES_FILE}"
+    try:
+        checkpoint_limit(manifest)
+    except RunFilesError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class FetchStats:
+    fetched: int = 0  # blobs downloaded and verified
+    fetched_bytes: int = 0
+    failed: int = 0  # fetches that found no honest provider
+    bad_providers: int = 0  # providers caught serving wrong bytes
+    cached: int = 0  # requests answered by the cache
+    in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (done, total)
+
+
+class RunFiles:
+    def __init__(self, data_dir: Path, cache: BlobCache) -> None:
+        self.root = Path(data_dir) / RUNS_DIR
+        self.cache = cache
+        self.stats = FetchStats()
+        self._locks: dict[bytes, trio.Lock] = {}
+
+    def work_dir(self, run: bytes) -> Path:
+        return self.root / run.hex()
+
+    # -- publishing ------------------------------------------------------------------------
+    async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None) -> int:
+        """Check every file of ``source`` against ``manifest`` and import them all, pinned; or
+        import nothing and raise :class:`RunFilesError` naming the first bad file. Returns the
+        bytes imported. Blobs the cache already holds (verified when they entered it) are
+        not hashed again."""
+        blobs = run_blobs(manifest)
+        staged: list[tuple[RunBlob, Path]] = []
+        total_bytes = 0
+        try:
+            for i, blob in enumerate(blobs):
+                progress(i, len(blobs), f"checking {blob.name}")
+                if self.cache.has(blob.digest):
+                    continue
+                path = source / blob.relpath
+                if not path.is_file():
+                    raise RunFilesError(f"{blob.name}: missing file {source / blob.relpath}")
+                size = path.stat().st_size
+                if size > blob.max_size or (blob.size is not None and size != blob.size):
+                    raise RunFilesError(f"{blob.name}: {path} has {size} bytes; the manifest allows "
+                                        f"{blob.size if blob.size is not None else f'at most {blob.max_size}'}")
+                try:
+                    staged.append((blob, await trio.to_thread.run_sync(self.cache.stage, path, blob.digest)))
+                except BlobError as exc:
+                    raise RunFilesError(f"{blob.name}: {exc}") from None
+                total_bytes += size
+        except BaseException:
+            for _, tmp in staged:
+                tmp.unlink(missing_ok=True)
+            raise
+        for blob, tmp in staged:
+            self.cache.commit(tmp, blob.digest, pin=True)
+        self.pin(manifest)
+        progress(len(blobs), len(blobs), "checked")
+        return total_bytes
+
+    def pin(self, manifest: RunManifest) -> None:
+        self.cache.pinned.update(b.digest for b in run_blobs(manifest))
+
+    # -- fetching --------------------------------------------------------------------------
+    async def fetch(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None]) -> Path:
+        """``blob`` in the cache, fetched from peers if needed, verified against its address."""
+        lock = self._locks.setdefault(blob.digest, trio.Lock())  # one download per blob at a time
+        try:
+            return await self._fetch_locked(p2p, blob, on_bad_peer, lock)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._locks.pop(blob.digest, None)
+
+    async def _fetch_locked(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None],
+                            lock: trio.Lock) -> Path:
+        async with lock:
+            path = self.cache.open_blob(blob.digest)
+            if path is not None:
+                self.stats.cached += 1
+                return path
+            key = provider_key(blob.digest)
+            providers: list[str] = []
+            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                providers = await p2p.find_providers(key)
+            # Provider records lag behind (and a DHT answers from local records first): after the
+            # providers it names, ask peers we are connected to (one short request each).
+            providers += [p for p in p2p.connected_peers() if p not in providers][:MAX_FALLBACK_PEERS]
+            started = time.monotonic()
+
+            def bad(peer: str) -> None:
+                self.stats.bad_providers += 1
+                log.warning("%s of a run: provider %s served bytes that are not the blob; penalised", blob.name, peer)
+                on_bad_peer(peer)
+
+            def progress(done: int, total: int) -> None:
+                self.stats.in_flight[blob.name] = (done, total)
+
+            try:
+                path = await self.cache.fetch(p2p, blob.digest, providers, progress, size=blob.size,
+                                              max_size=blob.max_size, on_bad_peer=bad)
+            except BlobError as exc:
+                self.stats.failed += 1
+                raise RunFilesError(f"{blob.name}: {exc}") from None
+            finally:
+                self.stats.in_flight.pop(blob.name, None)
+            size = path.stat().st_size
+            self.stats.fetched += 1
+            self.stats.fetched_bytes += size
+            seconds = time.monotonic() - started
+            log.info("fetched %s (%d bytes, blob %s) in %.2f s (%.1f MB/s)", blob.name, size, blob.digest.hex()[:12],
+                     seconds, size / max(seconds, 1e-6) / 1e6)
+        with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+            await p2p.provide(key)  # we hold it now: serve it too
+        return path
+
+    # -- the working directory handed to the replay worker ----------------------------------
+    def assemble(self, manifest: RunManifest, blobs: list[RunBlob]) -> Path:
+        """``<data dir>/runs/<run>/`` with the manifest and ``blobs`` linked in from the cache."""
+        work = self.work_dir(manifest.run_id)
+        if not (work / MANIFEST_FILE).exists():
+            write_atomic(work / MANIFEST_FILE, manifest.encoded)
+        for blob in blobs:
+            target = work / blob.relpath
+            source = self.cache.open_blob(blob.digest)
+            if source is None:
+                raise RunFilesError(f"{blob.name}: evicted from the cache before use")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(source, tmp)
+            except OSError:
+                tmp.write_bytes(source.read_bytes())
+            os.replace(tmp, target)
+        return work
+
+    def release(self, manifest: RunManifest, blobs: list[RunBlob]) -> None:
+        """Drop the working directory's links (the cache keeps, or evicts, the blobs)."""
+        work = self.work_dir(manifest.run_id)
+        for blob in blobs:
+            (work / blob.relpath).unlink(missing_ok=True)
