@@ -54,7 +54,7 @@ from .identity_file import load_or_create_identity
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import MAX_PUBSUB_MESSAGE, NetworkError, P2P, RecordValidator, open_p2p
 from .replay_proof import ReplayProof
-from .runs import RunFiles, RunFilesError, checkpoint_blob, run_blobs, samples_blob, why_not_auditable
+from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFiles, RunFilesError, checkpoint_blob, run_blobs, samples_blob, why_not_auditable
 from .store import Store
 from .sync import RUNS_SYNC_PROTOCOL, SYNC_PROTOCOL, pull_attestations, pull_manifests, serve_runs, serve_sync
 from .systemd import notify
@@ -298,8 +298,20 @@ class Daemon:
         assert self.runfiles is not None and self.p2p is not None
         blobs = [samples_blob(manifest), checkpoint_blob(manifest, step)]
         for blob in blobs:
-            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise)
+            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
         return self.runfiles.assemble(manifest, blobs), blobs
+
+    def _provide_soon(self, key: str) -> None:
+        """Announce a blob we now hold without holding up the replay that fetched it (a DHT
+        provide can take seconds, and up to its timeout when peers are unreachable)."""
+        assert self._nursery is not None and self.p2p is not None
+        p2p = self.p2p
+
+        async def provide() -> None:
+            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                await p2p.provide(key)
+
+        self._nursery.start_soon(provide)
 
     # -- gossip validation and ingestion ---------------------------------------------------
     def _validate_attestation(self, author: str, data: bytes) -> Outcome:

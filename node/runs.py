@@ -7,9 +7,9 @@ publisher, fetched from peers by everyone else, always through the blob cache.
 * :meth:`RunFiles.import_dir` is publishing: every file of the directory is staged and hashed
   *before* anything is accepted; one missing or wrong file refuses the whole run. Imported blobs
   are pinned (never evicted: the publisher serves them).
-* :meth:`RunFiles.fetch` is auditing: providers come from DHT provider records (connected peers
-  as a last resort), the blob layer resumes and verifies the download against the manifest's
-  address, and the node then provides the blob itself.
+* :meth:`RunFiles.fetch` is auditing: connected peers are asked first, then the providers that
+  DHT provider records name; the blob layer resumes and verifies the download against the
+  manifest's address, and the node then provides the blob itself.
 * :meth:`RunFiles.assemble` builds ``<data dir>/runs/<run hex>/`` — ``manifest.cbor``,
   ``samples.bin``, ``checkpoints/<k:08d>.safetensors`` — as hard links into the cache, and hands
   that to the replay worker, which re-verifies the checkpoint's address and state hash.
@@ -41,8 +41,8 @@ RUNS_DIR = "runs"
 MAX_SAMPLES_FILE = 1 << 30
 """A node declines runs whose samples file is larger than this."""
 MAX_FALLBACK_PEERS = 8
+"""Connected peers asked directly, before the DHT is asked for providers."""
 FIND_PROVIDERS_TIMEOUT_S = 10.0
-"""Connected peers asked directly when the providers the DHT names cannot deliver."""
 
 Progress = Callable[[int, int, str], None]  # (done, total, note)
 
@@ -160,29 +160,33 @@ class RunFiles:
         self.cache.pinned.update(b.digest for b in run_blobs(manifest))
 
     # -- fetching --------------------------------------------------------------------------
-    async def fetch(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None]) -> Path:
-        """``blob`` in the cache, fetched from peers if needed, verified against its address."""
+    async def fetch(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None],
+                    provide: Callable[[str], None] | None = None) -> Path:
+        """``blob`` in the cache, fetched from peers if needed, verified against its address.
+        A fetched blob is then provided: by ``provide(key)`` (which should not block the replay
+        waiting for it, e.g. by starting a task) or, without it, before returning."""
         lock = self._locks.setdefault(blob.digest, trio.Lock())  # one download per blob at a time
         try:
-            return await self._fetch_locked(p2p, blob, on_bad_peer, lock)
+            path, fetched = await self._fetch_locked(p2p, blob, on_bad_peer, lock)
+            if fetched:
+                key = provider_key(blob.digest)
+                if provide is not None:
+                    provide(key)
+                else:
+                    with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                        await p2p.provide(key)  # we hold it now: serve it too
+            return path
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._locks.pop(blob.digest, None)
 
     async def _fetch_locked(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None],
-                            lock: trio.Lock) -> Path:
+                            lock: trio.Lock) -> tuple[Path, bool]:
         async with lock:
             path = self.cache.open_blob(blob.digest)
             if path is not None:
                 self.stats.cached += 1
-                return path
-            key = provider_key(blob.digest)
-            providers: list[str] = []
-            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
-                providers = await p2p.find_providers(key)
-            # Provider records lag behind (and a DHT answers from local records first): after the
-            # providers it names, ask peers we are connected to (one short request each).
-            providers += [p for p in p2p.connected_peers() if p not in providers][:MAX_FALLBACK_PEERS]
+                return path, False
             started = time.monotonic()
 
             def bad(peer: str) -> None:
@@ -193,9 +197,24 @@ class RunFiles:
             def progress(done: int, total: int) -> None:
                 self.stats.in_flight[blob.name] = (done, total)
 
+            # As bitswap does: first the peers we are connected to (one short request each; a
+            # peer without the blob says so at once, and they are reachable now), then the
+            # providers the DHT names — whose lookup, and dials to providers we cannot reach (a
+            # partition, a NAT), can each take seconds.
+            connected = p2p.connected_peers()[:MAX_FALLBACK_PEERS]
             try:
-                path = await self.cache.fetch(p2p, blob.digest, providers, progress, size=blob.size,
-                                              max_size=blob.max_size, on_bad_peer=bad)
+                try:
+                    path = await self.cache.fetch(p2p, blob.digest, connected, progress, size=blob.size,
+                                                  max_size=blob.max_size, on_bad_peer=bad)
+                except BlobError as first:
+                    providers: list[str] = []
+                    with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                        providers = await p2p.find_providers(provider_key(blob.digest))
+                    providers = [p for p in providers if p not in connected]
+                    if not providers:
+                        raise first
+                    path = await self.cache.fetch(p2p, blob.digest, providers, progress, size=blob.size,
+                                                  max_size=blob.max_size, on_bad_peer=bad)
             except BlobError as exc:
                 self.stats.failed += 1
                 raise RunFilesError(f"{blob.name}: {exc}") from None
@@ -207,9 +226,7 @@ class RunFiles:
             seconds = time.monotonic() - started
             log.info("fetched %s (%d bytes, blob %s) in %.2f s (%.1f MB/s)", blob.name, size, blob.digest.hex()[:12],
                      seconds, size / max(seconds, 1e-6) / 1e6)
-        with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
-            await p2p.provide(key)  # we hold it now: serve it too
-        return path
+            return path, True
 
     # -- the working directory handed to the replay worker ----------------------------------
     def assemble(self, manifest: RunManifest, blobs: list[RunBlob]) -> Path:
