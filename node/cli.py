@@ -79,7 +79,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         listen=args.listen, api=args.api, metrics=args.metrics, redundancy=args.redundancy, lease_s=args.lease,
         bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
-        trusted_peers=base.trusted_peers + tuple(args.trust), behaviour=args.behaviour,
+        trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
+        behaviour=args.behaviour,
     )
     try:
         trio.run(Daemon(config).run)
@@ -348,6 +349,9 @@ def parser() -> argparse.ArgumentParser:
                    help="whose attestations count: this node and its trusted peers, or every key (config: trust_policy)")
     d.add_argument("--trust", action="append", default=[], metavar="PEER_ID",
                    help="a peer whose attestations count (repeatable; adds to config: trusted_peers)")
+    d.add_argument("--publisher", action="append", default=[], metavar="PEER_ID",
+                   help="audit only runs this peer published (repeatable; adds to config: publishers; "
+                        "default: runs of any publisher)")
     # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info")

@@ -59,6 +59,10 @@ class NodeConfig:
     trust_policy: str = ALLOWLIST
     trusted_peers: tuple[str, ...] = ()
     dispute_quorum: int = 2
+    # Whose runs this node learns from the network and audits: empty = any publisher. A run costs
+    # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names
+    # with ``--run`` are always taken.
+    publishers: tuple[str, ...] = ()
     # Deliberately broken behaviour for devnet scenarios (node/adversary.py); not a config.toml key.
     behaviour: str = ""
 
@@ -78,11 +82,12 @@ class NodeConfig:
             raise ConfigError(f"trust_policy must be {OPEN!r} or {ALLOWLIST!r}")
         if self.dispute_quorum != 0 and self.dispute_quorum < 2:
             raise ConfigError("dispute_quorum must be 0 (off) or at least 2")
-        for peer in self.trusted_peers:
-            try:
-                public_key_from_peer_id(peer)
-            except Open1bError as exc:
-                raise ConfigError(f"trusted peer {peer!r}: {exc}") from None
+        for what, peers in (("trusted peer", self.trusted_peers), ("publisher", self.publishers)):
+            for peer in peers:
+                try:
+                    public_key_from_peer_id(peer)
+                except Open1bError as exc:
+                    raise ConfigError(f"{what} {peer!r}: {exc}") from None
 
     def trust(self, own_key: bytes) -> TrustPolicy:
         """The coverage policy this node applies; its own key is always a root."""
@@ -101,6 +106,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
+    "publishers": ("publishers", list),
 }
 
 

@@ -161,6 +161,7 @@ class Daemon:
         self.validation: Counter[str] = Counter()  # "<kind>/<outcome>/<code>" of every statement refused
         self.adversary = adversary.from_config(config)  # None unless a devnet asked for broken behaviour
         self.proof: ReplayProof | None = None  # our replays' witnesses, and the reveals they call for
+        self._publishers = frozenset(public_key_from_peer_id(p) for p in config.publishers)
 
     # -- runs ------------------------------------------------------------------------------
     def manifest(self, run: bytes) -> RunManifest | None:
@@ -201,9 +202,14 @@ class Daemon:
             # [IGNORE] a manifest of this node's kind (external trajectories are not gossiped here)
             if not isinstance(verdict.message, RunManifest):
                 raise UnjudgeableError("not a run manifest", code="manifest_kind")
-            # [IGNORE] room for one more run (a known run is always accepted: it may be our own)
-            if verdict.message.run_id not in self.manifests and len(self.manifests) >= MAX_KNOWN_RUNS:
-                raise UnjudgeableError("too many runs known", code="runs_full")
+            # A known run is always accepted below: it may be our own, or one the operator named.
+            if verdict.message.run_id not in self.manifests:
+                # [IGNORE] a publisher the operator did not choose (config: publishers)
+                if self._publishers and verdict.message.publisher not in self._publishers:
+                    raise UnjudgeableError("not a publisher this node audits", code="publisher")
+                # [IGNORE] room for one more run
+                if len(self.manifests) >= MAX_KNOWN_RUNS:
+                    raise UnjudgeableError("too many runs known", code="runs_full")
         except UnjudgeableError as exc:
             return type(verdict)(exc.outcome, f"{type(exc).__name__}: {exc}", code=exc.code)
         return verdict
