@@ -27,7 +27,6 @@ The file is exactly ``32 + N·L·w`` bytes. Sample digest: s_i = B2("open1b/samp
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import merkle_proof, merkle_root, verify_merkle_proof
 
 from .errors import SamplesFormatError, SamplesMismatchError
+from .runfile import write_atomic
 
 SAMPLES_MAGIC = b"OPEN1BSM"
 SAMPLES_VERSION = 1
@@ -142,14 +142,7 @@ def encode_samples(dataset: Dataset) -> bytes:
 def write_samples(path: Path, dataset: Dataset) -> bytes:
     """Write the samples file atomically; returns its blob address (B2 of its bytes)."""
     data = encode_samples(dataset)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # a reader sees the old file or the whole new one, never a torn one
+    write_atomic(Path(path), data)  # a reader sees the old file or the whole new one, never a torn one
     return blake2b256(data)
 
 

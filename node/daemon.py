@@ -218,10 +218,7 @@ class Daemon:
         """Validate and store a manifest from gossip or sync; True if the run is new here."""
         verdict = self._judge_manifest(data)
         if not verdict.accepted:
-            if source is not None and self.p2p is not None:
-                self._count_refusal("sync", verdict)
-                if verdict.outcome is Outcome.REJECT:
-                    self.p2p.penalise(source)
+            self._refused_in_sync(verdict, source)
             return False
         manifest = verdict.message
         if manifest.run_id in self.manifests:
@@ -232,6 +229,15 @@ class Daemon:
         log.info("learned run %s (%d steps, publisher %s)%s", manifest.run_id.hex()[:16], manifest.steps,
                  manifest.signer_peer_id, f"; not auditing it: {why}" if why else "")
         return True
+
+    def _refused_in_sync(self, verdict, source: str | None) -> None:
+        """A statement a sync response (from ``source``) carried was refused: counted, and a
+        provably invalid one is held against that peer, as on gossip. (Gossip refusals are
+        counted by the validators.)"""
+        if source is not None and self.p2p is not None:
+            self._count_refusal("sync", verdict)
+            if verdict.outcome is Outcome.REJECT:
+                self.p2p.penalise(source)
 
     async def _on_manifest(self, author: str, data: bytes) -> None:
         await self.ingest_manifest(data)
@@ -344,10 +350,7 @@ class Daemon:
         assert self.store is not None
         verdict = validate_attestation(data, self.manifest, now_s())
         if not verdict.accepted:
-            if source is not None and self.p2p is not None:
-                self._count_refusal("sync", verdict)
-                if verdict.outcome is Outcome.REJECT:
-                    self.p2p.penalise(source)
+            self._refused_in_sync(verdict, source)
             return False
         added = self.store.add_attestation(verdict.message)
         if added:
@@ -382,10 +385,7 @@ class Daemon:
         assert self.store is not None
         verdict = validate_reveal(data, self.manifest, now_s())
         if not verdict.accepted:
-            if source is not None and self.p2p is not None:
-                self._count_refusal("sync", verdict)
-                if verdict.outcome is Outcome.REJECT:
-                    self.p2p.penalise(source)
+            self._refused_in_sync(verdict, source)
             return False
         added = self.store.add_reveal(verdict.message)
         if added:
