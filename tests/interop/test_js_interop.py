@@ -94,6 +94,11 @@ def test_js_libp2p_peer_among_open1b_daemons(js_ready, small_run, tmp_path):
             return _coverage(observer, run_hex)["verified_steps"] == 3
 
         wait_until(three_attested, 120, "the auditor's three attestations")
+        # The auditor reads step 1's DHT record when it turns to that step, which may be after its
+        # third attestation reached the observer (its step order is a rendezvous hash of its
+        # random peer ID): wait for that, then check it found the js claim and left the step alone.
+        wait_until(lambda: _coverage(auditor, run_hex)["per_step"][1]["status"] != "unaudited", 30,
+                   "the auditor to consider step 1")
         cov = _coverage(auditor, run_hex)
         assert cov["per_step"][1]["status"] == "claimed" and cov["per_step"][1]["claimants"] == [js.peer_id]
         assert sorted(step for _, step in call(auditor, "/v1/status")["replayed"]) == [0, 2, 3]  # never step 1
