@@ -5,9 +5,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -15,22 +12,9 @@ from open1b.node.client import call
 from open1b.node.devnet import Daemons
 from open1b.node.metrics import METRIC_NAMES
 
+from .commands import cli, wait_for
+
 pytestmark = pytest.mark.integration
-
-CLI = [sys.executable, "-m", "open1b.node.cli"]
-
-
-def cli(*args, timeout=120):
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def wait_for(predicate, timeout=90, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory, tampered_run):
@@ -55,7 +39,7 @@ def network(tmp_path_factory, tampered_run):
         rc, out, err = cli("publish", str(run_dir), "--api", observer, "--json")  # only the observer sees run_dir
         assert rc == 0, err
         assert json.loads(out)["run"] == run_hex
-        wait_for(lambda: call(observer, f"/v1/coverage/{run_hex}")["complete"], what="coverage")
+        wait_for(lambda: call(observer, f"/v1/coverage/{run_hex}")["complete"], 90, what="coverage")
         yield {"daemons": daemons, "manifest": manifest, "run_dir": run_dir, "run": run_hex, "observer": observer,
                "metrics": f"127.0.0.1:{metrics_port}", "notify": notify, "addrs": addrs}
     finally:
@@ -143,13 +127,13 @@ def test_late_joiner_and_kill_9_restart_converge(network):
     # a node that joins after the run is covered catches up through sync
     (late_addr,) = daemons.plan(1)
     daemons.start(4, audit=False, bootstrap=[network["addrs"][0]])
-    wait_for(lambda: run in call(daemons.api(4), "/v1/status")["runs"], what="late joiner to learn the run")
-    wait_for(lambda: verdicts(daemons.api(4), run) == reference, what="late joiner to converge")
+    wait_for(lambda: run in call(daemons.api(4), "/v1/status")["runs"], 90, what="late joiner to learn the run")
+    wait_for(lambda: verdicts(daemons.api(4), run) == reference, 90, what="late joiner to converge")
     # an auditor killed with SIGKILL keeps every attestation it had
     before = call(daemons.api(1), "/v1/status")["attestations_stored"]
     os.kill(daemons.procs[1].pid, signal.SIGKILL)
     daemons.procs[1].wait()
     (daemons.dirs[1] / "api.addr").unlink()
     daemons.start(1, audit=True, bootstrap=[network["addrs"][0]])
-    wait_for(lambda: call(daemons.api(1), "/v1/status")["attestations_stored"] >= before, what="restarted node")
+    wait_for(lambda: call(daemons.api(1), "/v1/status")["attestations_stored"] >= before, 90, what="restarted node")
     assert verdicts(daemons.api(1), run) == reference

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,24 +20,10 @@ from open1b.node.p2p import open_p2p
 from open1b.node.runs import RunFilesError, checkpoint_blob
 from open1b.protocol.codec import encode
 
+from .commands import cli, wait_for
 from .conftest import ident
 
 pytestmark = pytest.mark.integration
-
-CLI = [sys.executable, "-m", "open1b.node.cli"]
-
-
-def cli(*args, timeout=120):
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def wait_for(predicate, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
 
 def verdicts(api, run):
     """Coverage as attestations decide it (claims are short-lived hints and are not synced)."""
@@ -93,11 +77,12 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         # an operator with the files at hand: `daemon --run DIR` imports them the same way
         daemons.start(2, audit=False, bootstrap=[addrs[0]], extra_args=("--run", str(published)))
         wait_for(lambda: [j["state"] for j in call(daemons.api(2), "/v1/publications")] == ["done"],
-                 what="the --run import")
+                 120, what="the --run import")
         assert call(daemons.api(2), "/v1/status")["blobs"]["pinned"] == manifest.steps + 2
 
         # the auditor learns the run by gossip, fetches each step's files from peers, replays
-        wait_for(lambda: call(auditor, f"/v1/coverage/{run_hex}")["complete"], what="the auditor to cover the run")
+        wait_for(lambda: call(auditor, f"/v1/coverage/{run_hex}")["complete"], 120,
+                 what="the auditor to cover the run")
         cov = call(auditor, f"/v1/coverage/{run_hex}")
         assert cov["disputed_steps"] == [2] and cov["verified_steps"] == manifest.steps - 1
         a, p = call(auditor, "/v1/status"), call(publisher, "/v1/status")
@@ -114,7 +99,8 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         time.sleep(6)  # past gossipsub's message cache, so only sync can tell it
         daemons.start(3, audit=False, bootstrap=[addrs[1]])
         late = daemons.api(3)
-        wait_for(lambda: call(late, "/v1/status")["runs"] == [run_hex], what="the late joiner to learn the run")
+        wait_for(lambda: call(late, "/v1/status")["runs"] == [run_hex], 120,
+                 what="the late joiner to learn the run")
         assert call(late, "/v1/status")["runs_synced"] >= 1
         wait_for(lambda: verdicts(late, run_hex) == verdicts(auditor, run_hex), 60, what="the late joiner's coverage")
     finally:

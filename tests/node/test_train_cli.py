@@ -1,30 +1,23 @@
 """``open1b-node train``: a run trained by W processes is replayed, step by step, by one."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-CLI = [sys.executable, "-m", "open1b.node.cli"]
+from .commands import cli
 
 pytestmark = pytest.mark.integration
-
-
-def cli(*args, timeout=600):
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_train_with_two_ranks_then_replay_each_step_in_one_process(tmp_path):
     run_dir, data_dir = tmp_path / "run", tmp_path / "node"
     rc, out, err = cli("train", "--steps", "2", "--ranks", "2", "--seed", "3", "--out", str(run_dir),
-                       "--data-dir", str(data_dir), "--json")
+                       "--data-dir", str(data_dir), "--json", timeout=600)
     assert rc == 0, err
     summary = json.loads(out)
     assert summary["ranks"] == 2 and summary["steps"] == 2
     for step in range(2):
-        rc, out, err = cli("replay", str(run_dir), "--step", str(step), "--data-dir", str(data_dir), "--json")
+        rc, out, err = cli("replay", str(run_dir), "--step", str(step), "--data-dir", str(data_dir), "--json", timeout=600)
         assert rc == 0 and json.loads(out)["verdict"] == "match", err
 
 
