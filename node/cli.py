@@ -67,7 +67,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     import trio
 
     from .config import load_config
-    from .daemon import Daemon
+    from .daemon import run_daemon
     from .datadir import init_data_dir
     from .logs import setup_logging
 
@@ -82,8 +82,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
         behaviour=args.behaviour,
     )
+    harness = None
+    if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
+        from .devnet.adversaries import from_config
+
+        harness = from_config(config)
     try:
-        trio.run(Daemon(config).run)
+        trio.run(lambda: run_daemon(config, harness=harness))
     except KeyboardInterrupt:
         pass
     return 0
@@ -314,13 +319,8 @@ def cmd_devnet(args: argparse.Namespace) -> int:
                          deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
                          keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)))
     summary = run_devnet(opts)
-    if opts.scenarios:
-        from .scenarios import render as render_scenarios
-
-        _emit(args, summary, render_scenarios)
-        return 0 if summary["ok"] else 2
-    _emit(args, summary, render)
-    return 0 if summary["complete"] else 2
+    _emit(args, summary, lambda result: render(result, opts))
+    return 0 if summary["ok" if opts.scenarios else "complete"] else 2
 
 
 # -- parser ----------------------------------------------------------------------------------

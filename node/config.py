@@ -8,7 +8,6 @@ fsync, rename) with mode 0600.
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
+
+from .files import write_atomic
 
 CONFIG_FILE = "config.toml"
 
@@ -158,11 +159,5 @@ def render_config(config: NodeConfig) -> str:
 
 def write_config(config: NodeConfig) -> Path:
     path = config.data_dir / CONFIG_FILE
-    tmp = path.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(render_config(config))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, render_config(config).encode(), mode=0o600)
     return path

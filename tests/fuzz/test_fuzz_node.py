@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
 from open1b.node.config import NodeConfig
-from open1b.node.daemon import ClaimRecords, Daemon
+from open1b.node.claim_records import ClaimRecords
+from open1b.node.ingest import Ingest
 from open1b.node.store import Store
 from open1b.node.sync import pull_attestations, pull_manifests, serve_runs, serve_sync
 from open1b.protocol import (
@@ -24,12 +25,13 @@ from open1b.protocol import (
 )
 from open1b.protocol.claims import claim_precedence
 
+from ..node.fakes import make_ingest
 from ..vectors import fixtures
 from .budget import FUZZ
 from .strategies import inputs_for, mutated, raw_cbor
 
 RUN = fixtures.run_manifest()
-ISSUED = int(time.time()) - 60  # the daemon judges with its real clock: no statement from its future
+ISSUED = int(time.time()) - 60  # ingest judges with the real clock: no statement from its future
 GOOD = [fixtures.attestation(s, RUN, k, match=(s + k) % 3 != 0, issued_at=ISSUED) for s in (1, 2)
         for k in range(RUN.steps)]
 
@@ -62,23 +64,19 @@ class FakeStream:
 @pytest.fixture(scope="module")
 def daemon():
     with tempfile.TemporaryDirectory() as tmp:
-        node = Daemon(NodeConfig(data_dir=Path(tmp) / "node"))
-        node.store = Store(Path(tmp) / "store.sqlite")
-        node.manifests = {RUN.run_id: RUN}
+        node = make_ingest(Path(tmp) / "node", RUN)
         yield node
         node.store.close()
 
 
-def _stored_are_valid(node: Daemon) -> None:
+def _stored_are_valid(node: Ingest) -> None:
     for att in node.store.attestations(RUN.run_id):
         assert validate_attestation(att.encoded, node.manifest, int(time.time())).accepted
 
 
 def test_the_ingestion_path_under_fuzz_does_store_valid_statements():
     with tempfile.TemporaryDirectory() as tmp:
-        node = Daemon(NodeConfig(data_dir=Path(tmp) / "node"))
-        node.store = Store(Path(tmp) / "store.sqlite")
-        node.manifests = {RUN.run_id: RUN}
+        node = make_ingest(Path(tmp) / "node", RUN)
         assert all(node.ingest_attestation(a.encoded) for a in GOOD)
         assert not any(node.ingest_attestation(a.encoded) for a in GOOD)  # a set: nothing twice
         assert len(node.store.attestations(RUN.run_id)) == len(GOOD)
@@ -94,7 +92,7 @@ any_attestation_bytes = st.one_of(inputs_for(GOOD[0], 1), inputs_for(GOOD[5], 2)
 def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, messages):
     for raw in messages:
         before = {a.digest for a in daemon.store.attestations(RUN.run_id)}
-        outcome = daemon._validate_attestation("fuzz-peer", raw)
+        outcome = daemon.validate_gossip_attestation("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
         added = daemon.ingest_attestation(raw)
         after = {a.digest for a in daemon.store.attestations(RUN.run_id)}
@@ -102,7 +100,7 @@ def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, mes
             assert outcome is Outcome.ACCEPT and after == before | {blake2b256(raw)}
         else:
             assert after == before
-        assert isinstance(daemon._validate_claim("fuzz-peer", raw), Outcome)
+        assert isinstance(daemon.validate_gossip_claim("fuzz-peer", raw), Outcome)
     _stored_are_valid(daemon)
 
 
@@ -115,7 +113,7 @@ REVEALS = [fixtures.reveal(s, RUN, k, issued_at=ISSUED) for s in (1, 2) for k in
 def test_reveal_gossip_and_sync_frames_store_only_valid_reveals(daemon, messages):
     for raw in messages:
         before = {r.digest for r in daemon.store.reveals(RUN.run_id)}
-        outcome = daemon._validate_reveal("fuzz-peer", raw)
+        outcome = daemon.validate_gossip_reveal("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
         added = daemon.ingest_synced(raw, source="fuzz-peer")  # either kind, told apart by its own bytes
         after = {r.digest for r in daemon.store.reveals(RUN.run_id)}
@@ -260,7 +258,7 @@ def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing,
     accepted = []
 
     async def ingest(data: bytes) -> bool:
-        verdict = daemon._judge_manifest(data)
+        verdict = daemon.judge_manifest(data)
         if verdict.accepted:
             accepted.append(verdict.message)
         return verdict.accepted

@@ -3,8 +3,8 @@
 
 import trio
 
-from open1b.node.claiming import ClaimAgent, renewal_time
-from open1b.node.claims import Candidate
+from open1b.node.claim_records import ClaimAgent, renewal_time
+from open1b.node.planner import Candidate
 from open1b.protocol import LEASE_ROUND_SECONDS, Claim, select_claim
 
 from .conftest import ident

@@ -4,7 +4,7 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from open1b.node import claims as planner
+from open1b.node import planner
 from open1b.node.deficits import DeficitIndex
 from open1b.protocol import Attestation, Claim, coverage
 from open1b.protocol.hashing import blake2b256

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from open1b.node import cli
-from open1b.node.config import ConfigError, NodeConfig, load_config
-from open1b.node.daemon import Daemon
-from open1b.node.store import Store
+from open1b.node.config import ConfigError, load_config
+from open1b.node.ingest import Ingest
 from open1b.node.views import coverage_json
 from open1b.protocol import Attestation
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
+from .fakes import make_ingest
 from tests.runs import run_manifest, attestation
 
 NOW = int(time.time()) - 30
@@ -34,11 +34,8 @@ def att(signer: int, step: int, *, match: bool = True) -> Attestation:
                               engine_version="1", hardware="t", elapsed_ms=1, issued_at=NOW)
 
 
-def make_daemon(tmp_path: Path, **config) -> Daemon:
-    node = Daemon(NodeConfig(data_dir=tmp_path / "node", redundancy=2, **config))
-    node.store = Store(tmp_path / "store.sqlite")
-    node.manifests = {MANIFEST.run_id: MANIFEST}
-    return node
+def make_daemon(tmp_path: Path, **config) -> Ingest:
+    return make_ingest(tmp_path / "node", MANIFEST, redundancy=2, **config)
 
 
 def trusted(*signers: int) -> tuple[str, ...]:

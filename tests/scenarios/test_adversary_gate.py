@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from open1b.node import adversary
+from open1b.node.devnet import adversaries as adversary
 from open1b.node.config import ConfigError, NodeConfig, load_config
 
 

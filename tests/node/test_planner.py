@@ -3,7 +3,7 @@ from collections import Counter
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from open1b.node import claims as planner
+from open1b.node import planner
 from open1b.node.deficits import DeficitIndex
 from open1b.protocol import Claim, coverage
 

@@ -1,0 +1,18 @@
+"""The gossip topics a node joins (docs/protocol.md §11): one network-wide topic of signed run
+manifests, and per run one topic each for attestations, claims and witness reveals."""
+
+from __future__ import annotations
+
+RUNS_TOPIC = "/open1b/1/runs"
+
+
+def attestations_topic(run: bytes) -> str:
+    return f"/open1b/1/run/{run.hex()}/attestations"
+
+
+def reveals_topic(run: bytes) -> str:
+    return f"/open1b/1/run/{run.hex()}/reveals"
+
+
+def claims_topic(run: bytes) -> str:
+    return f"/open1b/1/run/{run.hex()}/claims"
