@@ -64,7 +64,7 @@ class NodeConfig:
     # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names
     # with ``--run`` are always taken.
     publishers: tuple[str, ...] = ()
-    # Deliberately broken behaviour for devnet scenarios (node/adversary.py); not a config.toml key.
+    # Deliberately broken behaviour for devnet scenarios (node/devnet/adversaries.py); not a config.toml key.
     behaviour: str = ""
 
     def __post_init__(self) -> None:

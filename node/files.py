@@ -8,7 +8,9 @@ from pathlib import Path
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data``: written to a temporary file beside it, fsynced, renamed over
-    it, and the directory fsynced so that the rename itself survives a power cut."""
+    it, and the directory fsynced so that the rename itself survives a power cut. Creates the
+    directory if needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import trio
+
 from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
 from open1b.node.ingest import Ingest
 from open1b.node.metrics import NodeStats
 from open1b.node.store import Store
-from open1b.protocol import Identity, RunManifest
+from open1b.protocol import Claim, Identity, RunManifest, select_claim
+from open1b.protocol.hashing import blake2b256
+from tests.runs import run_manifest
 
 
 class FakeGossip:
@@ -32,6 +36,54 @@ class FakeGossip:
 
     def penalise(self, peer_id: str) -> None:
         self.penalised.append(peer_id)
+
+
+class FakeP2P(FakeGossip):
+    """The auditor's network side: gossip, plus DHT provider records (kept, never sent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.provided: list[str] = []
+
+    async def provide(self, key: str) -> bool:
+        self.provided.append(key)
+        return True
+
+
+class FakeClaimBoard:
+    """An in-memory DHT with its semantics: every write reaches one shared record store that keeps
+    what ``select_claim`` prefers."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, bytes] = {}
+        self.announced: list[Claim] = []
+
+    async def read(self, key):
+        await trio.sleep(0)
+        return self.records.get(key)
+
+    async def write(self, key, value):
+        await trio.sleep(0)
+        old = self.records.get(key)
+        if old is not None:
+            claims = [Claim.decode(old), Claim.decode(value)]
+            if claims[select_claim(claims)].encoded == old:
+                return False
+        self.records[key] = value
+        return True
+
+    async def announce(self, claim):
+        self.announced.append(claim)
+
+
+def auditable_manifest(publisher: Identity, steps: int, created_at: int) -> RunManifest:
+    """A manifest this node's engine would replay (its model is a real preset's), with made-up
+    state hashes: for tests whose replays are scripted, not computed."""
+    from open1b.deterministic.trainer import DEFAULT_PRESET, run_fields  # numba: only for the tests that need it
+
+    fields = run_fields(DEFAULT_PRESET, 0, {})
+    return run_manifest(publisher, **fields, steps=steps, created_at=created_at,
+                        state_hashes=[blake2b256(b"tests/state", bytes([k])) for k in range(steps + 1)])
 
 
 class FrozenClock(Clock):

@@ -2,35 +2,17 @@
 (every write reaches one shared record store that keeps what ``select_claim`` prefers)."""
 
 import trio
+from trio.testing import MockClock
 
 from open1b.node.claim_records import ClaimAgent, renewal_time
+from open1b.node.clock import Clock
 from open1b.node.planner import Candidate
-from open1b.protocol import LEASE_ROUND_SECONDS, Claim, select_claim
+from open1b.protocol import LEASE_ROUND_SECONDS, Claim
 
 from .conftest import ident
+from .fakes import FakeClaimBoard
 
-
-class Board:
-    def __init__(self) -> None:
-        self.records: dict[str, bytes] = {}
-        self.announced: list[Claim] = []
-
-    async def read(self, key):
-        await trio.sleep(0)
-        return self.records.get(key)
-
-    async def write(self, key, value):
-        await trio.sleep(0)
-        old = self.records.get(key)
-        if old is not None:
-            claims = [Claim.decode(old), Claim.decode(value)]
-            if claims[select_claim(claims)].encoded == old:
-                return False
-        self.records[key] = value
-        return True
-
-    async def announce(self, claim):
-        self.announced.append(claim)
+T0 = 1_800_000_000  # wall time at trio time 0
 
 
 def agent(n, board, clock, lease_s=60):
@@ -43,7 +25,7 @@ def cand(step, slots=1, attesters=()):
 
 def test_concurrent_claims_have_exactly_one_winner_per_slot(manifest):
     now = [1_800_000_000]
-    board = Board()
+    board = FakeClaimBoard()
     agents = [agent(50 + i, board, lambda: now[0]) for i in range(5)]
     won = []
 
@@ -63,7 +45,7 @@ def test_concurrent_claims_have_exactly_one_winner_per_slot(manifest):
 
 def test_no_claim_when_attesters_and_live_claims_cover_the_target(manifest):
     now = 1_800_000_000
-    board = Board()
+    board = FakeClaimBoard()
     a, b, c = (agent(60 + i, board, lambda: now) for i in range(3))
     done = cand(1, slots=2, attesters=[ident(60).public_key])  # a attested step 1
 
@@ -76,7 +58,7 @@ def test_no_claim_when_attesters_and_live_claims_cover_the_target(manifest):
 
 def test_expired_lease_is_retaken_and_own_live_claim_is_reused(manifest):
     now = [1_800_000_000]
-    board = Board()
+    board = FakeClaimBoard()
     a, b = agent(70, board, lambda: now[0]), agent(71, board, lambda: now[0])
     async def main():
         first = await a.try_claim(manifest.run_id, cand(0))
@@ -94,7 +76,7 @@ def test_renewal_is_in_a_later_round_and_keeps_the_slot(manifest):
     """A renewal issued in the claim's own lease round would lose to it (earliest wins within a
     round); renewal_time waits for the next round, and the renewed claim then wins the slot."""
     now = [1_800_000_010]
-    board = Board()
+    board = FakeClaimBoard()
     a, b = agent(80, board, lambda: now[0], lease_s=3600), agent(81, board, lambda: now[0], lease_s=3600)
 
     async def main():
@@ -117,24 +99,53 @@ def test_short_lease_renews_only_after_its_round():
 
 
 def test_hold_renews_until_cancelled(manifest):
-    now = [1_800_000_000]
-    board = Board()
-
-    async def sleep(seconds):
-        now[0] += int(seconds)
-        await trio.sleep(0)
-
-    a = ClaimAgent(ident(83), board, lease_s=600, clock=lambda: now[0], sleep=sleep)
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    a = ClaimAgent(ident(83), board, lease_s=600, clock=clock.wall, sleep=clock.sleep)
 
     async def main():
         claim = await a.try_claim(manifest.run_id, cand(4))
-        with trio.move_on_after(0.2):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(a.hold, claim)
-                while a.renewed < 3:
-                    await trio.sleep(0.001)
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.hold, claim)
+            while a.renewed < 3:
+                await trio.sleep(1)
+            nursery.cancel_scope.cancel()
         held = Claim.decode(board.records[next(iter(board.records))])
-        assert a.renewed >= 3 and held.claimant == ident(83).public_key and held.lease_expiry > claim.lease_expiry
+        assert a.renewed == 3 and held.claimant == ident(83).public_key and held.lease_expiry > claim.lease_expiry
+        # renewed at each quarter-lease mark (the first after the claim's own lease round)
+        assert held.issued_at == renewal_time(Claim.decode(board.announced[-2].encoded), 600)
 
-    trio.run(main)
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_leases_over_hours_of_protocol_time_a_crashed_holder_is_retaken_after_its_lease(manifest):
+    """Virtual time (trio's MockClock): six hours of a held one-hour lease, a crash, and the
+    retake, in milliseconds. While the holder renews, the other node never wins the slot; once it
+    stops renewing, the slot is free again exactly when its last lease runs out."""
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    lease_s = 3600
+    holder = ClaimAgent(ident(84), board, lease_s=lease_s, clock=clock.wall, sleep=clock.sleep)
+    other = ClaimAgent(ident(85), board, lease_s=lease_s, clock=clock.wall, sleep=clock.sleep)
+    crash_at = 6 * 3600
+
+    async def main():
+        claim = await holder.try_claim(manifest.run_id, cand(5))
+        assert claim is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder.hold, claim)
+            while trio.current_time() < crash_at:  # the other node keeps trying, once a minute
+                assert await other.try_claim(manifest.run_id, cand(5)) is None
+                await trio.sleep(60)
+            nursery.cancel_scope.cancel()  # kill -9: no release, the lease just stops being renewed
+        last = Claim.decode(next(iter(board.records.values())))
+        assert last.claimant == ident(84).public_key and last.lease_expiry > clock.wall()
+        while (retaken := await other.try_claim(manifest.run_id, cand(5))) is None:
+            await trio.sleep(60)
+        assert retaken.claimant == ident(85).public_key
+        assert last.lease_expiry <= retaken.issued_at < last.lease_expiry + 60 + 2  # one poll (+ the re-check)
+        return trio.current_time()
+
+    elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert elapsed > crash_at  # hours of protocol time
+    assert holder.renewed >= crash_at // lease_s  # the lease was renewed all along
