@@ -27,15 +27,15 @@ import trio
 
 from open1b.deterministic.trainer import publish_run
 from open1b.node.client import call
-from open1b.node.config import NodeConfig
 from open1b.node.clock import Clock
-from open1b.node.ingest import Ingest
-from open1b.node.metrics import NodeStats
-from open1b.node.topics import attestations_topic
+from open1b.node.config import NodeConfig
 from open1b.node.devnet import Daemons
+from open1b.node.ingest import Ingest
 from open1b.node.logs import setup_logging
+from open1b.node.metrics import NodeStats
 from open1b.node.p2p import open_p2p
 from open1b.node.store import Store
+from open1b.node.topics import attestations_topic
 from open1b.protocol import Attestation, Identity, RunManifest, signing
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.witness import witness_binding

@@ -32,8 +32,16 @@ from .config import NodeConfig
 from .ingest import Ingest
 from .metrics import NodeStats
 from .p2p import P2P
+from .runs import (
+    FIND_PROVIDERS_TIMEOUT_S,
+    RunBlob,
+    RunFiles,
+    RunFilesError,
+    checkpoint_blob,
+    samples_blob,
+    why_not_auditable,
+)
 from .topics import attestations_topic
-from .runs import FIND_PROVIDERS_TIMEOUT_S, RunBlob, RunFiles, RunFilesError, checkpoint_blob, samples_blob, why_not_auditable
 from .worker import ReplayFailed, ReplayWorker, WorkerResult
 
 log = logging.getLogger("open1b.node.auditor")

@@ -23,9 +23,9 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import trio
-from typing import Callable
 
 from open1b.protocol import Open1bError
 from open1b.protocol.codec import decode, encode

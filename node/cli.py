@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from open1b.protocol import Open1bError
 
+from . import answers
 from .datadir import default_data_dir
 
 
@@ -36,10 +37,11 @@ def _api(args: argparse.Namespace) -> str:
     return path.read_text().strip()
 
 
-def _call(args: argparse.Namespace, path: str, **kw) -> Any:
+def _call(args: argparse.Namespace, path: str, shape: answers.Shape, **kw) -> Any:
+    """The API's answer to ``path``, checked to have ``shape`` (what the command then reads)."""
     from .client import call
 
-    return call(_api(args), path, **kw)
+    return call(_api(args), path, shape=shape, **kw)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -95,7 +97,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = _call(args, "/v1/status")
+    status = _call(args, "/v1/status", answers.STATUS)
     _emit(args, status, lambda s: "\n".join([
         f"peer       {s['peer_id']}", f"listen     {', '.join(s['addrs'])}",
         f"peers      {len(s['peers'])} connected, {s['peers_banned']} banned", f"runs       {len(s['runs'])}",
@@ -108,14 +110,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_peers(args: argparse.Namespace) -> int:
-    peers = _call(args, "/v1/peers")
+    peers = _call(args, "/v1/peers", answers.PEERS)
     _emit(args, peers, lambda ps: _table([["PEER", "ADDRESS", "REJECTED"]]
                                          + [[p["peer_id"], (p["addrs"] or ["?"])[0], str(p["rejected"])] for p in ps]))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = _call(args, "/v1/runs")
+    runs = _call(args, "/v1/runs", answers.RUNS)
     _emit(args, runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
                                         + [[r["run"], str(r["steps"]), r["engine"], "yes" if r["run_dir"] else "no"]
                                            for r in rs]))
@@ -124,7 +126,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_coverage(args: argparse.Namespace) -> int:
     query = f"?redundancy={args.redundancy}" if args.redundancy else ""
-    cov = _call(args, f"/v1/coverage/{args.run}{query}")
+    cov = _call(args, f"/v1/coverage/{args.run}{query}", answers.COVERAGE)
 
     def render(c: dict) -> str:
         head = (f"run {c['run']}: {c['verified_steps']}/{c['steps']} verified, {c['claimed_steps']} claimed, "
@@ -148,7 +150,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
-    claims = _call(args, "/v1/claims" + (f"/{args.run}" if args.run else ""))
+    claims = _call(args, "/v1/claims" + (f"/{args.run}" if args.run else ""), answers.CLAIMS)
     _emit(args, claims, lambda cs: _table([["RUN", "STEP", "SLOT", "CLAIMANT", "EXPIRES IN"]] + [
         [c["run"][:16], str(c["step"]), str(c["slot"]), c["claimant"], f"{c['expires_in_s']} s"] for c in cs]))
     return 0
@@ -156,7 +158,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 def cmd_attestations(args: argparse.Namespace) -> int:
     query = f"?step={args.step}" if args.step is not None else ""
-    atts = _call(args, f"/v1/attestations/{args.run}{query}")
+    atts = _call(args, f"/v1/attestations/{args.run}{query}", answers.ATTESTATIONS)
     _emit(args, atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
         [str(a["step"]), a["verdict"], a["signer"], a["engine"], a["hardware"], str(a["elapsed_ms"])] for a in xs]))
     return 0
@@ -193,11 +195,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run)
     if not run_dir.is_dir():  # a run id (or prefix) the node knows: it fetches the step's files
-        runs = [r for r in _call(args, "/v1/runs") if r["run"].startswith(args.run.lower())]
+        runs = [r for r in _call(args, "/v1/runs", answers.RUNS) if r["run"].startswith(args.run.lower())]
         if len(runs) != 1 or not runs[0].get("auditable", runs[0]["run_dir"]):
             raise Open1bError(f"{args.run!r} is neither a run directory nor a single replayable run the node knows")
         with progress(f"fetching the files of step {args.step}", 1) as update:
-            fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", method="POST", timeout=3600)
+            fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", answers.FETCHED, method="POST",
+                            timeout=3600)
             update(1, "verified")
         run_dir = Path(fetched["run_dir"])
     from open1b.deterministic.replay import replay
@@ -233,7 +236,7 @@ def cmd_reveal(args: argparse.Namespace) -> int:
             if witness_commitment(witness) != manifest.witnesses[step]:
                 raise Open1bError(f"step {step}: the replay's witness does not open the manifest's C_{step}")
             out.append(_call(args, f"/v1/reveal/{manifest.run_id.hex()}?step={step}&witness={witness.hex()}",
-                             method="POST"))
+                             answers.REVEAL, method="POST"))
             update(i + 1, f"step {step} revealed")
     _emit(args, out, lambda rs: _table([["STEP", "WITNESS", "REVEAL"]] + [
         [str(r["step"]), r["witness"][:16] + "…", r["digest"][:16] + "…"] for r in rs]))
@@ -264,7 +267,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import run_checks
 
     try:
-        status = _call(args, "/v1/status", timeout=3)
+        status = _call(args, "/v1/status", answers.STATUS, timeout=3)
     except ApiUnavailable:
         status = None
     checks = run_checks(default_data_dir(args.data_dir), status)

@@ -21,8 +21,19 @@ from typing import Protocol
 import trio
 
 from open1b.protocol import (
-    Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, coverage, peer_id_from_public_key,
-    public_key_from_peer_id, validate_attestation, validate_claim, validate_manifest,
+    Attestation,
+    Claim,
+    Coverage,
+    Identity,
+    Open1bError,
+    Outcome,
+    RunManifest,
+    coverage,
+    peer_id_from_public_key,
+    public_key_from_peer_id,
+    validate_attestation,
+    validate_claim,
+    validate_manifest,
 )
 from open1b.protocol.codec import decode as decode_cbor
 from open1b.protocol.errors import UnjudgeableError

@@ -23,8 +23,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 import trio
-from multiaddr import Multiaddr
-
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
@@ -37,6 +35,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+from multiaddr import Multiaddr
 
 from open1b.protocol import Identity, Open1bError, Outcome
 

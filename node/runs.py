@@ -28,7 +28,12 @@ import trio
 
 from open1b.deterministic.config import from_manifest_model
 from open1b.deterministic.runfile import (
-    CHECKPOINT_DIR, ENGINE, ENGINE_VERSION, MANIFEST_FILE, SAMPLES_FILE, max_checkpoint_bytes,
+    CHECKPOINT_DIR,
+    ENGINE,
+    ENGINE_VERSION,
+    MANIFEST_FILE,
+    SAMPLES_FILE,
+    max_checkpoint_bytes,
 )
 from open1b.protocol import Open1bError, RunManifest
 

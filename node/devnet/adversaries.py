@@ -34,7 +34,16 @@ import cbor2
 import trio
 
 from open1b.protocol import (
-    MATCH, MAX_ATTESTATION_SIZE, MISMATCH, Attestation, Claim, Identity, Outcome, RunManifest, encode, sign,
+    MATCH,
+    MAX_ATTESTATION_SIZE,
+    MISMATCH,
+    Attestation,
+    Claim,
+    Identity,
+    Outcome,
+    RunManifest,
+    encode,
+    sign,
 )
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, FieldType, UInt

@@ -14,8 +14,8 @@ What is real and what is simulated (docs/scale.md has the long version):
 Entry point: :func:`simulate` (a :class:`Scenario` in, a JSON-able summary out).
 """
 
-from .params import Churn, Scenario, STRATEGIES
 from .network import NetworkModel
+from .params import STRATEGIES, Churn, Scenario
 
 
 def simulate(sc: Scenario) -> dict:

@@ -15,17 +15,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
-from open1b.node.config import NodeConfig
 from open1b.node.claim_records import ClaimRecords
 from open1b.node.ingest import Ingest
-from open1b.node.store import Store
 from open1b.node.sync import pull_attestations, pull_manifests, serve_runs, serve_sync
 from open1b.protocol import (
-    Claim, Open1bError, Outcome, ProtocolError, blake2b256, claim_key, encode, validate_attestation, validate_reveal,
+    Claim,
+    Open1bError,
+    Outcome,
+    ProtocolError,
+    blake2b256,
+    claim_key,
+    encode,
+    validate_attestation,
+    validate_reveal,
 )
 from open1b.protocol.claims import claim_precedence
 
 from ..node.fakes import make_ingest
+from ..vectors import ROOT as VECTORS
 from ..vectors import fixtures
 from .budget import FUZZ
 from .strategies import inputs_for, mutated, raw_cbor
@@ -270,3 +277,118 @@ def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing,
     assert all(m.encoded == RUN.encoded for m in accepted)  # the only validly signed manifest offered
     if new is not None:
         assert new == len(accepted) and len(stream.sent) == 2 and stream.closed
+
+
+# -- the command line: whatever a file or the API holds, one line and exit code 1, never a traceback --
+def _run_cli(argv: list[str]) -> tuple[int, str]:
+    """``open1b-node argv`` in this process; an exception escaping ``main`` fails the test (it
+    would print a traceback)."""
+    import contextlib
+    import io
+
+    from open1b.node import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main(argv)
+    return rc, err.getvalue()
+
+
+def _one_line_error_or_success(rc: int, err: str, allowed: tuple[int, ...] = (0,)) -> None:
+    assert rc in (1, *allowed), (rc, err)
+    if rc == 1:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(("open1b-node: error: ", "open1b-node: invalid input: ")), err
+        assert "Traceback" not in err
+
+
+JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64), st.floats(allow_nan=False),
+                      st.text(max_size=12))
+ANY_JSON = st.recursive(JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                            st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                        max_leaves=8)
+
+
+def _shaped(shape):
+    """Answers of ``shape`` (from :mod:`open1b.node.answers`), a leaf now and then of another type,
+    a key now and then missing: what a daemon of another version might send."""
+    if isinstance(shape, dict):
+        full = st.fixed_dictionaries({k: _shaped(v) for k, v in shape.items()})
+        return st.one_of(full, full.flatmap(lambda d: st.sampled_from(sorted(d)).map(
+            lambda k: {x: v for x, v in d.items() if x != k})), ANY_JSON)
+    if isinstance(shape, list):
+        return st.one_of(st.lists(_shaped(shape[0]), max_size=3), ANY_JSON)
+    kinds = shape if isinstance(shape, tuple) else (shape,)
+    leaves = {str: st.text(max_size=70), int: st.integers(-10**9, 10**9), bool: st.booleans(),
+              float: st.floats(allow_nan=False), type(None): st.none()}
+    return st.one_of(*(leaves[k] for k in kinds), JSON_LEAF)
+
+
+def _api_commands():
+    from open1b.node import answers
+
+    return [(["status"], answers.STATUS), (["peers"], answers.PEERS), (["runs"], answers.RUNS),
+            (["coverage", "ab"], answers.COVERAGE), (["claims"], answers.CLAIMS),
+            (["attestations", "ab"], answers.ATTESTATIONS), (["doctor"], answers.STATUS)]
+
+
+@FUZZ
+@given(st.data())
+def test_every_api_command_renders_any_answer_or_says_in_one_line_that_it_is_malformed(monkeypatch_module, data):
+    from open1b.node import client
+
+    argv, shape = data.draw(st.sampled_from(_api_commands()))
+    answer = data.draw(_shaped(shape))
+    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout: answer)
+    for json_flag in ([], ["--json"]):
+        rc, err = _run_cli([*argv, "--api", "127.0.0.1:1", *json_flag])
+        _one_line_error_or_success(rc, err)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@FUZZ
+@given(st.one_of(mutated(RUN.encoded), st.just(RUN.encoded), st.binary(max_size=200)))
+def test_commands_that_read_a_run_directory_refuse_a_broken_one_in_one_line(tmp_path_factory, manifest_bytes):
+    from open1b.deterministic.runfile import MANIFEST_FILE
+
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / MANIFEST_FILE).write_bytes(manifest_bytes)
+    for argv in (["replay", str(run_dir), "--step", "0"], ["samples", str(run_dir), "--step", "0"],
+                 ["reveal", str(run_dir), "--api", "127.0.0.1:1"]):
+        _one_line_error_or_success(*_run_cli(argv), allowed=())
+
+
+HANDOFF = VECTORS / "open1b_v3" / "handoff-hsdp"
+HANDOFF_FILES = ("meta.json", "model.safetensors", "optimizer.safetensors", "gradients.safetensors",
+                 "batch_hasher.rank_1.bin")
+
+
+@FUZZ
+@given(st.sampled_from(HANDOFF_FILES), st.data())
+def test_verify_handoff_answers_any_broken_file_in_one_line(tmp_path_factory, name, data):
+    import shutil
+
+    directory = tmp_path_factory.mktemp("handoff") / "h"
+    shutil.copytree(HANDOFF, directory)
+    original = (HANDOFF / name).read_bytes()
+    broken = data.draw(st.one_of(mutated(original), st.binary(max_size=64),
+                                 st.integers(0, len(original)).map(lambda n: original[:n])))
+    (directory / name).write_bytes(broken)
+    log = VECTORS / "open1b_v3" / "handoff-hsdp.state_hashes.jsonl"
+    rc, err = _run_cli(["verify-handoff", str(directory), "--state-hashes", str(log)])
+    _one_line_error_or_success(rc, err, allowed=(0, 2))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
+                 mutated(b'{"step": 7, "state_hash": "' + b"ab" * 32 + b'"}\n')))
+def test_verify_handoff_answers_any_state_hash_log_in_one_line(tmp_path_factory, log_bytes):
+    log = tmp_path_factory.mktemp("log") / "log.jsonl"
+    log.write_bytes(log_bytes)
+    rc, err = _run_cli(["verify-handoff", str(HANDOFF), "--state-hashes", str(log)])
+    _one_line_error_or_success(rc, err, allowed=(0, 2))

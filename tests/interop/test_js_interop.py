@@ -21,7 +21,14 @@ from contextlib import AsyncExitStack
 import pytest
 
 from open1b.protocol import (
-    Attestation, Claim, Identity, Outcome, blake2b256, claim_key, decode_message, validate_attestation,
+    Attestation,
+    Claim,
+    Identity,
+    Outcome,
+    blake2b256,
+    claim_key,
+    decode_message,
+    validate_attestation,
 )
 
 from ..vectors import ROOT as VECTORS

@@ -19,10 +19,10 @@ from open1b.node.topics import attestations_topic
 from open1b.node.worker import ReplayFailed, WorkerResult
 from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, claim_key
 from open1b.protocol.hashing import blake2b256
+from tests.runs import witness_of
 
 from .conftest import ident
 from .fakes import FakeClaimBoard, FakeP2P, auditable_manifest, make_ingest
-from tests.runs import witness_of
 
 T0 = 1_800_000_000  # wall time at trio time 0
 REPLAY_S = 600.0  # what one scripted replay takes, in virtual seconds

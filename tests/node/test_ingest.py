@@ -12,10 +12,10 @@ from open1b.node.topics import reveals_topic
 from open1b.protocol import Outcome, WitnessReveal
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
+from tests.runs import attestation, run_manifest, witness_of
 
 from .conftest import ident
 from .fakes import FakeGossip, make_ingest
-from tests.runs import attestation, run_manifest, witness_of
 
 T0 = 1_800_000_000  # wall time at trio time 0
 MANIFEST = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,

@@ -1,14 +1,15 @@
 from collections import Counter
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from open1b.node import planner
 from open1b.node.deficits import DeficitIndex
 from open1b.protocol import Claim, coverage
+from tests.runs import attestation
 
 from .conftest import ident
-from tests.runs import attestation
 
 NOW = 1_800_000_000
 RUN = b"\x01" * 32

@@ -13,9 +13,9 @@ from open1b.node.replay_proof import ReplayProof
 from open1b.node.store import Store
 from open1b.node.sync import pull_attestations, serve_sync
 from open1b.protocol import MATCH, Attestation, WitnessReveal, coverage, validate_reveal, witness_binding
+from tests.runs import attestation, witness_of
 
 from .conftest import ident
-from tests.runs import attestation, witness_of
 
 NOW = 1_800_000_000
 ME, HONEST, COPIER, STRANGER = 1, 2, 3, 4
@@ -199,7 +199,7 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
     assert flag == {"signer": ident(COPIER).peer_id, "step": 1, "kind": "copier", "statement": copied.digest.hex(),
                     "conflicting": honest.digest.hex(), "reveal": WitnessReveal.decode(data).digest.hex()}
     assert view["per_step"][1]["auditors"] == [ident(HONEST).peer_id]
-    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: view)
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
     assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
     assert f"flagged {ident(COPIER).peer_id} at step 1 as a copier" in capsys.readouterr().out
 
@@ -257,7 +257,7 @@ def test_cli_reveal_recomputes_a_witness_by_replay_and_posts_it(tampered_run, mo
 
     run_dir, manifest = tampered_run
     posted = []
-    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: posted.append((path, kw)) or {
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: posted.append((path, kw)) or {
         "step": 1, "witness": path.rsplit("=", 1)[1], "digest": "00" * 32})
     assert cli.main(["reveal", str(run_dir), "--step", "1", "--api", "127.0.0.1:1"]) == 0
     [(path, kw)] = posted

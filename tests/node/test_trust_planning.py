@@ -16,10 +16,10 @@ from open1b.node.ingest import Ingest
 from open1b.node.views import coverage_json
 from open1b.protocol import Attestation
 from open1b.protocol.hashing import blake2b256
+from tests.runs import attestation, run_manifest
 
 from .conftest import ident
 from .fakes import make_ingest
-from tests.runs import run_manifest, attestation
 
 NOW = int(time.time()) - 30
 MANIFEST = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
@@ -94,7 +94,7 @@ def test_coverage_json_and_cli_show_policy_flags_and_untrusted_keys(tmp_path, mo
     assert view["refuted_steps"] == [0] and view["policy"]["name"] == "allowlist"
     assert view["flagged"][0]["signer"] == ident(1).peer_id and view["untrusted"] == [ident(9).peer_id]
     assert len(view["per_step"][0]["evidence"]) == 2
-    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: view)
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
     assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
     out = capsys.readouterr().out
     assert "refuted [0]" in out and f"flagged {ident(1).peer_id} at step 0" in out and "1 untrusted" in out

@@ -168,6 +168,26 @@ def test_copying_auditor_is_caught_by_the_proof_of_replay(noisy):
     assert report["ok"], report["checks"]
 
 
+# -- copying-auditor with lying-auditor: a copier of a liar is flagged for what it copied ------------
+def test_a_copier_that_copies_a_liar_is_flagged_as_coverage_says(tmp_path):
+    """issue 17: combined, the copier may copy a liar's false statement; coverage then flags it
+    for a contradiction (docs/protocol.md §8.2), and the scenario's own check must agree."""
+    s = devnet(tmp_path, "copying-auditor", "lying-auditor", steps=4)
+    assert s["returncode"] == 0, s["scenarios"]
+    assert_network_kept_its_promises(s)
+    report = s["scenarios"]["copying-auditor"]
+    [copier] = peers(s, "copier")
+    flag = {f["signer"]: f for f in s["flagged"]}[copier]
+    assert report["detected"]["kind"] == flag["kind"] in ("copier", "contradiction")
+    mine = Attestation.decode(bytes.fromhex(report["evidence"]["statement"]))
+    other = Attestation.decode(bytes.fromhex(report["evidence"]["conflicting"]))
+    assert mine.signer_peer_id == copier and other.signer_peer_id != copier and mine.step == other.step == flag["step"]
+    if flag["kind"] == "contradiction":
+        assert mine.post_state != other.post_state
+    assert all(copier not in step["auditors"] + step["dissenters"] for step in s["per_step"])
+    assert report["ok"] and s["scenarios"]["lying-auditor"]["ok"]
+
+
 # -- crash ---------------------------------------------------------------------------------------
 def test_crash_mid_replay_leases_expire_others_retake_and_restarts_lose_nothing(tmp_path):
     s = devnet(tmp_path, "crash")

@@ -26,11 +26,11 @@ from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 
 from ...client import ApiUnavailable
+from ..daemons import Daemons, say
 from ..forged_run import publish_forged_run
 from ..netns import Partition as Netns
-from ..daemons import Daemons, say
 from ..options import SCENARIOS, DevnetError, DevnetOptions
-from .base import CONVERGE_TIMEOUT_S, POLL_S, Net, Node, Scenario, _result, canonical
+from .base import CONVERGE_TIMEOUT_S, LOST_GRACE_S, POLL_S, Net, Node, Scenario, _result, canonical
 from .copying_auditor import CopyingAuditor
 from .crash import Crash
 from .forged_and_malformed import ForgedAndMalformed

@@ -1,4 +1,5 @@
-"""``copying-auditor``: see the class docstring."""
+"""``copying-auditor``: a node that re-signs others' attestations without replaying must be
+flagged and stop counting."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ class CopyingAuditor(Scenario):
     """A trusted node re-signs other nodes' attestations, every field copied (the witness binding
     included), without replaying. An honest replayer of a copied step that finds the copy's binding
     wrong for its signer reveals the step's witness W_k; every node then flags the copier
-    (docs/run-format.md §5) and stops counting it."""
+    (docs/run-format.md §5) and stops counting it.
+
+    Combined with ``lying-auditor``, the copier may copy a liar's false statement first; coverage
+    then flags it for a ``contradiction`` (docs/protocol.md §8.2: its statement conflicts with the
+    settled post-state) rather than as a ``copier``. The check expects what coverage says: either
+    flag, each with the evidence its kind calls for."""
 
     name = "copying-auditor"
 
@@ -37,20 +43,23 @@ class CopyingAuditor(Scenario):
         counted = sorted(s["step"] for s in cov["per_step"] if copier in s["auditors"] + s["dissenters"])
         reveals = {r["digest"]: r for r in net.get(net.observer, f"/v1/reveals/{net.run}")}
         evidence: dict[str, str] = {}
-        if flag is not None and flag["kind"] == "copier":
+        if flag is not None:
             held = {a["digest"]: a for a in net.attestations(net.observer, flag["step"])}
-            found = {"statement": held.get(flag["statement"]), "conflicting": held.get(flag["conflicting"]),
-                     "reveal": reveals.get(flag["reveal"])}
+            found = {"statement": held.get(flag["statement"]), "conflicting": held.get(flag["conflicting"])}
+            if flag["kind"] == "copier":
+                found["reveal"] = reveals.get(flag["reveal"])
             evidence = {k: v["encoded"] for k, v in found.items() if v is not None}
+        proven = (_copy_proven if flag is not None and flag["kind"] == "copier" else _contradiction_proven)
         honest = {net.peer(i) for i in net.indices(*HONEST_ROLES)}
         sent = self._sent(net)
         return _result(
             {"what": "attestations copied from other nodes without replaying", "count": sent},
-            {"what": "copiers flagged by a witness reveal", "count": int(bool(evidence)),
+            {"what": "copiers flagged (by a witness reveal, or by a copied false statement)",
+             "count": int(bool(evidence)), "kind": flag["kind"] if flag else None,
              "flagged_at_step": flag["step"] if flag else None, "reveals": len(reveals), "counted_steps": counted},
             0,
-            {"copier flagged as a copier": flag is not None and flag["kind"] == "copier",
-             "evidence re-checks": _copy_proven(evidence, net.manifest, flag["step"] if flag else -1, copier),
+            {"copier flagged": flag is not None and flag["kind"] in ("copier", "contradiction"),
+             "evidence re-checks": proven(evidence, net.manifest, flag["step"] if flag else -1, copier),
              "copies not counted": sent > 0 and not counted,
              "no honest node flagged": not honest & {f["signer"] for f in cov["flagged"]}},
             copier=copier, evidence=evidence)
@@ -71,3 +80,17 @@ def _copy_proven(evidence: dict[str, str], manifest, step: int, copier: str) -> 
             and mine.verdict == other.verdict == MATCH and other.signer_peer_id != copier
             and mine.witness != witness_binding(mine.run, step, mine.signer, w)
             and other.witness == witness_binding(other.run, step, other.signer, w))
+
+
+def _contradiction_proven(evidence: dict[str, str], manifest, step: int, copier: str) -> bool:
+    """Re-check a contradiction flag from its bytes alone: the copier's statement and another key's
+    are about the same step from the same pre-state, and report different post-states."""
+    try:
+        mine = Attestation.decode(bytes.fromhex(evidence["statement"]))
+        other = Attestation.decode(bytes.fromhex(evidence["conflicting"]))
+    except (KeyError, ValueError, Open1bError):
+        return False
+    return (mine.run == other.run == manifest.run_id and mine.step == other.step == step
+            and mine.pre_state == other.pre_state == manifest.state_hashes[step]
+            and mine.post_state != other.post_state
+            and mine.signer_peer_id == copier and other.signer_peer_id != copier)

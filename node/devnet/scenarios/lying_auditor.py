@@ -1,4 +1,5 @@
-"""``lying-auditor``: see the class docstring."""
+"""``lying-auditor``: trusted nodes that sign without replaying must be flagged by independent
+replays and stop counting."""
 
 from __future__ import annotations
 
