@@ -166,6 +166,7 @@ def cmd_attestations(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from .client import publish
+    from .jobs import JobState
     from .progress import progress
 
     run_dir = Path(args.dir)
@@ -178,9 +179,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         blobs = read_manifest(run_dir).steps + 2
     except Open1bError:
         blobs = 1
-    phase = {"checking": 0, "providing": blobs, "announcing": 2 * blobs, "done": 2 * blobs, "failed": 0}
+    phase = {JobState.CHECKING: 0, JobState.PROVIDING: blobs, JobState.ANNOUNCING: 2 * blobs,
+             JobState.DONE: 2 * blobs, JobState.FAILED: 0}
     with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
-        job = publish(api, run_dir, lambda j: update(min(phase[j["state"]] + j["done"], 2 * blobs), j["note"]))
+        job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]))
     _emit(args, job, lambda j: "\n".join([
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",

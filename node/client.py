@@ -12,6 +12,7 @@ from typing import Any, Callable
 from open1b.protocol import Open1bError
 
 from .answers import PUBLICATION, Shape, checked
+from .jobs import JobState
 
 
 class ApiUnavailable(Open1bError):
@@ -54,9 +55,9 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
     deadline = time.monotonic() + timeout
     while True:
         update(job)
-        if job["state"] == "failed":
+        if job["state"] == JobState.FAILED:
             raise PublishFailed(f"{job['dir']}: {job['error']}")
-        if job["state"] == "done":
+        if job["state"] == JobState.DONE:
             return job
         if time.monotonic() > deadline:
             raise PublishFailed(f"{job['dir']}: still {job['state']} after {timeout:.0f} s")

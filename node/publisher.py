@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import trio
@@ -24,6 +23,7 @@ from .api import ApiError
 from .blobs import provider_key
 from .clock import Clock
 from .ingest import Ingest
+from .jobs import JobState
 from .p2p import MAX_PUBSUB_MESSAGE, P2P
 from .runs import RunFiles, run_blobs
 from .topics import RUNS_TOPIC
@@ -32,14 +32,6 @@ log = logging.getLogger("open1b.node.publisher")
 
 MAX_GOSSIP_MANIFEST = MAX_PUBSUB_MESSAGE - 4096  # room for the pubsub envelope; larger ones travel by sync
 REPROVIDE_S = 12 * 3600.0  # provider records expire after 48 h (py-libp2p): announce again well before
-
-
-class JobState(StrEnum):
-    CHECKING = "checking"
-    PROVIDING = "providing"
-    ANNOUNCING = "announcing"
-    DONE = "done"
-    FAILED = "failed"
 
 
 @dataclass
@@ -59,10 +51,6 @@ class Publication:
     gossiped: bool = False
     error: str | None = None
     seconds: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.state in (JobState.DONE, JobState.FAILED)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -108,7 +96,7 @@ class Publisher:
         manifest = manifest or read_run_manifest(run_dir, self.clock.wall())
         run = manifest.run_id.hex()
         job = self.publications.get(run)
-        if job is not None and not job.finished:
+        if job is not None and not job.state.finished:
             return job
         job = Publication(run=run, dir=str(run_dir), steps=manifest.steps, total=manifest.steps + 2,
                           started_at=self.clock.wall())

@@ -1,4 +1,5 @@
-"""``crash``: ``kill -9`` of a third of the auditors mid-replay; their leases expire, others retake the steps, and the restarted nodes lose nothing."""
+"""``crash``: ``kill -9`` of a third of the auditors mid-replay; their leases expire, others retake
+the steps, and the restarted nodes lose nothing."""
 
 from __future__ import annotations
 

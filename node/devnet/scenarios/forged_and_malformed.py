@@ -1,4 +1,5 @@
-"""``forged-and-malformed``: a spammer publishes every kind of forged or malformed statement; each must be refused as specified, its sender penalised, nothing stored."""
+"""``forged-and-malformed``: a spammer publishes every kind of forged or malformed statement; each
+must be refused as specified, its sender penalised, nothing stored."""
 
 from __future__ import annotations
 

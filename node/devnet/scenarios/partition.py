@@ -1,11 +1,20 @@
-"""``partition``: the network is split into two halves (Linux network namespaces, :mod:`..netns`), each keeps working, and both converge after healing."""
+"""``partition``: the network is split into two halves (Linux network namespaces, :mod:`..netns`);
+each keeps working, and both converge after healing."""
 
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 
 from ..daemons import say
 from .base import Node, Scenario, _result, canonical
+
+
+class Phase(StrEnum):
+    CONNECTED = "connected"
+    SPLIT = "split"
+    HEALED = "healed"
+    CONVERGED = "converged"
 
 
 class Partition(Scenario):
@@ -16,7 +25,7 @@ class Partition(Scenario):
 
     def __init__(self, opts):
         super().__init__(opts)
-        self.state = "connected"
+        self.state = Phase.CONNECTED
         self.times: dict[str, float] = {}
         self.halves_complete: list[bool] = [False, False]
         self.made: list[int] = [0, 0]
@@ -40,13 +49,13 @@ class Partition(Scenario):
 
     def tick(self, net):
         now = time.monotonic()
-        if self.state == "connected":
+        if self.state is Phase.CONNECTED:
             if net.coverage(net.observer)["verified_steps"] + len(net.coverage(net.observer)["disputed_steps"]) >= 1:
                 self.partition.split()
                 self.times["split"] = now
-                self.state = "split"
+                self.state = Phase.SPLIT
                 say("partition: the network is split in two halves")
-        elif self.state == "split":
+        elif self.state is Phase.SPLIT:
             covs = [net.coverage(o) for o in self._observers(net)]
             self.halves_complete = [c["complete"] for c in covs]
             self.made = [self._made_since_split(net, h) for h in (0, 1)]
@@ -54,13 +63,13 @@ class Partition(Scenario):
             if working or now - self.times["split"] > self.SPLIT_LIMIT_S:
                 self.partition.heal()
                 self.times["heal"] = now
-                self.state = "healed"
+                self.state = Phase.HEALED
                 say(f"partition: healed after {now - self.times['split']:.1f} s")
-        elif self.state == "healed":
+        elif self.state is Phase.HEALED:
             covs = [canonical(net.coverage(i)) for i in net.honest()]
             if all(c == covs[0] for c in covs):
                 self.times["converged"] = now
-                self.state = "converged"
+                self.state = Phase.CONVERGED
 
     def _made_since_split(self, net, half: int) -> int:
         """Attestations made during the split by this half's nodes, as its own observer holds them."""
@@ -70,7 +79,7 @@ class Partition(Scenario):
         return sum(1 for a in net.attestations(observer) if a["signer"] in members and a["received_at_ms"] >= since)
 
     def done(self, net):
-        return self.state == "converged"
+        return self.state is Phase.CONVERGED
 
     def report(self, net):
         t = self.times

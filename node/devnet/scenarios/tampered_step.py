@@ -1,4 +1,5 @@
-"""``tampered-step``: the published run has forged states; independent replays must refute exactly those steps."""
+"""``tampered-step``: the published run has forged states; independent replays must refute exactly
+those steps."""
 
 from __future__ import annotations
 
