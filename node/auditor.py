@@ -31,7 +31,7 @@ from .clock import Clock
 from .config import NodeConfig
 from .ingest import Ingest
 from .metrics import NodeStats
-from .p2p import P2P
+from .p2p import P2P, NetworkError
 from .runs import (
     FIND_PROVIDERS_TIMEOUT_S,
     RunBlob,
@@ -116,7 +116,11 @@ class Auditor:
         """Claim one step and replay it; False if no step could be claimed."""
         picked = None
         for manifest, cand in self.next_candidates()[:CLAIM_TRIES]:
-            claim = await self.claims.try_claim(manifest.run_id, cand)
+            try:
+                claim = await self.claims.try_claim(manifest.run_id, cand)
+            except NetworkError as exc:  # the DHT did not take the claim: as good as lost, try the next
+                log.info("claiming step %d of run %s failed: %s", cand.step, manifest.run_id.hex()[:12], exc)
+                continue
             if claim is not None:
                 picked = (manifest, claim)
                 break

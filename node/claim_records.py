@@ -146,7 +146,10 @@ class ClaimAgent:
         current: Claim | None = claim
         while current is not None:
             await self.sleep(max(0, renewal_time(current, self.lease_s) - self.clock()))
-            current = await self.renew(current)
+            try:
+                current = await self.renew(current)
+            except Open1bError:  # the network did not take it (a NetworkError): the lease still runs, retry soon
+                await self.sleep(RENEW_MARGIN_S)
 
 
 class DhtClaimBoard:

@@ -258,8 +258,10 @@ class P2P:
         """Store ``value`` under ``key``; False if a value we already hold is preferred to it."""
         try:
             await self.dht.put_value(key, value)
-        except ValueError:
+        except ValueError:  # a storing node's validator preferred the value it holds
             return False
+        except Exception as exc:
+            raise NetworkError(f"DHT put {key} failed: {exc}") from exc
         return True
 
     async def get_record(self, key: str, *, from_network: bool = False) -> bytes | None:

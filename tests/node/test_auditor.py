@@ -14,6 +14,7 @@ from trio.testing import MockClock
 from open1b.node.auditor import FETCH_RETRY_S, Auditor
 from open1b.node.claim_records import ClaimAgent
 from open1b.node.clock import Clock
+from open1b.node.p2p import NetworkError
 from open1b.node.runs import RunFilesError
 from open1b.node.topics import attestations_topic
 from open1b.node.worker import ReplayFailed, WorkerResult
@@ -178,3 +179,18 @@ def test_another_nodes_live_claim_is_left_alone_until_its_lease_runs_out(tmp_pat
 
     elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
     assert lease <= elapsed < lease + auditor.config.idle_poll_s + REPLAY_S + 10
+
+
+def test_a_claim_the_network_refuses_to_store_is_skipped_not_fatal(tmp_path, run):
+    class Unreachable(FakeClaimBoard):
+        async def write(self, key, value):
+            raise NetworkError("no peer took the record")
+
+    auditor, ingest, _ = build(tmp_path, run, board=Unreachable(), audit=False)
+
+    async def main():
+        async with serving(auditor):
+            assert not await auditor.audit_once()  # every candidate tried, none claimed, nothing replayed
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert not own(ingest, run) and auditor.stats.replays == 0
