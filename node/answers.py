@@ -63,5 +63,6 @@ def checked(value: Any, shape: Shape, where: str = "answer") -> Any:
         kinds = shape if isinstance(shape, tuple) else (shape,)
         # bool is an int in Python, not in JSON: a count must not be true or false
         if not any(type(value) is kind or (kind is float and type(value) is int) for kind in kinds):
-            raise MalformedAnswer(f"malformed answer from the node API: {where} is not a {' or '.join(k.__name__ for k in kinds)}")
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise MalformedAnswer(f"malformed answer from the node API: {where} is not a {expected}")
     return value

@@ -12,16 +12,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from open1b.protocol import Open1bError
 
 from . import answers
 from .datadir import default_data_dir
-
-
-def _emit(args: argparse.Namespace, result: Any, render: Callable[[Any], str]) -> None:
-    print(json.dumps(result, indent=2) if args.json else render(result))
+from .results import CommandResult
 
 
 def _api(args: argparse.Namespace) -> str:
@@ -52,20 +49,19 @@ def _table(rows: list[list[str]]) -> str:
 
 
 # -- commands --------------------------------------------------------------------------------
-def cmd_init(args: argparse.Namespace) -> int:
+def cmd_init(args: argparse.Namespace) -> CommandResult:
     from .datadir import init_data_dir
 
     result = init_data_dir(default_data_dir(args.data_dir))
     out = {"data_dir": str(result.data_dir), "peer_id": result.peer_id, "created_key": result.created_key,
            "wrote_config": result.wrote_config}
-    _emit(args, out, lambda o: "\n".join([
+    return CommandResult(out, lambda o: "\n".join([
         f"data dir  {o['data_dir']}", f"peer id   {o['peer_id']}",
         f"key       {'created' if o['created_key'] else 'kept (already there; keys are never overwritten)'}",
         f"config    {'written' if o['wrote_config'] else 'kept (already there)'}"]))
-    return 0
 
 
-def cmd_daemon(args: argparse.Namespace) -> int:
+def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     import trio
 
     from .config import load_config
@@ -93,12 +89,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         trio.run(lambda: run_daemon(config, harness=harness))
     except KeyboardInterrupt:
         pass
-    return 0
+    return CommandResult.nothing()
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_status(args: argparse.Namespace) -> CommandResult:
     status = _call(args, "/v1/status", answers.STATUS)
-    _emit(args, status, lambda s: "\n".join([
+    return CommandResult(status, lambda s: "\n".join([
         f"peer       {s['peer_id']}", f"listen     {', '.join(s['addrs'])}",
         f"peers      {len(s['peers'])} connected, {s['peers_banned']} banned", f"runs       {len(s['runs'])}",
         f"stored     {s['attestations_stored']} attestations",
@@ -106,25 +102,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"gossip     {s['gossip_rejected']} rejected, {s['gossip_ignored']} ignored; {s['synced']} pulled by sync",
         f"auditing   {'yes' if s['audit'] else 'no (observer)'}"
         + (f", replaying step {s['replaying_step']}" if s['replaying_step'] is not None else "")]))
-    return 0
 
 
-def cmd_peers(args: argparse.Namespace) -> int:
+def cmd_peers(args: argparse.Namespace) -> CommandResult:
     peers = _call(args, "/v1/peers", answers.PEERS)
-    _emit(args, peers, lambda ps: _table([["PEER", "ADDRESS", "REJECTED"]]
+    return CommandResult(peers, lambda ps: _table([["PEER", "ADDRESS", "REJECTED"]]
                                          + [[p["peer_id"], (p["addrs"] or ["?"])[0], str(p["rejected"])] for p in ps]))
-    return 0
 
 
-def cmd_runs(args: argparse.Namespace) -> int:
+def cmd_runs(args: argparse.Namespace) -> CommandResult:
     runs = _call(args, "/v1/runs", answers.RUNS)
-    _emit(args, runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
+    return CommandResult(runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
                                         + [[r["run"], str(r["steps"]), r["engine"], "yes" if r["run_dir"] else "no"]
                                            for r in rs]))
-    return 0
 
 
-def cmd_coverage(args: argparse.Namespace) -> int:
+def cmd_coverage(args: argparse.Namespace) -> CommandResult:
     query = f"?redundancy={args.redundancy}" if args.redundancy else ""
     cov = _call(args, f"/v1/coverage/{args.run}{query}", answers.COVERAGE)
 
@@ -145,26 +138,23 @@ def cmd_coverage(args: argparse.Namespace) -> int:
              ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
         return "\n".join([head, trust, *flags, _table(rows)])
 
-    _emit(args, cov, render)
-    return 0
+    return CommandResult(cov, render)
 
 
-def cmd_claims(args: argparse.Namespace) -> int:
+def cmd_claims(args: argparse.Namespace) -> CommandResult:
     claims = _call(args, "/v1/claims" + (f"/{args.run}" if args.run else ""), answers.CLAIMS)
-    _emit(args, claims, lambda cs: _table([["RUN", "STEP", "SLOT", "CLAIMANT", "EXPIRES IN"]] + [
+    return CommandResult(claims, lambda cs: _table([["RUN", "STEP", "SLOT", "CLAIMANT", "EXPIRES IN"]] + [
         [c["run"][:16], str(c["step"]), str(c["slot"]), c["claimant"], f"{c['expires_in_s']} s"] for c in cs]))
-    return 0
 
 
-def cmd_attestations(args: argparse.Namespace) -> int:
+def cmd_attestations(args: argparse.Namespace) -> CommandResult:
     query = f"?step={args.step}" if args.step is not None else ""
     atts = _call(args, f"/v1/attestations/{args.run}{query}", answers.ATTESTATIONS)
-    _emit(args, atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
+    return CommandResult(atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
         [str(a["step"]), a["verdict"], a["signer"], a["engine"], a["hardware"], str(a["elapsed_ms"])] for a in xs]))
-    return 0
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
+def cmd_publish(args: argparse.Namespace) -> CommandResult:
     from .client import publish
     from .jobs import JobState
     from .progress import progress
@@ -183,16 +173,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
              JobState.DONE: 2 * blobs, JobState.FAILED: 0}
     with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
         job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]))
-    _emit(args, job, lambda j: "\n".join([
+    return CommandResult(job, lambda j: "\n".join([
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",
         f"providing  {j['provided']} blobs in the DHT",
         f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (too large for gossip)'}",
         f"took       {j['seconds']} s"]))
-    return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+def cmd_replay(args: argparse.Namespace) -> CommandResult:
     from .progress import progress
 
     run_dir = Path(args.run)
@@ -214,11 +203,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
            "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4)}
-    _emit(args, out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()))
-    return 0 if result.match else 2
+    return CommandResult(out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()), 0 if result.match else 2)
 
 
-def cmd_reveal(args: argparse.Namespace) -> int:
+def cmd_reveal(args: argparse.Namespace) -> CommandResult:
     """The trainer's reveal of its replay witnesses after an audit (docs/run-format.md §5.2): each
     W_k is recomputed by replaying step k from RUN_DIR, checked against the manifest's C_k, and
     signed and gossiped by the daemon. Once W_k is public anyone can bind it: reveal after the audit."""
@@ -240,12 +228,11 @@ def cmd_reveal(args: argparse.Namespace) -> int:
             out.append(_call(args, f"/v1/reveal/{manifest.run_id.hex()}?step={step}&witness={witness.hex()}",
                              answers.REVEAL, method="POST"))
             update(i + 1, f"step {step} revealed")
-    _emit(args, out, lambda rs: _table([["STEP", "WITNESS", "REVEAL"]] + [
+    return CommandResult(out, lambda rs: _table([["STEP", "WITNESS", "REVEAL"]] + [
         [str(r["step"]), r["witness"][:16] + "…", r["digest"][:16] + "…"] for r in rs]))
-    return 0
 
 
-def cmd_samples(args: argparse.Namespace) -> int:
+def cmd_samples(args: argparse.Namespace) -> CommandResult:
     from open1b.deterministic.provenance import run_step_samples
 
     manifest, result = run_step_samples(Path(args.run), args.step, rank=args.rank)
@@ -260,11 +247,10 @@ def cmd_samples(args: argparse.Namespace) -> int:
             lines += [f"    {'proof' if n == 0 else '':<6}{h}" for n, h in enumerate(u["proof"])]
         return "\n".join(lines)
 
-    _emit(args, out, render)
-    return 0
+    return CommandResult(out, render)
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def cmd_doctor(args: argparse.Namespace) -> CommandResult:
     from .client import ApiUnavailable
     from .doctor import run_checks
 
@@ -274,18 +260,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         status = None
     checks = run_checks(default_data_dir(args.data_dir), status)
     out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
-    _emit(args, out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]))
-    return 1 if any(c.level == "FAIL" for c in checks) else 0
+    return CommandResult(out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]),
+                         1 if any(c.level == "FAIL" for c in checks) else 0)
 
 
-def cmd_key_show(args: argparse.Namespace) -> int:
+def cmd_key_show(args: argparse.Namespace) -> CommandResult:
     from .identity_file import key_path, load_identity
 
     data_dir = default_data_dir(args.data_dir)
     identity = load_identity(data_dir)
     out = {"peer_id": identity.peer_id, "public_key": identity.public_key.hex(), "key_file": str(key_path(data_dir))}
-    _emit(args, out, lambda o: "\n".join(f"{k:<11} {v}" for k, v in o.items()))
-    return 0
+    return CommandResult(out, lambda o: "\n".join(f"{k:<11} {v}" for k, v in o.items()))
 
 
 def _at_least_one(text: str) -> int:
@@ -295,7 +280,7 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: argparse.Namespace) -> CommandResult:
     from open1b.deterministic.trainer import publish_run
 
     from .datadir import init_data_dir
@@ -313,19 +298,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"]}
-    _emit(args, out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
-    return 0
+    return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
 
 
-def cmd_devnet(args: argparse.Namespace) -> int:
+def cmd_devnet(args: argparse.Namespace) -> CommandResult:
     from .devnet import DevnetOptions, render, run_devnet
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
                          deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
                          keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)))
     summary = run_devnet(opts)
-    _emit(args, summary, lambda result: render(result, opts))
-    return 0 if summary["ok" if opts.scenarios else "complete"] else 2
+    return CommandResult(summary, lambda result: render(result, opts),
+                         0 if summary["ok" if opts.scenarios else "complete"] else 2)
 
 
 # -- parser ----------------------------------------------------------------------------------
@@ -448,13 +432,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        result = args.func(args)
     except Open1bError as exc:
         print(f"open1b-node: error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
         print(f"open1b-node: invalid input: {exc}", file=sys.stderr)
         return 1
+    # The one place a result is rendered: as text, or as JSON with --json.
+    if result.data is not None:
+        print(json.dumps(result.data, indent=2) if getattr(args, "json", False) else result.render(result.data))
+    return result.exit_code
 
 
 if __name__ == "__main__":

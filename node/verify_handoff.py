@@ -31,6 +31,8 @@ from open1b.protocol import Open1bError
 from open1b.protocol.open1b_v3 import HandoffMeta, handoff_state_hash
 from open1b.protocol.trajectory import MAX_TRAJECTORY_SIZE, parse_state_hash_log
 
+from .results import CommandResult
+
 MAX_WORLD = 4096
 MAX_META_SIZE = 1 << 20
 # What an absent optimizer.safetensors or gradients.safetensors reads as: a file with no tensors
@@ -161,11 +163,10 @@ def render(result: dict) -> str:
     ])
 
 
-def cmd_verify_handoff(args) -> int:
+def cmd_verify_handoff(args) -> CommandResult:
     result = result_json(verify_handoff(Path(args.handoff), expected=args.expected, prev=args.prev,
                                         state_hashes=Path(args.state_hashes) if args.state_hashes else None))
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0 if result["verified"] else 2
+    return CommandResult(result, render, 0 if result["verified"] else 2)
 
 
 def add_parser(sub, parents: list) -> None:
