@@ -98,6 +98,23 @@ def test_the_import_graph_of_product_code_has_no_cycle():
     assert cycles(graph) == []
 
 
+def test_the_daemon_reaches_nothing_of_the_test_harness():
+    """node/devnet is a harness on top of the daemon (docs/node.md): nothing the daemon imports,
+    directly or not, is part of it; of the product only the CLI (which hands a devnet's adversary to
+    the daemon) and the harness itself import it."""
+    modules = product_modules()
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    seen, todo = set(), ["open1b.node.daemon"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    assert not {m for m in seen if m.startswith("open1b.node.devnet")}
+    importers = {m for m, deps in graph.items() if any(d.startswith("open1b.node.devnet") for d in deps)}
+    assert {m for m in importers if not m.startswith("open1b.node.devnet")} == {"open1b.node.cli"}
+
+
 def test_the_graph_walk_sees_function_level_imports():
     modules = {"open1b.node.a": Path("a.py"), "open1b.node.b": Path("b.py")}
     graph = {"open1b.node.a": {"open1b.node.b"}, "open1b.node.b": {"open1b.node.a"}}
