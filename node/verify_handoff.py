@@ -69,14 +69,7 @@ def _hex32(text: str, what: str) -> bytes:
 def _hashes(meta: HandoffMeta, expected: str | None, prev: str | None, log_path: Path | None) -> tuple[bytes, bytes]:
     log: dict[int, bytes] = {}
     if log_path is not None:
-        try:
-            with open(log_path, "rb") as f:
-                data = f.read(MAX_TRAJECTORY_SIZE + 1)
-        except OSError as exc:
-            raise HandoffError(f"cannot read {log_path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_TRAJECTORY_SIZE:
-            raise HandoffError(f"{log_path} is larger than {MAX_TRAJECTORY_SIZE} bytes")
-        log = parse_state_hash_log(data)
+        log = parse_state_hash_log(_read_bounded(log_path, MAX_TRAJECTORY_SIZE))
     if expected is None and meta.step not in log:
         raise HandoffError(f"no expected hash: pass --expected, or a --state-hashes log with step {meta.step}")
     want = _hex32(expected, "--expected") if expected is not None else log[meta.step]
@@ -90,15 +83,21 @@ def _hashes(meta: HandoffMeta, expected: str | None, prev: str | None, log_path:
     raise HandoffError(f"no previous hash: pass --prev, or a --state-hashes log with a step before {meta.step}")
 
 
-def _read_meta(root: Path) -> HandoffMeta:
-    path = root / "meta.json"
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """``path``'s bytes, refused beyond ``limit`` before more than ``limit + 1`` are read."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_META_SIZE + 1)
+            data = f.read(limit + 1)
     except OSError as exc:
         raise HandoffError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_META_SIZE:
-        raise HandoffError(f"{path} is larger than {MAX_META_SIZE} bytes")
+    if len(data) > limit:
+        raise HandoffError(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def _read_meta(root: Path) -> HandoffMeta:
+    path = root / "meta.json"
+    data = _read_bounded(path, MAX_META_SIZE)
     try:
         value = json.loads(data)
     except (ValueError, RecursionError) as exc:  # deep nesting raises RecursionError, not ValueError
