@@ -28,9 +28,14 @@ class Clock:
 
     def wall(self) -> int:
         """Wall-clock seconds, as signed statements carry them."""
+        return self.wall_ms() // 1000
+
+    def wall_ms(self) -> int:
+        """Wall-clock milliseconds (when a statement arrived, for the record)."""
         if self._wall_at_zero is None:
-            return int(time.time())
-        return int(self._wall_at_zero + trio.current_time())
+            return int(time.time() * 1000)
+        elapsed = trio.current_time() if trio.lowlevel.in_trio_run() else 0.0  # before the run starts: time 0
+        return int((self._wall_at_zero + elapsed) * 1000)
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)

@@ -99,7 +99,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
     check_version(config.data_dir, create=True)
     identity = load_or_create_identity(config.data_dir)
     with DaemonLock(config.data_dir):
-        store = Store(config.data_dir / STORE_FILE)
+        store = Store(config.data_dir / STORE_FILE, now_ms=clock.wall_ms)
         worker = ReplayWorker()
         try:
             # an operator's local runs (--run): a bad manifest stops the daemon before it listens

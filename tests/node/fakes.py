@@ -93,16 +93,17 @@ class FrozenClock(Clock):
         super().__init__()
         self.wall_s = int(time.time()) if wall_s is None else wall_s
 
-    def wall(self) -> int:
-        return self.wall_s
+    def wall_ms(self) -> int:
+        return self.wall_s * 1000
 
 
 def make_ingest(directory: Path, *manifests: RunManifest, identity: Identity | None = None,
                 clock: Clock | None = None, gossip: FakeGossip | None = None, **config) -> Ingest:
     """An :class:`Ingest` over a fresh store in ``directory`` that knows ``manifests``."""
     directory.mkdir(parents=True, exist_ok=True)
-    store = Store(directory / "store.sqlite")
+    clock = clock or Clock()
+    store = Store(directory / "store.sqlite", now_ms=clock.wall_ms)
     for m in manifests:
         store.add_manifest(m)
     return Ingest(identity or Identity(b"\x07" * 32), NodeConfig(data_dir=directory, **config), store,
-                  gossip or FakeGossip(), clock=clock or Clock(), stats=NodeStats())
+                  gossip or FakeGossip(), clock=clock, stats=NodeStats())

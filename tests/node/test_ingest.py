@@ -40,6 +40,8 @@ def test_a_statement_from_the_future_is_ignored_until_the_clock_reaches_it(tmp_p
         await trio.sleep(3600 - MAX_CLOCK_SKEW_SECONDS)  # an hour, virtually
         assert ingest.validate_gossip_attestation("peer", early.encoded) is Outcome.ACCEPT
         assert ingest.ingest_attestation(early.encoded)
+        [(_, received_ms)] = ingest.store.attestations_received(MANIFEST.run_id)
+        assert received_ms == (T0 + 3600 - MAX_CLOCK_SKEW_SECONDS) * 1000  # recorded in virtual wall time too
         return trio.current_time()
 
     assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 3600 - MAX_CLOCK_SKEW_SECONDS
