@@ -25,7 +25,7 @@ from .topics import reveals_topic
 
 
 @dataclass(frozen=True)
-class Node:
+class Components:
     """What the routes read: the daemon's components."""
 
     identity: Identity
@@ -78,7 +78,7 @@ def run_arg(ingest: Ingest, text: str) -> bytes:
     return matches[0]
 
 
-def api_routes(node: Node) -> list[Route]:
+def api_routes(node: Components) -> list[Route]:
     ingest, store, p2p, clock = node.ingest, node.ingest.store, node.p2p, node.ingest.clock
 
     def run_of(path: list[str]) -> bytes:
@@ -182,7 +182,7 @@ def reveal_route(identity: Identity, ingest: Ingest, gossip: Gossip) -> Route:
     return Route("POST", "/v1/reveal", reveal)
 
 
-def metrics_routes(node: Node) -> list[Route]:
+def metrics_routes(node: Components) -> list[Route]:
     registry = metrics_registry(node.stats, node.gauges)
 
     async def metrics(path, query):

@@ -28,7 +28,7 @@ from open1b.protocol import Identity
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from .api import serve_api
-from .api_routes import Node, api_routes, metrics_routes
+from .api_routes import Components, api_routes, metrics_routes
 from .auditor import Auditor, Replayer, WorkerReplayer
 from .blobs import BLOB_PROTOCOL, BlobCache
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
@@ -137,7 +137,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats)
     shutdown = trio.Event()
-    node = Node(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, shutdown)
+    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, shutdown)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(publisher.serve_publisher)
