@@ -1,5 +1,8 @@
 """The claim agent's protocol, driven over an in-memory board with the DHT's semantics
-(every write reaches one shared record store that keeps what ``select_claim`` prefers)."""
+(every write reaches one shared record store that keeps what ``select_claim`` prefers), on trio's
+MockClock: leases, re-check delays and renewals run on virtual time."""
+
+import random
 
 import trio
 from trio.testing import MockClock
@@ -15,8 +18,12 @@ from .fakes import FakeClaimBoard
 T0 = 1_800_000_000  # wall time at trio time 0
 
 
-def agent(n, board, clock, lease_s=60):
-    return ClaimAgent(ident(n), board, lease_s=lease_s, clock=clock, sleep=lambda s: trio.sleep(0))
+def agent(n, board, clock: Clock, lease_s=60):
+    return ClaimAgent(ident(n), board, lease_s=lease_s, clock=clock.wall, sleep=clock.sleep, rng=random.Random(n))
+
+
+def run_virtual(main):
+    return trio.run(main, clock=MockClock(autojump_threshold=0))
 
 
 def cand(step, slots=1, attesters=()):
@@ -24,9 +31,9 @@ def cand(step, slots=1, attesters=()):
 
 
 def test_concurrent_claims_have_exactly_one_winner_per_slot(manifest):
-    now = [1_800_000_000]
+    clock = Clock(wall_at_zero=T0)
     board = FakeClaimBoard()
-    agents = [agent(50 + i, board, lambda: now[0]) for i in range(5)]
+    agents = [agent(50 + i, board, clock) for i in range(5)]
     won = []
 
     async def main():
@@ -38,59 +45,61 @@ def test_concurrent_claims_have_exactly_one_winner_per_slot(manifest):
                         won.append(claim)
                 nursery.start_soon(go)
 
-    trio.run(main)
+    run_virtual(main)
     assert len(won) == 1 and won[0].encoded == next(iter(board.records.values()))
     assert sum(a.lost for a in agents) + sum(a.won for a in agents) >= 1
 
 
 def test_no_claim_when_attesters_and_live_claims_cover_the_target(manifest):
-    now = 1_800_000_000
+    clock = Clock(wall_at_zero=T0)
     board = FakeClaimBoard()
-    a, b, c = (agent(60 + i, board, lambda: now) for i in range(3))
+    a, b, c = (agent(60 + i, board, clock) for i in range(3))
     done = cand(1, slots=2, attesters=[ident(60).public_key])  # a attested step 1
 
     async def main():
         assert await b.try_claim(manifest.run_id, done) is not None  # b takes the second place
         assert await c.try_claim(manifest.run_id, done) is None  # a done + b busy = 2: nothing left for c
 
-    trio.run(main)
+    run_virtual(main)
 
 
 def test_expired_lease_is_retaken_and_own_live_claim_is_reused(manifest):
-    now = [1_800_000_000]
+    clock = Clock(wall_at_zero=T0)
     board = FakeClaimBoard()
-    a, b = agent(70, board, lambda: now[0]), agent(71, board, lambda: now[0])
+    a, b = agent(70, board, clock), agent(71, board, clock)
+
     async def main():
         first = await a.try_claim(manifest.run_id, cand(0))
         assert first is not None
         assert await b.try_claim(manifest.run_id, cand(0)) is None  # live lease held by a
         assert (await a.try_claim(manifest.run_id, cand(0))).digest == first.digest  # a keeps its own claim
-        now[0] += 61  # a's lease has expired
+        await trio.sleep(61)  # a's lease has expired
         retaken = await b.try_claim(manifest.run_id, cand(0))
         assert retaken is not None and retaken.claimant == ident(71).public_key
 
-    trio.run(main)
+    run_virtual(main)
 
 
 def test_renewal_is_in_a_later_round_and_keeps_the_slot(manifest):
     """A renewal issued in the claim's own lease round would lose to it (earliest wins within a
     round); renewal_time waits for the next round, and the renewed claim then wins the slot."""
-    now = [1_800_000_010]
+    t0 = 1_800_000_010
+    clock = Clock(wall_at_zero=t0)
     board = FakeClaimBoard()
-    a, b = agent(80, board, lambda: now[0], lease_s=3600), agent(81, board, lambda: now[0], lease_s=3600)
+    a, b = agent(80, board, clock, lease_s=3600), agent(81, board, clock, lease_s=3600)
 
     async def main():
         first = await a.try_claim(manifest.run_id, cand(2))
         due = renewal_time(first, 3600)
         assert due == first.lease_expiry - 900 and due // LEASE_ROUND_SECONDS > first.issued_at // LEASE_ROUND_SECONDS
-        now[0] = due
+        await trio.sleep_until(due - t0)
         fresh = await a.renew(first)
         assert fresh is not None and fresh.lease_expiry == due + 3600
         assert board.records[next(iter(board.records))] == fresh.encoded
-        now[0] = first.lease_expiry + 1  # the first lease is over, the renewed one is not
+        await trio.sleep_until(first.lease_expiry + 1 - t0)  # the first lease is over, the renewed one is not
         assert await b.try_claim(manifest.run_id, cand(2)) is None
 
-    trio.run(main)
+    run_virtual(main)
 
 
 def test_short_lease_renews_only_after_its_round():
@@ -101,7 +110,7 @@ def test_short_lease_renews_only_after_its_round():
 def test_hold_renews_until_cancelled(manifest):
     clock = Clock(wall_at_zero=T0)
     board = FakeClaimBoard()
-    a = ClaimAgent(ident(83), board, lease_s=600, clock=clock.wall, sleep=clock.sleep)
+    a = agent(83, board, clock, lease_s=600)
 
     async def main():
         claim = await a.try_claim(manifest.run_id, cand(4))
@@ -115,7 +124,7 @@ def test_hold_renews_until_cancelled(manifest):
         # renewed at each quarter-lease mark (the first after the claim's own lease round)
         assert held.issued_at == renewal_time(Claim.decode(board.announced[-2].encoded), 600)
 
-    trio.run(main, clock=MockClock(autojump_threshold=0))
+    run_virtual(main)
 
 
 def test_leases_over_hours_of_protocol_time_a_crashed_holder_is_retaken_after_its_lease(manifest):
@@ -125,8 +134,8 @@ def test_leases_over_hours_of_protocol_time_a_crashed_holder_is_retaken_after_it
     clock = Clock(wall_at_zero=T0)
     board = FakeClaimBoard()
     lease_s = 3600
-    holder = ClaimAgent(ident(84), board, lease_s=lease_s, clock=clock.wall, sleep=clock.sleep)
-    other = ClaimAgent(ident(85), board, lease_s=lease_s, clock=clock.wall, sleep=clock.sleep)
+    holder = agent(84, board, clock, lease_s=lease_s)
+    other = agent(85, board, clock, lease_s=lease_s)
     crash_at = 6 * 3600
 
     async def main():
@@ -146,6 +155,6 @@ def test_leases_over_hours_of_protocol_time_a_crashed_holder_is_retaken_after_it
         assert last.lease_expiry <= retaken.issued_at < last.lease_expiry + 60 + 2  # one poll (+ the re-check)
         return trio.current_time()
 
-    elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    elapsed = run_virtual(main)
     assert elapsed > crash_at  # hours of protocol time
     assert holder.renewed >= crash_at // lease_s  # the lease was renewed all along
