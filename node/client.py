@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from open1b.protocol import Open1bError
 
-from .answers import PUBLICATION, Shape, checked
+from .answers import PUBLICATION, MalformedAnswer, Shape, checked
 from .jobs import JobState
 
 
@@ -54,6 +54,8 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
     job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST", shape=PUBLICATION)
     deadline = time.monotonic() + timeout
     while True:
+        if job["state"] not in tuple(JobState):
+            raise MalformedAnswer(f"malformed answer from the node API: unknown publish state {job['state']!r}")
         update(job)
         if job["state"] == JobState.FAILED:
             raise PublishFailed(f"{job['dir']}: {job['error']}")

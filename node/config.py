@@ -119,6 +119,8 @@ def load_config(data_dir: Path) -> NodeConfig:
     except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     section = raw.pop("node", {})
+    if type(section) is not dict:
+        raise ConfigError(f"{path}: node must be a table ([node])")
     if raw:
         raise ConfigError(f"{path}: unknown section(s) {sorted(raw)}; everything lives under [node]")
     values: dict[str, Any] = {}

@@ -392,3 +392,61 @@ def test_verify_handoff_answers_any_state_hash_log_in_one_line(tmp_path_factory,
     log.write_bytes(log_bytes)
     rc, err = _run_cli(["verify-handoff", str(HANDOFF), "--state-hashes", str(log)])
     _one_line_error_or_success(rc, err, allowed=(0, 2))
+
+
+@FUZZ
+@given(st.data())
+def test_publish_follows_any_job_answer_or_says_in_one_line_that_it_is_malformed(monkeypatch_module,
+                                                                                 tmp_path_factory, data):
+    from open1b.node import answers, client
+
+    run_dir = tmp_path_factory.mktemp("run")
+    first = data.draw(_shaped(answers.PUBLICATION))
+    final = data.draw(st.fixed_dictionaries({**{k: _shaped(v) for k, v in answers.PUBLICATION.items()},
+                                             "state": st.sampled_from(["done", "failed"])}))
+    answers_given = iter([first, final])
+    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout: next(answers_given, final))
+    monkeypatch_module.setattr(client, "PUBLISH_POLL_S", 0)
+    _one_line_error_or_success(*_run_cli(["publish", str(run_dir), "--api", "127.0.0.1:1"]))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=64), st.binary(min_size=32, max_size=32)))
+def test_key_show_reads_any_key_file_or_says_why_not_in_one_line(tmp_path_factory, key):
+    from open1b.node.identity_file import key_path
+
+    data_dir = tmp_path_factory.mktemp("data")
+    key_path(data_dir).parent.mkdir(parents=True)
+    key_path(data_dir).write_bytes(key)
+    _one_line_error_or_success(*_run_cli(["key", "show", "--data-dir", str(data_dir)]))
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+                 st.dictionaries(st.sampled_from(["node", "other"]), st.one_of(JSON_LEAF, st.dictionaries(
+                     st.sampled_from(["redundancy", "listen", "bootstrap", "trust_policy", "lease_s", "x"]),
+                     st.one_of(JSON_LEAF, st.lists(JSON_LEAF, max_size=2)), max_size=3)), max_size=2).map(
+                     lambda d: "\n".join(_toml(d)))))
+def test_config_toml_either_loads_or_is_one_config_error(tmp_path_factory, text):
+    """What ``daemon`` and ``doctor`` read first: anything but a valid config is a ConfigError."""
+    from open1b.node.config import ConfigError, load_config
+
+    data_dir = tmp_path_factory.mktemp("data")
+    (data_dir / "config.toml").write_text(text, errors="surrogateescape")
+    try:
+        load_config(data_dir)
+    except ConfigError as exc:
+        assert "\n" not in str(exc).strip()
+
+
+def _toml(table: dict) -> list[str]:
+    import json
+
+    lines = []
+    for section, body in table.items():
+        if isinstance(body, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in body.items() if v is not None]
+        elif body is not None:
+            lines.append(f"{section} = {json.dumps(body)}")
+    return lines
