@@ -49,16 +49,18 @@ class CopyingAuditor(Scenario):
             if flag["kind"] == "copier":
                 found["reveal"] = reveals.get(flag["reveal"])
             evidence = {k: v["encoded"] for k, v in found.items() if v is not None}
-        proven = (_copy_proven if flag is not None and flag["kind"] == "copier" else _contradiction_proven)
+        copied_a_lie = flag is not None and flag["kind"] == "contradiction"
+        proven = _contradiction_proven if copied_a_lie else _copy_proven
+        how = "for a contradiction (it copied a false statement)" if copied_a_lie else "by a witness reveal"
+        as_what = "for a contradiction" if copied_a_lie else "as a copier"
         honest = {net.peer(i) for i in net.indices(*HONEST_ROLES)}
         sent = self._sent(net)
         return _result(
             {"what": "attestations copied from other nodes without replaying", "count": sent},
-            {"what": "copiers flagged (by a witness reveal, or by a copied false statement)",
-             "count": int(bool(evidence)), "kind": flag["kind"] if flag else None,
+            {"what": f"copiers flagged {how}", "count": int(bool(evidence)), "kind": flag["kind"] if flag else None,
              "flagged_at_step": flag["step"] if flag else None, "reveals": len(reveals), "counted_steps": counted},
             0,
-            {"copier flagged": flag is not None and flag["kind"] in ("copier", "contradiction"),
+            {f"copier flagged {as_what}": flag is not None and flag["kind"] in ("copier", "contradiction"),
              "evidence re-checks": proven(evidence, net.manifest, flag["step"] if flag else -1, copier),
              "copies not counted": sent > 0 and not counted,
              "no honest node flagged": not honest & {f["signer"] for f in cov["flagged"]}},
