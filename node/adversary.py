@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import cbor2
 import trio
 
+from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import (
     MATCH, MAX_ATTESTATION_SIZE, MISMATCH, Attestation, Claim, Identity, Outcome, RunManifest, encode, sign,
 )
@@ -90,7 +91,8 @@ def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) 
     fields = dict(
         run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
         post_state=manifest.state_hashes[step + 1], verdict=MATCH, engine=manifest.engine,
-        engine_version=manifest.engine_version, hardware=daemon.hardware, elapsed_ms=1, issued_at=int(time.time()))
+        engine_version=manifest.engine_version, hardware=daemon.hardware, device=cpu_device_class(), elapsed_ms=1,
+        issued_at=int(time.time()))
     # Fields a later protocol adds (a replay witness): someone who never replayed can only make one up.
     made_up = {name: _made_up(kind) for name, kind in Attestation.SCHEMA.items()
                if name not in fields and name != "signer"}

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import trio
 
+from open1b.deterministic.device import cpu_device_class
 from open1b.deterministic.runfile import MANIFEST_FILE
 from open1b.protocol import (
-    MATCH, MISMATCH, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, claim_key,
+    MATCH, MISMATCH, PROTOCOL_VERSION, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, claim_key,
     coverage, peer_id_from_public_key, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
     validate_manifest,
 )
@@ -69,7 +70,7 @@ API_ADDR_FILE = "api.addr"
 P2P_ADDR_FILE = "p2p.addr"
 STORE_FILE = "store.sqlite"
 BLOBS_DIR = "blobs"
-RUNS_TOPIC = "/open1b/1/runs"
+RUNS_TOPIC = f"/open1b/{PROTOCOL_VERSION}/runs"
 MAX_GOSSIP_MANIFEST = MAX_PUBSUB_MESSAGE - 4096  # room for the pubsub envelope; larger ones travel by sync
 MAX_KNOWN_RUNS = 256  # manifests from the network beyond this are ignored (published ones still count)
 FETCH_RETRY_S = 10.0  # a step whose files could not be fetched is retried after this long
@@ -81,15 +82,15 @@ def now_s() -> int:
 
 
 def attestations_topic(run: bytes) -> str:
-    return f"/open1b/1/run/{run.hex()}/attestations"
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/attestations"
 
 
 def reveals_topic(run: bytes) -> str:
-    return f"/open1b/1/run/{run.hex()}/reveals"
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/reveals"
 
 
 def claims_topic(run: bytes) -> str:
-    return f"/open1b/1/run/{run.hex()}/claims"
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/claims"
 
 
 class ClaimRecords(RecordValidator):
@@ -551,7 +552,7 @@ class Daemon:
             self.identity, run=manifest.run_id, step=step, pre_state=result.pre_state,
             post_state=result.post_state, verdict=MATCH if result.post_state == expected else MISMATCH,
             engine=manifest.engine, engine_version=manifest.engine_version, hardware=self.hardware,
-            elapsed_ms=result.elapsed_ms, issued_at=now_s(),
+            device=cpu_device_class(), elapsed_ms=result.elapsed_ms, issued_at=now_s(),
             witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
         )
         self.store.add_attestation(att)

@@ -33,7 +33,7 @@ EXAMPLES = re.findall(r"<!-- example: (\S+) -->\n```text\n(.*?)```", SPEC, re.S)
 
 def test_spec_has_examples_for_each_kind_of_commitment():
     suites = {name.split("/")[0] for name, _ in EXAMPLES}
-    assert {"signing", "state_hash", "merkle", "validation", "open1b_v3"} <= suites
+    assert {"signing", "state_hash", "merkle", "validation", "gensyn_handoff"} <= suites
 
 
 @pytest.mark.parametrize("name,block", EXAMPLES, ids=[n for n, _ in EXAMPLES])
