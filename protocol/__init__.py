@@ -59,7 +59,7 @@ from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, 
 from .witness import MAX_REVEAL_SIZE, WitnessReveal, witness_binding, witness_commitment
 from .validation import (
     MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_manifest,
-    validate_reveal,
+    validate_reveal, validate_sync_frame,
 )
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "MAX_REVEAL_SIZE", "DEVICE_CLASS",
     # judging
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
+    "validate_sync_frame",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments
