@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from open1b.protocol import Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal
+from open1b.protocol import PROTOCOL_VERSION, Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal
 from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
 
 from ..vectors import ROOT as VECTORS
@@ -88,7 +88,7 @@ def _field_type(expr: str, aliases: dict[str, str]):
 def test_cddl_is_the_code_schema(cls):
     aliases, messages = _cddl()
     fields = messages[cls.KIND]
-    assert fields[0] == ("kind", f'"{cls.KIND}"') and fields[1] == ("v", "1")
+    assert fields[0] == ("kind", f'"{cls.KIND}"') and fields[1] == ("v", str(PROTOCOL_VERSION))
     assert fields[-1] == ("sig", "signature") and _field_type("signature", aliases) == Bytes(size=64)
     body = fields[2:-1]
     assert [name for name, _ in body] == list(cls.SCHEMA), "fields or their order differ"
@@ -127,7 +127,8 @@ def test_validation_reason_codes_agree_with_the_vectors():
         in_spec |= {(outcome.lower(), c) for c in codes}
     in_spec |= {("reject", c) for c in re.findall(r"`(\w+)`", _section("5. Signed messages")) if c in {
         "oversize", "malformed", "non_canonical", "kind", "version", "unknown_field", "missing_field", "wrong_type",
-        "bad_signature"}}
+        "bad_signature", "run_format", "state_hashes", "checkpoints", "witnesses", "samples", "lease_order",
+        "device"}}
     in_vectors = {(c["outcome"], c["reason"]) for c in
                   (json.loads(p.read_text()) for p in (VECTORS / "validation").glob("*.json")) if c["outcome"] != "accept"}
     assert in_vectors <= in_spec, in_vectors - in_spec
