@@ -447,6 +447,11 @@ class CoverageSuite:
         other = fixtures.run_manifest(publisher=3)
         unbound = fixtures.state(8)  # a witness binding that binds nothing
         torn = encode({**cbor2.loads(A(1, m, 0).encoded), "elapsed_ms": 1})  # its signature no longer verifies
+        def middle_lowest(statements: list) -> list:  # the lowest digest neither first nor last
+            low, mid, high = sorted(statements, key=lambda x: x.digest)
+            return [mid, low, high]
+        # a prover whose match of step 1 has a lower digest than key 1's
+        prover = next(n for n in range(10, 300) if A(n, m, 1).digest < A(1, m, 1).digest)
         rules = {  # name -> (description, attestations, claims, reveals, redundancy, policy)
             "claims-count-whoever-signs": (
                 "claims are hints: a live claim by a key the policy does not count (7), or by a flagged key (4),"
@@ -519,9 +524,20 @@ class CoverageSuite:
                                  [A(1, m, 1), copy(5, A(1, m, 1))], [], [R(7, m, 1)], 1, roots(1, 5)),
             "verified-over-claimed": ("a match makes a step verified even while a claim on it is live",
                                       [A(1, m, 0)], [C(2, m, 0)], [], 1, default),
-            "copier-lowest-step": ("key 5 copied steps 1 and 2: its evidence is step 1's, citing the lower of two"
-                                   " reveals", [A(1, m, 1), A(1, m, 2), copy(5, A(1, m, 1)), copy(5, A(1, m, 2))], [],
-                                   [R(1, m, 2), R(1, m, 1), R(2, m, 1)], 1, default),
+            "copier-lowest-step": ("key 5 copied steps 1 and 2: its evidence is step 1's, citing the lowest of"
+                                   " three reveals of step 1 (neither the first nor the last listed)",
+                                   [A(1, m, 1), A(1, m, 2), copy(5, A(1, m, 1)), copy(5, A(1, m, 2))], [],
+                                   [R(1, m, 2), *middle_lowest([R(1, m, 1), R(2, m, 1), R(3, m, 1)])], 1, default),
+            "copier-cites-an-honest-prover": (
+                f"keys 5 and {prover} each bound step 1 once and copied it once: both are copiers; the evidence"
+                f" against key 5 cites key 1's proven match, though key {prover}'s has the lower digest",
+                [A(1, m, 1), A(5, m, 1), copy(5, A(1, m, 1)), A(prover, m, 1), copy(prover, A(1, m, 1))], [],
+                [R(1, m, 1)], 1, default),
+            "copiers-do-not-vote": (
+                "quorum 2: keys 5 and 6 copied step 0 (besides proving it), so their matches do not count when step 0"
+                " is first settled: the two agreeing mismatches settle it, and the matching keys are flagged",
+                [A(1, m, 0), A(5, m, 0), copy(5, A(1, m, 0)), A(6, m, 0), copy(6, A(1, m, 0)),
+                 A(2, m, 0, match=False), A(3, m, 0, match=False)], [], [R(1, m, 0)], 1, settle),
             "untrusted-lists-valid-attesters": ("allowlist: an untrusted key with a valid attestation is listed, one"
                                                 " whose only attestation breaks the run's rules is not",
                                                 [A(1, m, 0), A(6, m, 0, pre_state=m.state_hashes[1]), A(7, m, 0)], [],
