@@ -10,7 +10,7 @@ keep their meaning within a protocol version, and anything else may change. How 
   :class:`Attestation`, :class:`WitnessReveal` — ``X.decode(data)`` authenticates, ``X.create(identity, ...)`` signs;
   :func:`decode_message` takes any kind;
 * judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_reveal`,
-  :func:`validate_manifest` give a
+  :func:`validate_sync_frame`, :func:`validate_manifest` give a
   :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
   per-step status from a set of statements under a :class:`TrustPolicy`; :func:`select_claim`
   arbitrates DHT claim records;

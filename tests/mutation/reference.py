@@ -107,7 +107,8 @@ def decode(data: bytes, max_size: int):
 
 # -- §5.3 schemas, read from the CDDL ------------------------------------------------------------
 
-def _cddl() -> dict[str, dict[str, str]]:
+def read_cddl() -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
+    """The CDDL block of §5.3: its type aliases, and each message's (field, type) in order."""
     block = re.search(r"```cddl\n(.*?)```", SPEC, re.S).group(1)
     aliases, messages, current = {}, {}, None
     for raw in block.splitlines():
@@ -117,15 +118,15 @@ def _cddl() -> dict[str, dict[str, str]]:
         if current is None:
             name, expr = (part.strip() for part in line.split("=", 1))
             if expr == "{":
-                current = messages.setdefault(name, {})
+                current = messages.setdefault(name, [])
             else:
                 aliases[name] = expr
         elif line.strip() == "}":
             current = None
         else:
             field, expr = re.fullmatch(r'\s*"(\w+)": (.*?),?', line).groups()
-            current[field] = aliases.get(expr, expr)
-    return messages
+            current.append((field, expr))
+    return aliases, messages
 
 
 def _is_uint(x, maximum: int) -> bool:
@@ -159,7 +160,8 @@ def type_ok(expr: str, x) -> bool:
     raise AssertionError(f"no reading of the CDDL type {expr!r}")
 
 
-SCHEMAS = _cddl()
+_ALIASES, _MESSAGES = read_cddl()
+SCHEMAS = {kind: {field: _ALIASES.get(expr, expr) for field, expr in fields} for kind, fields in _MESSAGES.items()}
 DEVICE = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?")
 
 

@@ -16,6 +16,7 @@ import pytest
 from open1b.protocol import PROTOCOL_VERSION, Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal
 from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
 
+from ..mutation.reference import read_cddl
 from ..vectors import ROOT as VECTORS
 from ..vectors import SUITES
 
@@ -44,27 +45,6 @@ def test_spec_example_quotes_its_vector(name, block):
         assert str(case[field]) == value.strip(), f"{name}: {field}"
 
 
-def _cddl() -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
-    block = re.search(r"```cddl\n(.*?)```", SPEC, re.S).group(1)
-    aliases, messages, current = {}, {}, None
-    for raw in block.splitlines():
-        line = raw.split(";")[0].rstrip()
-        if not line.strip():
-            continue
-        if current is None:
-            name, expr = (part.strip() for part in line.split("=", 1))
-            if expr == "{":
-                current = messages.setdefault(name, [])
-            else:
-                aliases[name] = expr
-        elif line.strip() == "}":
-            current = None
-        else:
-            field, expr = re.fullmatch(r'\s*"(\w+)": (.*?),?', line).groups()
-            current.append((field, expr))
-    return aliases, messages
-
-
 def _field_type(expr: str, aliases: dict[str, str]):
     expr = aliases.get(expr, expr)
     if m := re.fullmatch(r"bstr \.size (\d+)", expr):
@@ -86,7 +66,7 @@ def _field_type(expr: str, aliases: dict[str, str]):
 @pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal],
                          ids=lambda c: c.KIND)
 def test_cddl_is_the_code_schema(cls):
-    aliases, messages = _cddl()
+    aliases, messages = read_cddl()
     fields = messages[cls.KIND]
     assert fields[0] == ("kind", f'"{cls.KIND}"') and fields[1] == ("v", str(PROTOCOL_VERSION))
     assert fields[-1] == ("sig", "signature") and _field_type("signature", aliases) == Bytes(size=64)
