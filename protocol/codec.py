@@ -2,12 +2,13 @@
 
 Encoding is RFC 8949 §4.2 "core deterministic" as produced by ``cbor2.dumps(canonical=True)``:
 definite lengths, shortest integer and length heads, floats in the shortest form that keeps
-their value, map keys sorted. Our maps only ever have text keys of the same kind, for which
-cbor2's length-first order and bytewise order agree.
+their value, map keys sorted. Map keys are text only (docs/protocol.md §3.1), for which cbor2's
+length-first order and the bytewise order of the encodings agree.
 
 Decoding is strict, in two passes. A structural scan (:func:`_scan`) refuses what no message
-may contain — tags, simple values other than false/true/null, nesting deeper than
-:data:`MAX_DEPTH`, bytes after the data item, truncation — before any object is built, so no
+may contain — tags, simple values other than false/true/null, map keys that are not text,
+nesting deeper than :data:`MAX_DEPTH`, bytes after the data item, truncation — reading the heads
+in byte order so that the first defect decides the reason code (§3.2), before any object is built, so no
 decoder hook ever constructs anything from peer data (cbor2 decodes some tags natively). Then
 the value is decoded and must re-encode to the exact input bytes: that single check rejects every
 non-canonical variant (unsorted or duplicate keys, over-long heads, indefinite lengths, wider

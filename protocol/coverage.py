@@ -12,6 +12,9 @@ itself is flagged. Independently of the quorum, a revealed replay witness flags 
 whose match of a step does not bind the witness that another key's match proves it knew. A
 flagged key's attestations count nowhere in the run. Claims are hints: any valid live claim
 makes a step ``claimed``, whoever signed it.
+
+The statements passed in are decoded ones: the spec's step 1 also drops statements that do not
+decode (§5.2), which ``X.decode`` refuses before anything reaches this function.
 """
 
 from __future__ import annotations

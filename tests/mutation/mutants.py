@@ -223,7 +223,9 @@ MUTANTS = [
         '        if any(p["signer"] != u["signer"] for p in proven if p["step"] == u["step"]) and not any('
         'p["signer"] == u["signer"] for p in proven if p["step"] == u["step"]):')),
     _m("any-prover-flags", "§8.3 step 5", "a proven match by anyone, the key itself included, flags an unbound one",
-       ('if any(p["signer"] != u["signer"] for p in proven', 'if any(True for p in proven')),
+       ('if any(p["signer"] != u["signer"] for p in proven', 'if any(True for p in proven'),
+       ('others = [p for p in proven if p["step"] == k and p["signer"] != key]',
+        'others = [p for p in proven if p["step"] == k]')),
     _m("untrusted-provers", "§8.3 step 5", "a proven match by any key, counted or not, flags a copier",
        ('    proven = [a for a in T if', '    proven = [a for a in A if')),
     _m("unbound-settles", "§8.3 step 6", "unbound matches still count when a step is settled",
