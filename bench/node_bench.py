@@ -52,7 +52,7 @@ def attestations(manifest: RunManifest, signers: int) -> list[Attestation]:
             out.append(Attestation.create(
                 ident, run=manifest.run_id, step=k, pre_state=manifest.state_hashes[k],
                 post_state=manifest.state_hashes[k + 1], verdict="match", engine=manifest.engine,
-                engine_version=manifest.engine_version, hardware="bench", elapsed_ms=1, issued_at=now,
+                engine_version=manifest.engine_version, hardware="bench", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=now,
                 witness=witness_binding(manifest.run_id, k, ident.public_key, blake2b256(b"bench-witness"))))
     return out
 

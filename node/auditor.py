@@ -22,6 +22,7 @@ from typing import Protocol
 
 import trio
 
+from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, RunManifest
 from open1b.protocol.witness import witness_binding
 
@@ -79,6 +80,7 @@ class Auditor:
         self.runfiles, self.p2p, self.replayer = runfiles, p2p, replayer
         self.bootstrapped, self.clock, self.stats = bootstrapped, clock, stats
         self.hardware = hardware_description()
+        self.device = cpu_device_class()  # what replays here, attested with each result (docs/protocol.md)
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
         self._nursery: trio.Nursery | None = None
@@ -199,7 +201,7 @@ class Auditor:
             self.identity, run=manifest.run_id, step=step, pre_state=result.pre_state,
             post_state=result.post_state, verdict=MATCH if result.post_state == expected else MISMATCH,
             engine=manifest.engine, engine_version=manifest.engine_version, hardware=self.hardware,
-            elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
+            device=self.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
             witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
         )
         self.ingest.add_own_attestation(att)

@@ -3,16 +3,18 @@ manifests, and per run one topic each for attestations, claims and witness revea
 
 from __future__ import annotations
 
-RUNS_TOPIC = "/open1b/1/runs"
+from open1b.protocol import PROTOCOL_VERSION
+
+RUNS_TOPIC = f"/open1b/{PROTOCOL_VERSION}/runs"
 
 
 def attestations_topic(run: bytes) -> str:
-    return f"/open1b/1/run/{run.hex()}/attestations"
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/attestations"
 
 
 def reveals_topic(run: bytes) -> str:
-    return f"/open1b/1/run/{run.hex()}/reveals"
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/reveals"
 
 
 def claims_topic(run: bytes) -> str:
-    return f"/open1b/1/run/{run.hex()}/claims"
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/claims"

@@ -1,6 +1,6 @@
 """``open1b-node verify-handoff``: check an Open-1B hand-off against the run's published v3 hash.
 
-The hash itself is :mod:`open1b.protocol.open1b_v3` (pure, hashlib only); this module reads the
+The hash itself is :mod:`open1b.protocol.gensyn_handoff` (pure, hashlib only); this module reads the
 hand-off directory (memory-mapped, so multi-GB tensors are hashed without being copied), finds
 the expected and previous hashes, and builds the typed result the CLI renders.
 
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from open1b.protocol import Open1bError
-from open1b.protocol.open1b_v3 import HandoffMeta, handoff_state_hash
+from open1b.protocol.gensyn_handoff import HandoffMeta, handoff_state_hash
 from open1b.protocol.trajectory import MAX_TRAJECTORY_SIZE, parse_state_hash_log
 
 from .results import CommandResult

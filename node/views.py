@@ -56,7 +56,7 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
         "untrusted": list(cov.untrusted),
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),
-                      "evidence": [d.hex() for d in s.evidence]} for s in cov.steps],
+                      "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices)} for s in cov.steps],
     }
 
 

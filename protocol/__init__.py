@@ -10,13 +10,13 @@ keep their meaning within a protocol version, and anything else may change. How 
   :class:`Attestation`, :class:`WitnessReveal` — ``X.decode(data)`` authenticates, ``X.create(identity, ...)`` signs;
   :func:`decode_message` takes any kind;
 * judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_reveal`,
-  :func:`validate_manifest` give a
+  :func:`validate_sync_frame`, :func:`validate_manifest` give a
   :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
   per-step status from a set of statements under a :class:`TrustPolicy`; :func:`select_claim`
   arbitrates DHT claim records;
 * commitments: :func:`state_hash` and friends (a tree: :func:`tensor_proof` proves one tensor),
   Merkle proofs, external trajectories (:func:`resolve_external_run`); Open-1B's v3 hash is the
-  module :mod:`.open1b_v3`;
+  module :mod:`.gensyn_handoff`;
 * errors: everything raised on purpose is an :class:`Open1bError`; a :class:`ProtocolError`
   carries its ``outcome`` and ``code``.
 """
@@ -51,15 +51,15 @@ from .hashing import blake2b256
 from .identity import Identity, peer_id_from_public_key, public_key_from_peer_id
 from .merkle import merkle_proof, merkle_root, verify_merkle_proof
 from .messages import (
-    MATCH, MAX_ATTESTATION_SIZE, MAX_CLAIM_SIZE, MAX_MANIFEST_SIZE, MISMATCH, PROTOCOL_VERSION, RUN_FORMAT, Attestation, Claim,
-    RunManifest, SignedMessage,
+    DEVICE_CLASS, MATCH, MAX_ATTESTATION_SIZE, MAX_CLAIM_SIZE, MAX_MANIFEST_SIZE, MISMATCH, PROTOCOL_VERSION, RUN_FORMAT,
+    Attestation, Claim, RunManifest, SignedMessage,
 )
 from .signing import sign, signing_bytes, verify
 from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, resolve_external_run
-from .witness import WitnessReveal, witness_binding, witness_commitment
+from .witness import MAX_REVEAL_SIZE, WitnessReveal, witness_binding, witness_commitment
 from .validation import (
     MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_manifest,
-    validate_reveal,
+    validate_reveal, validate_sync_frame,
 )
 
 __all__ = [
@@ -69,8 +69,10 @@ __all__ = [
     # statements
     "PROTOCOL_VERSION", "RUN_FORMAT", "SignedMessage", "RunManifest", "ExternalRunManifest", "Claim", "Attestation", "MATCH",
     "MISMATCH", "WitnessReveal", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
+    "MAX_REVEAL_SIZE", "DEVICE_CLASS",
     # judging
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
+    "validate_sync_frame",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments

@@ -2,12 +2,13 @@
 
 Encoding is RFC 8949 §4.2 "core deterministic" as produced by ``cbor2.dumps(canonical=True)``:
 definite lengths, shortest integer and length heads, floats in the shortest form that keeps
-their value, map keys sorted. Our maps only ever have text keys of the same kind, for which
-cbor2's length-first order and bytewise order agree.
+their value, map keys sorted. Map keys are text only (docs/protocol.md §3.1), for which cbor2's
+length-first order and the bytewise order of the encodings agree.
 
 Decoding is strict, in two passes. A structural scan (:func:`_scan`) refuses what no message
-may contain — tags, simple values other than false/true/null, nesting deeper than
-:data:`MAX_DEPTH`, bytes after the data item, truncation — before any object is built, so no
+may contain — tags, simple values other than false/true/null, map keys that are not text,
+nesting deeper than :data:`MAX_DEPTH`, bytes after the data item, truncation — reading the heads
+in byte order so that the first defect decides the reason code (§3.2), before any object is built, so no
 decoder hook ever constructs anything from peer data (cbor2 decodes some tags natively). Then
 the value is decoded and must re-encode to the exact input bytes: that single check rejects every
 non-canonical variant (unsorted or duplicate keys, over-long heads, indefinite lengths, wider
@@ -22,24 +23,31 @@ import cbor2
 
 from .errors import DecodeError, NonCanonicalError, OversizeError
 
-# Nesting bound: a data item may sit inside at most this many arrays and maps.
+# Nesting bound: no array or map lies inside this many others (a scalar may lie inside 8).
 MAX_DEPTH = 8
 _SIMPLE_OK = {20, 21, 22, 25, 26, 27}  # false, true, null, float16/32/64
 
 
 def encode(value: Any) -> bytes:
-    """Canonical CBOR bytes of ``value`` (ints, bytes, text, bools, floats, lists, text-keyed maps)."""
+    """Canonical CBOR bytes of ``value`` (ints, bytes, text, bools, floats, lists, text-keyed maps).
+    Text keys sort shorter first, then bytewise: cbor2's order, and the bytewise order of their
+    encodings (a text key's head holds its length)."""
     return cbor2.dumps(value, canonical=True)
 
 
 def _scan(data: bytes) -> None:
-    """Check that ``data`` is exactly one well-formed CBOR item of the allowed kinds."""
+    """Check that ``data`` is exactly one well-formed CBOR item of the allowed kinds
+    (docs/protocol.md §3.2 step 2: heads in byte order, the first defect decides)."""
     pos, size = 0, len(data)
-    pending = [1]  # items still to read in each open container (the outermost "container" holds one)
+    # Items still to read in each open container, and whether it is a map (the outermost
+    # "container" holds the one data item).
+    pending, in_map = [1], [False]
     while pending:
         if pending[-1] == 0:
             pending.pop()
+            in_map.pop()
             continue
+        is_key = in_map[-1] and pending[-1] % 2 == 0
         pending[-1] -= 1
         if pos >= size:
             raise DecodeError("truncated CBOR")
@@ -55,6 +63,8 @@ def _scan(data: bytes) -> None:
             if pos + width > size:
                 raise DecodeError("truncated CBOR")
             arg, pos = int.from_bytes(data[pos:pos + width], "big"), pos + width
+        if is_key and major != 3:
+            raise DecodeError("map keys must be text strings")
         if major == 6:
             raise DecodeError("CBOR tags are not allowed")
         if major == 7 and info not in _SIMPLE_OK:
@@ -64,9 +74,11 @@ def _scan(data: bytes) -> None:
             if pos > size:
                 raise DecodeError("truncated CBOR")
         elif major in (4, 5):
+            # this array or map would lie inside len(pending) - 1 others
             if len(pending) > MAX_DEPTH:
                 raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
             pending.append(arg if major == 4 else 2 * arg)
+            in_map.append(major == 5)
     if pos != size:
         raise DecodeError("bytes after the data item")
 

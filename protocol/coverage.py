@@ -1,42 +1,20 @@
-"""Coverage: what a set of attestations says about each step of a run.
+"""Coverage: what a set of statements says about each step of a run (docs/protocol.md §8).
 
-``coverage`` is a pure function of (run, attestations, claims, reveals, now, redundancy, policy): two
-nodes holding the same statements and applying the same policy report the same coverage
-whatever order they heard them in. Attestations that are inconsistent with the run are not
-counted (validation already keeps them out of stores; coverage re-checks so that it is safe on
-any input set).
+``coverage`` is a pure function of (run, attestations, claims, reveals, now, redundancy, policy):
+two nodes holding the same statements and applying the same policy report the same coverage
+whatever order they heard them in. It is written as the numbered steps of the spec's §8.3, each
+defined only by the ones before it; the step numbers in the comments are the spec's.
 
 Whose attestations count is a :class:`TrustPolicy`, applied here and never to what is stored
-(design invariant 7):
+(design invariant 7): ``open`` counts every key, ``allowlist`` only its ``roots``. ``quorum``
+(0: off) lets agreeing keys *settle* a step, and then a key that contradicts a settled result or
+itself is flagged. Independently of the quorum, a revealed replay witness flags *copiers*: keys
+whose match of a step does not bind the witness that another key's match proves it knew. A
+flagged key's attestations count nowhere in the run. Claims are hints: any valid live claim
+makes a step ``claimed``, whoever signed it.
 
-* ``open`` counts every distinct key; ``allowlist`` counts only the policy's ``roots`` (keys an
-  operator trusts). Keys the policy does not count are reported as ``untrusted``.
-* ``quorum`` (0 turns it off) *settles* a step: when at least ``quorum`` keys report the same
-  post_state and more keys report it than any other value, that is the step's result. Replay is
-  deterministic, so a key that reported another value for a settled step, or two values for one
-  step, is *flagged* with two conflicting signed statements as evidence, and none of its
-  attestations count.
-* Whatever the quorum, a key's ``match`` of a step with a valid reveal whose witness binding
-  fails the revealed W_k does not count for that step; the key is flagged a ``copier`` when
-  another counted key's match binds W_k: it signed a result without knowing what only a replay
-  yields (docs/run-format.md §5). The evidence is its attestation, that other key's, and the
-  reveal. Copiers' reports never help
-  settle a step; a copier that also contradicts a settled result carries that evidence instead.
-  A ``mismatch`` is never judged by its binding: an honest replay of a step the trainer forged
-  may compute another witness.
-
-Status of a step, first rule that applies (counting only trusted, unflagged keys):
-
-* ``refuted``   — the settled result differs from the published h_{step+1}: independent replays
-  confirm the mismatch;
-* ``disputed``  — at least one auditor reports a mismatch;
-* ``verified``  — at least one auditor reports a match;
-* ``claimed``   — someone holds a live claim on it;
-* ``unaudited`` — none of the above.
-
-The default policy (``open``, quorum 0) is protocol r2's coverage: every key counts, nothing is
-settled or flagged. A step *meets the target* when its counted attesters (either verdict)
-reach the requested redundancy.
+The statements passed in are decoded ones: the spec's step 1 also drops statements that do not
+decode (§5.2), which ``X.decode`` refuses before anything reaches this function.
 """
 
 from __future__ import annotations
@@ -107,6 +85,7 @@ class StepCoverage:
     dissenters: tuple[str, ...]  # peer IDs that attested a mismatch, sorted
     claimants: tuple[str, ...]  # peer IDs holding a live claim, sorted
     evidence: tuple[bytes, ...] = ()  # digests of the counted mismatch attestations, sorted
+    devices: tuple[str, ...] = ()  # device classes of the counted matches, sorted
 
     @property
     def attesters(self) -> int:
@@ -140,9 +119,8 @@ class Coverage:
         return all(s.attesters >= self.redundancy for s in self.steps)
 
 
-# Per step: signer -> post_state -> its attestation with the lowest digest (any would do; the
-# lowest makes the evidence chosen independent of arrival order).
-Reports = list[dict[bytes, dict[bytes, Attestation]]]
+# Per step: signer -> post_state -> that key's attestations reporting it.
+Reports = list[dict[bytes, dict[bytes, list[Attestation]]]]
 
 
 def coverage(
@@ -157,54 +135,57 @@ def coverage(
 ) -> Coverage:
     if redundancy < 1:
         raise ValueError("redundancy must be at least 1")
+    run = manifest.run_id
+    # 1. The statements about this run that pass its rules (§7).
+    atts = [a for a in attestations if a.run == run and _ok(check_attestation, a, manifest)]
+    live = [c for c in claims if c.run == run and _ok(check_claim, c, manifest) and is_live(c, now)]
+    valid_reveals = [r for r in reveals if r.run == run and _ok(check_reveal, r, manifest)]
+    # 2. Trust: the policy's keys; the others are reported, never counted.
+    untrusted = {a.signer for a in atts if not policy.trusts(a.signer)}
+    trusted = [a for a in atts if policy.trusts(a.signer)]
+    # 3. Revealed steps: W_k (every valid reveal of k carries it) and the lowest reveal digest.
+    revealed: dict[int, tuple[bytes, bytes]] = {}
+    for r in sorted(valid_reveals, key=lambda r: r.digest, reverse=True):
+        revealed[r.step] = (r.witness, r.digest)
+    # 4. A match of a revealed step is proven when it binds W_k to its signer, else unbound.
+    unbound = {a for a in trusted if a.verdict == MATCH and a.step in revealed
+               and a.witness != witness_binding(run, a.step, a.signer, revealed[a.step][0])}
+    # 5. Copiers.
+    copiers = _copiers(trusted, unbound, revealed)
+    # 6. Reports: unbound matches count for nothing from here on.
     reports: Reports = [{} for _ in range(manifest.steps)]
-    matches: list[list[Attestation]] = [[] for _ in range(manifest.steps)]
-    untrusted: set[bytes] = set()
-    for att in attestations:
-        if att.run != manifest.run_id or not _ok(check_attestation, att, manifest):
-            continue
-        if not policy.trusts(att.signer):
-            untrusted.add(att.signer)
-            continue
-        if att.verdict == MATCH:
-            matches[att.step].append(att)
-        by_post = reports[att.step].setdefault(att.signer, {})
-        held = by_post.get(att.post_state)
-        if held is None or att.digest < held.digest:
-            by_post[att.post_state] = att
-    copiers, unproven = _copiers(manifest.run_id, matches, _revealed(manifest, reveals))
-    for step, signer in unproven:  # a match the step's revealed witness disproves counts for nothing
-        posts = reports[step][signer]
-        del posts[manifest.state_hashes[step + 1]]
-        if not posts:
-            del reports[step][signer]
-    flagged = {**copiers, **(_contradictions(reports, policy.quorum, copiers) if policy.quorum else {})}
-    live: list[set[bytes]] = [set() for _ in range(manifest.steps)]
-    for claim in claims:
-        if claim.run == manifest.run_id and is_live(claim, now) and _ok(check_claim, claim, manifest):
-            live[claim.step].add(claim.claimant)
-
+    for a in trusted:
+        if a not in unbound:
+            reports[a.step].setdefault(a.signer, {}).setdefault(a.post_state, []).append(a)
+    # 7-8. Contradictions, against steps settled without the copiers (only with a quorum).
+    contradictions = _contradictions(reports, policy.quorum, copiers) if policy.quorum else {}
+    # 9. Flags: a contradiction is the stronger proof, so it replaces a key's copier flag.
+    flagged = {**copiers, **contradictions}
+    # 10-11. Each step, over the counted keys: trusted and not flagged.
     steps = []
     for k in range(manifest.steps):
         published = manifest.state_hashes[k + 1]
         counted = {s: posts for s, posts in reports[k].items() if s not in flagged}
-        matches = {s for s, posts in counted.items() if published in posts}
-        wrong = {s: [a for p, a in posts.items() if p != published] for s, posts in counted.items()}
-        dissent = [a for atts in wrong.values() for a in atts]
+        auditors = [s for s, posts in counted.items() if published in posts]
+        dissent = {s: [_lowest(atts) for p, atts in posts.items() if p != published] for s, posts in counted.items()}
+        dissent = {s: atts for s, atts in dissent.items() if atts}
         settled = _settled(counted, policy.quorum) if policy.quorum else None
+        claimants = {c.claimant for c in live if c.step == k}
         if settled is not None and settled != published:
             status = StepStatus.REFUTED
         elif dissent:
             status = StepStatus.DISPUTED
-        elif matches:
+        elif auditors:
             status = StepStatus.VERIFIED
-        elif live[k]:
+        elif claimants:
             status = StepStatus.CLAIMED
         else:
             status = StepStatus.UNAUDITED
-        steps.append(StepCoverage(k, status, _ids(matches), _ids(s for s, atts in wrong.items() if atts),
-                                  _ids(live[k]), tuple(sorted(a.digest for a in dissent))))
-    return Coverage(manifest.run_id, redundancy, tuple(steps), policy,
+        devices = {a.device for posts in counted.values() for a in posts.get(published, ())}
+        steps.append(StepCoverage(k, status, _ids(auditors), _ids(dissent), _ids(claimants),
+                                  tuple(sorted(a.digest for atts in dissent.values() for a in atts)),
+                                  tuple(sorted(devices))))
+    return Coverage(run, redundancy, tuple(steps), policy,
                     tuple(sorted(flagged.values(), key=lambda c: c.signer)), _ids(untrusted))
 
 
@@ -212,7 +193,12 @@ def _ids(keys: Iterable[bytes]) -> tuple[str, ...]:
     return tuple(sorted(peer_id_from_public_key(k) for k in set(keys)))
 
 
-def _settled(reports: Mapping[bytes, Mapping[bytes, Attestation]], quorum: int) -> bytes | None:
+def _lowest(atts: Iterable[Attestation]) -> Attestation:
+    """The one attestation of several that evidence cites: the lowest digest, whatever arrived first."""
+    return min(atts, key=lambda a: a.digest)
+
+
+def _settled(reports: Mapping[bytes, Mapping[bytes, object]], quorum: int) -> bytes | None:
     """The post_state at least ``quorum`` keys report and more keys report than any other value."""
     ranked = Counter(post for posts in reports.values() for post in posts).most_common(2)
     if not ranked or ranked[0][1] < quorum or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
@@ -220,66 +206,53 @@ def _settled(reports: Mapping[bytes, Mapping[bytes, Attestation]], quorum: int) 
     return ranked[0][0]
 
 
+def _cite(backers: list[tuple[bytes, bytes]], flagged: Mapping[bytes, object]) -> bytes:
+    """The lowest digest among (digest, key) ``backers`` whose key is not ``flagged``, else the lowest:
+    the evidence against a key cites an honest statement wherever the statements allow it."""
+    backers = sorted(backers)
+    return next((d for d, s in backers if s not in flagged), backers[0][0])
+
+
+def _copiers(trusted: list[Attestation], unbound: set[Attestation], revealed: Mapping[int, tuple[bytes, bytes]]
+             ) -> dict[bytes, Contradiction]:
+    """Step 5: each key with an unbound match of a revealed step k that another key's proven match
+    shows was replayable, with the evidence of its lowest such step."""
+    proven: dict[int, dict[bytes, bytes]] = {}  # step -> key -> its lowest proven match's digest
+    own: dict[bytes, dict[int, bytes]] = {}  # key -> step -> its lowest unbound match's digest
+    for a in trusted:
+        if a in unbound:
+            own.setdefault(a.signer, {})[a.step] = min(a.digest, own.get(a.signer, {}).get(a.step, a.digest))
+        elif a.verdict == MATCH and a.step in revealed:
+            proven.setdefault(a.step, {})[a.signer] = min(a.digest, proven.get(a.step, {}).get(a.signer, a.digest))
+    found = {}
+    for signer, steps in own.items():
+        caught = [k for k in sorted(steps) if set(proven.get(k, ())) - {signer}]
+        if caught:
+            found[signer] = (caught[0], steps[caught[0]])
+    return {signer: Contradiction(
+        peer_id_from_public_key(signer), k, statement,
+        _cite([(d, s) for s, d in proven[k].items() if s != signer], found), COPIER, revealed[k][1])
+        for signer, (k, statement) in found.items()}
+
+
 def _contradictions(reports: Reports, quorum: int, copiers: Mapping[bytes, object]) -> dict[bytes, Contradiction]:
-    """Each key that contradicts a settled result (settled without ``copiers``) or itself, with the
-    evidence at its lowest such step. The settled result is cited from a key that is not flagged
-    itself when there is one, so the evidence against a liar is an honest statement wherever the
-    statements allow it."""
-    found: dict[bytes, tuple[int, bytes, list[tuple[bytes, bytes]]]] = {}  # signer -> step, own, backers
-    for step, by_signer in enumerate(reports):
-        voters = {s: posts for s, posts in by_signer.items() if s not in copiers}
-        settled = _settled(voters, quorum)
-        backing = sorted((posts[settled].digest, s) for s, posts in voters.items() if settled in posts)
-        for signer, posts in by_signer.items():
+    """Steps 7-8: each key that contradicts a step settled without ``copiers``, or itself, with
+    the evidence of its lowest such step."""
+    found: dict[bytes, tuple[int, bytes, list[tuple[bytes, bytes]]]] = {}  # key -> step, statement, backers
+    for k, by_signer in enumerate(reports):
+        lowest = {s: {p: _lowest(atts).digest for p, atts in posts.items()} for s, posts in by_signer.items()}
+        settled = _settled({s: posts for s, posts in lowest.items() if s not in copiers}, quorum)
+        backers = [(posts[settled], s) for s, posts in lowest.items() if s not in copiers and settled in posts]
+        for signer, posts in lowest.items():
             if signer in found:
                 continue
             if settled is not None and any(p != settled for p in posts):
-                found[signer] = (step, min(a.digest for p, a in posts.items() if p != settled), backing)
+                found[signer] = (k, min(d for p, d in posts.items() if p != settled), backers)
             elif len(posts) > 1:
-                first, second = sorted(a.digest for a in posts.values())[:2]
-                found[signer] = (step, first, [(second, signer)])
-    out = {}
-    for signer, (step, statement, backers) in found.items():
-        conflicting = next((d for d, s in backers if s not in found), backers[0][0])
-        out[signer] = Contradiction(peer_id_from_public_key(signer), step, statement, conflicting)
-    return out
-
-
-def _revealed(manifest: Run, reveals: Iterable[WitnessReveal]) -> dict[int, tuple[bytes, bytes]]:
-    """Step -> (W_step, the lowest digest among its valid reveals; all of them carry one witness)."""
-    out: dict[int, tuple[bytes, bytes]] = {}
-    for r in reveals:
-        if r.run == manifest.run_id and _ok(check_reveal, r, manifest):
-            if r.step not in out or r.digest < out[r.step][1]:
-                out[r.step] = (r.witness, r.digest)
-    return out
-
-
-def _copiers(run: bytes, matches: list[list[Attestation]], revealed: dict[int, tuple[bytes, bytes]]
-             ) -> tuple[dict[bytes, Contradiction], list[tuple[int, bytes]]]:
-    """Each key with a match whose binding fails a revealed W_k that another key's match binds, with
-    the evidence at its lowest such step (lowest digests; the binding match is cited from a key
-    that is not a copier itself when there is one); and the (step, key) whose matches of a
-    revealed step all fail its binding (*unproven*, flagged or not)."""
-    found: dict[bytes, tuple[int, bytes, list[tuple[bytes, bytes]], bytes]] = {}
-    unproven = []
-    for step in sorted(revealed):
-        witness, reveal = revealed[step]
-        knew: dict[bytes, bytes] = {}  # signer -> lowest digest, of matches that bind W_step / that do not
-        did_not: dict[bytes, bytes] = {}
-        for att in matches[step]:
-            side = knew if att.witness == witness_binding(run, step, att.signer, witness) else did_not
-            side[att.signer] = min(att.digest, side.get(att.signer, att.digest))
-        unproven += [(step, signer) for signer in did_not if signer not in knew]
-        for signer, own in did_not.items():
-            backers = sorted((d, s) for s, d in knew.items() if s != signer)
-            if signer not in found and backers:
-                found[signer] = (step, own, backers, reveal)
-    out = {}
-    for signer, (step, own, backers, reveal) in found.items():
-        conflicting = next((d for d, s in backers if s not in found), backers[0][0])
-        out[signer] = Contradiction(peer_id_from_public_key(signer), step, own, conflicting, COPIER, reveal)
-    return out, unproven
+                first, second = sorted(posts.values())[:2]
+                found[signer] = (k, first, [(second, signer)])
+    return {signer: Contradiction(peer_id_from_public_key(signer), k, statement, _cite(backers, found))
+            for signer, (k, statement, backers) in found.items()}
 
 
 def _ok(check, message, manifest: Run) -> bool:

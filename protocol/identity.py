@@ -93,10 +93,42 @@ class Identity:
         return self._key.sign(message).signature
 
 
-def verify_raw(public_key: bytes, message: bytes, signature: bytes) -> None:
-    """Raise :class:`SignatureError` unless ``signature`` is ``public_key``'s over ``message``."""
+# Strict Ed25519 verification (docs/protocol.md §5.4): libsodium's rules, stated and checked here
+# so that the verdict does not depend on how the bundled libsodium was built.
+_P = 2**255 - 19  # the field prime
+_L = 2**252 + 27742317777372353535851937790883648493  # the order of the base point
+_Y8 = 2707385501144840649318225287225658788936804267575313519463743609750303402022  # y of a point of order 8
+# The y-coordinates (sign bit cleared; values >= p are non-canonical spellings) of the points of
+# order 1, 2, 4 and 8: a key or an R among them makes a signature meaningless.
+_SMALL_ORDER_Y = frozenset({0, 1, _P - 1, _Y8, _P - _Y8, _P, _P + 1})
+
+
+def _y(encoded_point: bytes) -> int:
+    return int.from_bytes(encoded_point, "little") & ((1 << 255) - 1)
+
+
+def strict_signature_defect(public_key: bytes, signature: bytes) -> str | None:
+    """Which strict rule (§5.4 rules 1-4) ``public_key`` and ``signature`` break, if any; rule 5,
+    the verification equation, is libsodium's."""
     if len(public_key) != PUBLIC_KEY_SIZE or len(signature) != SIGNATURE_SIZE:
-        raise SignatureError("malformed key or signature length")
+        return "malformed key or signature length"
+    if int.from_bytes(signature[32:], "little") >= _L:
+        return "S is not below the group order L"
+    if _y(public_key) >= _P:
+        return "the key is not canonically encoded"
+    if _y(public_key) in _SMALL_ORDER_Y:
+        return "the key has small order"
+    if _y(signature[:32]) in _SMALL_ORDER_Y:
+        return "R has small order"
+    return None
+
+
+def verify_raw(public_key: bytes, message: bytes, signature: bytes) -> None:
+    """Raise :class:`SignatureError` unless ``signature`` is ``public_key``'s over ``message``,
+    under the strict rules of docs/protocol.md §5.4."""
+    defect = strict_signature_defect(public_key, signature)
+    if defect is not None:
+        raise SignatureError(defect)
     try:
         nacl.signing.VerifyKey(public_key).verify(message, signature)
     except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, TypeError) as exc:

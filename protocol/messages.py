@@ -9,18 +9,19 @@ schema and signature, in that order, and builds nothing until all of them pass.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar, Mapping, TypeVar
 
 from . import signing
+from .signing import PROTOCOL_VERSION
 from .codec import decode, encode
 from .errors import WrongTypeError
 from .hashing import blake2b256
 from .identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_public_key
 from .schema import Bytes, Enum, FieldType, ListOf, Scalars, Text, UInt, check_map
 
-PROTOCOL_VERSION = 1
 # The run format (docs/run-format.md): what a manifest commits to and how h_k is computed.
 # Bumped when either changes; a node refuses runs of a format it does not read.
 RUN_FORMAT = 2
@@ -33,6 +34,11 @@ MAX_ATTESTATION_SIZE = 1024
 # witness commitments); this many steps keeps them inside MAX_MANIFEST_SIZE (~860 KB).
 # Longer runs are split or use an external trajectory (docs/protocol.md).
 MAX_INLINE_STEPS = 8192
+
+# The class of device that replayed (docs/protocol.md §5.3): a backend, then the target the
+# kernels were built for. A closed grammar, so coverage can group agreeing devices by name.
+DEVICE_CLASS = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?", re.ASCII)
+MAX_DEVICE_CLASS = 70  # "cuda/" and two 32-byte parts joined by "-"
 
 MATCH = "match"
 MISMATCH = "mismatch"
@@ -239,6 +245,7 @@ class Attestation(SignedMessage):
         "engine": Text(max_length=64),
         "engine_version": Text(max_length=64),
         "hardware": Text(max_length=128),
+        "device": Text(max_length=MAX_DEVICE_CLASS),
         "elapsed_ms": UInt(),
         "witness": _HASH,
         "signer": _KEY,
@@ -252,8 +259,13 @@ class Attestation(SignedMessage):
     verdict: str
     engine: str
     engine_version: str
-    hardware: str
+    hardware: str  # free text for people: the CPU or GPU model
+    device: str  # the device class, DEVICE_CLASS: what coverage groups matches by
     elapsed_ms: int
     witness: bytes  # B2 binding of the signer's replay witness to its key (docs/run-format.md §5)
     signer: bytes
     issued_at: int
+
+    def _check_semantics(self) -> None:
+        if not DEVICE_CLASS.fullmatch(self.device):
+            raise WrongTypeError(f"attestation: {self.device!r} is not a device class", code="device")

@@ -13,7 +13,11 @@ from typing import Any, Mapping
 from .codec import encode
 from .identity import Identity, verify_raw
 
-SIGNING_CONTEXT = b"open1b/v1/sig\x00"
+# The version of every message (its ``v``). Changing a message schema, the signing bytes, a
+# commitment's layout or a validation rule increments it (docs/protocol.md §12); the signing
+# context carries it, so a signature of one version never verifies as another's.
+PROTOCOL_VERSION = 2
+SIGNING_CONTEXT = f"open1b/v{PROTOCOL_VERSION}/sig\0".encode()
 
 
 def signing_bytes(kind: str, body: Mapping[str, Any]) -> bytes:

@@ -11,8 +11,9 @@ returns an :class:`ExternalRun`, which validation and coverage accept wherever t
 transition from log step ``first_step + j`` to ``first_step + j + 1``.
 
 Trajectory format ``"jsonl"`` (byte-level rules, docs/protocol.md "External trajectories"):
-UTF-8; lines end with LF (a CR before it is dropped); blank lines are skipped; every other line
-is one JSON object without duplicate keys, with ``"step"`` a non-negative integer and
+UTF-8; lines end with LF (a CR before it is dropped); lines of spaces, tabs and CRs only are
+skipped; every other line is one JSON object without duplicate keys, with ``"step"`` an integer
+in [0, 2^64 - 1] written without fraction or exponent and
 ``"state_hash"`` 64 hex digits (either case); other keys are ignored. If a step appears more
 than once, its last line wins (a resumed run re-logs the steps it repeats).
 """
@@ -28,12 +29,13 @@ from .errors import InvalidStatementError, WrongTypeError
 from .hashing import blake2b256
 from .messages import _HASH, _KEY, MAX_MANIFEST_SIZE, SignedMessage
 from .merkle import merkle_root, verify_merkle_proof
-from .schema import Enum, FieldType, Scalars, Text, UInt
+from .schema import UINT64_MAX, Enum, FieldType, Scalars, Text, UInt
 
 MAX_EXTERNAL_STEPS = 1 << 20
 MAX_TRAJECTORY_SIZE = 64 << 20
 TRAJECTORY_FORMATS = frozenset({"jsonl"})
 _HEX = frozenset(string.hexdigits)
+_JSON_WHITESPACE = " \t\r"  # RFC 8259's whitespace within a line; Python's str.strip() knows more
 
 
 @dataclass(frozen=True)
@@ -133,12 +135,12 @@ def parse_state_hash_log(data: bytes) -> dict[int, bytes]:
     hashes: dict[int, bytes] = {}
     for number, line in enumerate(text.split("\n"), 1):
         line = line.removesuffix("\r")
-        if not line.strip():
+        if not line.strip(_JSON_WHITESPACE):
             continue
         try:
             row = json.loads(line, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
             step, digest = row["step"], row["state_hash"]
-            if type(step) is not int or step < 0 or type(digest) is not str or len(digest) != 64 \
+            if type(step) is not int or not 0 <= step <= UINT64_MAX or type(digest) is not str or len(digest) != 64 \
                     or not set(digest) <= _HEX:
                 raise ValueError("bad step or state_hash")
             hashes[step] = bytes.fromhex(digest)

@@ -103,12 +103,12 @@ def _check_not_future(issued_at: int, now: int) -> None:
         raise UnjudgeableError("issued in the future", code="future")
 
 
-def _validate_about_run(cls: type[T], check: Callable[[T, Run], None], data: bytes, manifests: RunLookup,
-                        now: int) -> Verdict[T]:
+def _validate_about_run(decoder: Callable[[bytes], T], check: Callable[[T, Run], None], data: bytes,
+                        manifests: RunLookup, now: int) -> Verdict[T]:
     """The rules of a statement about one run: decode, known run, not from the future, then ``check``."""
     try:
-        # [REJECT] size, canonical CBOR, schema, cross-field rules and signature (cls.decode)
-        message = cls.decode(data)
+        # [REJECT] size, canonical CBOR, schema, cross-field rules and signature (decoder)
+        message = decoder(data)
         # [IGNORE] the run is known locally
         manifest = manifests(message.run)  # type: ignore[attr-defined]
         if manifest is None:
@@ -121,15 +121,26 @@ def _validate_about_run(cls: type[T], check: Callable[[T, Run], None], data: byt
 
 
 def validate_attestation(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation]:
-    return _validate_about_run(Attestation, check_attestation, data, manifests, now)
+    return _validate_about_run(Attestation.decode, check_attestation, data, manifests, now)
 
 
 def validate_claim(data: bytes, manifests: RunLookup, now: int) -> Verdict[Claim]:
-    return _validate_about_run(Claim, check_claim, data, manifests, now)
+    return _validate_about_run(Claim.decode, check_claim, data, manifests, now)
 
 
 def validate_reveal(data: bytes, manifests: RunLookup, now: int) -> Verdict[WitnessReveal]:
-    return _validate_about_run(WitnessReveal, check_reveal, data, manifests, now)
+    return _validate_about_run(WitnessReveal.decode, check_reveal, data, manifests, now)
+
+
+def validate_sync_frame(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation | WitnessReveal]:
+    """A statement in a sync response (docs/protocol.md §11.1): an attestation or a reveal, judged as
+    on its gossip topic once its kind is known (size first against the larger limit, then its own)."""
+    def check(message: Attestation | WitnessReveal, manifest: Run) -> None:
+        if isinstance(message, Attestation):
+            check_attestation(message, manifest)
+        else:
+            check_reveal(message, manifest)
+    return _validate_about_run(lambda d: decode_message(d, _SYNC_KINDS), check, data, manifests, now)
 
 
 def decode_message(data: bytes, kinds: frozenset[str] | None = None) -> SignedMessage:
@@ -144,6 +155,7 @@ def decode_message(data: bytes, kinds: frozenset[str] | None = None) -> SignedMe
 
 
 _MANIFEST_KINDS = frozenset({RunManifest.KIND, ExternalRunManifest.KIND})
+_SYNC_KINDS = frozenset({Attestation.KIND, WitnessReveal.KIND})
 
 
 def validate_manifest(data: bytes, now: int) -> Verdict[RunManifest | ExternalRunManifest]:

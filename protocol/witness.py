@@ -46,7 +46,7 @@ MAX_REVEAL_SIZE = 512
 class WitnessReveal(SignedMessage):
     """"Step ``step`` of ``run`` has the replay witness ``witness``." Valid only when ``witness``
     opens the manifest's C_step (docs/protocol.md §7): then any node can check every attestation's
-    binding of that step without replaying it (§8.1)."""
+    binding of that step without replaying it (§8.3 step 4)."""
 
     KIND: ClassVar[str] = "reveal"
     MAX_SIZE: ClassVar[int] = MAX_REVEAL_SIZE

@@ -111,8 +111,8 @@ def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) 
     fields = dict(
         run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
         post_state=manifest.state_hashes[step + 1], verdict=MATCH, engine=manifest.engine,
-        engine_version=manifest.engine_version, hardware=daemon.auditor.hardware, elapsed_ms=1,
-        issued_at=daemon.clock.wall())
+        engine_version=manifest.engine_version, hardware=daemon.auditor.hardware, device=daemon.auditor.device,
+        elapsed_ms=1, issued_at=daemon.clock.wall())
     # Fields a later protocol adds (a replay witness): someone who never replayed can only make one up.
     made_up = {name: _made_up(kind) for name, kind in Attestation.SCHEMA.items()
                if name not in fields and name != "signer"}

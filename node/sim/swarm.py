@@ -286,7 +286,7 @@ class Swarm:
             post = bytes(32) if honest_post == published else published
         att = Attestation.create(node.identity, run=self.run, step=step, pre_state=self.published(step), post_state=post,
                                  verdict=MATCH if post == published else MISMATCH, engine=ENGINE,
-                                 engine_version=ENGINE_VERSION, hardware=node.hardware.name,
+                                 engine_version=ENGINE_VERSION, hardware=node.hardware.name, device="cpu/sim",
                                  elapsed_ms=int(seconds * 1000), issued_at=self.clock(),
                                  witness=witness_binding(self.run, step, node.identity.public_key, SIM_WITNESS))
         match = att.verdict == MATCH

@@ -363,7 +363,7 @@ def test_commands_that_read_a_run_directory_refuse_a_broken_one_in_one_line(tmp_
         _one_line_error_or_success(*_run_cli(argv), allowed=())
 
 
-HANDOFF = VECTORS / "open1b_v3" / "handoff-hsdp"
+HANDOFF = VECTORS / "gensyn_handoff" / "handoff-hsdp"
 HANDOFF_FILES = ("meta.json", "model.safetensors", "optimizer.safetensors", "gradients.safetensors",
                  "batch_hasher.rank_1.bin")
 
@@ -379,7 +379,7 @@ def test_verify_handoff_answers_any_broken_file_in_one_line(tmp_path_factory, na
     broken = data.draw(st.one_of(mutated(original), st.binary(max_size=64),
                                  st.integers(0, len(original)).map(lambda n: original[:n])))
     (directory / name).write_bytes(broken)
-    log = VECTORS / "open1b_v3" / "handoff-hsdp.state_hashes.jsonl"
+    log = VECTORS / "gensyn_handoff" / "handoff-hsdp.state_hashes.jsonl"
     rc, err = _run_cli(["verify-handoff", str(directory), "--state-hashes", str(log)])
     _one_line_error_or_success(rc, err, allowed=(0, 2))
 

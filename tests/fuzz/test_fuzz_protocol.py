@@ -17,7 +17,7 @@ from open1b.protocol import (
     validate_claim, validate_claim_record, validate_manifest, validate_reveal,
 )
 from open1b.protocol.claims import claim_precedence
-from open1b.protocol.open1b_v3 import HandoffMeta, read_safetensors
+from open1b.protocol.gensyn_handoff import HandoffMeta, read_safetensors
 from open1b.protocol.validation import check_attestation, check_claim, check_reveal
 
 from ..vectors import fixtures

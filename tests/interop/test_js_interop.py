@@ -71,7 +71,7 @@ def test_js_libp2p_peer_among_open1b_daemons(js_ready, small_run, tmp_path):
 
     run_dir, manifest = small_run
     run_hex = manifest.run_id.hex()
-    topic = f"/open1b/1/run/{run_hex}/attestations"
+    topic = f"/open1b/2/run/{run_hex}/attestations"
     daemons = Daemons(tmp_path, run_dir, redundancy=1, run_on_all=True)
     observer_addr, auditor_addr = daemons.plan(2)
     auditor_id = auditor_addr.rsplit("/", 1)[1]

@@ -1,4 +1,4 @@
-"""``open1b-node verify-handoff`` on the Open-1B hand-off fixtures of tests/vectors/open1b_v3."""
+"""``open1b-node verify-handoff`` on the Open-1B hand-off fixtures of tests/vectors/gensyn_handoff."""
 
 import json
 import shutil
@@ -9,7 +9,7 @@ import pytest
 
 from ..vectors import ROOT
 
-FIXTURES = ROOT / "open1b_v3"
+FIXTURES = ROOT / "gensyn_handoff"
 CASES = ["handoff-1rank", "handoff-hsdp"]
 
 

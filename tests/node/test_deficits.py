@@ -30,7 +30,7 @@ def _att(signer, step, match):
     post = MANIFEST.state_hashes[step + 1] if match else bytes(32)
     return attestation(signer, run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine="e",
-                              engine_version="1", hardware="t", elapsed_ms=1, issued_at=T0)
+                              engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=T0)
 
 
 # Statements are signed once and drawn by index: hypothesis then shrinks over plain integers.

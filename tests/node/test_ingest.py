@@ -27,7 +27,8 @@ def att(signer: int, step: int, *, issued_at: int = T0, match: bool = True, witn
     extra = {} if witness is None else {"witness": witness}
     return attestation(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                        post_state=post, verdict="match" if match else "mismatch", engine="test-engine",
-                       engine_version="1", hardware="t", elapsed_ms=1, issued_at=issued_at, **extra)
+                       engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=issued_at,
+                       **extra)
 
 
 def test_a_statement_from_the_future_is_ignored_until_the_clock_reaches_it(tmp_path):

@@ -19,7 +19,7 @@ def _att(signer, manifest, step, match=True):
     post = manifest.state_hashes[step + 1] if match else bytes(32)
     return attestation(signer, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine=manifest.engine,
-                              engine_version=manifest.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW)
+                              engine_version=manifest.engine_version, hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW)
 
 
 def _claim(signer, manifest, step, slot=0, issued_at=NOW):

@@ -24,7 +24,7 @@ ME, HONEST, COPIER, STRANGER = 1, 2, 3, 4
 def _att(manifest, signer: int, step: int, **changes) -> Attestation:
     fields = dict(run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
                   post_state=manifest.state_hashes[step + 1], verdict=MATCH, engine=manifest.engine,
-                  engine_version=manifest.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW)
+                  engine_version=manifest.engine_version, hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW)
     fields.update(changes)
     return attestation(ident(signer), **fields)
 

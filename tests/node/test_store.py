@@ -15,7 +15,7 @@ NOW = 1_800_000_000
 def _atts(manifest, n_signers=3):
     return [attestation(ident(10 + i), run=manifest.run_id, step=k, pre_state=manifest.state_hashes[k],
                                post_state=manifest.state_hashes[k + 1], verdict="match", engine=manifest.engine,
-                               engine_version=manifest.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW)
+                               engine_version=manifest.engine_version, hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW)
             for i in range(n_signers) for k in range(manifest.steps)]
 
 

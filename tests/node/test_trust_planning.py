@@ -31,7 +31,7 @@ def att(signer: int, step: int, *, match: bool = True) -> Attestation:
     post = MANIFEST.state_hashes[step + 1] if match else blake2b256(b"wrong", bytes([step]))
     return attestation(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine="test-engine",
-                              engine_version="1", hardware="t", elapsed_ms=1, issued_at=NOW)
+                              engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW)
 
 
 def make_daemon(tmp_path: Path, **config) -> Ingest:

@@ -13,7 +13,7 @@ from open1b.node.verify_handoff import EMPTY_SAFETENSORS, HandoffError, verify_h
 
 from ..vectors import ROOT
 
-FIXTURES = ROOT / "open1b_v3"
+FIXTURES = ROOT / "gensyn_handoff"
 
 
 def case(name: str) -> dict:

@@ -25,7 +25,7 @@ def make_attestation(signer: Identity, manifest: RunManifest, step: int, *, matc
     return attestation(
         signer, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step], post_state=post,
         verdict="match" if match else "mismatch", engine=manifest.engine,
-        engine_version=manifest.engine_version, hardware="test", elapsed_ms=12, issued_at=issued_at,
+        engine_version=manifest.engine_version, hardware="test", device="cpu/x86_64-avx2", elapsed_ms=12, issued_at=issued_at,
     )
 
 

@@ -22,7 +22,7 @@ def att(signer: int, step: int, *, match: bool = True, post: bytes | None = None
     return attestation(
         ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step], post_state=post,
         verdict="match" if post == MANIFEST.state_hashes[step + 1] else "mismatch", engine=MANIFEST.engine,
-        engine_version=MANIFEST.engine_version, hardware="test", elapsed_ms=1, issued_at=issued_at)
+        engine_version=MANIFEST.engine_version, hardware="test", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=issued_at)
 
 
 def test_default_policy_is_r2_coverage():

@@ -119,7 +119,7 @@ def test_a_match_the_reveal_disproves_does_not_count_even_without_a_backer():
     # counted key proves it knew W_1, so nobody is flagged, but key 5's match is unproven.
     made_up = attestation(ident(5), run=MANIFEST.run_id, step=1, pre_state=MANIFEST.state_hashes[1],
                           post_state=MANIFEST.state_hashes[2], verdict="match", engine=MANIFEST.engine,
-                          engine_version=MANIFEST.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW,
+                          engine_version=MANIFEST.engine_version, hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW,
                           witness=b"\x05" * 32)
     cov = coverage(MANIFEST, [made_up, att(5, 2)], reveals=[reveal(1, 9)])
     assert cov.flagged == () and cov.steps[1].status is StepStatus.UNAUDITED
@@ -143,7 +143,7 @@ def test_mismatches_are_not_judged_by_their_binding():
     # cannot match W_k, and it must still count.
     dissent = attestation(ident(3), run=MANIFEST.run_id, step=1, pre_state=MANIFEST.state_hashes[1],
                           post_state=blake2b256(b"forged"), verdict="mismatch", engine=MANIFEST.engine,
-                          engine_version=MANIFEST.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW,
+                          engine_version=MANIFEST.engine_version, hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW,
                           witness=witness_binding(MANIFEST.run_id, 1, ident(3).public_key, b"\x07" * 32))
     cov = coverage(MANIFEST, [att(1, 1), dissent], reveals=[reveal(1)])
     assert cov.flagged == () and cov.steps[1].status is StepStatus.DISPUTED
@@ -193,7 +193,7 @@ def test_a_liar_caught_both_ways_carries_the_contradiction():
     # and its match of step 1 fails the revealed W_1: the stronger evidence, a false result, wins.
     made_up = attestation(ident(5), run=MANIFEST.run_id, step=1, pre_state=MANIFEST.state_hashes[1],
                           post_state=MANIFEST.state_hashes[2], verdict="match", engine=MANIFEST.engine,
-                          engine_version=MANIFEST.engine_version, hardware="t", elapsed_ms=1, issued_at=NOW,
+                          engine_version=MANIFEST.engine_version, hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW,
                           witness=b"\x05" * 32)
     atts = [att(5, 0), att(2, 0, match=False), att(3, 0, match=False), made_up, att(2, 1)]
     cov = coverage(MANIFEST, atts, reveals=[reveal(1, 2)], policy=TrustPolicy(quorum=2))

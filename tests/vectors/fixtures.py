@@ -33,7 +33,7 @@ def attestation(signer: int, run, step: int, *, match: bool = True, issued_at: i
         run=run.run_id, step=step, pre_state=run.state_hashes[step],
         post_state=run.state_hashes[step + 1] if match else blake2b256(b"vector-wrong", bytes([step])),
         verdict="match" if match else "mismatch", engine=run.engine, engine_version=run.engine_version,
-        hardware="vector-cpu", elapsed_ms=1234, issued_at=issued_at,
+        hardware="vector-cpu", device="cpu/x86_64-avx2", elapsed_ms=1234, issued_at=issued_at,
     )
     fields.update(changes)
     return signed_attestation(ident(signer), **fields)

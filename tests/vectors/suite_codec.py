@@ -35,7 +35,9 @@ VALID = {
     "bytes-32": (bytes(range(32)), "a 32-byte string, as hashes and keys are"),
     "text-utf8": ("zürich ✓", "text is UTF-8; lengths count bytes"),
     "bools-null": ([False, True, None], "the three allowed simple values"),
-    "nested-8": ([[[[[[[[0]]]]]]]], "a data item inside 8 arrays, the deepest allowed"),
+    "nested-8": ([[[[[[[[0]]]]]]]], "a scalar inside 8 arrays, the deepest allowed"),
+    "nested-8-empty": ([[[[[[[[]]]]]]]], "8 nested arrays, the innermost empty: no array lies inside 8 others"),
+    "nested-8-maps": ({"a": {"a": {"a": {"a": {"a": {"a": {"a": {"a": 0}}}}}}}}, "a scalar inside 8 maps"),
     "map-key-order": ({"b": 1, "aa": 2, "a": 3, "ab": 4}, "keys sort shorter first, then bytewise"),
     "map-message-like": ({"kind": "claim", "v": 1, "step": 7, "run": bytes(32)}, "a message-shaped map"),
 }
@@ -60,7 +62,23 @@ INVALID = {
     "empty-input": ("", "malformed", "no data item at all"),
     "trailing-bytes": ("0000", "malformed", "two data items"),
     "bad-utf8": ("62c328", "malformed", "text that is not UTF-8"),
-    "too-deep": ("818181818181818180", "malformed", "9 nested arrays"),
+    "too-deep": ("818181818181818180", "malformed", "9 nested arrays: the innermost (empty) lies inside 8 others"),
+    "too-deep-scalar": ("81818181818181818100", "malformed", "a scalar inside 9 arrays"),
+    "too-deep-maps": ("a16161" * 8 + "a0", "malformed", "9 nested maps"),
+    "length-first-keys": ("a262616101616202", "non_canonical", "key \"aa\" before the shorter \"b\""),
+    "key-uint": ("a10000", "malformed", "a map key that is an integer: keys are text"),
+    "key-bytes": ("a1410000", "malformed", "a map key that is a byte string"),
+    "key-array": ("a1800000", "malformed", "a map key that is an array"),
+    "indefinite-then-tag": ("9f01c1ff", "non_canonical", "the first defective head decides: indefinite before the tag"),
+    "indefinite-truncated": ("9f01", "non_canonical", "an indefinite array that is also truncated"),
+    "tag-then-indefinite": ("c19f", "malformed", "the first defective head decides: the tag before the indefinite"),
+    "indefinite-tag-head": ("df", "non_canonical", "additional information 31 is non_canonical in every major type"),
+    "lone-break": ("ff", "non_canonical", "a break byte (additional information 31) outside any item"),
+    "indefinite-key": ("a17f6161ff00", "non_canonical", "an indefinite text as a map key: indefinite before key type"),
+    "indefinite-after-bad-utf8": ("8262c3289fff", "non_canonical", "heads are scanned before any text is checked"),
+    "bytes-after-then-indefinite": ("009fff", "malformed", "one data item, then bytes: the item ends before them"),
+    "nan-payload": ("f97e01", "non_canonical", "a NaN other than 0xf97e00"),
+    "nan-single": ("fa7fc00000", "non_canonical", "NaN as binary32"),
 }
 
 
@@ -73,6 +91,10 @@ def cases() -> dict[str, dict]:
     big = encode(bytes(40))
     out["oversize"] = {"description": "longer than max_size: refused before parsing", "max_size": len(big) - 1,
                        "encoded": hx(big), "error": "oversize"}
+    out["oversize-garbage"] = {"description": "size is checked before anything is parsed", "max_size": 1,
+                               "encoded": "0xffc1", "error": "oversize"}
+    out["at-max-size"] = {"description": "exactly max_size bytes is allowed", "max_size": len(big),
+                          "value": typed(bytes(40)), "encoded": hx(big)}
     return out
 
 

@@ -24,6 +24,8 @@ trajectory file against the external manifest gives ``{"state_hashes": [...], "r
 
 from __future__ import annotations
 
+import json
+
 import struct
 from pathlib import Path
 
@@ -270,6 +272,33 @@ class Merkle:
                                            [unhex(p) for p in bad["proof"]], top), bad["why"]
 
 
+# Line rules of the jsonl format (§6.3): a tweak line put after step 0's line of a 3-step log.
+LINE_RULES = {
+    "line-spaces-and-tabs": ("a line of spaces and tabs only is skipped", " \t "),
+    "line-form-feed": ("a line holding a form feed is not blank (JSON whitespace is space, tab, CR, LF)", "\f"),
+    "line-nbsp": ("a line holding a no-break space is not blank", "\u00a0"),
+    "line-cr-only": ("a line of one CR is blank", "\r"),
+    "line-json-spaces": ("spaces around the JSON object are allowed",
+                         '  {"step": 1, "state_hash": "' + "AB" * 32 + '"}\t'),
+    "step-float": ("a step written 1.0 is not an integer", '{"step": 1.0, "state_hash": "' + "00" * 32 + '"}'),
+    "step-exponent": ("a step written 1e0 is not an integer", '{"step": 1e0, "state_hash": "' + "00" * 32 + '"}'),
+    "step-negative": ("a negative step", '{"step": -1, "state_hash": "' + "00" * 32 + '"}'),
+    "step-negative-zero": ("-0 is the integer 0: it re-logs step 0",
+                           '{"step": -0, "state_hash": "' + "00" * 32 + '"}'),
+    "step-too-large": ("a step of 2^64", '{"step": 18446744073709551616, "state_hash": "' + "00" * 32 + '"}'),
+    "step-largest": ("a step of 2^64 - 1 is allowed (outside the window, ignored)",
+                     '{"step": 18446744073709551615, "state_hash": "' + "00" * 32 + '"}'),
+    "step-text": ("a step written as text", '{"step": "1", "state_hash": "' + "00" * 32 + '"}'),
+    "step-bool": ("a step written true", '{"step": true, "state_hash": "' + "00" * 32 + '"}'),
+    "hash-upper-case": ("hex digits of either case; a later line of step 1 supersedes this one",
+                        '{"step": 1, "state_hash": "' + "AB" * 32 + '"}'),
+    "hash-short": ("a state hash of 63 hex digits", '{"step": 1, "state_hash": "' + "0" * 63 + '"}'),
+    "duplicate-key": ("a JSON object with a key twice", '{"step": 1, "step": 1, "state_hash": "' + "00" * 32 + '"}'),
+    "not-an-object": ("a line that is a JSON array", "[1]"),
+    "nan": ("NaN is not JSON", '{"step": 1, "state_hash": "' + "00" * 32 + '", "loss": NaN}'),
+}
+
+
 class Trajectory:
     NAME = "trajectory"
 
@@ -288,6 +317,11 @@ class Trajectory:
             "malformed-line": ("a line whose state_hash is not 64 hex digits", 
                                fixtures.external_manifest(bad, steps=1, parse_from=traj), bad),
         }
+        for name, (description, tweak) in LINE_RULES.items():
+            lines = [json.dumps({"step": k, "state_hash": fixtures.state(k, b"line-rules").hex()}) for k in range(3)]
+            data = ("\n".join(lines[:1] + [tweak] + lines[1:]) + "\n").encode()
+            good = ("\n".join(lines) + "\n").encode()
+            variants[name] = (description, fixtures.external_manifest(data, first_step=0, steps=2, parse_from=good), data)
         out = {"ok": {
             "description": "an Open-1B-style log (CRLF, blank line, extra keys, step 5 re-logged: the last line wins);"
                            " the run covers log steps 3..9",
@@ -297,12 +331,14 @@ class Trajectory:
         }}
         for name, (description, manifest, data) in variants.items():
             try:
-                resolve_external_run(manifest, data)
-                raise AssertionError(f"{name} resolved")
+                resolved = resolve_external_run(manifest, data)
+                result = {"run": hx(resolved.run_id), "state_hashes": [hx(h) for h in resolved.state_hashes],
+                          "proofs": [[hx(p) for p in merkle_proof(resolved.state_hashes, i)]
+                                     for i in range(len(resolved.state_hashes))]}
             except ProtocolError as exc:
-                code = exc.code
+                result = {"error": exc.code}
             out[name] = {"description": description, "manifest": hx(manifest.encoded), "trajectory": hx(data),
-                         "result": {"error": code}}
+                         "result": result}
         return out
 
     @staticmethod

@@ -26,20 +26,34 @@ from pathlib import Path
 import cbor2
 
 from open1b.protocol import (
-    Attestation, Claim, ProtocolError, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
+    PROTOCOL_VERSION, Attestation, Claim, ProtocolError, signing_bytes, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
     WitnessReveal, encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign,
     validate_attestation, validate_claim, validate_claim_record, validate_manifest, validate_reveal,
+    validate_sync_frame,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
 
+from . import ed25519_forgery as forgery
 from . import fixtures
 from .common import NOW, hx, ident, unhex
 
 
-def forge(signer: int, kind: str, body: dict) -> bytes:
+def forge(signer: int, kind: str, body: dict, *, v=PROTOCOL_VERSION) -> bytes:
     """A correctly signed message whose body the constructors would refuse to build."""
-    body = {"kind": kind, "v": 1, **body}
+    body = {"kind": kind, "v": v, **body}
     return encode({**body, "sig": sign(ident(signer), kind, body)})
+
+
+def resign(message, **changes) -> bytes:
+    """``message`` with ``changes`` applied, signed again by seed 1 (the vectors' usual signer)."""
+    return forge(1, message.KIND, {**_body(message), **changes})
+
+
+def small_order_signed(kind: str, body: dict, key: bytes = forgery.IDENTITY) -> bytes:
+    """A message whose signer field is a small-order key, with a signature that a lax verifier accepts."""
+    signer = {"attestation": "signer", "claim": "claimant", "reveal": "revealer"}.get(kind, "publisher")
+    body = {"kind": kind, "v": PROTOCOL_VERSION, **body, signer: key}
+    return encode({**body, "sig": forgery.sign_as_small_order_key(key, signing_bytes(kind, body))})
 
 
 def _body(message) -> dict:
@@ -75,7 +89,7 @@ class Validation:
             "malformed": ("truncated CBOR", good.encoded[:-1]),
             "non-canonical": ("the map's keys out of order", cbor2.dumps(dict(sorted(raw.items(), reverse=True)))),
             "kind": ("a claim on the attestations topic", fixtures.claim(1, m, 1).encoded),
-            "version": ("protocol version 2", forge(1, "attestation", {**_body(good), "v": 2})),
+            "version": ("protocol version 3, a later one", forge(1, "attestation", _body(good), v=3)),
             "unknown-field": ("an extra field", forge(1, "attestation", {**_body(good), "note": "hi"})),
             "missing-field": ("no hardware field", forge(1, "attestation", {k: v for k, v in _body(good).items() if k != "hardware"})),
             "wrong-type": ("step as text", forge(1, "attestation", {**_body(good), "step": "1"})),
@@ -94,6 +108,57 @@ class Validation:
             "engine": ("another engine version", fixtures.attestation(1, m, 1, engine_version="2").encoded),
             "external-pre-state": ("an external run's attestation starting from the wrong log step",
                                    fixtures.attestation(2, ext, 2, pre_state=ext.state_hashes[1]).encoded),
+            "accept-cuda": ("a replay on a CUDA device class", fixtures.attestation(1, m, 1, device="cuda/sm_90").encoded),
+            "accept-device-no-target": ("a device class without a target part",
+                                        fixtures.attestation(1, m, 1, device="cpu/riscv64").encoded),
+            "device": ("a device class outside the grammar (backend gpu)", resign(good, device="gpu/h100")),
+            "device-upper-case": ("a device class with an upper-case letter", resign(good, device="cpu/X86_64-avx2")),
+            "device-two-targets": ("a device class with two target parts", resign(good, device="cpu/x86_64-avx2-fma")),
+            "device-long-part": ("a device class part of 33 characters", resign(good, device="cuda/" + "s" * 33)),
+            "device-empty-target": ("a device class whose target is empty", resign(good, device="cpu/x86_64-")),
+            "device-newline": ("a device class followed by a newline", resign(good, device="cpu/x86_64\n")),
+            "device-wrong-type": ("a device that is not text: wrong_type, not device", resign(good, device=7)),
+            "device-before-signature": ("a bad device class and a bad signature: the cross-field rule comes first",
+                                        encode({**cbor2.loads(resign(good, device="gpu/h100")), "elapsed_ms": 2})),
+            "version-1": ("a message of protocol version 1", forge(1, "attestation", _body(good), v=1)),
+            "version-bool": ("v is true, not an integer", forge(1, "attestation", _body(good), v=True)),
+            "version-float": ("v is 2.0, a float", forge(1, "attestation", _body(good), v=2.0)),
+            "kind-before-version": ("a claim of protocol version 1 on the attestation topic: kind is checked first",
+                                    forge(1, "claim", _body(fixtures.claim(1, m, 1)), v=1)),
+            "step-bool": ("step is true, not an integer", resign(good, step=True)),
+            "elapsed-negative": ("elapsed_ms is -1", resign(good, elapsed_ms=-1)),
+            "unknown-before-missing": ("an extra field and a missing one: unknown_field first",
+                                       forge(1, "attestation", {**{k: v for k, v in _body(good).items() if k != "hardware"},
+                                                                "note": "hi"})),
+            "missing-before-wrong-type": ("a missing field and a mistyped one: missing_field first",
+                                          forge(1, "attestation", {**{k: v for k, v in _body(good).items()
+                                                                      if k != "hardware"}, "step": "1"})),
+            "non-text-key": ("a map key that is an integer: not canonical CBOR of a message (malformed)",
+                             encode({**raw, "x": 1}).replace(b"\x61x", b"\x17", 1)),
+            "oversize-garbage": ("more than MAX_ATTESTATION_SIZE bytes of garbage: oversize before malformed",
+                                 b"\xff" * 1025),
+            "signer-small-order": ("signed by a small-order key with a signature the plain equation accepts",
+                                   small_order_signed("attestation", {k: v for k, v in _body(good).items()
+                                                                      if k != "signer"})),
+            "signature-s-plus-l": ("a good signature with L added to S", encode({**raw, "sig": forgery.s_plus_l(raw["sig"])})),
+            "signature-before-unknown-run": ("a bad signature on an attestation of an unknown run",
+                                             encode({**cbor2.loads(fixtures.attestation(1, fixtures.run_manifest(publisher=3), 1).encoded),
+                                                     "elapsed_ms": 2})),
+            "unknown-run-before-future": ("an unknown run, issued in the future: unknown_run first",
+                                          fixtures.attestation(1, fixtures.run_manifest(publisher=3), 1,
+                                                               issued_at=NOW + 600).encoded),
+            "future-before-step-range": ("issued in the future and past the run's steps: future first",
+                                         resign(good, step=m.steps, issued_at=NOW + 600)),
+            "pre-state-before-verdict": ("a wrong pre_state and a verdict its post_state contradicts: pre_state first",
+                                         fixtures.attestation(1, m, 1, pre_state=m.state_hashes[0],
+                                                              post_state=m.state_hashes[0]).encoded),
+            "verdict-before-engine": ("a wrong verdict and another engine: verdict first",
+                                      fixtures.attestation(1, m, 1, post_state=m.state_hashes[0],
+                                                           engine_version="2").encoded),
+            "mismatch-claiming-published": ("a mismatch whose post_state is h_{step+1}",
+                                            fixtures.attestation(1, m, 1, verdict="mismatch").encoded),
+            "last-step": ("the last step of the run (step == steps - 1)", fixtures.attestation(1, m, m.steps - 1).encoded),
+            "engine-name": ("another engine name, same version", fixtures.attestation(1, m, 1, engine="other").encoded),
         }
         c = fixtures.claim(1, m, 1)
         claims = {
@@ -103,6 +168,15 @@ class Validation:
             "claim-step-range": ("a claim on a step the run does not have", fixtures.claim(1, m, 4).encoded),
             "claim-unknown-run": ("a claim on an unknown run", fixtures.claim(1, fixtures.run_manifest(publisher=3), 0).encoded),
             "claim-future": ("a claim issued in the future", fixtures.claim(1, m, 1, issued_at=NOW + 600).encoded),
+            "claim-lease-max": ("a lease of exactly MAX_LEASE_SECONDS", fixtures.claim(1, m, 1, lease=3600).encoded),
+            "claim-lease-order-before-signature": ("lease_expiry before issued_at and a bad signature",
+                                                   encode({**cbor2.loads(forge(1, "claim", {**_body(c), "lease_expiry": 1})),
+                                                           "slot": 1})),
+            "claim-slot-range": ("slot 256", forge(1, "claim", {**_body(c), "slot": 256})),
+            "claim-small-order": ("a claim signed by a small-order key",
+                                  small_order_signed("claim", {k: v for k, v in _body(c).items() if k != "claimant"})),
+            "claim-future-before-lease-length": ("issued in the future with too long a lease: future first",
+                                                 fixtures.claim(1, m, 1, issued_at=NOW + 600, lease=4000).encoded),
         }
         rv = fixtures.reveal(1, m, 1)
         reveals = {
@@ -124,9 +198,67 @@ class Validation:
                                       forge(0, "manifest", {**_body(m), "steps": m.steps + 1})),
             "manifest-future": ("created in the future", forge(0, "manifest", {**_body(m), "created_at": NOW + 3600})),
             "manifest-kind": ("an attestation on the manifest topic", good.encoded),
+            "manifest-run-format": ("run format 1", forge(0, "manifest", {**_body(m), "format": 1})),
+            "manifest-run-format-before-schema": ("run format 1 with an unknown field: run_format first",
+                                                  forge(0, "manifest", {**_body(m), "format": 1, "note": "x"})),
+            "manifest-run-format-text": ("run format as text", forge(0, "manifest", {**_body(m), "format": "2"})),
+            "manifest-version-before-run-format": ("protocol version 1 and run format 1: version first",
+                                                   forge(0, "manifest", {**_body(m), "format": 1}, v=1)),
+            "manifest-steps-zero": ("steps 0 with one state hash",
+                                    forge(0, "manifest", {**_body(m), "steps": 0, "state_hashes": m.state_hashes[:1],
+                                                          "checkpoints": m.checkpoints[:1], "witnesses": []})),
+            "manifest-checkpoints": ("steps + 2 checkpoints",
+                                     forge(0, "manifest", {**_body(m), "checkpoints": m.checkpoints + [bytes(32)]})),
+            "manifest-witnesses": ("steps - 1 witness commitments",
+                                   forge(0, "manifest", {**_body(m), "witnesses": m.witnesses[:-1]})),
+            "manifest-samples": ("no samples", forge(0, "manifest", {**_body(m), "samples": 0})),
+            "manifest-state-hashes-before-checkpoints": ("state hashes and checkpoints both one short: state_hashes first",
+                                                        forge(0, "manifest", {**_body(m), "state_hashes": m.state_hashes[:-1],
+                                                                              "checkpoints": m.checkpoints[:-1]})),
+            "manifest-checkpoints-before-witnesses": ("checkpoints and witnesses both wrong: checkpoints first",
+                                                     forge(0, "manifest", {**_body(m), "checkpoints": m.checkpoints[:-1],
+                                                                           "witnesses": m.witnesses[:-1]})),
+            "manifest-witnesses-before-samples": ("witnesses wrong and no samples: witnesses first",
+                                                 forge(0, "manifest", {**_body(m), "witnesses": [], "samples": 0})),
+            "manifest-cross-field-before-signature": ("no samples and a bad signature: the cross-field rule first",
+                                                      encode({**cbor2.loads(forge(0, "manifest", {**_body(m), "samples": 0})),
+                                                              "seed": 8})),
+            "manifest-model-bool": ("a model value that is a bool", forge(0, "manifest", {**_body(m), "model": {"x": True}})),
+            "manifest-model-nan": ("a model value that is NaN", forge(0, "manifest", {**_body(m), "model": {"x": float("nan")}})),
+            "manifest-model-infinity": ("a model value that is infinite",
+                                        forge(0, "manifest", {**_body(m), "model": {"x": float("-inf")}})),
+            "manifest-model-null": ("a model value that is null", forge(0, "manifest", {**_body(m), "model": {"x": None}})),
+            "manifest-model-nested": ("a model value that is a list", forge(0, "manifest", {**_body(m), "model": {"x": [1]}})),
+            "manifest-model-key-long": ("a model key of 257 bytes",
+                                        forge(0, "manifest", {**_body(m), "model": {"k" * 257: 1}})),
+            "manifest-model-scalars": ("model values at their bounds: -2^64, a float, 256 bytes of text",
+                                       forge(0, "manifest", {**_body(m), "model": {"a": -(2**64), "b": -0.5, "c": "é" * 128}})),
+            "manifest-data-entries": ("17 data entries (at most 16)",
+                                      forge(0, "manifest", {**_body(m), "data": {f"k{i}": i for i in range(17)}})),
+            "manifest-small-order": ("a manifest signed by a small-order key",
+                                     small_order_signed("manifest", {k: v for k, v in _body(m).items() if k != "publisher"})),
+            "manifest-future-within-skew": ("created exactly at the clock-skew allowance",
+                                            forge(0, "manifest", {**_body(m), "created_at": NOW + MAX_CLOCK_SKEW_SECONDS})),
+            "manifest-external-steps-zero": ("an external manifest with steps 0",
+                                             forge(0, "external_manifest", {**_body(ext_m), "steps": 0})),
+            "manifest-external-format": ("an external manifest whose trajectory format is not jsonl",
+                                         forge(0, "external_manifest", {**_body(ext_m), "trajectory_format": "csv"})),
+            "manifest-external-future": ("an external manifest created in the future",
+                                         forge(0, "external_manifest", {**_body(ext_m), "created_at": NOW + 600})),
+        }
+        frames = {  # a sync frame holds an attestation or a reveal (§11.1): the largest limit, then the kind's
+            "sync-attestation": ("an attestation in a sync frame", good.encoded),
+            "sync-reveal": ("a reveal in a sync frame", rv.encoded),
+            "sync-reveal-oversize": ("a 600-byte reveal: within the attestation limit, over the reveal limit",
+                                     forge(1, "reveal", {**_body(rv), "note": "x" * 300})),
+            "sync-oversize": ("a frame over the larger limit", encode({**raw, "hardware": "x" * 1100})),
+            "sync-kind": ("a claim in a sync frame", c.encoded),
+            "sync-reveal-witness": ("a reveal in a sync frame whose witness does not open C_1",
+                                    fixtures.reveal(1, m, 1, witness=rv.witness[::-1]).encoded),
         }
         out = {}
-        for topic, group in (("attestation", att), ("claim", claims), ("reveal", reveals), ("manifest", manifests)):
+        for topic, group in (("attestation", att), ("claim", claims), ("reveal", reveals), ("manifest", manifests),
+                             ("sync", frames)):
             for name, (description, message) in group.items():
                 case = {"description": description, "topic": topic, "runs": both if topic != "manifest" else [],
                         "now": NOW, "message": hx(message)}
@@ -144,6 +276,8 @@ class Validation:
             return validate_claim(data, runs.get, case["now"])
         if case["topic"] == "reveal":
             return validate_reveal(data, runs.get, case["now"])
+        if case["topic"] == "sync":
+            return validate_sync_frame(data, runs.get, case["now"])
         return validate_manifest(data, case["now"])
 
     @staticmethod
@@ -209,6 +343,21 @@ class Claims:
             picked = select_claim_record(case["key"], [records[i] for i in perm])
             assert (picked is None) == (winner is None)
             assert picked is None or records[perm[picked]] == records[winner]
+
+
+def _bytes(statement) -> bytes:
+    return statement if type(statement) is bytes else statement.encoded
+
+
+def _decoded(cls, encoded: list[str]) -> list:
+    """The statements that decode (§5.2); coverage counts nothing else (§8.3 step 1)."""
+    out = []
+    for data in encoded:
+        try:
+            out.append(cls.decode(unhex(data)))
+        except ProtocolError:
+            continue
+    return out
 
 
 class CoverageSuite:
@@ -292,6 +441,118 @@ class CoverageSuite:
                                       [A(1, m, 0), A(4, m, 0), A(2, m, 0, match=False), A(3, m, 0, match=False),
                                        copy(5, A(1, m, 0)), copy(6, A(1, m, 0))], [R(4, m, 0), R(1, m, 0)], 1, settle),
         }
+        def roots(*keys: int) -> dict:
+            return {"name": "allowlist", "roots": sorted(ident(k).peer_id for k in keys), "quorum": 2}
+        C = fixtures.claim
+        other = fixtures.run_manifest(publisher=3)
+        unbound = fixtures.state(8)  # a witness binding that binds nothing
+        torn = encode({**cbor2.loads(A(1, m, 0).encoded), "elapsed_ms": 1})  # its signature no longer verifies
+        def middle_lowest(statements: list) -> list:  # the lowest digest neither first nor last
+            low, mid, high = sorted(statements, key=lambda x: x.digest)
+            return [mid, low, high]
+        # a prover whose match of step 1 has a lower digest than key 1's
+        prover = next(n for n in range(10, 300) if A(n, m, 1).digest < A(1, m, 1).digest)
+        rules = {  # name -> (description, attestations, claims, reveals, redundancy, policy)
+            "claims-count-whoever-signs": (
+                "claims are hints: a live claim by a key the policy does not count (7), or by a flagged key (4),"
+                " makes a step claimed", [A(4, m, 0), A(4, m, 0, match=False)], [C(4, m, 0), C(7, m, 1)], [], 1,
+                roots(1, 4)),
+            "unproven-match-mismatch-counts": (
+                "a key's unproven match of a revealed step does not count, but its mismatch of that step does",
+                [A(3, m, 0, witness=unbound), A(3, m, 0, match=False)], [], [R(1, m, 0)], 1, default),
+            "proven-and-unbound-flagged": (
+                "a key with a proven and an unbound match of step 1 is a copier when another key proved the step:"
+                " after a reveal anyone can bind W_1, so a later proven match does not excuse the copy",
+                [A(1, m, 1), A(5, m, 1), A(5, m, 1, witness=unbound, issued_at=NOW - 1)], [], [R(1, m, 1)], 1, default),
+            "proven-and-unbound-alone": (
+                "a key with a proven and an unbound match of step 1 and no other prover is not flagged; it audited",
+                [A(5, m, 1), A(5, m, 1, witness=unbound, issued_at=NOW - 1)], [], [R(1, m, 1)], 1, default),
+            "quorum-0-self-contradiction": (
+                "quorum 0 flags no contradiction, not even a key's two results for one step",
+                [A(4, m, 1), A(4, m, 1, match=False)], [], [], 1, default),
+            "settled-again-after-flags": (
+                "quorum 2: step 1 settles on a mismatch, which flags key 2; without key 2, step 0 settles on"
+                " the mismatch that tied before and is refuted; key 1, which matched step 0, is not flagged (one pass)",
+                [A(1, m, 0), A(2, m, 0), A(3, m, 0, match=False), A(4, m, 0, match=False),
+                 A(1, m, 1, match=False), A(5, m, 1, match=False), A(2, m, 1)], [], [], 1, settle),
+            "evidence-lowest-per-result": (
+                "a key's two mismatches of one result are one piece of evidence (the lower digest); its other"
+                " result is another", [A(9, m, 1, match=False), A(9, m, 1, match=False, issued_at=NOW - 1),
+                                       A(9, m, 1, match=False, post_state=odd)], [], [], 1, default),
+            "devices": (
+                "devices of the counted matches: two keys on three devices; not a mismatch's, an untrusted key's"
+                " (6) or a flagged key's (4)",
+                [A(1, m, 0), A(2, m, 0, device="cuda/sm_90"), A(2, m, 0, device="cuda/sm_80", issued_at=NOW - 1),
+                 A(3, m, 0, match=False, device="cpu/aarch64-neon"), A(6, m, 0, device="cpu/x86_64-avx512"),
+                 A(4, m, 0, device="cuda/sm_75"), A(4, m, 1), A(4, m, 1, match=False)], [], [], 1, roots(1, 2, 3, 4)),
+            "devices-unbound-not-listed": (
+                "an unbound match's device is not listed, though its key's proven match counts",
+                [A(3, m, 2, device="cuda/sm_89"), A(3, m, 2, device="cuda/sm_86", witness=unbound)], [], [R(1, m, 2)],
+                1, default),
+            "statements-that-do-not-decode": (
+                "statements that do not decode (a broken signature, a lease ending before it starts) and a claim"
+                " breaking lease_length do not count",
+                [torn], [C(2, m, 1, lease=3601),
+                         forge(2, "claim", {**_body(C(2, m, 2)), "lease_expiry": NOW - 1})], [], 1, default),
+            "claim-lease-boundaries": (
+                "a claim is live from issued_at up to, not including, lease_expiry: step 0's expired at now, step 1's"
+                " starts at now, step 2's starts after now, step 3's ends a second after now",
+                [], [C(1, m, 0, issued_at=NOW - 120, lease=120), C(1, m, 1, issued_at=NOW, lease=60),
+                     C(1, m, 2, issued_at=NOW + 1, lease=60), C(1, m, 3, issued_at=NOW - 1, lease=2)], [], 1, default),
+            "future-attestation-counts": (
+                "coverage does not judge dates: an attestation dated after now counts",
+                [A(1, m, 0, issued_at=NOW + 3600)], [], [], 1, default),
+            "copier-and-contradiction": (
+                "quorum 2: key 5 copied step 1 and contradicts step 2's settled match: its flag is the contradiction",
+                [A(1, m, 1), A(2, m, 1), copy(5, A(1, m, 1)), A(1, m, 2), A(2, m, 2), A(5, m, 2, match=False)], [],
+                [R(1, m, 1)], 1, settle),
+            "unbound-matches-do-not-settle": (
+                "quorum 2: two unproven matches (nobody proved step 0) do not tie with two agreeing mismatches:"
+                " the mismatch settles and step 0 is refuted",
+                [A(3, m, 0, witness=unbound), A(4, m, 0, witness=unbound), A(5, m, 0, match=False),
+                 A(6, m, 0, match=False)], [], [R(1, m, 0)], 1, settle),
+            "copier-needs-a-counted-prover": (
+                "allowlist: key 5 copied key 1's match, but key 1 is not counted: key 5 is not flagged, and its"
+                " unproven match does not count", [A(1, m, 1), copy(5, A(1, m, 1))], [], [R(1, m, 1)], 1, roots(5)),
+            "quorum-3": ("quorum 3: two agreeing mismatches do not settle step 0",
+                         [A(1, m, 0), A(2, m, 0, match=False), A(3, m, 0, match=False)], [], [], 1,
+                         {"name": "open", "roots": [], "quorum": 3}),
+            "tie-does-not-settle": ("quorum 2: two matches and two agreeing mismatches: nothing settles, nobody is"
+                                    " flagged", [A(1, m, 0), A(2, m, 0), A(3, m, 0, match=False),
+                                                 A(4, m, 0, match=False)], [], [], 1, settle),
+            "reveal-by-anyone": ("a reveal counts whoever signed it (the trust policy is for attestations)",
+                                 [A(1, m, 1), copy(5, A(1, m, 1))], [], [R(7, m, 1)], 1, roots(1, 5)),
+            "verified-over-claimed": ("a match makes a step verified even while a claim on it is live",
+                                      [A(1, m, 0)], [C(2, m, 0)], [], 1, default),
+            "copier-lowest-step": ("key 5 copied steps 1 and 2: its evidence is step 1's, citing the lowest of"
+                                   " three reveals of step 1 (neither the first nor the last listed)",
+                                   [A(1, m, 1), A(1, m, 2), copy(5, A(1, m, 1)), copy(5, A(1, m, 2))], [],
+                                   [R(1, m, 2), *middle_lowest([R(1, m, 1), R(2, m, 1), R(3, m, 1)])], 1, default),
+            "copier-cites-an-honest-prover": (
+                f"keys 5 and {prover} each bound step 1 once and copied it once: both are copiers; the evidence"
+                f" against key 5 cites key 1's proven match, though key {prover}'s has the lower digest",
+                [A(1, m, 1), A(5, m, 1), copy(5, A(1, m, 1)), A(prover, m, 1), copy(prover, A(1, m, 1))], [],
+                [R(1, m, 1)], 1, default),
+            "copiers-do-not-vote": (
+                "quorum 2: keys 5 and 6 copied step 0 (besides proving it), so their matches do not count when step 0"
+                " is first settled: the two agreeing mismatches settle it, and the matching keys are flagged",
+                [A(1, m, 0), A(5, m, 0), copy(5, A(1, m, 0)), A(6, m, 0), copy(6, A(1, m, 0)),
+                 A(2, m, 0, match=False), A(3, m, 0, match=False)], [], [R(1, m, 0)], 1, settle),
+            "untrusted-lists-valid-attesters": ("allowlist: an untrusted key with a valid attestation is listed, one"
+                                                " whose only attestation breaks the run's rules is not",
+                                                [A(1, m, 0), A(6, m, 0, pre_state=m.state_hashes[1]), A(7, m, 0)], [],
+                                                [], 1, roots(1)),
+            "other-run-statements": ("a reveal and a claim of another run (same step, same witness) do not count",
+                                     [A(1, m, 1), copy(5, A(1, m, 1))], [C(3, other, 2)], [R(2, other, 1)], 1, default),
+            "settled-before-self": ("quorum 2: a key reporting the settled result and another is flagged with its"
+                                    " other result, citing an unflagged key's",
+                                    [A(1, m, 0), A(2, m, 0), A(3, m, 0), A(3, m, 0, match=False)], [], [], 1, settle),
+        }
+        for name, (description, atts, claims, reveals, redundancy, policy) in rules.items():
+            case = {"description": description, "runs": one, "attestations": [hx(_bytes(a)) for a in atts],
+                    "claims": [hx(_bytes(c)) for c in claims], "reveals": [hx(_bytes(r)) for r in reveals], "now": NOW,
+                    "redundancy": redundancy, "policy": policy}
+            out[name] = {**case, "result": CoverageSuite._result(case)}
         for name, entry in [*sets.items(), *policies.items()]:
             description, runs, atts, claims, redundancy, policy = (*entry, default)[:6]
             case = {"description": description, "runs": runs, "attestations": [hx(a.encoded) for a in atts],
@@ -309,13 +570,13 @@ class CoverageSuite:
         run = _runs(case)[0]
         p = case["policy"]
         policy = TrustPolicy(p["name"], frozenset(public_key_from_peer_id(r) for r in p["roots"]), p["quorum"])
-        cov = coverage(run, [Attestation.decode(unhex(a)) for a in case["attestations"]],
-                       [Claim.decode(unhex(c)) for c in case["claims"]],
-                       reveals=[WitnessReveal.decode(unhex(r)) for r in case["reveals"]], now=case["now"],
+        cov = coverage(run, _decoded(Attestation, case["attestations"]), _decoded(Claim, case["claims"]),
+                       reveals=_decoded(WitnessReveal, case["reveals"]), now=case["now"],
                        redundancy=case["redundancy"], policy=policy)
         return {"complete": cov.complete, "steps": [
             {"step": s.step, "status": s.status.value, "auditors": list(s.auditors), "dissenters": list(s.dissenters),
-             "claimants": list(s.claimants), "evidence": [hx(d) for d in s.evidence]} for s in cov.steps],
+             "claimants": list(s.claimants), "evidence": [hx(d) for d in s.evidence], "devices": list(s.devices)}
+            for s in cov.steps],
             "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": hx(f.statement),
                          "conflicting": hx(f.conflicting), "reveal": hx(f.reveal) if f.reveal else None}
                         for f in cov.flagged],

@@ -3,8 +3,11 @@
 Key case: ``{"description", "seed", "public_key", "peer_id"}``.
 Message case: ``{"description", "seed", "peer_id", "kind", "body", "signing_bytes", "signature",
 "encoded", "digest"}``: ``body`` is the typed-JSON map without ``sig``; ``signing_bytes`` =
-"open1b/v1/sig\\0" ‖ kind ‖ 0x00 ‖ canonical(body); ``signature`` is Ed25519 over it;
+"open1b/v2/sig\\0" ‖ kind ‖ 0x00 ‖ canonical(body); ``signature`` is Ed25519 over it;
 ``encoded`` = canonical(body + {"sig"}); ``digest`` = B2(encoded), the message's identity.
+Verification case ``ed25519-*``: ``{"description", "public_key", "message", "signature", "valid"}``:
+whether the strict verification of docs/protocol.md §5.4 accepts ``signature`` by ``public_key``
+over ``message``.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from open1b.protocol import (
-    Identity, decode_message, encode, peer_id_from_public_key, public_key_from_peer_id, sign, signing_bytes,
+    Identity, SignatureError, decode_message, encode, peer_id_from_public_key, public_key_from_peer_id, sign,
+    signing_bytes,
 )
+from open1b.protocol.identity import verify_raw
 
+from . import ed25519_forgery as forgery
 from . import fixtures
 from .common import hx, seed, typed, unhex, untyped
 
@@ -44,10 +50,45 @@ def cases() -> dict[str, dict]:
     traj = fixtures.trajectory_file()
     out["external-manifest"] = _message_case("an external manifest over a 6-step window of a jsonl log", 0,
                                              fixtures.external_manifest(traj))
+    out.update(_verification_cases())
     return out
 
 
+def _verification_cases() -> dict[str, dict]:
+    """Strict Ed25519 (§5.4): each rejected case satisfies the plain verification equation."""
+    message = b"open1b/test-vector/ed25519"
+    key, good = Identity(seed(1)).public_key, Identity(seed(1)).sign_raw(message)
+    cases = {
+        "valid": ("a good signature", key, message, good),
+        "wrong-message": ("a good signature over another message", key, message + b"!", good),
+        "s-plus-l": ("rule 1: a good signature with L added to S (S >= L)", key, message, forgery.s_plus_l(good)),
+        "r-small-order": ("rule 4: R is the identity, and [S]B - [k]A = R holds", key, message,
+                          forgery.sign_with_small_order_r(seed(1), key, message)),
+        "r-non-canonical": ("rule 5: R spells the identity non-canonically (y = p + 1); [S]B - [k]A is that point",
+                            key, message,
+                            forgery.sign_with_small_order_r(seed(1), key, message, forgery.point(forgery.P + 1))),
+    }
+    for name, small in forgery.SMALL_ORDER_KEYS.items():
+        rule = "2" if name.endswith("non-canonical") else "3"
+        cases[f"key-{name}"] = (f"rule {rule}: a key of small order ({name}); [k]A is the identity, so [S]B = R holds",
+                                small, message, forgery.sign_as_small_order_key(small, message))
+    return {f"ed25519-{name}": {"description": description, "public_key": hx(public_key), "message": hx(data),
+                                "signature": hx(signature), "valid": _verifies(public_key, data, signature)}
+            for name, (description, public_key, data, signature) in cases.items()}
+
+
+def _verifies(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    try:
+        verify_raw(public_key, message, signature)
+    except SignatureError:
+        return False
+    return True
+
+
 def check(case: dict, root: Path) -> None:
+    if "valid" in case:
+        assert _verifies(unhex(case["public_key"]), unhex(case["message"]), unhex(case["signature"])) == case["valid"]
+        return
     ident = Identity(unhex(case["seed"]))
     assert ident.peer_id == case["peer_id"]
     if "public_key" in case:

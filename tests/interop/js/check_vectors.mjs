@@ -4,7 +4,7 @@ import { readFileSync, readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import {
   ProtocolError, decode, decodeMessage, encode, hex, peerIdFromPublicKey, publicKeyOf, selectClaimRecord,
-  signMessage, signingBytes, unhex, validateClaimRecord
+  signMessage, signingBytes, unhex, validateClaimRecord, verifySignature
 } from './open1b.mjs'
 
 const root = process.argv[2]
@@ -46,8 +46,12 @@ function expectCode (fn, code) {
 }
 
 const DECODE_CODES = new Set(['oversize', 'malformed', 'non_canonical', 'kind', 'version', 'unknown_field',
-  'missing_field', 'wrong_type', 'bad_signature', 'state_hashes', 'lease_order'])
-const TOPIC_KINDS = { attestation: ['attestation'], claim: ['claim'], reveal: ['reveal'], manifest: ['manifest', 'external_manifest'] }
+  'missing_field', 'wrong_type', 'bad_signature', 'run_format', 'state_hashes', 'checkpoints', 'witnesses', 'samples',
+  'lease_order', 'device'])
+const TOPIC_KINDS = {
+  attestation: ['attestation'], claim: ['claim'], reveal: ['reveal'], manifest: ['manifest', 'external_manifest'],
+  sync: ['attestation', 'reveal']
+}
 
 const checks = {
   codec (c) {
@@ -57,6 +61,10 @@ const checks = {
     if (!same(toTyped(decode(data, c.max_size)), c.value)) throw new Error('decode differs')
   },
   signing (c) {
+    if ('valid' in c) {
+      if (verifySignature(unhex(c.public_key), unhex(c.message), unhex(c.signature)) !== c.valid) throw new Error('verification differs')
+      return
+    }
     const seed = unhex(c.seed)
     if (peerIdFromPublicKey(publicKeyOf(seed)) !== c.peer_id) throw new Error('peer id differs')
     if (c.public_key) { if (!eqBytes(publicKeyOf(seed), unhex(c.public_key))) throw new Error('public key differs'); return }

@@ -15,11 +15,13 @@ export class ProtocolError extends Error {
 const MAX_DEPTH = 8
 const SIMPLE_OK = new Set([20, 21, 22, 25, 26, 27])
 
-function scan (data) { // one well-formed item: no tags, no odd simple values, bounded depth
+function scan (data) { // §3.2 step 2: heads in byte order, the first defect decides
   let pos = 0
-  const pending = [1]
+  const pending = [1] // items left in each open container
+  const inMap = [false]
   while (pending.length > 0) {
-    if (pending[pending.length - 1] === 0) { pending.pop(); continue }
+    if (pending[pending.length - 1] === 0) { pending.pop(); inMap.pop(); continue }
+    const isKey = inMap[inMap.length - 1] && pending[pending.length - 1] % 2 === 0
     pending[pending.length - 1]--
     if (pos >= data.length) throw new ProtocolError('malformed', 'truncated CBOR')
     const major = data[pos] >> 5; const info = data[pos] & 31
@@ -34,6 +36,7 @@ function scan (data) { // one well-formed item: no tags, no odd simple values, b
       for (let i = 0; i < width; i++) arg = (arg << 8n) | BigInt(data[pos + i])
       pos += width
     }
+    if (isKey && major !== 3) throw new ProtocolError('malformed', 'map keys must be text')
     if (major === 6) throw new ProtocolError('malformed', 'CBOR tags are not allowed')
     if (major === 7 && !SIMPLE_OK.has(info)) throw new ProtocolError('malformed', `simple value ${arg}`)
     if (major === 2 || major === 3) {
@@ -43,6 +46,7 @@ function scan (data) { // one well-formed item: no tags, no odd simple values, b
       if (pending.length > MAX_DEPTH) throw new ProtocolError('malformed', `nesting deeper than ${MAX_DEPTH}`)
       if (arg > BigInt(data.length)) throw new ProtocolError('malformed', 'truncated CBOR')
       pending.push(Number(major === 4 ? arg : 2n * arg))
+      inMap.push(major === 5)
     }
   }
   if (pos !== data.length) throw new ProtocolError('malformed', 'bytes after the data item')
@@ -87,7 +91,7 @@ function parse (data) { // data was scanned: well-formed, so no bounds checks he
   return item()
 }
 
-const keyOf = (k) => k instanceof Uint8Array ? `bytes:${hex(k)}` : JSON.stringify(k) // non-text keys never occur in messages
+const keyOf = (k) => k instanceof Uint8Array ? `bytes:${hex(k)}` : JSON.stringify(k) // scan refuses non-text keys
 
 function head (major, n) {
   n = BigInt(n)
@@ -193,7 +197,7 @@ export const SCHEMAS = {
   manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { format: ['uint', 255n], engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), seed: UINT, steps: ['uint', 8192n], state_hashes: ['hashes', 8193], checkpoints: ['hashes', 8193], witnesses: ['hashes', 8192], samples_root: HASH, samples: UINT, samples_blob: HASH, samples_size: UINT, publisher: KEY, created_at: UINT } },
   external_manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), steps: ['uint', 1n << 20n], first_step: UINT, trajectory_format: ['enum', ['jsonl']], trajectory_uri: text(256), trajectory_size: ['uint', 64n << 20n], trajectory_digest: HASH, trajectory_root: HASH, publisher: KEY, created_at: UINT } },
   claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT } },
-  attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
+  attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), device: text(70), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
   reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } }
 }
 
@@ -209,7 +213,25 @@ function checkField (name, [type, limit], v) {
   }
 }
 
-export const signingBytes = (kind, body) => Buffer.concat([Buffer.from('open1b/v1/sig\0' + kind + '\0'), encode(body)])
+export const PROTOCOL_VERSION = 2n
+export const signingBytes = (kind, body) => Buffer.concat([Buffer.from(`open1b/v${PROTOCOL_VERSION}/sig\0` + kind + '\0'), encode(body)])
+const DEVICE_CLASS = /^(cpu|cuda)\/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?$/ // §5.2 (JavaScript's $ is the end of input)
+
+// §5.4: strict Ed25519. Node's crypto (OpenSSL) checks the equation and S < L but accepts
+// small-order keys and R, so rules 1-4 are checked here first.
+const P = 2n ** 255n - 19n
+const L = 2n ** 252n + 27742317777372353535851937790883648493n
+const Y8 = 2707385501144840649318225287225658788936804267575313519463743609750303402022n
+const SMALL_ORDER_Y = new Set([0n, 1n, P - 1n, Y8, P - Y8, P, P + 1n])
+const littleEndian = (b) => BigInt('0x' + (hex(Uint8Array.from(b).reverse()) || '0'))
+const yOf = (point) => littleEndian(point) & ((1n << 255n) - 1n)
+export function verifySignature (key, message, sig) {
+  if (key.length !== 32 || sig.length !== 64) return false
+  if (littleEndian(sig.subarray(32)) >= L) return false // rule 1
+  if (yOf(key) >= P) return false // rule 2
+  if (SMALL_ORDER_Y.has(yOf(key)) || SMALL_ORDER_Y.has(yOf(sig.subarray(0, 32)))) return false // rules 3, 4
+  try { return edVerify(null, message, publicKeyObject(key), sig) } catch { return false } // rule 5
+}
 
 export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   const value = decode(data, Math.max(...kinds.map((k) => SCHEMAS[k]?.maxSize ?? 0))) // the largest limit first
@@ -217,7 +239,7 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   if (!kinds.includes(kind)) throw new ProtocolError('kind', `not an expected kind: ${kind}`)
   const schema = SCHEMAS[kind]
   if (data.length > schema.maxSize) throw new ProtocolError('oversize', `${kind} larger than ${schema.maxSize}`)
-  if (value.get('v') !== 1n) throw new ProtocolError('version', 'unsupported version')
+  if (value.get('v') !== PROTOCOL_VERSION) throw new ProtocolError('version', 'unsupported version')
   if (kind === 'manifest' && value.get('format') !== RUN_FORMAT) throw new ProtocolError('run_format', `run format ${value.get('format')} is not supported; this peer reads format ${RUN_FORMAT}`)
   const names = ['kind', 'v', 'sig', ...Object.keys(schema.fields)]
   for (const k of value.keys()) if (!names.includes(k)) throw new ProtocolError('unknown_field', k)
@@ -230,16 +252,15 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   if (kind === 'manifest' && value.get('samples') < 1n) throw new ProtocolError('samples', 'at least one sample')
   if (kind === 'external_manifest' && value.get('steps') < 1n) throw new ProtocolError('state_hashes', 'steps >= 1')
   if (kind === 'claim' && value.get('lease_expiry') <= value.get('issued_at')) throw new ProtocolError('lease_order', 'lease_expiry after issued_at')
+  if (kind === 'attestation' && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class')
   const body = new Map([...value].filter(([k]) => k !== 'sig'))
   const signer = value.get(schema.signer)
-  let ok = false
-  try { ok = edVerify(null, signingBytes(kind, body), publicKeyObject(signer), value.get('sig')) } catch { ok = false }
-  if (!ok) throw new ProtocolError('bad_signature', 'signature does not verify')
+  if (!verifySignature(signer, signingBytes(kind, body), value.get('sig'))) throw new ProtocolError('bad_signature', 'signature does not verify')
   return { kind, fields: value, body, signer, peerId: peerIdFromPublicKey(signer), digest: blake2b256(data), encoded: data }
 }
 
 export function signMessage (seed, kind, fields) { // fields: a Map without kind, v, sig and signer
-  const body = new Map([['kind', kind], ['v', 1n], ...fields, [SCHEMAS[kind].signer, publicKeyOf(seed)]])
+  const body = new Map([['kind', kind], ['v', PROTOCOL_VERSION], ...fields, [SCHEMAS[kind].signer, publicKeyOf(seed)]])
   const sig = edSign(null, signingBytes(kind, body), privateKeyOf(seed))
   return encode(new Map([...body, ['sig', Uint8Array.from(sig)]]))
 }

@@ -1,4 +1,4 @@
-"""Suite ``open1b_v3``: Gensyn Open-1B's v3 state hash, and hand-off directories to verify.
+"""Suite ``gensyn_handoff``: Gensyn Open-1B's v3 state hash, and hand-off directories to verify.
 
 Built from the written description of the hash (docs/protocol.md, "Open-1B v3 state hash"),
 not from Open-1B's files. Two kinds of case:
@@ -22,14 +22,14 @@ import struct
 from pathlib import Path
 
 from open1b.protocol import blake2b256
-from open1b.protocol.open1b_v3 import (
+from open1b.protocol.gensyn_handoff import (
     BATCH_CHAIN_INIT, DTYPES, HandoffMeta, Tensor, batch_chain, batch_digest, handoff_params, handoff_state_hash,
     param_groups_json, read_safetensors, shard_digest, shard_state,
 )
 
 from .common import hx, unhex
 
-NAME = "open1b_v3"
+NAME = "gensyn_handoff"
 
 PARAM_GROUPS = [{"params": [0, 1, 2, 3], "lr": 0.0003, "betas": [0.9, 0.95], "eps": 1e-08, "weight_decay": 0.1,
                  "amsgrad": False, "foreach": None, "maximize": False, "capturable": False, "differentiable": False,

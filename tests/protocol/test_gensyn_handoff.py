@@ -10,11 +10,11 @@ import struct
 import pytest
 
 from open1b.protocol import DecodeError
-from open1b.protocol.open1b_v3 import (
+from open1b.protocol.gensyn_handoff import (
     HandoffMeta, handoff_params, handoff_state_hash, param_groups_json, read_safetensors,
 )
 
-from ..vectors.suite_open1b_v3 import write_safetensors
+from ..vectors.suite_gensyn_handoff import write_safetensors
 
 
 def b2(*parts: bytes) -> bytes:

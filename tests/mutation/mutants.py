@@ -1,0 +1,278 @@
+"""Wrong readings of docs/protocol.md, each a small edit of ``reference.py``.
+
+Every mutant is a plausible misreading of one sentence of the spec (or of the order between two
+rules) that an implementer could make from the text; the vectors must contain a case that each of
+them gets wrong. ``section`` says which rule it misreads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    section: str
+    reading: str  # the wrong reading, in words
+    edits: tuple[tuple[str, str], ...]  # (text in reference.py, its replacement)
+
+
+def _m(name: str, section: str, reading: str, *edits: tuple[str, str]) -> Mutant:
+    return Mutant(name, section, reading, edits)
+
+
+MUTANTS = [
+    # §3 canonical CBOR
+    _m("depth-inclusive", "§3.1", "an array may lie inside 8 others (a data item inside 8 arrays is allowed)",
+       ("len(open_items) - 1 >= MAX_DEPTH", "len(open_items) - 1 > MAX_DEPTH")),
+    _m("depth-counts-scalars", "§3.1", "a scalar inside 8 arrays is too deep",
+       ("len(open_items) - 1 >= MAX_DEPTH", "len(open_items) >= MAX_DEPTH")),
+    _m("indefinite-malformed", "§3.2", "an indefinite length is malformed, not non_canonical",
+       ('raise Refused("non_canonical")  # rule 1', 'raise Refused("malformed")  # rule 1')),
+    _m("indefinite-last", "§3.2", "an indefinite length is reported only if nothing else is wrong",
+       ('        if info == 31:\n            raise Refused("non_canonical")  # rule 1: an indefinite length or a break\n', ""),
+       ('    if pos != len(data):\n        raise Refused("malformed")  # bytes after the data item',
+        '    if pos != len(data):\n        raise Refused("malformed")  # bytes after the data item\n'
+        '    if any(b & 31 == 31 for b in data):\n        raise Refused("non_canonical")'),
+       ('        if info >= 28:', '        if 28 <= info <= 30:')),
+    _m("keys-any-type", "§3.1", "map keys may be of any type, sorted bytewise",
+       ("        if is_key and major != 3:\n            raise Refused(\"malformed\")  # rule 4: map keys are text\n", "")),
+    _m("tags-allowed", "§3.1", "tags decode as their values",
+       ('raise Refused("malformed")  # rule 5: no tags', "top[0] += 1  # the tagged item follows")),
+    _m("undefined-allowed", "§3.1", "undefined is a simple value like null",
+       ("(20, 21, 22, 25, 26, 27)", "(20, 21, 22, 23, 25, 26, 27)")),
+    _m("trailing-bytes-ignored", "§3.2", "a decoder reads one data item and ignores what follows",
+       ('    if pos != len(data):\n        raise Refused("malformed")  # bytes after the data item\n', "")),
+    _m("size-after-parse", "§3.2", "the size limit is checked once the item has been parsed",
+       ('    if len(data) > max_size:\n        raise Refused("oversize")  # §3.2 step 1, before anything is parsed\n'
+        '    scan_heads(data)\n', '    scan_heads(data)\n    if len(data) > max_size:\n        raise Refused("oversize")\n')),
+    _m("size-exclusive", "§3.2", "the input must be shorter than the limit",
+       ("    if len(data) > max_size:", "    if len(data) >= max_size:")),
+    _m("re-encoding-skipped", "§3.2", "a well-formed item is canonical enough",
+       ('    if encode(value) != data:\n        raise Refused("non_canonical")  # step 4\n', "")),
+    # §5.2 decoding a message
+    _m("kind-after-version", "§5.2", "the version is checked before the kind",
+       ('    if type(kind) is not str or kind not in kinds:\n        raise Refused("kind")  # step 2\n', ""),
+       ('        raise Refused("version")  # step 3\n',
+        '        raise Refused("version")  # step 3\n    if type(kind) is not str or kind not in kinds:\n'
+        '        raise Refused("kind")\n')),
+    _m("version-by-value", "§5.2", "v equals 2 (a float 2.0 will do)",
+       ('if type(value.get("v")) is not int or value["v"]', 'if value.get("v")')),
+    _m("largest-limit-only", "§5.2", "a decoder expecting several kinds applies only the largest limit",
+       ('    if len(data) > MAX_SIZE[kind]:\n        raise Refused("oversize")  # step 2: then the kind\'s own limit\n',
+        "")),
+    _m("run-format-in-schema", "§5.2", "the run format is one more field checked with the schema",
+       ('    if kind == "manifest" and (type(value.get("format")) is not int or value["format"] != 2):\n'
+        '        raise Refused("run_format")  # step 4\n', ""),
+       ("    cross_field_rules(kind, value)  # step 6\n",
+        '    if kind == "manifest" and value["format"] != 2:\n        raise Refused("run_format")\n'
+        "    cross_field_rules(kind, value)  # step 6\n")),
+    _m("missing-before-unknown", "§5.2", "missing fields are reported before unknown ones",
+       ('    if any(name not in schema for name in value):\n        raise Refused("unknown_field")  # step 5\n'
+        '    if any(name not in value for name in schema):\n        raise Refused("missing_field")\n',
+        '    if any(name not in value for name in schema):\n        raise Refused("missing_field")\n'
+        '    if any(name not in schema for name in value):\n        raise Refused("unknown_field")\n')),
+    _m("type-before-presence", "§5.2", "each schema field is checked for presence and type in turn",
+       ('    if any(name not in value for name in schema):\n        raise Refused("missing_field")\n'
+        '    if not all(type_ok(expr, value[name]) for name, expr in schema.items()):\n        raise Refused("wrong_type")\n',
+        '    for name, expr in schema.items():\n        if name not in value:\n            raise Refused("missing_field")\n'
+        '        if not type_ok(expr, value[name]):\n            raise Refused("wrong_type")\n')),
+    _m("bool-is-int", "§5.2", "true is the integer 1",
+       ("    return type(x) is int and 0 <= x <= maximum", "    return isinstance(x, int) and 0 <= x <= maximum")),
+    _m("scalars-allow-nan", "§5.3", "a scalar may be any float",
+       ("        return math.isfinite(x)", "        return True")),
+    _m("scalars-allow-bool", "§5.3", "a bool is a scalar (an int)",
+       ("    if type(x) is int:\n        return -(2**64)", "    if isinstance(x, int):\n        return -(2**64)")),
+    _m("scalar-keys-unbounded", "§5.3", "map keys of model and data have no length bound",
+       ("type(k) is str and len(k.encode()) <= 256", "type(k) is str")),
+    _m("signature-before-cross-field", "§5.2", "the signature is checked before the cross-field rules",
+       ("    cross_field_rules(kind, value)  # step 6\n", ""),
+       ('        raise Refused("bad_signature")  # step 7\n',
+        '        raise Refused("bad_signature")  # step 7\n    cross_field_rules(kind, value)\n')),
+    _m("device-any-case", "§5.2", "device classes are case-insensitive",
+       ('DEVICE = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?")',
+        'DEVICE = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?", re.I)')),
+    _m("device-many-targets", "§5.2", "a device class may have several target parts",
+       ("(-[a-z0-9_]{1,32})?\")", "(-[a-z0-9_]{1,32})*\")")),
+    _m("device-long-parts", "§5.2", "a part is at most 64 characters",
+       ("[a-z0-9_]{1,32}(-", "[a-z0-9_]{1,64}(-")),
+    _m("device-prefix-match", "§5.2", "a device class matches up to the end of the line",
+       ('not DEVICE.fullmatch(m["device"])', 'not re.match(DEVICE.pattern + "$", m["device"])')),
+    _m("device-wrong-type", "§5.2", "a device outside the grammar is a wrong_type",
+       ('raise Refused("device")', 'raise Refused("wrong_type")')),
+    _m("checkpoints-first", "§5.2 / run format", "checkpoints are checked before state hashes",
+       ('        if m["steps"] < 1 or len(m["state_hashes"]) != m["steps"] + 1:\n            raise Refused("state_hashes")\n'
+        '        if len(m["checkpoints"]) != m["steps"] + 1:\n            raise Refused("checkpoints")\n',
+        '        if len(m["checkpoints"]) != m["steps"] + 1:\n            raise Refused("checkpoints")\n'
+        '        if m["steps"] < 1 or len(m["state_hashes"]) != m["steps"] + 1:\n            raise Refused("state_hashes")\n')),
+    _m("samples-before-witnesses", "§5.2 / run format", "samples are checked before witnesses",
+       ('        if len(m["witnesses"]) != m["steps"]:\n            raise Refused("witnesses")\n'
+        '        if m["samples"] < 1:\n            raise Refused("samples")\n',
+        '        if m["samples"] < 1:\n            raise Refused("samples")\n'
+        '        if len(m["witnesses"]) != m["steps"]:\n            raise Refused("witnesses")\n')),
+    _m("zero-samples", "§5.2 / run format", "a run may have no samples",
+       ('if m["samples"] < 1:', 'if m["samples"] < 0:')),
+    _m("zero-steps", "§5.2", "a manifest of 0 steps (one state hash) is allowed",
+       ('if m["steps"] < 1 or len(m["state_hashes"])', 'if len(m["state_hashes"])')),
+    _m("lease-may-be-empty", "§5.2", "lease_expiry may equal issued_at",
+       ('not m["lease_expiry"] > m["issued_at"]', 'not m["lease_expiry"] >= m["issued_at"]')),
+    # §5.4 Ed25519
+    _m("s-reduced", "§5.4", "S is read mod L (no check that S < L)",
+       ('    if int.from_bytes(sig[32:], "little") >= L:\n        return False  # rule 1\n', "")),
+    _m("small-order-keys", "§5.4", "any key on the curve verifies (cofactorless equation only)",
+       ("    if _y(key) in SMALL_ORDER_Y:\n        return False  # rule 3\n", "")),
+    _m("order-8-forgotten", "§5.4", "small order means order 1, 2 or 4",
+       ("SMALL_ORDER_Y = {0, 1, P - 1, Y8, P - Y8, P, P + 1}", "SMALL_ORDER_Y = {0, 1, P - 1, P, P + 1}")),
+    _m("small-order-r", "§5.4", "R is only compared, never checked for small order",
+       ("    if _y(sig[:32]) in SMALL_ORDER_Y:\n        return False  # rule 4\n", "")),
+    _m("version-1-context", "§5.1", "the signing context keeps v1",
+       ('b"open1b/v%d/sig\\0" % CONST["PROTOCOL_VERSION"]', 'b"open1b/v1/sig\\0"')),
+    # §6.3 external trajectories
+    _m("unicode-whitespace", "§6.3", "a blank line is one str.strip() empties",
+       ('if not line.strip(" \\t\\r"):', "if not line.strip():")),
+    _m("whole-float-steps", "§6.3", "a step written 1.0 is step 1",
+       ('    if type(step) is not int or not 0 <= step <= 2**64 - 1:',
+        '    step = int(step) if type(step) is float and step.is_integer() else step\n'
+        '    if type(step) is not int or not 0 <= step <= 2**64 - 1:')),
+    _m("unbounded-steps", "§6.3", "a step is any integer >= 0",
+       ("not 0 <= step <= 2**64 - 1", "not 0 <= step")),
+    _m("first-line-wins", "§6.3", "the first line of a step wins",
+       ("            log[step] = digest  # the last line of a step wins", "            log.setdefault(step, digest)")),
+    _m("lower-case-hex", "§6.3", "state hashes are lower-case hex",
+       ('r"[0-9a-fA-F]{64}"', 'r"[0-9a-f]{64}"')),
+    # §7 validation
+    _m("future-before-unknown-run", "§7", "the date is checked before the run is looked up",
+       ('        if run is None:\n            raise Refused("unknown_run", "ignore")\n'
+        '        if m["issued_at"] > now + SKEW:\n            raise Refused("future", "ignore")\n',
+        '        if m["issued_at"] > now + SKEW:\n            raise Refused("future", "ignore")\n'
+        '        if run is None:\n            raise Refused("unknown_run", "ignore")\n')),
+    _m("skew-exclusive", "§7", "a statement dated exactly at the skew allowance is in the future",
+       ('        if m["issued_at"] > now + SKEW:', '        if m["issued_at"] >= now + SKEW:')),
+    _m("manifest-skew-exclusive", "§7", "a manifest created exactly at the skew allowance is in the future",
+       ('            if m["created_at"] > now + SKEW:', '            if m["created_at"] >= now + SKEW:')),
+    _m("step-range-inclusive", "§7", "step <= steps", ('if not m["step"] < run["steps"]:', 'if not m["step"] <= run["steps"]:')),
+    _m("verdict-before-pre-state", "§7", "the verdict is checked before the pre_state",
+       ('        if m["pre_state"] != run["h"][m["step"]]:\n            raise Refused("pre_state")\n'
+        '        if (m["verdict"] == "match") != (m["post_state"] == run["h"][m["step"] + 1]):\n'
+        '            raise Refused("verdict")\n',
+        '        if (m["verdict"] == "match") != (m["post_state"] == run["h"][m["step"] + 1]):\n'
+        '            raise Refused("verdict")\n'
+        '        if m["pre_state"] != run["h"][m["step"]]:\n            raise Refused("pre_state")\n')),
+    _m("engine-before-verdict", "§7", "the engine is checked before the verdict",
+       ('        if (m["verdict"] == "match") != (m["post_state"] == run["h"][m["step"] + 1]):\n'
+        '            raise Refused("verdict")\n'
+        '        if (m["engine"], m["engine_version"]) != (run["engine"], run["engine_version"]):\n'
+        '            raise Refused("engine")\n',
+        '        if (m["engine"], m["engine_version"]) != (run["engine"], run["engine_version"]):\n'
+        '            raise Refused("engine")\n'
+        '        if (m["verdict"] == "match") != (m["post_state"] == run["h"][m["step"] + 1]):\n'
+        '            raise Refused("verdict")\n')),
+    _m("step-range-after-future", "§7", "the run's rules, step range first, come before the date",
+       ('        if m["issued_at"] > now + SKEW:\n            raise Refused("future", "ignore")\n        run_rules(m, run)\n',
+        '        run_rules(m, run)\n        if m["issued_at"] > now + SKEW:\n            raise Refused("future", "ignore")\n')),
+    _m("mismatch-unchecked", "§7", "only a match is compared with h_{step+1}",
+       ('if (m["verdict"] == "match") != (m["post_state"] == run["h"][m["step"] + 1]):',
+        'if m["verdict"] == "match" and m["post_state"] != run["h"][m["step"] + 1]:')),
+    _m("engine-version-only", "§7", "the engine version identifies the engine",
+       ('(m["engine"], m["engine_version"]) != (run["engine"], run["engine_version"])',
+        'm["engine_version"] != run["engine_version"]')),
+    _m("lease-length-exclusive", "§7", "a lease must be shorter than MAX_LEASE_SECONDS",
+       ('<= CONST["MAX_LEASE_SECONDS"]', '< CONST["MAX_LEASE_SECONDS"]')),
+    _m("external-reveals-pass", "§7", "a run without witness commitments has nothing to check a reveal against",
+       ('        if run["witnesses"] is None:\n            raise Refused("witness")  # an external run commits to no witness\n'
+        '        if b2(', '        if run["witnesses"] is not None and b2(')),
+    # §10 claim records
+    _m("older-round-wins", "§10", "an older lease round wins", ('(-(c["issued_at"] //', '((c["issued_at"] //')),
+    _m("latest-in-round", "§10", "within a round the latest claim wins",
+       ('CONST["LEASE_ROUND_SECONDS"]), c["issued_at"],', 'CONST["LEASE_ROUND_SECONDS"]), -c["issued_at"],')),
+    _m("claimant-ignored", "§10", "equal times are broken by the encoded bytes alone",
+       ('c["issued_at"], c["claimant"], c["encoded"])', 'c["issued_at"], c["encoded"])')),
+    _m("claim-key-unchecked", "§10", "a record is valid if it decodes as a claim",
+       ('return c if claim_key(c["run"], c["step"], c["slot"]) == key else None', "return c")),
+    # §8.3 coverage
+    _m("trusted-claims-only", "§8.3 step 1", "claims count over the counted keys only",
+       ('    C = [c for c in _statements(claims, "claim", run) if c["issued_at"] <= now < c["lease_expiry"]]',
+        '    C = [c for c in _statements(claims, "claim", run) if c["issued_at"] <= now < c["lease_expiry"]'
+        ' and counts_key(c["claimant"])]')),
+    _m("unflagged-claims-only", "§8.3 step 11", "claims of flagged keys do not count",
+       ('claimants = {c["claimant"] for c in C if c["step"] == k}',
+        'claimants = {c["claimant"] for c in C if c["step"] == k and c["claimant"] not in flags}')),
+    _m("lease-end-inclusive", "§8.3 step 1", "a claim is live until lease_expiry, inclusive",
+       ('c["issued_at"] <= now < c["lease_expiry"]', 'c["issued_at"] <= now <= c["lease_expiry"]')),
+    _m("lease-start-ignored", "§8.3 step 1", "a claim is live until its lease ends, whenever issued",
+       ('c["issued_at"] <= now < c["lease_expiry"]', 'now < c["lease_expiry"]')),
+    _m("dates-judged", "§8.3 step 1", "coverage drops attestations dated in the future",
+       ('    A = _statements(atts, "attestation", run)',
+        '    A = [a for a in _statements(atts, "attestation", run) if a["issued_at"] <= now + SKEW]')),
+    _m("other-runs-counted", "§8.3 step 1", "a statement that passes the rules counts whatever run it names",
+       ('            if m["run"] != run["id"]:\n                continue\n', "")),
+    _m("untrusted-unvalidated", "§8.3 step 2", "untrusted lists every key that attested, valid or not",
+       ('    untrusted = {a["signer"] for a in A if not counts_key(a["signer"])}',
+        '    untrusted = {a["signer"] for a in _statements(atts, "attestation", run, judged=False)'
+        ' if not counts_key(a["signer"])}')),
+    _m("trusted-reveals-only", "§8.3 step 3", "only reveals by counted keys reveal",
+       ('    V = _statements(reveals, "reveal", run)',
+        '    V = [r for r in _statements(reveals, "reveal", run) if counts_key(r["revealer"])]')),
+    _m("unproven-key-dropped", "§8.3 step 6", "a key with an unproven match counts for nothing on that step",
+       ('    Rep = [a for a in T if a["digest"] not in unbound_digests]',
+        '    unproven = {(u["step"], u["signer"]) for u in unbound}\n'
+        '    Rep = [a for a in T if a["digest"] not in unbound_digests and (a["step"], a["signer"]) not in unproven]')),
+    _m("proof-excuses-copy", "§8.3 step 5", "a key that also proved the step is not a copier",
+       ('        if any(p["signer"] != u["signer"] for p in proven if p["step"] == u["step"]):',
+        '        if any(p["signer"] != u["signer"] for p in proven if p["step"] == u["step"]) and not any('
+        'p["signer"] == u["signer"] for p in proven if p["step"] == u["step"]):')),
+    _m("any-prover-flags", "§8.3 step 5", "a proven match by anyone, the key itself included, flags an unbound one",
+       ('if any(p["signer"] != u["signer"] for p in proven', 'if any(True for p in proven'),
+       ('others = [p for p in proven if p["step"] == k and p["signer"] != key]',
+        'others = [p for p in proven if p["step"] == k]')),
+    _m("untrusted-provers", "§8.3 step 5", "a proven match by any key, counted or not, flags a copier",
+       ('    proven = [a for a in T if', '    proven = [a for a in A if')),
+    _m("unbound-settles", "§8.3 step 6", "unbound matches still count when a step is settled",
+       ('    Rep = [a for a in T if a["digest"] not in unbound_digests]', '    Rep = [a for a in T]')),
+    _m("copier-highest-step", "§8.3 step 5", "a copier's evidence is at its latest copied step",
+       ("        k = min(steps)", "        k = max(steps)")),
+    _m("any-reveal-cited", "§8.3 step 3", "the reveal cited is the last one seen, not the lowest",
+       ('    rev = {k: lowest([r for r in V if r["step"] == k])["digest"] for k in W}',
+        '    rev = {r["step"]: r["digest"] for r in V}')),
+    _m("copier-cites-copier", "§8.3 step 5", "a copier's conflicting statement is the lowest proven match, any key's",
+       ('"conflicting": lowest(honest or others)["digest"]', '"conflicting": lowest(others)["digest"]')),
+    _m("quorum-0-self", "§8.3 step 7", "quorum 0 still flags a key's two results for one step",
+       ("    if quorum > 0:\n        s1 =", "    if True:\n        s1 =")),
+    _m("copiers-vote", "§8.3 step 7", "copiers take part in the first settlement",
+       ("for K in keys_of[k] if K not in copied for p in posts(k, K)}, quorum)",
+        "for K in keys_of[k] for p in posts(k, K)}, quorum)")),
+    _m("settle-ties", "§8.2", "the value most keys report settles, ties going to either",
+       ("all(n > other for p, other", "all(n >= other for p, other")),
+    _m("quorum-ignored", "§8.2", "two agreeing keys always settle a step", ("        if n >= quorum and", "        if n >= 2 and")),
+    _m("self-before-settled", "§8.3 step 8", "two results of a key are judged before a settled result",
+       ('                if s1[k] is not None and posts(k, K) - {s1[k]}:\n                    found[K] = (k, "a")\n'
+        '                elif len(posts(k, K)) > 1:\n                    found[K] = (k, "b")\n',
+        '                if len(posts(k, K)) > 1:\n                    found[K] = (k, "b")\n'
+        '                elif s1[k] is not None and posts(k, K) - {s1[k]}:\n                    found[K] = (k, "a")\n')),
+    _m("self-statement-highest", "§8.3 step 8", "a self-contradiction's statement is its higher digest",
+       ('statement, conflicting = sorted(att(k, K, p)["digest"] for p in posts(k, K))[:2]',
+        'conflicting, statement = sorted(att(k, K, p)["digest"] for p in posts(k, K))[:2]')),
+    _m("contradiction-cites-flagged", "§8.3 step 8", "a contradiction cites the lowest backer, flagged or not",
+       ("conflicting = lowest([att(k, J, s1[k]) for J in (honest or backers)])",
+        "conflicting = lowest([att(k, J, s1[k]) for J in backers])")),
+    _m("copier-flag-wins", "§8.3 step 9", "a copier flag is kept over a contradiction",
+       ("    flags = {**copier_flags, **contradiction_flags}", "    flags = {**contradiction_flags, **copier_flags}")),
+    _m("settle-once", "§8.3 step 11", "refuted is decided by the first settlement",
+       ("        s2 = settle({(K, p) for K in counted for p in posts(k, K)}, quorum) if quorum > 0 else None",
+        "        s2 = s1[k] if quorum > 0 else None")),
+    _m("claimed-over-verified", "§8.3 step 11", "a live claim makes a step claimed before a match verifies it",
+       ('        elif auditors:\n            status = "verified"\n        elif claimants:\n            status = "claimed"\n',
+        '        elif claimants:\n            status = "claimed"\n        elif auditors:\n            status = "verified"\n')),
+    _m("all-mismatches-evidence", "§8.3 step 11", "evidence lists every mismatch attestation",
+       ('evidence = sorted(att(k, K, p)["digest"] for K in counted for p in posts(k, K) if p != h)',
+        'evidence = sorted(a["digest"] for a in Rep if a["step"] == k and a["signer"] in counted'
+        ' and a["post_state"] != h)')),
+    _m("devices-of-all-reports", "§8.3 step 11", "devices are those of every counted attestation of the step",
+       ('a["step"] == k and a["post_state"] == h and a["signer"] in counted}',
+        'a["step"] == k and a["signer"] in counted}')),
+    _m("devices-of-all-matches", "§8.3 step 11", "devices are those of every match, counted or not",
+       ('devices = sorted({a["device"] for a in Rep if', 'devices = sorted({a["device"] for a in A if')),
+    _m("complete-by-auditors", "§8.3 step 12", "a step's attesters are its auditors",
+       ('"attesters": len(set(auditors) | set(dissenters))', '"attesters": len(auditors)')),
+]
