@@ -56,7 +56,7 @@ from ..sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
 from ..topics import attestations_topic
 from ..worker import WorkerResult
 
-log = logging.getLogger("open1b.node.adversary")
+log = logging.getLogger("open1b.node.devnet.adversaries")
 
 ENV_SWITCH = "OPEN1B_DEVNET"
 INJECTED_FILE = "injected.json"
