@@ -191,7 +191,6 @@ def test_a_copier_among_liars_is_judged_as_coverage_flags_it(tmp_path):
         other = Attestation.decode(bytes.fromhex(report["evidence"]["conflicting"]))
         assert mine.signer_peer_id == copier != other.signer_peer_id and mine.step == other.step == flag["step"]
         assert all(copier not in step["auditors"] + step["dissenters"] for step in s["per_step"])
-    assert s["returncode"] == (0 if all(r["ok"] for r in s["scenarios"].values()) else 2)
 
 
 # -- crash ---------------------------------------------------------------------------------------
