@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 WINDOW = 8
 """Chunk requests in flight per provider."""
+ADDRESS_READ_PIECES = 8
+"""Verified pieces read back per update of the whole-file hash."""
 CHUNK_TIMEOUT_S = 30.0
 RECORD_MAGIC = b"open1b/pieces/v1"
 
@@ -124,25 +126,25 @@ class _Assembly:
             os.write(self._record_fd, struct.pack("<I", index))
             self.done[index] = True
             self.verified_bytes += piece.length
-            self._advance(index, data)
         return True
 
-    def _advance(self, index: int | None = None, data: bytearray | None = None) -> None:
-        """Feed the whole-file hash with every verified piece at its front (call with ``_lock``)."""
+    def hash_front(self) -> bool:
+        """Feed the whole-file hash with the verified pieces at its front, read back from the page
+        cache (one thread calls this, beside the ones checking chunks: the two passes over the
+        bytes run on two cores). True once every piece is in the hash."""
         while self._cursor < len(self.pieces) and self.done[self._cursor]:
-            p = self.pieces[self._cursor]
-            self._hash.update(data if self._cursor == index else os.pread(self._fd, p.length, p.offset))
-            self._cursor += 1
-
-    def hash_resumed(self) -> None:
-        with self._lock:
-            self._advance()
+            first = self._cursor
+            while (self._cursor < len(self.pieces) and self.done[self._cursor]
+                   and self._cursor - first < ADDRESS_READ_PIECES):
+                self._cursor += 1
+            start, last = self.pieces[first].offset, self.pieces[self._cursor - 1]
+            self._hash.update(os.pread(self._fd, last.offset + last.length - start, start))
+        return self._cursor == len(self.pieces)
 
     def finish(self) -> bytes:
         """The whole file's address, after making the file durable."""
-        with self._lock:
-            self._advance()
-            assert self._cursor == len(self.pieces)
+        if not self.hash_front():
+            raise AssertionError("finish() before every piece was verified")
         os.fdatasync(self._fd)
         return self._hash.digest()
 
@@ -173,8 +175,7 @@ class _Schedule:
 
     def finished_one(self) -> None:
         self.remaining -= 1
-        if not self.remaining:
-            self._notify()
+        self._notify()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -345,7 +346,6 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
         assembly = await trio.to_thread.run_sync(_Assembly, cache, expect, layout, header, table)
         try:
             report.resumed_pieces = assembly.resumed
-            await trio.to_thread.run_sync(assembly.hash_resumed)
             schedule = _Schedule(assembly)
 
             async def session(channel: Channel) -> None:
@@ -359,10 +359,16 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
                     ordered.remove(channel)
                     await trio.aclose_forcefully(channel.stream)
 
-            if schedule.remaining:
-                async with trio.open_nursery() as nursery:
+            async def hash_address() -> None:
+                while not await trio.to_thread.run_sync(assembly.hash_front):
+                    await schedule.wait_change()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hash_address)
+                async with trio.open_nursery() as sessions:
                     for channel in list(ordered):
-                        nursery.start_soon(session, channel)
+                        sessions.start_soon(session, channel)
+                nursery.cancel_scope.cancel()  # finish() hashes whatever is left
             if schedule.remaining:
                 raise CheckpointFetchError(f"checkpoint {expect.step}: {schedule.remaining} chunks missing; "
                                            + "; ".join(errors))

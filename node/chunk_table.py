@@ -32,11 +32,12 @@ from open1b.deterministic.config import GPTConfig
 from open1b.deterministic.data import batch_for_step
 from open1b.deterministic.runfile import (
     CHECKPOINT_HEADER_SLACK, CHECKPOINT_METADATA_KEY, genesis_hash, lr_bits, max_checkpoint_bytes,
-    step_batch_digest,
+    state_tensor_bytes, step_batch_digest,
 )
 from open1b.deterministic.samples import Dataset
+from open1b.deterministic.state import TrainState
 from open1b.deterministic.trainer import config_of
-from open1b.protocol import Open1bError, RunManifest
+from open1b.protocol import Open1bError, RunManifest, state_hash
 from open1b.protocol.commitments import CHUNK_SIZE, ITEMSIZE
 from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
 from open1b.protocol.merkle import merkle_root
@@ -248,6 +249,15 @@ class Expectation:
         """Refuse a chunk table that does not prove the published h_k."""
         if table_state_hash(layout, table, self.prev, self.step, self.lr_bits, self.batch_digest) != self.state_hash:
             raise ChunkTableError(f"the chunk table does not hash to h_{self.step}")
+
+
+def state_expectation(state: TrainState, address: bytes, *, prev: bytes, batch_digest: bytes = bytes(DIGEST_SIZE),
+                      lr: int = 0) -> Expectation:
+    """What a fetcher expects of the checkpoint of ``state`` stored at ``address``, whose h is
+    chained from ``prev`` (for a state outside any run: tests and benchmarks)."""
+    h = state_hash(prev, state.step, state_tensor_bytes(state), batch_digest, lr_bits=lr)
+    return Expectation(address, max_checkpoint_bytes(state.config), expected_shapes(state.config), state.step, h,
+                       prev, lr, batch_digest)
 
 
 def checkpoint_expectation(manifest: RunManifest, step: int, dataset: Dataset | None) -> Expectation:
