@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Callable
@@ -59,6 +60,8 @@ MAX_RANGE = 4 << 20
 MAX_TABLE = 32 * ((64 << 30) // (1 << 20) + 65536)
 """The largest chunk table: a 64 GiB blob in 1 MiB chunks, plus one short chunk per tensor."""
 MAX_RESPONSE = RESPONSE_HEAD.size + max(MAX_RANGE, MAX_TABLE)
+SOCKET_BUFFER = 4 << 20
+"""Kernel socket buffers of a session: a few chunks, so each receive call moves more bytes."""
 HANDSHAKE_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 60.0
 MAX_SESSIONS = 32
@@ -103,6 +106,8 @@ class Channel:
     def __init__(self, stream: trio.SocketStream, peer_id: str, send_key: bytes, receive_key: bytes) -> None:
         self.stream, self.peer_id = stream, peer_id
         self._sock = stream.socket
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            self._sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
         self._send_gcm, self._receive_gcm = AESGCM(send_key), AESGCM(receive_key)
         self._sent = self._received = 0
 
@@ -258,38 +263,54 @@ class TokenBucket:
 
 
 # -- server --------------------------------------------------------------------------------
-async def _answer(cache: BlobCache, channel: Channel, request: bytes, bucket: TokenBucket | None) -> None:
-    op, digest, offset, length = REQUEST.unpack(request)
-    path = cache.open_blob(digest)
-    if op not in (OP_RANGE, OP_TABLE) or (op == OP_RANGE and not 0 < length <= MAX_RANGE):
-        await channel.send(RESPONSE_HEAD.pack(BAD_REQUEST, 0))
-        return
-    if path is None:
-        await channel.send(RESPONSE_HEAD.pack(NOT_FOUND, 0))
-        return
-    size = path.stat().st_size
-    if op == OP_TABLE:
-        try:
-            table = await cache.chunk_table(digest)
-        except ChunkTableError:
-            await channel.send(RESPONSE_HEAD.pack(NOT_A_CHECKPOINT, size))
+class _Session:
+    """One client's session on the server: answers its requests in order. A blob is looked up
+    (and marked as recently used) once per session and kept open, so a chunk costs one ``pread``;
+    an open file stays readable even if the cache evicts the blob meanwhile."""
+
+    def __init__(self, cache: BlobCache, channel: Channel, bucket: TokenBucket | None) -> None:
+        self.cache, self.channel, self.bucket = cache, channel, bucket
+        self._open: dict[bytes, tuple[int, int]] = {}  # digest -> (fd, size)
+
+    def _file(self, digest: bytes) -> tuple[int, int] | None:
+        if digest not in self._open:
+            path = self.cache.open_blob(digest)
+            if path is None:
+                return None
+            fd = os.open(path, os.O_RDONLY)
+            self._open[digest] = fd, os.fstat(fd).st_size
+        return self._open[digest]
+
+    async def answer(self, request: bytes) -> None:
+        op, digest, offset, length = REQUEST.unpack(request)
+        send = self.channel.send
+        if op not in (OP_RANGE, OP_TABLE) or (op == OP_RANGE and not 0 < length <= MAX_RANGE):
+            await send(RESPONSE_HEAD.pack(BAD_REQUEST, 0))
             return
-        await channel.send(RESPONSE_HEAD.pack(OK, size), table)
-        return
-    start = min(offset, size)
-    data = await trio.to_thread.run_sync(_pread, path, start, min(length, size - start))
-    if bucket is not None:
-        await bucket.take(len(data))
-    await channel.send(RESPONSE_HEAD.pack(OK, size), data)
-    cache.served_bytes += len(data)
+        opened = self._file(digest)
+        if opened is None:
+            await send(RESPONSE_HEAD.pack(NOT_FOUND, 0))
+            return
+        fd, size = opened
+        if op == OP_TABLE:
+            try:
+                table = await self.cache.chunk_table(digest)
+            except ChunkTableError:
+                await send(RESPONSE_HEAD.pack(NOT_A_CHECKPOINT, size))
+                return
+            await send(RESPONSE_HEAD.pack(OK, size), table)
+            return
+        start = min(offset, size)
+        data = await trio.to_thread.run_sync(os.pread, fd, min(length, size - start), start)
+        if self.bucket is not None:
+            await self.bucket.take(len(data))
+        await send(RESPONSE_HEAD.pack(OK, size), data)
+        self.cache.served_bytes += len(data)
 
-
-def _pread(path, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.pread(fd, length, offset)
-    finally:
-        os.close(fd)
+    def close(self) -> None:
+        for fd, _ in self._open.values():
+            os.close(fd)
+        self._open.clear()
 
 
 async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.SocketStream,
@@ -299,20 +320,24 @@ async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.Sock
     except trio.WouldBlock:
         await trio.aclose_forcefully(stream)
         return
+    session = None
     try:
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S) as handshake:
             channel = await server_handshake(stream, identity)
         if handshake.cancelled_caught or not allow(channel.peer_id):
             return
+        session = _Session(cache, channel, bucket)
         while True:
             with trio.move_on_after(IDLE_TIMEOUT_S) as idle:
                 request = await channel.receive(REQUEST.size, exact=REQUEST.size)
             if idle.cancelled_caught:
                 return
-            await _answer(cache, channel, bytes(request), bucket)
+            await session.answer(bytes(request))
     except (BulkError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
         return  # a client that goes away or misbehaves only ends its own session
     finally:
+        if session is not None:
+            session.close()
         limiter.release()
         await trio.aclose_forcefully(stream)
 

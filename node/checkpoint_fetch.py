@@ -44,14 +44,14 @@ from open1b.protocol.hashing import DIGEST_SIZE
 from .blobs import BlobCache, BlobError, BlobMismatch
 from .bulk import NOT_FOUND, OK, OP_RANGE, OP_TABLE, BulkError, BulkPeer, Channel, open_channel, request, response
 from .chunk_table import HEADER_PREFIX, ChunkTableError, Expectation, Layout, Piece, chunk_digest, check_layout, \
-    header_length, parse_layout
+    fast_blake2b, header_length, parse_layout
 
 log = logging.getLogger(__name__)
 
 WINDOW = 8
 """Chunk requests in flight per provider."""
-ADDRESS_READ_PIECES = 8
-"""Verified pieces read back per update of the whole-file hash."""
+ADDRESS_HOLD_BYTES = 64 << 20
+"""Verified chunks kept in memory until the whole-file hash reaches them (beyond: read back)."""
 CHUNK_TIMEOUT_S = 30.0
 RECORD_MAGIC = b"open1b/pieces/v1"
 
@@ -84,8 +84,10 @@ class _Assembly:
         self.done = [False] * len(self.pieces)
         self._by_offset = {p.offset: i for i, p in enumerate(self.pieces)}
         self._lock = threading.Lock()
-        self._hash = hashlib.blake2b(digest_size=DIGEST_SIZE)
+        self._hash = fast_blake2b()
         self._cursor = 0  # pieces[:cursor] are in the hash
+        self._held: dict[int, bytes] = {}
+        self._held_bytes = 0
         self.resumed = 0
         self.verified_bytes = len(header)
         stamp = RECORD_MAGIC + hashlib.blake2b(header, digest_size=DIGEST_SIZE).digest()
@@ -98,7 +100,7 @@ class _Assembly:
         self._record_fd = os.open(self.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if kept else os.O_TRUNC), 0o600)
         if not kept:
             os.write(self._record_fd, stamp)
-        self._hash.update(header)
+        self._hash.update(bytes(header))
 
     def _read_record(self, stamp: bytes) -> bool:
         """Mark the chunks an earlier fetch of the same file (same header) verified."""
@@ -115,10 +117,11 @@ class _Assembly:
                 self.verified_bytes += self.pieces[index].length
         return True
 
-    def check_and_write(self, index: int, data: bytearray) -> bool:
+    def check_and_write(self, index: int, received: bytearray) -> bool:
         """Hash chunk ``index`` and, if it is the table's, write and record it. Thread-safe."""
         piece = self.pieces[index]
         slot = self.table[DIGEST_SIZE * piece.slot:DIGEST_SIZE * (piece.slot + 1)]
+        data = bytes(received)
         if len(data) != piece.length or chunk_digest(piece.chunk, data) != slot:
             return False
         os.pwrite(self._fd, data, piece.offset)
@@ -126,19 +129,23 @@ class _Assembly:
             os.write(self._record_fd, struct.pack("<I", index))
             self.done[index] = True
             self.verified_bytes += piece.length
+            if self._held_bytes + len(data) <= ADDRESS_HOLD_BYTES:  # saves reading it back for the address
+                self._held[index] = data
+                self._held_bytes += len(data)
         return True
 
     def hash_front(self) -> bool:
-        """Feed the whole-file hash with the verified pieces at its front, read back from the page
-        cache (one thread calls this, beside the ones checking chunks: the two passes over the
-        bytes run on two cores). True once every piece is in the hash."""
+        """Feed the whole-file hash with the verified pieces at its front (one thread calls this,
+        beside the ones checking chunks: the two passes over the bytes run on two cores). A piece
+        is hashed from memory when it was held, else read back from the page cache. True once
+        every piece is in the hash."""
         while self._cursor < len(self.pieces) and self.done[self._cursor]:
-            first = self._cursor
-            while (self._cursor < len(self.pieces) and self.done[self._cursor]
-                   and self._cursor - first < ADDRESS_READ_PIECES):
-                self._cursor += 1
-            start, last = self.pieces[first].offset, self.pieces[self._cursor - 1]
-            self._hash.update(os.pread(self._fd, last.offset + last.length - start, start))
+            with self._lock:
+                data = self._held.pop(self._cursor, None)
+                self._held_bytes -= len(data) if data is not None else 0
+            p = self.pieces[self._cursor]
+            self._hash.update(data if data is not None else os.pread(self._fd, p.length, p.offset))
+            self._cursor += 1
         return self._cursor == len(self.pieces)
 
     def finish(self) -> bytes:
