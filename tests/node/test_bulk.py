@@ -8,9 +8,10 @@ import trio.testing
 
 from open1b.node.blobs import BlobCache
 from open1b.node.bulk import (
-    HELLO_SIZE, MAX_RESPONSE, OP_RANGE, SIGNATURE_SIZE, BulkError, BulkPeer, HandshakeError, TokenBucket,
-    open_channel, request, response, serve_bulk, server_handshake,
+    ADDRESS_PROTOCOL, HELLO_SIZE, MAX_RESPONSE, OP_RANGE, SIGNATURE_SIZE, BulkError, BulkPeer, HandshakeError, TokenBucket,
+    address_handler, find_bulk_peer, open_channel, request, response, serve_bulk, server_handshake,
 )
+from open1b.node.p2p import open_p2p
 from open1b.protocol.identity import peer_id_from_public_key
 
 from .conftest import ident
@@ -137,3 +138,15 @@ def test_token_bucket_paces_on_the_trio_clock():
         assert trio.current_time() - start == pytest.approx(0.5 + 0.5 + 1.5 + 0.001)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_peer_learns_the_bulk_address_over_libp2p():
+    async def main():
+        with trio.fail_after(30):
+            async with open_p2p(SERVER, "127.0.0.1", 0) as a, open_p2p(CLIENT, "127.0.0.1", 0) as b:
+                a.set_stream_handler(ADDRESS_PROTOCOL, address_handler(4242))
+                await b.connect(a.addrs[0])
+                assert await find_bulk_peer(b, a.peer_id) == BulkPeer(SERVER.peer_id, "127.0.0.1", 4242)
+                assert await find_bulk_peer(a, b.peer_id) is None  # b has no bulk listener
+
+    trio.run(main)
