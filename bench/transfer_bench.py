@@ -9,9 +9,10 @@ Writes bench/results/transfer.json and prints it. Sections:
   libp2p streams pushing 4 MiB frames (one stream, and four in parallel on the one connection),
   and by the bulk path (node/bulk.py) as a plain range download without verification;
 * checkpoint: a real checkpoint of a `gpt-125m`-sized state (step 0, ~1.5 GB) fetched by
-  ``fetch_checkpoint`` from one provider (every chunk checked against h_0, written to disk, the
-  whole-file address checked), against a raw TCP copy of the same bytes; and the time from the
-  call to the first verified chunk;
+  ``fetch_checkpoint`` from one provider process (every chunk checked against h_0, written to
+  disk, the whole-file address checked), against a raw TCP copy of the same bytes; and the time
+  from the call to the first verified chunk (the provider's chunk table computed beforehand, as a
+  publisher's or an earlier fetcher's is, and computed on demand);
 * providers: a `small` checkpoint fetched from three providers whose upload is capped by a token
   bucket at the same rate, against one such provider.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
@@ -34,7 +37,7 @@ from open1b.deterministic.state import init_state
 from open1b.node.blobs import BLOB_PROTOCOL, BlobCache
 from open1b.node.bulk import OP_RANGE, BulkPeer, open_channel, request, response, serve_bulk
 from open1b.node.checkpoint_fetch import fetch_checkpoint
-from open1b.node.chunk_table import Expectation, state_expectation
+from open1b.node.chunk_table import Expectation, compute_table, state_expectation
 from open1b.node.logs import setup_logging
 from open1b.node.p2p import open_p2p
 from open1b.protocol import Identity
@@ -154,24 +157,53 @@ def write_state_checkpoint(preset: str, workdir: Path) -> tuple[Path, Expectatio
     return path, state_expectation(state, address, prev=blake2b256(b"bench-genesis", preset.encode()))
 
 
-async def bulk_fetch(path: Path, expect: Expectation, workdir: Path, providers: int, rate: float | None,
-                     warm_table: bool = True):
-    """``fetch_checkpoint`` of ``path`` from ``providers`` servers (each capped at ``rate`` B/s)."""
-    ids = [Identity(os.urandom(32)) for _ in range(providers + 1)]
-    async with trio.open_nursery() as nursery:
-        peers = []
-        for i in range(providers):
+class Providers:
+    """Bulk providers of one checkpoint, each a separate process (as another node would be: its
+    own interpreter and GIL), serving a cache that holds the file and its chunk table."""
+
+    def __init__(self, path: Path, expect: Expectation, workdir: Path, count: int, rate: float | None,
+                 warm_table: bool = True) -> None:
+        self.procs, self.peers = [], []
+        for i in range(count):
             cache = BlobCache(workdir / f"provider-{i}", 1 << 40)
             cache.add_file(path)
             if warm_table:
-                await cache.chunk_table(expect.address)
-            port = await nursery.start(lambda task_status, c=cache, ident=ids[i]: serve_bulk(
-                c, ident, "127.0.0.1", 0, rate_bytes_per_s=rate, task_status=task_status))
-            peers.append(BulkPeer(ids[i].peer_id, "127.0.0.1", port))
-        fetcher = BlobCache(workdir / f"fetcher-{providers}-{rate}", 1 << 40)
-        report = await fetch_checkpoint(fetcher, ids[-1], peers, expect)
-        nursery.cancel_scope.cancel()
-    return report
+                cache.store_table(expect.address, compute_table(path))
+            seed = os.urandom(32)
+            proc = subprocess.Popen([sys.executable, __file__, "--serve", str(cache.dir), seed.hex(), str(rate or 0)],
+                                    stdout=subprocess.PIPE, text=True)
+            self.procs.append(proc)
+            self.peers.append(BulkPeer(Identity(seed).peer_id, "127.0.0.1", int(proc.stdout.readline())))
+
+    def __enter__(self) -> list[BulkPeer]:
+        return self.peers
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def serve(cache_dir: str, seed_hex: str, rate: str) -> None:
+    """The provider process: serve ``cache_dir`` on a free loopback port (printed) until killed."""
+
+    async def main() -> None:
+        cache = BlobCache(Path(cache_dir), 1 << 40)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(lambda task_status: serve_bulk(
+                cache, Identity(bytes.fromhex(seed_hex)), "127.0.0.1", 0, rate_bytes_per_s=float(rate) or None,
+                task_status=task_status))
+            print(port, flush=True)
+
+    trio.run(main)
+
+
+def bulk_fetch(path: Path, expect: Expectation, workdir: Path, providers: int, rate: float | None,
+               warm_table: bool = True):
+    """``fetch_checkpoint`` of ``path`` from ``providers`` provider processes (each capped at ``rate`` B/s)."""
+    with Providers(path, expect, workdir, providers, rate, warm_table) as peers:
+        fetcher = BlobCache(workdir / "fetcher", 1 << 40)
+        return trio.run(fetch_checkpoint, fetcher, Identity(os.urandom(32)), peers, expect)
 
 
 def transports(workdir: Path, megabytes: int) -> dict:
@@ -198,8 +230,8 @@ def checkpoint(workdir: Path, preset: str) -> dict:
     payload = path.read_bytes()
     raw = trio.run(raw_tcp_copy, payload)
     del payload
-    warm = trio.run(bulk_fetch, path, expect, workdir / "warm", 1, None)
-    cold = trio.run(bulk_fetch, path, expect, workdir / "cold", 1, None, False)
+    warm = bulk_fetch(path, expect, workdir / "warm", 1, None)
+    cold = bulk_fetch(path, expect, workdir / "cold", 1, None, False)
     return {"preset": preset, "bytes": size,
             "raw_tcp_mb_s": round(size / raw / 1e6, 1),
             "one_provider_mb_s": round(size / warm.seconds / 1e6, 1),
@@ -210,8 +242,8 @@ def checkpoint(workdir: Path, preset: str) -> dict:
 
 def providers(workdir: Path, preset: str, rate_mb_s: float) -> dict:
     path, expect = write_state_checkpoint(preset, workdir)
-    one = trio.run(bulk_fetch, path, expect, workdir / "one", 1, rate_mb_s * 1e6)
-    three = trio.run(bulk_fetch, path, expect, workdir / "three", 3, rate_mb_s * 1e6)
+    one = bulk_fetch(path, expect, workdir / "one", 1, rate_mb_s * 1e6)
+    three = bulk_fetch(path, expect, workdir / "three", 3, rate_mb_s * 1e6)
     return {"preset": preset, "bytes": path.stat().st_size, "rate_per_provider_mb_s": rate_mb_s,
             "one_provider_mb_s": round(one.size / one.seconds / 1e6, 1),
             "three_providers_mb_s": round(three.size / three.seconds / 1e6, 1),
@@ -222,13 +254,16 @@ def providers(workdir: Path, preset: str, rate_mb_s: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument("--serve", nargs=3, metavar=("CACHE", "SEED", "RATE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        return serve(*args.serve)
     setup_logging("warning")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         results = {
             "transports": transports(workdir / "t", 16 if args.quick else 128),
-            "providers": providers(workdir / "p", "tiny" if args.quick else "small", 40.0),
+            "providers": providers(workdir / "p", "tiny" if args.quick else "small", 30.0),
             "checkpoint": checkpoint(workdir / "c", "small" if args.quick else "gpt-125m"),
             "load_average": os.getloadavg(),
         }
