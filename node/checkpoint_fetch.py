@@ -193,8 +193,11 @@ class _Schedule:
 
 
 class _Blame(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+    """The provider sent what contradicts the manifest (h_k, the address or the size bound)."""
+
+
+class _ResumedMismatch(Exception):
+    """A file partly resumed from an earlier fetch did not hash to its address: nobody to blame."""
 
 
 async def _header_and_table(channel: Channel, expect: Expectation, timeout_s: float) -> tuple[bytes, Layout, bytes] | None:
@@ -205,21 +208,27 @@ async def _header_and_table(channel: Channel, expect: Expectation, timeout_s: fl
         status, size, prefix = await response(channel, HEADER_PREFIX)
         if status == NOT_FOUND:
             return None
-        if status != OK or not HEADER_PREFIX < size <= expect.max_size:
-            raise _Blame(f"status {status}, size {size} for a checkpoint of at most {expect.max_size} bytes")
+        if status != OK:
+            raise BulkError(f"status {status} for the header")
+        if not HEADER_PREFIX < size <= expect.max_size:
+            raise _Blame(f"a size of {size} bytes for a checkpoint of at most {expect.max_size}")
         try:
             n = header_length(prefix)
             await request(channel, OP_RANGE, expect.address, HEADER_PREFIX, n)
             status, again, rest = await response(channel, n)
-            if status != OK or again != size:
+            if status != OK:
+                raise BulkError(f"status {status} for the header")
+            if again != size:
                 raise _Blame(f"the blob's size changed from {size} to {again}")
             header = bytes(prefix + rest)
             layout = parse_layout(header, size)
             check_layout(layout, expect.shapes, expect.step)
             await request(channel, OP_TABLE, expect.address)
             status, again, table = await response(channel, layout.table_size)
-            if status != OK or again != size:
-                raise _Blame(f"no chunk table (status {status})")
+            if status != OK:  # a refusal is not a lie about the blob's bytes
+                raise BulkError(f"status {status} for the chunk table")
+            if again != size:
+                raise _Blame(f"the blob's size changed from {size} to {again}")
             expect.check_table(layout, bytes(table))
         except ChunkTableError as exc:
             raise _Blame(str(exc)) from None
@@ -296,17 +305,13 @@ async def fetch_checkpoint(cache: BlobCache, identity: Identity, peers: Sequence
     done = cache.open_blob(expect.address)
     if done is not None:
         return FetchReport(done, done.stat().st_size, 0.0, None)
-    for attempt in range(2):
+    for _ in range(2):
         try:
             return await _fetch_once(cache, identity, peers, expect, on_bad_peer, progress, window, chunk_timeout_s,
                                      started)
         except _ResumedMismatch:
             log.info("checkpoint %d: resumed file did not hash to its address; fetching again", expect.step)
     raise CheckpointFetchError(f"checkpoint {expect.step}: the file did not hash to its address twice")
-
-
-class _ResumedMismatch(Exception):
-    pass
 
 
 async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[BulkPeer], expect: Expectation,
