@@ -269,3 +269,27 @@ def test_checkpoint_of_a_published_run_is_checked_against_its_manifest(tmp_path,
     assert report.path.read_bytes() == checkpoint_path(run_dir, 2).read_bytes()
     with pytest.raises(ValueError):
         checkpoint_expectation(manifest, 2, None)
+
+
+def test_providers_without_the_blob_or_unreachable_are_skipped_not_blamed(tmp_path, checkpoint):
+    path, expect = checkpoint
+    empty = BlobCache(tmp_path / "empty", 1 << 20)
+    honest = provider_cache(tmp_path / "honest", path, expect.address)
+    blamed = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                without, with_it = await serving(nursery, [empty, honest])
+                closed = trio.socket.socket()
+                await closed.bind(("127.0.0.1", 0))
+                unreachable = BulkPeer(PROVIDERS[2].peer_id, "127.0.0.1", closed.getsockname()[1])
+                closed.close()  # nothing listens there
+                report = await fetch_checkpoint(BlobCache(tmp_path / "fetcher", 1 << 34), FETCHER,
+                                                [unreachable, without, with_it], expect, on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(main)
+    assert blamed == [] and set(report.bytes_by_peer) == {PROVIDERS[1].peer_id}
+    assert file_digest(report.path) == expect.address
