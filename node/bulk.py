@@ -25,7 +25,6 @@ AES-GCM (an OpenSSL call, ~10 GB/s), moves bytes at disk speed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import struct
@@ -41,6 +40,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from open1b.protocol import Identity
 from open1b.protocol.codec import decode, encode
 from open1b.protocol.errors import SignatureError
+from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key, verify_raw
 
 from .blobs import BlobCache, BlobError
@@ -92,11 +92,22 @@ class BulkPeer:
     port: int
 
 
-def _b2(*parts: bytes) -> bytes:
-    h = hashlib.blake2b(digest_size=32)
-    for p in parts:
-        h.update(p)
-    return h.digest()
+async def _read_into(sock, view: memoryview, peer: str) -> None:
+    got = 0
+    while got < len(view):
+        try:
+            n = await sock.recv_into(view[got:])
+        except OSError as exc:
+            raise BulkError(f"the bulk session with {peer} broke: {exc}") from exc
+        if n == 0:
+            raise BulkError(f"{peer} closed the bulk session")
+        got += n
+
+
+async def _read_exactly(sock, n: int, peer: str) -> bytes:
+    buf = bytearray(n)
+    await _read_into(sock, memoryview(buf), peer)
+    return bytes(buf)
 
 
 class Channel:
@@ -111,19 +122,6 @@ class Channel:
         self._send_gcm, self._receive_gcm = AESGCM(send_key), AESGCM(receive_key)
         self._sent = self._received = 0
 
-    async def _read_into(self, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            n = await self._sock.recv_into(view[got:])
-            if n == 0:
-                raise BulkError(f"{self.peer_id} closed the bulk session")
-            got += n
-
-    async def read_exactly(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        await self._read_into(memoryview(buf))
-        return buf
-
     async def send(self, *parts: bytes | memoryview) -> None:
         """One frame whose body is the concatenation of ``parts``, written with a single copy."""
         size = sum(len(p) for p in parts)
@@ -136,18 +134,21 @@ class Channel:
         view = memoryview(frame)
         view[at:] = self._send_gcm.encrypt(self._sent.to_bytes(12, "little"), b"", view[4:at])
         self._sent += 1
-        await self.stream.send_all(view)
+        try:
+            await self.stream.send_all(view)
+        except trio.BrokenResourceError as exc:
+            raise BulkError(f"the bulk session with {self.peer_id} broke: {exc}") from exc
 
     async def receive(self, max_size: int, *, exact: int | None = None) -> bytearray:
         """The next frame's body, refused unless its announced length is ``exact`` (when given)
         and at most ``max_size``; its tag is checked before the body is returned."""
-        (size,) = struct.unpack("<I", await self.read_exactly(4))
+        (size,) = struct.unpack("<I", await _read_exactly(self._sock, 4, self.peer_id))
         if size > max_size or (exact is not None and size != exact):
             raise BulkError(f"{self.peer_id} announced a frame of {size} bytes "
                             f"({exact if exact is not None else f'at most {max_size}'} expected)")
         buf = bytearray(size + TAG_SIZE)
         view = memoryview(buf)
-        await self._read_into(view)
+        await _read_into(self._sock, view, self.peer_id)
         try:
             self._receive_gcm.decrypt(self._received.to_bytes(12, "little"), bytes(view[size:]), view[:size])
         except InvalidTag:
@@ -183,7 +184,7 @@ def _keys(ephemeral_secret: bytes, peer_ephemeral: bytes, th: bytes) -> tuple[by
         shared = nacl.bindings.crypto_scalarmult(ephemeral_secret, peer_ephemeral)
     except nacl.exceptions.RuntimeError as exc:  # libsodium refuses low-order points (all-zero secret)
         raise HandshakeError("the peer's ephemeral key is a low-order point") from exc
-    c2s, s2c = (_b2(tag, shared, th) for tag in _KEY_TAGS)
+    c2s, s2c = (blake2b256(tag, shared, th) for tag in _KEY_TAGS)
     return c2s, s2c
 
 
@@ -197,13 +198,12 @@ async def client_handshake(stream: trio.SocketStream, identity: Identity, expect
     public, secret = _ephemeral()
     hello_c = _hello(public, identity)
     await stream.send_all(hello_c)
-    channel = Channel(stream, expected_peer, b"\0" * 32, b"\0" * 32)
-    answer = bytes(await channel.read_exactly(HELLO_SIZE + SIGNATURE_SIZE))
+    answer = await _read_exactly(stream.socket, HELLO_SIZE + SIGNATURE_SIZE, expected_peer)
     hello_s, signature = answer[:HELLO_SIZE], answer[HELLO_SIZE:]
     eph_s, id_s = _parse_hello(hello_s)
     if peer_id_from_public_key(id_s) != expected_peer:
         raise HandshakeError(f"the bulk listener is {peer_id_from_public_key(id_s)}, not {expected_peer}")
-    th = _b2(_TRANSCRIPT_TAG, hello_c, hello_s)
+    th = blake2b256(_TRANSCRIPT_TAG, hello_c, hello_s)
     _verify(id_s, _SERVER_SIG_TAG, th, signature)
     await stream.send_all(identity.sign_raw(_CLIENT_SIG_TAG + th))
     c2s, s2c = _keys(secret, eph_s, th)
@@ -212,14 +212,13 @@ async def client_handshake(stream: trio.SocketStream, identity: Identity, expect
 
 async def server_handshake(stream: trio.SocketStream, identity: Identity) -> Channel:
     """Answer a client's hello; returns a session with the client's proven peer ID."""
-    probe = Channel(stream, "client", b"\0" * 32, b"\0" * 32)
-    hello_c = bytes(await probe.read_exactly(HELLO_SIZE))
+    hello_c = await _read_exactly(stream.socket, HELLO_SIZE, "the client")
     eph_c, id_c = _parse_hello(hello_c)
     public, secret = _ephemeral()
     hello_s = _hello(public, identity)
-    th = _b2(_TRANSCRIPT_TAG, hello_c, hello_s)
+    th = blake2b256(_TRANSCRIPT_TAG, hello_c, hello_s)
     await stream.send_all(hello_s + identity.sign_raw(_SERVER_SIG_TAG + th))
-    _verify(id_c, _CLIENT_SIG_TAG, th, await probe.read_exactly(SIGNATURE_SIZE))
+    _verify(id_c, _CLIENT_SIG_TAG, th, await _read_exactly(stream.socket, SIGNATURE_SIZE, "the client"))
     c2s, s2c = _keys(secret, eph_c, th)
     return Channel(stream, peer_id_from_public_key(id_c), s2c, c2s)
 
