@@ -43,7 +43,7 @@ from open1b.protocol.hashing import DIGEST_SIZE
 
 from .blobs import BlobCache, BlobError, BlobMismatch
 from .bulk import NOT_FOUND, OK, OP_RANGE, OP_TABLE, BulkError, BulkPeer, Channel, open_channel, request, response
-from .chunk_table import HEADER_PREFIX, ChunkTableError, Expectation, Layout, Piece, chunk_digest, check_layout, \
+from .chunk_table import HEADER_PREFIX, ChunkTableError, Expectation, Layout, chunk_digest, check_layout, \
     fast_blake2b, header_length, parse_layout
 
 log = logging.getLogger(__name__)

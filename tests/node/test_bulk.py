@@ -12,6 +12,7 @@ from open1b.node.bulk import (
     address_handler, find_bulk_peer, open_channel, request, response, serve_bulk, server_handshake,
 )
 from open1b.node.p2p import open_p2p
+from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key
 
 from .conftest import ident
@@ -77,6 +78,16 @@ def test_handshake_refuses_wrong_peer_and_bad_signatures(tmp_path):
                 while len(got) < HELLO_SIZE + SIGNATURE_SIZE:
                     got += await stream.receive_some()
                 await stream.send_all(bytes(SIGNATURE_SIZE))
+                assert await stream.receive_some() == b""  # closed
+                # a client that signs, but offers a low-order ephemeral key (no shared secret)
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                hello_c = b"open1b/bulk/v1\x00\x00" + bytes(32) + CLIENT.public_key
+                await stream.send_all(hello_c)
+                got = b""
+                while len(got) < HELLO_SIZE + SIGNATURE_SIZE:
+                    got += await stream.receive_some()
+                th = blake2b256(b"open1b/bulk/transcript/v1\x00", hello_c, got[:HELLO_SIZE])
+                await stream.send_all(CLIENT.sign_raw(b"open1b/bulk/client/v1\x00" + th))
                 assert await stream.receive_some() == b""  # closed
                 nursery.cancel_scope.cancel()
 

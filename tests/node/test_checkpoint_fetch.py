@@ -20,7 +20,6 @@ from open1b.node.chunk_table import (
     ChunkTableError, check_layout, checkpoint_expectation, compute_table, expected_shapes, read_layout,
     state_expectation,
 )
-from open1b.protocol.commitments import CHUNK_SIZE
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
