@@ -200,10 +200,13 @@ def serve(cache_dir: str, seed_hex: str, rate: str) -> None:
 
 def bulk_fetch(path: Path, expect: Expectation, workdir: Path, providers: int, rate: float | None,
                warm_table: bool = True):
-    """``fetch_checkpoint`` of ``path`` from ``providers`` provider processes (each capped at ``rate`` B/s)."""
+    """``fetch_checkpoint`` of ``path`` from ``providers`` provider processes (each capped at
+    ``rate`` B/s): its report, and the CPU seconds the fetcher spent."""
     with Providers(path, expect, workdir, providers, rate, warm_table) as peers:
         fetcher = BlobCache(workdir / "fetcher", 1 << 40)
-        return trio.run(fetch_checkpoint, fetcher, Identity(os.urandom(32)), peers, expect)
+        cpu = time.process_time()
+        report = trio.run(fetch_checkpoint, fetcher, Identity(os.urandom(32)), peers, expect)
+        return report, time.process_time() - cpu  # this process only: the fetcher's own CPU
 
 
 def transports(workdir: Path, megabytes: int) -> dict:
@@ -230,20 +233,21 @@ def checkpoint(workdir: Path, preset: str) -> dict:
     payload = path.read_bytes()
     raw = trio.run(raw_tcp_copy, payload)
     del payload
-    warm = bulk_fetch(path, expect, workdir / "warm", 1, None)
-    cold = bulk_fetch(path, expect, workdir / "cold", 1, None, False)
+    warm, cpu = bulk_fetch(path, expect, workdir / "warm", 1, None)
+    cold, _ = bulk_fetch(path, expect, workdir / "cold", 1, None, False)
     return {"preset": preset, "bytes": size,
             "raw_tcp_mb_s": round(size / raw / 1e6, 1),
             "one_provider_mb_s": round(size / warm.seconds / 1e6, 1),
             "one_provider_vs_raw_tcp": round(raw / warm.seconds, 3),
+            "fetcher_cpu_ms_per_mb": round(cpu / size * 1e9, 2),
             "first_verified_chunk_s": round(warm.first_verified_s, 4),
             "first_verified_chunk_s_provider_table_cold": round(cold.first_verified_s, 4)}
 
 
 def providers(workdir: Path, preset: str, rate_mb_s: float) -> dict:
     path, expect = write_state_checkpoint(preset, workdir)
-    one = bulk_fetch(path, expect, workdir / "one", 1, rate_mb_s * 1e6)
-    three = bulk_fetch(path, expect, workdir / "three", 3, rate_mb_s * 1e6)
+    one, _ = bulk_fetch(path, expect, workdir / "one", 1, rate_mb_s * 1e6)
+    three, _ = bulk_fetch(path, expect, workdir / "three", 3, rate_mb_s * 1e6)
     return {"preset": preset, "bytes": path.stat().st_size, "rate_per_provider_mb_s": rate_mb_s,
             "one_provider_mb_s": round(one.size / one.seconds / 1e6, 1),
             "three_providers_mb_s": round(three.size / three.seconds / 1e6, 1),
