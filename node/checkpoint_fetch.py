@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 WINDOW = 8
 """Chunk requests in flight per provider."""
+CHECKERS = 2
+"""Chunks of one session hashed at once (on a machine with more cores, one checker thread per
+session would be the bound: ~1.4 ms per MiB for hashing and writing)."""
 ADDRESS_HOLD_BYTES = 64 << 20
 """Verified chunks kept in memory until the whole-file hash reaches them (beyond: read back)."""
 CHUNK_TIMEOUT_S = 30.0
@@ -238,8 +241,8 @@ async def _header_and_table(channel: Channel, expect: Expectation, timeout_s: fl
 async def _run_session(channel: Channel, assembly: _Assembly, schedule: _Schedule, report: FetchReport,
                        started: float, window: int, timeout_s: float,
                        progress: Callable[[int, int], None]) -> None:
-    """Fetch chunks on one session until none is left. One task requests and receives, another
-    checks and writes (in a thread), so hashing overlaps the network. Raises :class:`_Blame` at
+    """Fetch chunks on one session until none is left. One task requests and receives, others
+    check and write (each in a thread), so hashing overlaps the network. Raises :class:`_Blame` at
     the first wrong chunk, or the transport's error, after giving back every chunk it took and
     did not finish."""
     taken: set[int] = set()  # requested, not yet verified
@@ -271,8 +274,8 @@ async def _run_session(channel: Channel, assembly: _Assembly, schedule: _Schedul
             failure.append(exc)
             cancel.cancel()
 
-    async def check_loop(cancel: trio.CancelScope) -> None:
-        async for index, data in receive_received:
+    async def check_loop(cancel: trio.CancelScope, received: trio.MemoryReceiveChannel) -> None:
+        async for index, data in received:
             if not await trio.to_thread.run_sync(assembly.check_and_write, index, data):
                 failure.append(_Blame(f"chunk at byte {assembly.pieces[index].offset} does not match the chunk table"))
                 cancel.cancel()
@@ -287,7 +290,9 @@ async def _run_session(channel: Channel, assembly: _Assembly, schedule: _Schedul
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receive_loop, nursery.cancel_scope)
-            nursery.start_soon(check_loop, nursery.cancel_scope)
+            async with receive_received:
+                for _ in range(CHECKERS):
+                    nursery.start_soon(check_loop, nursery.cancel_scope, receive_received.clone())
     finally:
         schedule.give_back(i for i in taken if not assembly.done[i])
     if failure:
