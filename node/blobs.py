@@ -11,6 +11,9 @@
   ``{"size": total}`` or ``{"error": text}``, then (on success) one frame with the bytes
   ``[o, o + n)`` clipped to the blob. Requests repeat on the same stream until the requester
   closes it.
+* Chunk tables: for a checkpoint the cache also keeps ``<hex>.table``, its chunk table
+  (:mod:`.chunk_table`), computed once or stored by the fetch that verified it; the bulk path
+  (:mod:`.bulk`) serves it, and it is evicted with its blob.
 * Blame: a provider whose bytes do not hash to the address (or that announces a size the
   requester knows to be wrong) is reported through ``on_bad_peer``, so the node can penalise it
   like any other provably invalid message. Bytes resumed from an earlier provider's partial

@@ -29,7 +29,7 @@ from typing import Mapping
 
 import nacl.hashlib
 
-from open1b.deterministic.config import GPTConfig
+from open1b.deterministic.config import GPTConfig, from_manifest_model
 from open1b.deterministic.data import batch_for_step
 from open1b.deterministic.runfile import (
     CHECKPOINT_HEADER_SLACK, CHECKPOINT_METADATA_KEY, genesis_hash, lr_bits, max_checkpoint_bytes,
@@ -37,7 +37,6 @@ from open1b.deterministic.runfile import (
 )
 from open1b.deterministic.samples import Dataset
 from open1b.deterministic.state import TrainState
-from open1b.deterministic.trainer import config_of
 from open1b.protocol import Open1bError, RunManifest, state_hash
 from open1b.protocol.commitments import CHUNK_SIZE, ITEMSIZE
 from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
@@ -272,7 +271,7 @@ def checkpoint_expectation(manifest: RunManifest, step: int, dataset: Dataset | 
     """What checkpoint ``step`` of ``manifest`` must be. ``dataset`` is the run's verified samples
     (``deterministic.provenance.load_run_samples``): h_k commits to the batch step k−1 consumed,
     which a fetcher recomputes rather than takes from a provider; None is allowed for step 0."""
-    config, topology = config_of(manifest)
+    _, config, topology = from_manifest_model(dict(manifest.model))
     if step == 0:
         prev, lr, batch = genesis_hash(manifest.body()), 0, bytes(DIGEST_SIZE)
     else:
