@@ -155,16 +155,20 @@ class BlobCache:
         once in a thread and kept beside the blob. Raises ``ChunkTableError`` for a blob that is
         not a checkpoint, ``BlobError`` for one the cache does not hold."""
         lock = self._table_locks.setdefault(digest, trio.Lock())  # one computation per blob
-        async with lock:
-            kept = self.table_path(digest)
-            if kept.exists():
-                return kept.read_bytes()
-            path = self.open_blob(digest)
-            if path is None:
-                raise BlobError(f"blob {digest.hex()[:16]} is not in the cache")
-            table = await trio.to_thread.run_sync(compute_table, path)
-            self.store_table(digest, table)
-            return table
+        try:
+            async with lock:
+                kept = self.table_path(digest)
+                if kept.exists():
+                    return kept.read_bytes()
+                path = self.open_blob(digest)
+                if path is None:
+                    raise BlobError(f"blob {digest.hex()[:16]} is not in the cache")
+                table = await trio.to_thread.run_sync(compute_table, path)
+                self.store_table(digest, table)
+                return table
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._table_locks.pop(digest, None)
 
     def used_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
