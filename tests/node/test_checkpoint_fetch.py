@@ -5,19 +5,23 @@ import dataclasses
 import json
 import shutil
 import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import trio
 
 from open1b.deterministic.config import PRESETS
 from open1b.deterministic.provenance import load_run_samples
-from open1b.deterministic.runfile import checkpoint_path, save_checkpoint
+from open1b.deterministic.runfile import checkpoint_path, max_checkpoint_bytes, save_checkpoint
 from open1b.deterministic.state import init_state
 from open1b.node.blobs import BlobCache, BlobMismatch, file_digest
 from open1b.node.bulk import BulkPeer, serve_bulk
 from open1b.node.checkpoint_fetch import RECORD_MAGIC, CheckpointFetchError, fetch_checkpoint
 from open1b.node.chunk_table import (
-    ChunkTableError, check_layout, checkpoint_expectation, compute_table, expected_shapes, read_layout,
+    ChunkTableError, Expectation, check_layout, checkpoint_expectation, compute_table, expected_shapes, read_layout,
     state_expectation,
 )
 from open1b.protocol.hashing import blake2b256
@@ -296,4 +300,52 @@ def test_providers_without_the_blob_or_unreachable_are_skipped_not_blamed(tmp_pa
 
     report = trio.run(main)
     assert blamed == [] and set(report.bytes_by_peer) == {PROVIDERS[1].peer_id}
+    assert file_digest(report.path) == expect.address
+
+
+def crash_victim(cache_dir: str, fetch_dir: str, address: str, state_hash: str, prev: str) -> None:
+    """Run by :func:`test_a_killed_fetch_resumes`'s child process: serve the checkpoint slowly and
+    fetch it, until the parent kills the process."""
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=1)
+    expect = Expectation(bytes.fromhex(address), max_checkpoint_bytes(config), expected_shapes(config), 0,
+                         bytes.fromhex(state_hash), bytes.fromhex(prev), 0, bytes(32))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            peers = await serving(nursery, [BlobCache(Path(cache_dir), 1 << 34)], rate=5e6)
+            await fetch_checkpoint(BlobCache(Path(fetch_dir), 1 << 34), FETCHER, peers, expect)
+
+    trio.run(main)
+
+
+def test_a_killed_fetch_resumes(tmp_path, checkpoint):
+    """SIGKILL mid-transfer (no cleanup runs): the next fetch keeps what the record says was verified."""
+    path, expect = checkpoint
+    provider_cache(tmp_path / "p", path, expect.address)
+    fetcher = BlobCache(tmp_path / "fetcher", 1 << 34)
+    record = fetcher.path(expect.address).with_suffix(".pieces")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from tests.node.test_checkpoint_fetch import "
+                              "crash_victim; crash_victim(*sys.argv[1:])", str(tmp_path / "p"), str(fetcher.dir),
+                              expect.address.hex(), expect.state_hash.hex(), expect.prev.hex()],
+                             cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while not (record.exists() and record.stat().st_size >= len(RECORD_MAGIC) + 32 + 4 * 5):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait()
+    kept = (record.stat().st_size - len(RECORD_MAGIC) - 32) // 4
+
+    async def resume():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [provider_cache(tmp_path / "q", path, expect.address)])
+                report = await fetch_checkpoint(fetcher, FETCHER, peers, expect)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(resume)
+    assert report.resumed_pieces >= kept >= 5
     assert file_digest(report.path) == expect.address
