@@ -82,10 +82,9 @@ class _Assembly:
         self.address = expect.address
         self.partial = cache.path(expect.address).with_suffix(".partial")
         self.record = cache.path(expect.address).with_suffix(".pieces")
-        self.layout, self.header, self.table = layout, header, table
+        self.layout, self.table = layout, table
         self.pieces = layout.pieces()
         self.done = [False] * len(self.pieces)
-        self._by_offset = {p.offset: i for i, p in enumerate(self.pieces)}
         self._lock = threading.Lock()
         self._hash = fast_blake2b()
         self._cursor = 0  # pieces[:cursor] are in the hash
@@ -310,13 +309,12 @@ async def fetch_checkpoint(cache: BlobCache, identity: Identity, peers: Sequence
     done = cache.open_blob(expect.address)
     if done is not None:
         return FetchReport(done, done.stat().st_size, 0.0, None)
-    for _ in range(2):
-        try:
-            return await _fetch_once(cache, identity, peers, expect, on_bad_peer, progress, window, chunk_timeout_s,
-                                     started)
-        except _ResumedMismatch:
-            log.info("checkpoint %d: resumed file did not hash to its address; fetching again", expect.step)
-    raise CheckpointFetchError(f"checkpoint {expect.step}: the file did not hash to its address twice")
+    args = cache, identity, peers, expect, on_bad_peer, progress, window, chunk_timeout_s, started
+    try:
+        return await _fetch_once(*args)
+    except _ResumedMismatch:  # the partial file is gone: this second fetch starts from scratch
+        log.info("checkpoint %d: resumed file did not hash to its address; fetching again", expect.step)
+        return await _fetch_once(*args)
 
 
 async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[BulkPeer], expect: Expectation,

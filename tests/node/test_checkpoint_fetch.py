@@ -224,6 +224,30 @@ def test_a_cancelled_fetch_resumes_with_its_verified_chunks(tmp_path, checkpoint
     assert report.resumed_pieces >= 4
     assert file_digest(report.path) == expect.address
 
+    # once more, and then the kept bytes go bad on disk (a power loss after the record was
+    # written): the address check fails, nobody can be blamed, and the file is fetched afresh
+    report.path.unlink()
+    assert trio.run(fetch, 4) is None
+    partial = fetcher.path(expect.address).with_suffix(".partial")
+    record = fetcher.path(expect.address).with_suffix(".pieces").read_bytes()
+    recorded = struct.unpack_from("<I", record, len(RECORD_MAGIC) + 32)[0]
+    with open(partial, "r+b") as f:
+        f.seek(read_layout(path).pieces()[recorded].offset)
+        f.write(bytes(16))
+    blamed = []
+
+    async def refetch():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [cache])
+                result = await fetch_checkpoint(fetcher, FETCHER, peers, expect, on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+        return result
+
+    again = trio.run(refetch)
+    assert blamed == [] and again.resumed_pieces == 0
+    assert file_digest(again.path) == expect.address
+
 
 def test_a_provider_with_a_different_header_is_blamed_at_the_address_check(tmp_path, checkpoint):
     """A header in another JSON spelling passes the layout check and every chunk verifies, but the
