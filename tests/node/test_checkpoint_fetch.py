@@ -233,7 +233,9 @@ def test_a_cancelled_fetch_resumes_with_its_verified_chunks(tmp_path, checkpoint
     recorded = struct.unpack_from("<I", record, len(RECORD_MAGIC) + 32)[0]
     with open(partial, "r+b") as f:
         f.seek(read_layout(path).pieces()[recorded].offset)
-        f.write(bytes(16))
+        kept = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([kept[0] ^ 0xFF]))
     blamed = []
 
     async def refetch():
