@@ -1,10 +1,10 @@
 """The bulk path for blobs (docs/run-format.md §6.6): a plain TCP connection beside libp2p, on
 which both sides prove their libp2p peer IDs and every frame carries a tag.
 
-Why not libp2p streams: Noise and Yamux in Python move ~60 MB/s on loopback whatever the frame
-size or the number of streams (they share one connection and one Python cipher loop;
-``bench/transfer_bench.py`` measures it); a socket read into a preallocated buffer, tagged with
-AES-GCM (an OpenSSL call, ~10 GB/s), moves bytes at disk speed.
+Why not libp2p streams: Noise and Yamux in Python move 60–80 MB/s on loopback whatever the frame
+size or the number of streams (they share one connection and one Python cipher loop); a session
+here, its frames tagged by AES-GCM in OpenSSL (~10 GB/s), moved 1.2 GB/s, 0.63× a raw TCP copy
+(``bench/transfer_bench.py``, docs/benchmarks.md).
 
 * **Handshake.** Each side sends ``HELLO = MAGIC ‖ X25519 ephemeral key ‖ Ed25519 identity key``
   (client first); the server then signs the transcript hash ``th`` (both hellos) and the client
