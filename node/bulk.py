@@ -1,9 +1,9 @@
 """The bulk path for blobs (docs/run-format.md §6.6): a plain TCP connection beside libp2p, on
 which both sides prove their libp2p peer IDs and every frame carries a tag.
 
-Why not libp2p streams: Noise and Yamux in Python move 60–80 MB/s on loopback whatever the frame
+Why not libp2p streams: Noise and Yamux in Python move 55–110 MB/s on loopback whatever the frame
 size or the number of streams (they share one connection and one Python cipher loop); a session
-here, its frames tagged by AES-GCM in OpenSSL (~10 GB/s), moved 1.2 GB/s, 0.63× a raw TCP copy
+here, its frames tagged by AES-GCM in OpenSSL (~10 GB/s), moved 1.2–1.4 GB/s, 0.4–0.6× a raw TCP copy
 (``bench/transfer_bench.py``, docs/benchmarks.md).
 
 * **Handshake.** Each side sends ``HELLO = MAGIC ‖ X25519 ephemeral key ‖ Ed25519 identity key``
