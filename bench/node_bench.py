@@ -8,7 +8,8 @@ Writes bench/results/node.json and prints a table:
 * gossip: propagation latency p50/p99 from one publisher to 8 daemon processes (the daemons'
   own receive timestamps, read through their API);
 * transfer: checkpoint-sized blob fetched over /open1b/blob/1.0.0 (Noise + Yamux, chunked,
-  verified) vs a raw TCP socket copy of the same bytes, both on loopback in one process;
+  verified) vs a raw TCP socket copy of the same bytes, both on loopback in one process (the bulk
+  path for checkpoints is measured by bench/transfer_bench.py);
 * idle: CPU share and RSS of an idle daemon.
 """
 
@@ -39,6 +40,7 @@ from open1b.node.topics import attestations_topic
 from open1b.protocol import Attestation, Identity, RunManifest, signing
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.witness import witness_binding
+from transfer_bench import libp2p_blob_copy, raw_tcp_copy
 
 RESULTS = Path(__file__).parent / "results" / "node.json"
 
@@ -144,57 +146,12 @@ def bench_gossip(run_dir: Path, manifest: RunManifest, workdir: Path, nodes: int
             "p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(latencies[-1], 1)}
 
 
-async def _raw_tcp_copy(payload: bytes) -> float:
-    received = 0
-    done = trio.Event()
-
-    async def sink(stream):
-        nonlocal received
-        while received < len(payload):
-            chunk = await stream.receive_some(1 << 20)
-            if not chunk:
-                break
-            received += len(chunk)
-        done.set()
-
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, sink, 0)
-        port = listeners[0].socket.getsockname()[1]
-        t = time.perf_counter()
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        view = memoryview(payload)
-        for i in range(0, len(payload), 1 << 20):
-            await stream.send_all(view[i:i + (1 << 20)])
-        await done.wait()
-        elapsed = time.perf_counter() - t
-        await stream.aclose()
-        nursery.cancel_scope.cancel()
-    return elapsed
-
-
-async def _blob_copy(source: Path, workdir: Path) -> float:
-    from contextlib import AsyncExitStack
-
-    from open1b.node.blobs import BLOB_PROTOCOL, BlobCache
-
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0))
-        b = await stack.enter_async_context(open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0))
-        cache_a = BlobCache(workdir / "blobs-a", 1 << 40)
-        a.set_stream_handler(BLOB_PROTOCOL, cache_a.serve)
-        digest = cache_a.add_file(source)
-        await b.connect(a.addrs[0])
-        t = time.perf_counter()
-        await BlobCache(workdir / "blobs-b", 1 << 40).fetch(b, digest, [a.peer_id])
-        return time.perf_counter() - t
-
-
 def bench_transfer(workdir: Path, megabytes: int) -> dict:
     payload = os.urandom(megabytes << 20)
     source = workdir / "blob.bin"
     source.write_bytes(payload)
-    raw = trio.run(_raw_tcp_copy, payload)
-    blob = trio.run(_blob_copy, source, workdir)
+    raw = trio.run(raw_tcp_copy, payload)
+    blob = trio.run(libp2p_blob_copy, source, workdir)
     return {"megabytes": megabytes, "raw_tcp_mb_s": round(megabytes / raw, 1), "blob_mb_s": round(megabytes / blob, 1),
             "blob_vs_raw_tcp": round(raw / blob, 3)}
 
