@@ -64,7 +64,8 @@ class Components:
 
     def blob_status(self) -> dict:
         f, cache = self.runfiles.stats, self.runfiles.cache
-        return {"fetched": f.fetched, "fetched_bytes": f.fetched_bytes, "fetch_failures": f.failed,
+        return {"fetched": f.fetched, "bulk_fetched": f.bulk_fetched, "fetched_bytes": f.fetched_bytes,
+                "fetch_failures": f.failed,
                 "bad_providers": f.bad_providers, "served_bytes": cache.served_bytes,
                 "cache_bytes": cache.used_bytes(), "cache_limit": cache.max_bytes, "pinned": len(cache.pinned),
                 "fetching": {name: {"done": d, "total": t} for name, (d, t) in f.in_flight.items()}}

@@ -5,7 +5,8 @@
    whose replay failed here, or whose files are in back-off;
 2. claim: take a redundancy slot through the DHT (:class:`~.claim_records.ClaimAgent`), held for
    as long as fetching and replaying take;
-3. fetch: checkpoint k and the samples file from providers, verified against the manifest
+3. fetch: the samples file, then checkpoint k (over the bulk path when a provider serves it
+   there, each chunk checked against h_k), from providers, verified against the manifest
    (:class:`~.runs.RunFiles`), and announce what we now hold;
 4. replay: through a :class:`Replayer` — the worker process (:class:`WorkerReplayer`), or what a
    test harness puts in its place;
@@ -23,10 +24,12 @@ from typing import Protocol
 import trio
 
 from open1b.deterministic.device import cpu_device_class
-from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, RunManifest
+from open1b.deterministic.provenance import load_run_samples
+from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, Open1bError, RunManifest
 from open1b.protocol.witness import witness_binding
 
 from . import planner
+from .chunk_table import checkpoint_expectation
 from .claim_records import ClaimAgent
 from .clock import Clock
 from .config import NodeConfig
@@ -35,6 +38,7 @@ from .metrics import NodeStats
 from .p2p import P2P, NetworkError
 from .runs import (
     FIND_PROVIDERS_TIMEOUT_S,
+    BulkFetch,
     RunBlob,
     RunFiles,
     RunFilesError,
@@ -171,10 +175,19 @@ class Auditor:
     # -- 3. fetch ------------------------------------------------------------------------------
     async def run_files(self, manifest: RunManifest, step: int) -> tuple[Path, list[RunBlob]]:
         """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working directory."""
-        blobs = [samples_blob(manifest), checkpoint_blob(manifest, step)]
-        for blob in blobs:
-            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
-        return self.runfiles.assemble(manifest, blobs), blobs
+        samples, checkpoint = samples_blob(manifest), checkpoint_blob(manifest, step)
+        await self.runfiles.fetch(self.p2p, samples, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
+        work = self.runfiles.assemble(manifest, [samples])
+        # h_k commits to the batch step k-1 consumed: the bulk path recomputes it from the verified
+        # samples, so nothing a chunk is checked against comes from the provider.
+        try:
+            dataset = await trio.to_thread.run_sync(load_run_samples, work, manifest) if step > 0 else None
+            bulk = BulkFetch(self.identity, checkpoint_expectation(manifest, step, dataset))
+        except Open1bError as exc:  # samples that match their address but not the manifest: no replay can work
+            raise ReplayFailed(f"the run's samples do not match its manifest: {exc}") from exc
+        await self.runfiles.fetch(self.p2p, checkpoint, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
+                                  bulk=bulk)
+        return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
 
     def _provide_soon(self, key: str) -> None:
         """Announce a blob we now hold without holding up the replay that fetched it (a DHT

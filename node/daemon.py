@@ -19,6 +19,7 @@ import logging
 import random
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import AsyncIterator, Protocol
 
@@ -31,6 +32,8 @@ from .api import serve_api
 from .api_routes import Components, api_routes, metrics_routes
 from .auditor import Auditor, Replayer, WorkerReplayer
 from .blobs import BLOB_PROTOCOL, BlobCache
+from .bulk import ADDRESS_PROTOCOL as BULK_ADDRESS_PROTOCOL
+from .bulk import address_handler, serve_bulk
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
@@ -144,6 +147,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         await nursery.start(auditor.serve_auditor)
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)
+        # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).
+        bulk_port = await nursery.start(partial(serve_bulk, runfiles.cache, identity, split_hostport(config.listen)[0], 0,
+                                                allow=lambda peer: peer not in p2p.banned))
+        p2p.set_stream_handler(BULK_ADDRESS_PROTOCOL, address_handler(bulk_port))
         api_host, api_port = split_hostport(config.api)
         api_port = await nursery.start(serve_api, api_host, api_port, api_routes(node))
         if config.metrics:
