@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import activation, attention, embedding, loss, matmul, norm, optimizer, reduction
+from .probes import probe_cpu
 from .reduction import pairwise_tree
 
 
@@ -66,6 +67,10 @@ class CpuBackend:
 
     def adamw(self, p, g, m, v, scalars: optimizer.AdamWScalars):
         return self._adamw(p, g, m, v, *scalars.args())
+
+    def probe(self, x: np.ndarray) -> np.ndarray:
+        """:func:`.probes.probe_row` on this target (host array in and out)."""
+        return probe_cpu(x)
 
 
 PARALLEL_MIN_PARAMS = 1_000_000

@@ -35,6 +35,7 @@ from .matmul import CAUSAL_OUTPUT, DENSE
 from .norm import rmsnorm_backward_row, rmsnorm_forward_row
 from .optimizer import AdamWScalars, adamw_element
 from .primitives import fadd, ffma
+from .probes import PROBE_OUTPUTS, probe_row
 from .reduction import (
     K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, fixed_sum, pairwise_tree, stack_push, stack_total,
 )  # fmt: skip
@@ -270,6 +271,12 @@ def adamw_kernel(p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, decay, ste
         adamw_element(p, g, m, v, p_out, m_out, v_out, i, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps, coef)
 
 
+@cuda.jit
+def probe_kernel(x, out):
+    if cuda.grid(1) == 0:
+        probe_row(x, out)
+
+
 # ---- the backend ------------------------------------------------------------------------------
 
 
@@ -281,6 +288,12 @@ class CudaBackend:
     """:class:`.backend.CpuBackend`'s interface over numba-cuda device arrays (see there)."""
 
     name = "cuda-simulator" if SIMULATED else "cuda"
+
+    def __init__(self, device: int = 0) -> None:
+        # numba keeps the current context per thread: this backend is used from this thread.
+        self.device = cuda.select_device(device) if not SIMULATED else cuda.get_current_device()
+        self.index = device
+        self.compute_capability = tuple(self.device.compute_capability)
 
     def upload(self, a: np.ndarray):
         return cuda.to_device(np.ascontiguousarray(a))
@@ -394,6 +407,11 @@ class CudaBackend:
         dlogits, row_loss = self.empty(logits.shape), self.empty((logits.shape[0],))
         cross_entropy_kernel[_blocks(logits.shape[0]), THREADS](logits, targets, inv_n, dlogits, row_loss)
         return np.float32(fixed_sum(self.download(row_loss)) * inv_n), dlogits
+
+    def probe(self, x: np.ndarray) -> np.ndarray:
+        out = self.empty((PROBE_OUTPUTS,))
+        probe_kernel[1, 1](self.upload(x), out)
+        return self.download(out)
 
     def adamw(self, p, g, m, v, scalars: AdamWScalars):
         shape, n = p.shape, math.prod(p.shape)

@@ -18,7 +18,7 @@ from open1b.deterministic import matmul
 from open1b.deterministic.attention import attention_scale
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.optimizer import AdamWScalars
-from open1b.deterministic.selfcheck import state_fingerprint
+from open1b.deterministic.selfcheck import run_selfchecks, state_fingerprint
 from open1b.deterministic.state import init_state
 from open1b.deterministic.step import train_step
 
@@ -87,10 +87,13 @@ import json
 import numpy as np
 np.seterr(all="ignore")  # the device bodies run as numpy emulation here
 from open1b.deterministic.cuda import SIMULATED, CudaBackend
+from open1b.deterministic.device import select_device
 from tests.deterministic.test_cuda_sim import op_digests, step_fingerprint
 assert SIMULATED
-be = CudaBackend()
-print(json.dumps({"ops": op_digests(be), "step": step_fingerprint(be), "name": be.name}))
+choice = select_device("cuda:0")  # every self-check, the known-answer step included, on the device
+be = choice.cuda_backend
+print(json.dumps({"ops": op_digests(be), "step": step_fingerprint(be), "name": be.name,
+                  "device": [choice.label, choice.device_class, [c.name for c in choice.checks if c.ok]]}))
 """
 
 
@@ -101,6 +104,7 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     assert out.returncode == 0, out.stderr[-4000:]
     sim = json.loads(out.stdout.strip().splitlines()[-1])
     assert sim["name"] == "cuda-simulator"
+    assert sim["device"] == ["cuda:0", "cuda/sm_52", [c.name for c in run_selfchecks()]]  # the simulator's cc 5.2
     cpu = cpu_backend(True)
     assert sim["ops"] == op_digests(cpu)
     assert sim["step"] == step_fingerprint(cpu)
