@@ -7,10 +7,11 @@ Importing this module binds the primitives to CUDA — ``fadd``/``fsub``/``fmul`
 ``expf``, ``adamw_element``, …) are then the very functions the CPU kernels inline; only the
 drivers below (which thread does which row) are CUDA-specific.
 
-Schedules: one thread per output row or element; the matmul gives each thread one output and
-stages 16-row/16-column tiles of A and B in shared memory one ``K_CHUNK`` at a time, so a
-thread's chunk fold and streaming tree are exactly those of :mod:`.reduction`. Block and grid
-sizes decide only *which* thread computes an output, never the order of its sum.
+Schedules: one thread per output row or element; the matmul is register-blocked (each thread a
+4 x 4 tile of outputs of a 64 x 64 block tile, A and B staged in double-buffered shared memory
+one ``K_CHUNK`` at a time), and each output's chunk fold and streaming tree are exactly those
+of :mod:`.reduction`. Block and grid sizes decide only *which* thread computes an output, never
+the order of its sum.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, process-wide) the kernels run as Python
 on the CPU and the bodies run as their numpy emulation; the tests use it at tiny sizes to check
@@ -31,21 +32,19 @@ from .attention import causal_softmax_backward_row, causal_softmax_row, merge_he
 from .embedding import embed_row, positions_by_token, scatter_add_row
 from .jit import DEVICE_FUNCTIONS
 from .loss import cross_entropy_row
-from .matmul import CAUSAL_OUTPUT, DENSE
+from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT, DENSE
 from .norm import rmsnorm_backward_row, rmsnorm_forward_row
 from .optimizer import AdamWScalars, adamw_element
 from .primitives import fadd, ffma
 from .probes import PROBE_OUTPUTS, probe_row
 from .reduction import (
-    K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, fixed_sum, pairwise_tree, stack_push, stack_total,
+    K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, fixed_sum, pairwise_tree,
 )  # fmt: skip
 
 SIMULATED = bool(cuda_config.ENABLE_CUDASIM)
 
 # Schedules only, no effect on results. The simulator runs every thread as a Python thread, so
 # it gets small blocks (which also shows that the block shape does not change any bit).
-TILE = 8 if SIMULATED else 16
-"""Outputs per block edge of the matmul; divides ``K_CHUNK``."""
 THREADS = 32 if SIMULATED else 128
 """Threads per block of the row and element kernels."""
 
@@ -127,35 +126,188 @@ if not SIMULATED:
 # ---- kernels: which thread computes what ------------------------------------------------------
 
 
+# The matmul's register blocking (schedule constants: they choose which thread computes which
+# outputs and when tiles are staged, never the order of any output's sum).
+MM_TM = 2 if SIMULATED else 4
+"""Output rows per thread."""
+MM_TN = 2 if SIMULATED else 4
+"""Output columns per thread."""
+MM_TY = 2 if SIMULATED else 16
+"""Thread rows per block."""
+MM_TX = 2 if SIMULATED else 16
+"""Thread columns per block."""
+MM_BM, MM_BN = MM_TM * MM_TY, MM_TN * MM_TX
+MM_THREADS = MM_TX * MM_TY
+MM_OUTS = MM_TM * MM_TN
+A_LOADS = MM_BM * K_CHUNK // MM_THREADS
+"""Elements of A's tile each thread stages per chunk."""
+B_LOADS = MM_BN * K_CHUNK // MM_THREADS
+PAD = 1
+"""Shared tiles are (K_CHUNK, edge + PAD): staging stores walk the K axis with a stride of
+edge + 1 words, which touches 32 different banks."""
+A_TILE = (2, K_CHUNK, MM_BM + PAD)
+B_TILE = (2, K_CHUNK, MM_BN + PAD)
+MM_MAX_CHUNKS = 2**24
+"""Chunks of K a matmul may have (K < 2**29): bounds the per-thread tree stack (numba zeroes a
+local array at kernel start, so it is sized to what can occur, not to STACK_DEPTH)."""
+UPPER_LEVELS = (25 - 2, MM_OUTS)
+"""Tree levels 2 … 24 (2**24 chunks push at most to level 24)."""
+
+
+@cuda.jit(device=True)
+def _fetch(src, bi, first, extent, k0, k, along_x, t, regs, loads, width):
+    """Load this thread's share of the (K_CHUNK x width) tile of ``src`` at chunk ``k0`` and
+    columns ``first…`` into ``regs``, zero past ``extent`` or ``k`` (exact: see the kernel doc).
+    ``along_x``: ``src`` is (batch, K, X) (consecutive threads walk X), else (batch, X, K)."""
+    for q in range(loads):
+        e = t + MM_THREADS * q
+        x, c = (e % width, e // width) if along_x else (e // K_CHUNK, e % K_CHUNK)
+        regs[q] = ZERO
+        if first + x < extent and k0 + c < k:
+            regs[q] = src[bi, k0 + c, first + x] if along_x else src[bi, first + x, k0 + c]
+
+
+@cuda.jit(device=True)
+def _stage(tile, buf, along_x, t, regs, loads, width):
+    """Store :func:`_fetch`'s registers into shared ``tile[buf]`` as (K_CHUNK, width)."""
+    for q in range(loads):
+        e = t + MM_THREADS * q
+        x, c = (e % width, e // width) if along_x else (e // K_CHUNK, e % K_CHUNK)
+        tile[buf, c, x] = regs[q]
+
+
+@cuda.jit(device=True)
+def _push(acc, r0, r1, upper, count):
+    """:func:`.reduction.stack_push` of every output's chunk sum ``acc[o]`` at once. The tree's
+    two lowest levels (touched by every chunk and every other chunk) live in registers ``r0``
+    and ``r1``; higher levels in ``upper``, touched once per four chunks."""
+    if count & 1 == 0:
+        for o in range(MM_OUTS):
+            r0[o] = acc[o]
+    else:
+        for o in range(MM_OUTS):
+            acc[o] = fadd(r0[o], acc[o])
+        if count & 2 == 0:
+            for o in range(MM_OUTS):
+                r1[o] = acc[o]
+        else:
+            for o in range(MM_OUTS):
+                acc[o] = fadd(r1[o], acc[o])
+            level = 2
+            while (count >> level) & 1:
+                for o in range(MM_OUTS):
+                    acc[o] = fadd(upper[level - 2, o], acc[o])
+                level += 1
+            for o in range(MM_OUTS):
+                upper[level - 2, o] = acc[o]
+    return count + 1
+
+
+@cuda.jit(device=True)
+def _total(acc, r0, r1, upper, count):
+    """:func:`.reduction.stack_total` of every output into ``acc``: waiting blocks, smallest first."""
+    seen = False
+    if count & 1:
+        for o in range(MM_OUTS):
+            acc[o] = r0[o]
+        seen = True
+    if count & 2:
+        for o in range(MM_OUTS):
+            acc[o] = fadd(r1[o], acc[o]) if seen else r1[o]
+        seen = True
+    level = 2
+    while (count >> level) != 0:
+        if (count >> level) & 1:
+            for o in range(MM_OUTS):
+                acc[o] = fadd(upper[level - 2, o], acc[o]) if seen else upper[level - 2, o]
+            seen = True
+        level += 1
+    if not seen:
+        for o in range(MM_OUTS):
+            acc[o] = ZERO
+
+
 @cuda.jit
 def matmul_kernel(a, b, out, trans_a, trans_b, structure):
+    """Register-blocked ``out[bi] = op(a[bi]) @ op(b[bi])``: a block computes MM_BM x MM_BN
+    outputs, each thread MM_TM x MM_TN of them (rows ``ty + MM_TY·i``, columns ``tx + MM_TX·j``,
+    so a warp's shared reads are broadcasts or consecutive words).
+
+    Why the bits are the spec's: every output keeps its own accumulator and its own tree. Chunk
+    c of K is staged (A and B tiles, double-buffered: chunk c + 1 is read from global memory
+    into registers while chunk c is computed) and folded ``acc = ffma(a, b, acc)`` from +0.0 in
+    ascending k up to K, then pushed into the output's streaming tree (:func:`_push`); staged
+    positions past M or N are +0.0 and never stored. The structure flags
+    skip only work whose result is known: tiles wholly above the diagonal (CAUSAL_OUTPUT), chunks
+    of A wholly zero after a tile's last row (A_LOWER: trailing zero chunks do not change the
+    tree) or before its first row (A_UPPER: their sum, +0.0, is still pushed)."""
     m, n = out.shape[1], out.shape[2]
     k = a.shape[1] if trans_a else a.shape[2]
     bi = cuda.blockIdx.z
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    i0, j0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
-    a_tile = cuda.shared.array((TILE, K_CHUNK), float32)
-    b_tile = cuda.shared.array((K_CHUNK, TILE), float32)
-    stack = cuda.local.array(STACK_DEPTH, float32)
+    t = ty * MM_TX + tx
+    row0, col0 = cuda.blockIdx.y * MM_BM, cuda.blockIdx.x * MM_BN
+    if structure == CAUSAL_OUTPUT and col0 > row0 + MM_BM - 1:  # the whole tile is above the diagonal
+        for i in range(MM_TM):
+            for j in range(MM_TN):
+                if row0 + ty + MM_TY * i < m and col0 + tx + MM_TX * j < n:
+                    out[bi, row0 + ty + MM_TY * i, col0 + tx + MM_TX * j] = ZERO
+        return
+    a_tile = cuda.shared.array(A_TILE, float32)
+    b_tile = cuda.shared.array(B_TILE, float32)
+    a_regs = cuda.local.array(A_LOADS, float32)
+    b_regs = cuda.local.array(B_LOADS, float32)
+    a_frag = cuda.local.array(MM_TM, float32)
+    b_frag = cuda.local.array(MM_TN, float32)
+    acc = cuda.local.array(MM_OUTS, float32)
+    r0 = cuda.local.array(MM_OUTS, float32)
+    r1 = cuda.local.array(MM_OUTS, float32)
+    upper = cuda.local.array(UPPER_LEVELS, float32)
+    chunks = (k + K_CHUNK - 1) // K_CHUNK
+    first, end = 0, chunks
+    if structure == A_LOWER:
+        end = min(chunks, (row0 + MM_BM - 1) // K_CHUNK + 1)
+    elif structure == A_UPPER:
+        first = min(chunks, row0 // K_CHUNK)
     count = 0
-    for k0 in range(0, k, K_CHUNK):
-        for half in range(K_CHUNK // TILE):  # each thread stages K_CHUNK // TILE elements of each tile
-            ka, kb = k0 + tx + half * TILE, k0 + ty + half * TILE
-            a_tile[ty, tx + half * TILE] = ZERO
-            if i0 + ty < m and ka < k:
-                a_tile[ty, tx + half * TILE] = a[bi, ka, i0 + ty] if trans_a else a[bi, i0 + ty, ka]
-            b_tile[ty + half * TILE, tx] = ZERO
-            if j0 + tx < n and kb < k:
-                b_tile[ty + half * TILE, tx] = b[bi, j0 + tx, kb] if trans_b else b[bi, kb, j0 + tx]
+    for c in range(first):
+        for o in range(MM_OUTS):
+            acc[o] = ZERO
+        count = _push(acc, r0, r1, upper, count)
+    if first < end:
+        _fetch(a, bi, row0, m, first * K_CHUNK, k, trans_a, t, a_regs, A_LOADS, MM_BM)
+        _fetch(b, bi, col0, n, first * K_CHUNK, k, not trans_b, t, b_regs, B_LOADS, MM_BN)
+        _stage(a_tile, 0, trans_a, t, a_regs, A_LOADS, MM_BM)
+        _stage(b_tile, 0, not trans_b, t, b_regs, B_LOADS, MM_BN)
         cuda.syncthreads()
-        s = ZERO
-        for kk in range(min(K_CHUNK, k - k0)):
-            s = ffma(a_tile[ty, kk], b_tile[kk, tx], s)
-        count = stack_push(stack, count, s)
+    for c in range(first, end):
+        buf = (c - first) & 1
+        more = c + 1 < end
+        if more:
+            _fetch(a, bi, row0, m, (c + 1) * K_CHUNK, k, trans_a, t, a_regs, A_LOADS, MM_BM)
+            _fetch(b, bi, col0, n, (c + 1) * K_CHUNK, k, not trans_b, t, b_regs, B_LOADS, MM_BN)
+        for o in range(MM_OUTS):
+            acc[o] = ZERO
+        for kk in range(min(K_CHUNK, k - c * K_CHUNK)):
+            for i in range(MM_TM):
+                a_frag[i] = a_tile[buf, kk, ty + MM_TY * i]
+            for j in range(MM_TN):
+                b_frag[j] = b_tile[buf, kk, tx + MM_TX * j]
+            for i in range(MM_TM):
+                for j in range(MM_TN):
+                    acc[i * MM_TN + j] = ffma(a_frag[i], b_frag[j], acc[i * MM_TN + j])
+        if more:
+            _stage(a_tile, 1 - buf, trans_a, t, a_regs, A_LOADS, MM_BM)
+            _stage(b_tile, 1 - buf, not trans_b, t, b_regs, B_LOADS, MM_BN)
+        count = _push(acc, r0, r1, upper, count)
         cuda.syncthreads()
-    if i0 + ty < m and j0 + tx < n:
-        above = structure == CAUSAL_OUTPUT and j0 + tx > i0 + ty
-        out[bi, i0 + ty, j0 + tx] = ZERO if above else stack_total(stack, count)
+    _total(acc, r0, r1, upper, count)
+    for i in range(MM_TM):
+        for j in range(MM_TN):
+            row, col = row0 + ty + MM_TY * i, col0 + tx + MM_TX * j
+            if row < m and col < n:
+                above = structure == CAUSAL_OUTPUT and col > row
+                out[bi, row, col] = ZERO if above else acc[i * MM_TN + j]
 
 
 @cuda.jit
@@ -313,9 +465,11 @@ class CudaBackend:
             return self.matmul(a.reshape(1, *a.shape), b.reshape(1, *b.shape), trans_a, trans_b, structure).reshape(
                 *self._mm_shape(a.shape, b.shape, trans_a, trans_b))
         m, n = self._mm_shape(a.shape[1:], b.shape[1:], trans_a, trans_b)
+        if (a.shape[1] if trans_a else a.shape[2]) > MM_MAX_CHUNKS * K_CHUNK:
+            raise ValueError(f"matmul: K over {MM_MAX_CHUNKS * K_CHUNK} is not supported on CUDA")
         out = self.empty((a.shape[0], m, n))
-        grid = (math.ceil(n / TILE), math.ceil(m / TILE), a.shape[0])
-        matmul_kernel[grid, (TILE, TILE)](a, b, out, trans_a, trans_b, structure)
+        grid = (math.ceil(n / MM_BN), math.ceil(m / MM_BM), a.shape[0])
+        matmul_kernel[grid, (MM_TX, MM_TY)](a, b, out, trans_a, trans_b, structure)
         return out
 
     @staticmethod

@@ -18,7 +18,8 @@ from open1b.deterministic import matmul
 from open1b.deterministic.attention import attention_scale
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.optimizer import AdamWScalars
-from open1b.deterministic.selfcheck import run_selfchecks, state_fingerprint
+from open1b.deterministic.probes import PROBE_INPUTS, probe_cpu
+from open1b.deterministic.selfcheck import state_fingerprint
 from open1b.deterministic.state import init_state
 from open1b.deterministic.step import train_step
 
@@ -77,6 +78,44 @@ def op_digests(be) -> dict[str, str]:
     return out
 
 
+MATMUL_CASES = [  # batch, m, n, k: none a multiple of any tile (the simulator's 4 x 4 blocks, the GPU's 64 x 64, K_CHUNK)
+    (1, 5, 6, 330, [(False, False), (True, True)]),  # 11 chunks (0b1011): register levels and the upper stack
+    (2, 9, 7, 45, [(False, False), (False, True), (True, False), (True, True)]),  # a partial chunk
+    (3, 1, 3, 97, [(True, False)]),  # a single row, four chunks (the first push into the upper stack)
+]
+
+
+def matmul_digests(be) -> dict[str, str]:
+    """The register-blocked matmul on odd shapes, every transpose mode and structure flag."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for batch, m, n, k, modes in MATMUL_CASES:
+        for ta, tb in modes:
+            a = rand(rng, batch, *((k, m) if ta else (m, k)))
+            b = rand(rng, batch, *((n, k) if tb else (k, n)))
+            out[f"{batch}x{m}x{n}x{k}-{ta:d}{tb:d}"] = _digest(be.download(be.matmul(be.upload(a), be.upload(b), ta, tb)))
+    t = 41  # causal products: 41 positions, 2 chunks, tiles above, below and straddling the diagonal
+    p, v, q = np.tril(rand(rng, 1, t, t)), rand(rng, 1, t, 2), rand(rng, 1, t, 2)
+    up = be.upload
+    out["causal-qk"] = _digest(be.download(be.matmul(up(q), up(v), False, True, matmul.CAUSAL_OUTPUT)))
+    out["lower-pv"] = _digest(be.download(be.matmul(up(p), up(v), False, False, matmul.A_LOWER)))
+    out["upper-ptdo"] = _digest(be.download(be.matmul(up(p), up(v), True, False, matmul.A_UPPER)))
+    return out
+
+
+def matmul_reference_digests() -> dict[str, str]:
+    """:func:`matmul_digests` by the numpy reference (structure flags change no result there)."""
+
+    class Reference:
+        upload = download = staticmethod(lambda x: x)
+
+        @staticmethod
+        def matmul(a, b, ta=False, tb=False, structure=matmul.DENSE):
+            return matmul.matmul_reference(a, b, ta, tb, structure)
+
+    return matmul_digests(Reference)
+
+
 def step_fingerprint(be) -> str:
     """A two-rank step of the micro model (the cross-rank sum included) through ``be``."""
     return state_fingerprint(train_step(init_state(MICRO, 5), micro_batch(0), MICRO_TOPOLOGY, backend=be)[0])
@@ -87,13 +126,14 @@ import json
 import numpy as np
 np.seterr(all="ignore")  # the device bodies run as numpy emulation here
 from open1b.deterministic.cuda import SIMULATED, CudaBackend
-from open1b.deterministic.device import select_device
-from tests.deterministic.test_cuda_sim import op_digests, step_fingerprint
+from open1b.deterministic.device import cuda_device_class
+from open1b.deterministic.probes import PROBE_INPUTS
+device_class = lambda be: cuda_device_class(be.compute_capability)
+from tests.deterministic.test_cuda_sim import matmul_digests, op_digests, step_fingerprint
 assert SIMULATED
-choice = select_device("cuda:0")  # every self-check, the known-answer step included, on the device
-be = choice.cuda_backend
-print(json.dumps({"ops": op_digests(be), "step": step_fingerprint(be), "name": be.name,
-                  "device": [choice.label, choice.device_class, [c.name for c in choice.checks if c.ok]]}))
+be = CudaBackend()
+print(json.dumps({"ops": op_digests(be), "matmul": matmul_digests(be), "step": step_fingerprint(be), "name": be.name,
+                  "probe": be.probe(PROBE_INPUTS).tolist(), "class": device_class(be)}))
 """
 
 
@@ -104,7 +144,11 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     assert out.returncode == 0, out.stderr[-4000:]
     sim = json.loads(out.stdout.strip().splitlines()[-1])
     assert sim["name"] == "cuda-simulator"
-    assert sim["device"] == ["cuda:0", "cuda/sm_52", [c.name for c in run_selfchecks()]]  # the simulator's cc 5.2
+    assert sim["class"] == "cuda/sm_52"  # the simulator's compute capability
+    # The self-checks' probes through the device's kernel give the CPU's answers (which pass).
+    # (The known-answer step itself is too slow for the simulator; gpu_check runs it on a GPU.)
+    assert sim["probe"] == probe_cpu(PROBE_INPUTS).tolist()
     cpu = cpu_backend(True)
     assert sim["ops"] == op_digests(cpu)
+    assert sim["matmul"] == matmul_digests(cpu) == matmul_reference_digests()
     assert sim["step"] == step_fingerprint(cpu)
