@@ -21,6 +21,9 @@ the drivers' logic bit for bit against the CPU backend.
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import Future
 
 import numpy as np
 from numba import cuda, float32
@@ -29,17 +32,20 @@ from numba.cuda.core import config as cuda_config
 from . import primitives
 from .activation import gelu, gelu_backward
 from .attention import causal_softmax_backward_row, causal_softmax_row, merge_heads_row, split_heads_row
-from .embedding import embed_row, positions_by_token, scatter_add_row
+from .embedding import embed_row, positions_by_token, scatter_add_element
 from .jit import DEVICE_FUNCTIONS
 from .loss import cross_entropy_row
 from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT, DENSE
 from .norm import rmsnorm_backward_row, rmsnorm_forward_row
-from .optimizer import AdamWScalars, adamw_element
-from .primitives import fadd, ffma
+from .microbatch import micro_batches, pack_batch
+from .optimizer import CLIP_EPS, AdamWScalars, adamw_element
+from .primitives import fadd, fdiv, ffma, fmul, fsqrt
 from .probes import PROBE_OUTPUTS, probe_row
 from .reduction import (
-    K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, fixed_sum, pairwise_tree,
+    K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, pairwise_tree, row_sum, stack_push, stack_total,
 )  # fmt: skip
+from .state import TrainState
+from .witness import StepScalars, witness_async
 
 SIMULATED = bool(cuda_config.ENABLE_CUDASIM)
 
@@ -319,9 +325,9 @@ def embed_kernel(wte, wpe, tokens, x):
 
 @cuda.jit
 def scatter_add_kernel(dwte, dx, order, starts):
-    token = cuda.grid(1)
-    if token < dwte.shape[0]:
-        scatter_add_row(dwte, dx, order, starts, token)
+    i = cuda.grid(1)  # one thread per (token, column): each walks its token's positions in order
+    if i < dwte.shape[0] * dwte.shape[1]:
+        scatter_add_element(dwte, dx, order, starts, i // dwte.shape[1], i % dwte.shape[1])
 
 
 @cuda.jit
@@ -357,6 +363,13 @@ def add_kernel(a, b, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = fadd(a[i], b[i])
+
+
+@cuda.jit
+def zero_kernel(out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = ZERO
 
 
 @cuda.jit
@@ -417,6 +430,42 @@ def cross_entropy_kernel(logits, targets, inv_n, dlogits, row_loss):
 
 
 @cuda.jit
+def loss_kernel(row_loss, inv_n, out):
+    if cuda.grid(1) == 0:  # the same fold as the CPU kernel's: fmul(row_sum(row_loss), inv_n)
+        out[0] = fmul(row_sum(row_loss, cuda.local.array(STACK_DEPTH, float32)), inv_n)
+
+
+_ONE = np.float32(1)
+
+
+@cuda.jit
+def clip_kernel(partials, bounds, max_norm, clip_eps, sums, out):
+    """``out = [norm, coef]`` from every tensor's chunk sums of squares (tensor t's are
+    ``partials[bounds[t]:bounds[t + 1]]``): each tensor's tree, the fixed-order sum over tensors,
+    ``fsqrt``, then ``min(1, max_norm / (norm + eps))`` — :meth:`.backend.CpuBackend.clip_norm`'s
+    operations, in one thread (a few thousand adds)."""
+    if cuda.grid(1) == 0:
+        stack = cuda.local.array(STACK_DEPTH, float32)
+        for t in range(sums.shape[0]):
+            count = 0
+            for c in range(bounds[t], bounds[t + 1]):
+                count = stack_push(stack, count, partials[c])
+            sums[t] = stack_total(stack, count)
+        norm = fsqrt(row_sum(sums, stack))
+        coef = fdiv(max_norm, fadd(norm, clip_eps))
+        out[0] = norm
+        out[1] = coef if coef < _ONE else _ONE  # Python's min(1, coef): 1 unless coef < 1
+
+
+@cuda.jit
+def adamw_clip_kernel(p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps, clip):
+    i = cuda.grid(1)
+    if i < p.shape[0]:
+        adamw_element(p, g, m, v, p_out, m_out, v_out, i, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps,
+                      clip[1])  # fmt: skip
+
+
+@cuda.jit
 def adamw_kernel(p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps, coef):
     i = cuda.grid(1)
     if i < p.shape[0]:
@@ -446,6 +495,10 @@ class CudaBackend:
         self.device = cuda.select_device(device) if not SIMULATED else cuda.get_current_device()
         self.index = device
         self.compute_capability = tuple(self.device.compute_capability)
+        self._uploaded: tuple[weakref.ref, StateArena] | None = None
+        self._slots: list[np.ndarray] = []
+        self._slot_users: dict[int, Future] = {}
+        self._chunk_bounds: dict[tuple, tuple] = {}
 
     def upload(self, a: np.ndarray):
         return cuda.to_device(np.ascontiguousarray(a))
@@ -457,7 +510,9 @@ class CudaBackend:
         return cuda.device_array(shape, np.float32)
 
     def zeros(self, shape):
-        return cuda.to_device(np.zeros(shape, np.float32))
+        out = self.empty((math.prod(shape),))
+        zero_kernel[_blocks(out.shape[0]), THREADS](out)  # no host buffer, no transfer
+        return out.reshape(*shape)
 
     def matmul(self, a, b, trans_a: bool = False, trans_b: bool = False, structure: int = DENSE):
         # The zeros named by A_LOWER/A_UPPER are simply computed here (the same bits).
@@ -483,7 +538,10 @@ class CudaBackend:
 
     def scatter_add(self, dwte, dx, tokens: np.ndarray) -> None:
         order, starts = positions_by_token(tokens, dwte.shape[0])
-        scatter_add_kernel[_blocks(dwte.shape[0]), THREADS](dwte, dx, cuda.to_device(order), cuda.to_device(starts))
+        self.scatter_add_sorted(dwte, dx, self.upload(order), self.upload(starts))
+
+    def scatter_add_sorted(self, dwte, dx, order, starts) -> None:
+        scatter_add_kernel[_blocks(dwte.shape[0] * dwte.shape[1]), THREADS](dwte, dx, order, starts)
 
     def rmsnorm(self, x, g, eps):
         y, rstd = self.empty(x.shape), self.empty((x.shape[0],))
@@ -557,10 +615,15 @@ class CudaBackend:
         softmax_backward_kernel[_blocks(p.shape[0] * p.shape[1]), THREADS](p, dp, scale, ds)
         return ds
 
-    def cross_entropy(self, logits, targets, inv_n):
-        dlogits, row_loss = self.empty(logits.shape), self.empty((logits.shape[0],))
+    def loss_and_grad(self, logits, targets, inv_n):
+        dlogits, row_loss, loss = self.empty(logits.shape), self.empty((logits.shape[0],)), self.empty((1,))
         cross_entropy_kernel[_blocks(logits.shape[0]), THREADS](logits, targets, inv_n, dlogits, row_loss)
-        return np.float32(fixed_sum(self.download(row_loss)) * inv_n), dlogits
+        loss_kernel[1, 1](row_loss, inv_n, loss)
+        return loss, dlogits
+
+    def cross_entropy(self, logits, targets, inv_n):
+        loss, dlogits = self.loss_and_grad(logits, targets, inv_n)
+        return np.float32(self.download(loss)[0]), dlogits
 
     def probe(self, x: np.ndarray) -> np.ndarray:
         out = self.empty((PROBE_OUTPUTS,))
@@ -573,3 +636,147 @@ class CudaBackend:
         adamw_kernel[_blocks(n), THREADS](p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), *outs,
                                           *scalars.args())  # fmt: skip
         return tuple(o.reshape(*shape) for o in outs)
+
+    # ---- whole-step pieces: the state stays here, one upload per batch, one download per step
+
+    def micro_batches(self, batch: np.ndarray, vocab_size: int):
+        packed, layout = pack_batch(batch, vocab_size)
+        return micro_batches(self.upload(packed), layout)  # the whole step's tokens in one transfer
+
+    def load_state(self, state: TrainState):
+        """The state's arrays on this device: a state this backend produced is already here (its
+        arena); another is uploaded as one packed transfer (and kept for the rest of its step)."""
+        if isinstance(state.params, DeviceTensors) and state.params.arena.backend is self:
+            return state.params.arena.device_views()
+        cached = self._uploaded
+        if cached is not None and cached[0]() is state:
+            return cached[1].device_views()
+        arena = StateArena.upload(self, state)
+        self._uploaded = (weakref.ref(state), arena)
+        return arena.device_views()
+
+    def clip_norm(self, grads: list, max_norm: np.float32):
+        sizes = tuple(math.prod(g.shape) for g in grads)
+        if sizes not in self._chunk_bounds:  # a model's shapes: uploaded once, not once per step
+            chunks = [max(1, math.ceil(n / K_CHUNK)) for n in sizes]
+            bounds = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+            self._chunk_bounds = {sizes: (bounds, self.upload(bounds))}
+        bounds, device_bounds = self._chunk_bounds[sizes]
+        partials = self.empty((int(bounds[-1]),))
+        for g, lo, hi in zip(grads, bounds[:-1], bounds[1:]):
+            chunk_sums_kernel[_blocks(hi - lo), THREADS](g.reshape(-1), True, partials[lo:hi])
+        clip = self.empty((2,))
+        clip_kernel[1, 1](partials, device_bounds, max_norm, CLIP_EPS, self.empty((len(grads),)), clip)
+        return clip
+
+    def start_witness(self, loss, grads: dict, order: list[str], clip):
+        """Gather the loss, [norm, coef] and the gradients into one device buffer, and start its
+        one asynchronous copy into a pinned host slot; the returned function waits for it (the
+        update kernels launched meanwhile keep the device busy) and hashes in the background."""
+        sizes = [math.prod(grads[n].shape) for n in order]
+        staging = self.empty((3 + sum(sizes),))
+        staging[0:1].copy_to_device(loss)
+        staging[1:3].copy_to_device(clip)
+        offset = 3
+        for name, size in zip(order, sizes):
+            staging[offset:offset + size].copy_to_device(grads[name].reshape(-1))
+            offset += size
+        slot = self._free_slot(staging.shape[0])
+        stream = cuda.default_stream()
+        staging.copy_to_host(slot, stream=stream)
+        copied = cuda.event()
+        copied.record(stream)
+
+        def finish() -> StepScalars:
+            copied.synchronize()
+            views, offset = {}, 3
+            for name, size in zip(order, sizes):
+                views[name] = slot[offset:offset + size].reshape(grads[name].shape)
+                offset += size
+            done = witness_async(slot[0], views, order, slot[1], slot[2])
+            self._slot_users[id(slot)] = done.witness
+            return done
+
+        return finish
+
+    def _free_slot(self, size: int) -> np.ndarray:
+        """A pinned host buffer of ``size`` floats that no witness is still being hashed from
+        (two alternate, so one step's hash overlaps the next step)."""
+        self._slots = [s for s in self._slots if s.shape[0] == size] or [cuda.pinned_array(size, np.float32)
+                                                                         for _ in range(2)]  # fmt: skip
+        self._slots.append(slot := self._slots.pop(0))
+        if (user := self._slot_users.pop(id(slot), None)) is not None:
+            user.result()
+        return slot
+
+    def adamw_all(self, params: dict, grads: dict, m: dict, v: dict, scalars: dict, clip):
+        """Every parameter's update into a new state arena (the old one stays valid for whoever
+        still holds the old state)."""
+        arena = StateArena(self, {name: p.shape for name, p in params.items()}, self.empty((3 * sum(
+            math.prod(p.shape) for p in params.values()),)))  # fmt: skip
+        new_p, new_m, new_v = arena.device_views()
+        for name in params:
+            n = math.prod(params[name].shape)
+            flat = [a.reshape(-1) for a in (params[name], grads[name], m[name], v[name], new_p[name], new_m[name],
+                                            new_v[name])]  # fmt: skip
+            adamw_clip_kernel[_blocks(n), THREADS](*flat, *scalars[name].update_args(), clip)
+        return arena
+
+    def to_state(self, config, arena: StateArena, step: int, beta1_pow, beta2_pow) -> TrainState:
+        return TrainState(config, *(DeviceTensors(arena, group) for group in range(3)), step, beta1_pow, beta2_pow)
+
+
+class StateArena:
+    """A state's parameters and moments in one device buffer (all parameters, then all first
+    moments, then all second moments, each in parameter order), immutable once written. Its host
+    copy is made on first request, in one transfer."""
+
+    def __init__(self, backend: CudaBackend, shapes: dict, flat) -> None:
+        self.backend, self.shapes, self.flat = backend, shapes, flat
+        self._host: tuple[dict, dict, dict] | None = None
+
+    @classmethod
+    def upload(cls, backend: CudaBackend, state: TrainState) -> StateArena:
+        shapes = {name: tuple(a.shape) for name, a in state.params.items()}
+        host = np.concatenate([np.asarray(group[name], np.float32).reshape(-1)
+                               for group in (state.params, state.m, state.v) for name in shapes])  # fmt: skip
+        return cls(backend, shapes, backend.upload(host))
+
+    def _split(self, flat) -> tuple[dict, dict, dict]:
+        groups, offset = ({}, {}, {}), 0
+        for group in groups:
+            for name, shape in self.shapes.items():
+                n = math.prod(shape)
+                group[name] = flat[offset:offset + n].reshape(*shape)
+                offset += n
+        return groups
+
+    def device_views(self) -> tuple[dict, dict, dict]:
+        return self._split(self.flat)
+
+    def host_views(self) -> tuple[dict, dict, dict]:
+        if self._host is None:
+            host = self.backend.download(self.flat)
+            host.flags.writeable = False
+            self._host = self._split(host)
+        return self._host
+
+
+class DeviceTensors(Mapping):
+    """One group (params, m or v) of a :class:`StateArena` as the read-only host arrays a
+    :class:`TrainState` holds; the whole arena is downloaded, once, when one is first read."""
+
+    def __init__(self, arena: StateArena, group: int) -> None:
+        self.arena, self.group = arena, group
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arena.host_views()[self.group][name]
+
+    def __iter__(self):
+        return iter(self.arena.shapes)
+
+    def __len__(self) -> int:
+        return len(self.arena.shapes)
+
+    def __reduce__(self):  # pickles as the plain dict it stands for
+        return dict, (dict(self.items()),)

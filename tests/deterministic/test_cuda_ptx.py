@@ -43,6 +43,10 @@ def signatures():
         k.cross_entropy_kernel: (f2, i1, f32, f2, f1),
         k.adamw_kernel: (f1,) * 7 + (f32,) * 9,
         k.probe_kernel: (f1, f1),
+        k.zero_kernel: (f1,),
+        k.loss_kernel: (f1, f32, f1),
+        k.clip_kernel: (f1, i1, f32, f32, f1, f1),
+        k.adamw_clip_kernel: (f1,) * 7 + (f32,) * 8 + (f1,),
     }
 
 
@@ -80,7 +84,8 @@ def test_every_float32_operation_rounds_to_nearest(ptx):
     loose = {name: sorted({m.group(0).strip() for m in FLOAT_OP.finditer(text) if ".rn" not in m.group(2)})
              for name, text in ptx.items()}  # fmt: skip
     assert {name: ops for name, ops in loose.items() if ops} == {}
-    assert all(FLOAT_OP.search(text) for name, text in ptx.items() if name not in ("split_heads_kernel", "merge_heads_kernel", "embed_kernel"))  # noqa: E501
+    assert all(FLOAT_OP.search(text) for name, text in ptx.items()
+               if name not in ("split_heads_kernel", "merge_heads_kernel", "embed_kernel", "zero_kernel"))  # fmt: skip
 
 
 def test_no_flush_to_zero_no_float64_no_approximations(ptx):

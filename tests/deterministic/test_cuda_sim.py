@@ -116,9 +116,31 @@ def matmul_reference_digests() -> dict[str, str]:
     return matmul_digests(Reference)
 
 
-def step_fingerprint(be) -> str:
-    """A two-rank step of the micro model (the cross-rank sum included) through ``be``."""
-    return state_fingerprint(train_step(init_state(MICRO, 5), micro_batch(0), MICRO_TOPOLOGY, backend=be)[0])
+def step_fingerprint(be) -> list:
+    """Two two-rank steps of the micro model (the cross-rank sum included) through ``be``, the
+    second from the state the first returned: each state's fingerprint and report's bits, and
+    the host transfers each step made (``be.upload``/``be.download`` calls)."""
+    transfers = {"upload": 0, "download": 0}
+    for kind in transfers:
+        method = getattr(be, kind)
+
+        def counted(a, _method=method, _kind=kind):
+            transfers[_kind] += 1
+            return _method(a)
+
+        setattr(be, kind, counted)
+    out, state = [], init_state(MICRO, 5)
+    try:
+        for step in range(2):
+            transfers.update(upload=0, download=0)
+            state, report = train_step(state, micro_batch(step), MICRO_TOPOLOGY, backend=be)
+            moved = dict(transfers)
+            out.append([state_fingerprint(state), _digest(np.float32(report.loss), np.float32(report.grad_norm),
+                                                          np.float32(report.clip_coef)), report.witness.hex(), moved])  # fmt: skip
+    finally:
+        for kind in transfers:
+            delattr(be, kind)
+    return out
 
 
 _CHILD = """
@@ -151,4 +173,10 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     cpu = cpu_backend(True)
     assert sim["ops"] == op_digests(cpu)
     assert sim["matmul"] == matmul_digests(cpu) == matmul_reference_digests()
-    assert sim["step"] == step_fingerprint(cpu)
+    cpu_steps = step_fingerprint(cpu)
+    assert [s[:3] for s in sim["step"]] == [s[:3] for s in cpu_steps]  # states, reports and witnesses
+    # On the device: step 1 uploads the host state, the batch and (once per model) the norm's
+    # chunk bounds, step 2 only its batch (the state stayed on the device); neither downloads
+    # anything but the witness's one pinned copy (not through download) — the state comes back
+    # when it is read.
+    assert [s[3] for s in sim["step"]] == [{"upload": 3, "download": 0}, {"upload": 1, "download": 0}]
