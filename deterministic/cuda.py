@@ -499,15 +499,33 @@ class CudaBackend:
         self._slots: list[np.ndarray] = []
         self._slot_users: dict[int, Future] = {}
         self._chunk_bounds: dict[tuple, tuple] = {}
+        self.live_bytes = self.peak_bytes = 0  # device memory this backend allocated (not numba's caches)
 
     def upload(self, a: np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a))
+        return self._count(cuda.to_device(np.ascontiguousarray(a)))
 
     def download(self, a) -> np.ndarray:
         return a.copy_to_host()
 
     def empty(self, shape):
-        return cuda.device_array(shape, np.float32)
+        return self._count(cuda.device_array(shape, np.float32))
+
+    def _count(self, array):
+        """Account ``array``'s bytes as live until its memory (shared by every view) is freed."""
+        memory = getattr(array, "gpu_data", None)  # the simulator's arrays have none
+        if memory is not None:
+            self.live_bytes += array.nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            weakref.finalize(memory, self._release, array.nbytes)
+        return array
+
+    def _release(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+    def reset_peak(self) -> int:
+        """Start a new peak of this backend's live device bytes (:attr:`peak_bytes`) from now."""
+        self.peak_bytes = self.live_bytes
+        return self.live_bytes
 
     def zeros(self, shape):
         out = self.empty((math.prod(shape),))
