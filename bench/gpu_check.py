@@ -77,7 +77,7 @@ def shapes(simulate: bool) -> dict:
         return {"ops": small, "steps": small, "big": Preset(m125.config, Topology(1, 1, 1)),
                 "time_small": small, "time_big": Preset(m125.config, Topology(1, 1, 8)), "replay_preset": "tiny",
                 "gpt_1b": Preset(PRESETS["gpt-1b"].config, Topology(1, 1, 4)), "gpt_1b_full": PRESETS["gpt-1b"]}
-    micro = GPTConfig(vocab_size=16, seq_len=4, d_model=8, n_layers=1, n_heads=2, d_ff=16, norm_eps=1e-5,
+    micro = GPTConfig(vocab_size=256, seq_len=4, d_model=8, n_layers=1, n_heads=2, d_ff=16, norm_eps=1e-5,
                       init_std=0.5, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
     one = Preset(micro, Topology(1, 1, 1))
     PRESETS["sim-micro"] = Preset(micro, Topology(2, 1, 1))  # this process only: a preset the simulator can train
