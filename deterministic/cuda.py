@@ -13,6 +13,11 @@ one ``K_CHUNK`` at a time), and each output's chunk fold and streaming tree are 
 of :mod:`.reduction`. Block and grid sizes decide only *which* thread computes an output, never
 the order of its sum.
 
+A whole step stays on the device (:meth:`CudaBackend.load_state` … :meth:`CudaBackend.to_state`,
+used by :mod:`.step`): the state lives in immutable device arenas (:class:`StateArena`) that a
+:class:`TrainState` reads back lazily (:class:`DeviceTensors`), the batch goes up once, and the
+gradients with the loss and clip scalars come down once, asynchronously, for the witness.
+
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, process-wide) the kernels run as Python
 on the CPU and the bodies run as their numpy emulation; the tests use it at tiny sizes to check
 the drivers' logic bit for bit against the CPU backend.
@@ -681,7 +686,7 @@ class CudaBackend:
             self._chunk_bounds = {sizes: (bounds, self.upload(bounds))}
         bounds, device_bounds = self._chunk_bounds[sizes]
         partials = self.empty((int(bounds[-1]),))
-        for g, lo, hi in zip(grads, bounds[:-1], bounds[1:]):
+        for g, lo, hi in zip(grads, bounds[:-1].tolist(), bounds[1:].tolist()):
             chunk_sums_kernel[_blocks(hi - lo), THREADS](g.reshape(-1), True, partials[lo:hi])
         clip = self.empty((2,))
         clip_kernel[1, 1](partials, device_bounds, max_norm, CLIP_EPS, self.empty((len(grads),)), clip)
