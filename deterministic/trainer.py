@@ -23,6 +23,7 @@ from open1b.protocol import Identity, RunManifest
 
 from .config import PRESETS, GPTConfig, Topology, from_manifest_model, to_manifest_model
 from .data import BUILTIN_CORPUS, DATA_ORDER, TOKENIZER, batch_for_step, builtin_dataset
+from .device import DeviceChoice
 from .distributed import run_steps
 from .provenance import write_run_samples
 from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, RunWriter
@@ -66,6 +67,7 @@ def publish_run(
     tamper_step: int | None = None,
     progress: Progress | None = None,
     ranks: int | None = None,
+    device: DeviceChoice | None = None,
 ) -> RunManifest:
     """Train ``steps`` steps of ``preset`` (its model and topology) and write the run directory
     ``out_dir``; returns the signed manifest.
@@ -73,7 +75,8 @@ def publish_run(
     ``ranks`` W replaces the preset topology's ``ranks`` and trains with W processes
     (:func:`.distributed.distributed_steps`; W = 1: this process alone). Without it, this
     process computes every rank of the preset's topology. Either way the run's bits are those of
-    one-process :func:`train_step` calls on its topology."""
+    one-process :func:`train_step` calls on its topology. ``device`` (:func:`.device.select_device`;
+    default: the CPU) is where this process computes, with ``ranks`` unset or 1 only."""
     if steps < 1:
         raise ValueError("a run needs at least one step")
     if tamper_step is not None and not 0 <= tamper_step < steps:
@@ -88,7 +91,8 @@ def publish_run(
     # Picklable (module-level functions and partials): with W > 1 they run in every rank's process.
     batch_fn = functools.partial(batch_for_step, dataset, seed, config=config, topology=topology)
     forge = functools.partial(_forge_after, tamper_step) if tamper_step is not None else None
-    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge)
+    backend = device.backend_for(config) if device is not None else None
+    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge, backend=backend)
     with contextlib.closing(trained):  # a failure below ends the worker processes at once
         for k, (state, batch, report) in enumerate(trained):
             writer.record(state, batch, report.witness)

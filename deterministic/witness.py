@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -30,3 +33,34 @@ def replay_witness(loss: np.float32, grads: Mapping[str, np.ndarray], order: lis
         h.update(struct.pack("<H", len(encoded)) + encoded)
         h.update(np.ascontiguousarray(grads[name], dtype="<f4").tobytes())
     return h.digest()
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    """A step's host-side results: its mean loss, gradient norm and clipping coefficient, and
+    its witness W_k as it is being hashed (``witness.result()`` waits for the digest)."""
+
+    loss: np.float32
+    grad_norm: np.float32
+    clip_coef: np.float32
+    witness: Future
+
+
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _hasher() -> ThreadPoolExecutor:
+    # Created on first use, so a process that forks before any step holds no thread.
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="open1b-witness"))
+        return _POOL[0]
+
+
+def witness_async(loss: np.float32, grads: Mapping[str, np.ndarray], order: list[str], grad_norm: np.float32,
+                  clip_coef: np.float32) -> StepScalars:
+    """:func:`replay_witness` hashed on a background thread (hashlib releases the GIL on large
+    buffers, so it overlaps the step's remaining kernels). ``grads`` must not change until
+    ``witness`` is done."""
+    return StepScalars(loss, grad_norm, clip_coef, _hasher().submit(replay_witness, loss, grads, order))
