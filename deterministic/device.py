@@ -170,3 +170,16 @@ def select_device(spec: str = "auto") -> DeviceChoice:
             return _cuda_choice(probe, f"auto: cuda:{i} ({probe.device_class}) passed the self-checks")
         passed_over.append(f"cuda:{i} ({probe.device_class}) failed the self-checks: {probe.failures()}")
     return cpu_choice("auto: " + ("; ".join(passed_over) if passed_over else why_none) + "; using the CPU")
+
+
+def select_device_or_cpu(spec: str = "auto") -> DeviceChoice:
+    """:func:`select_device`, except that a named GPU that is missing or fails a self-check gives
+    the CPU, with the refusal in ``reason``, instead of an error: what a node or a CLI does, since
+    the CPU computes the same bits. :class:`DeviceSpecError` for a malformed spec;
+    :class:`DeviceUnavailableError` only when the CPU itself fails the self-checks."""
+    try:
+        return select_device(spec)
+    except DeviceUnavailableError as exc:
+        if parse_device_spec(spec)[0] == "cpu":
+            raise
+        return cpu_choice(f"{exc}; using the CPU")

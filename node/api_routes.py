@@ -22,6 +22,7 @@ from .p2p import P2P
 from .publisher import Publisher
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .topics import reveals_topic
+from .worker import ReplayWorker
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Components:
     auditor: Auditor
     runfiles: RunFiles
     stats: NodeStats
+    worker: ReplayWorker
     shutdown: trio.Event
 
     def gauges(self) -> Gauges:
@@ -52,6 +54,8 @@ class Components:
             "runs": [r.hex() for r in ingest.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,
+            "device": {"requested": self.worker.device_spec, "class": self.worker.device,
+                       "reason": self.worker.device_reason},
             "claims_lost": s.claims_lost, "gossip_rejected": s.gossip_count("reject"),
             "gossip_ignored": s.gossip_count("ignore"), "synced": s.synced, "peers_banned": g.peers_banned,
             "replaying_step": s.busy_step, "replayed": s.replayed,

@@ -23,13 +23,10 @@ from typing import Protocol
 
 import trio
 
-from open1b.deterministic.device import cpu_device_class
-from open1b.deterministic.provenance import load_run_samples
-from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, Open1bError, RunManifest
+from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, RunManifest
 from open1b.protocol.witness import witness_binding
 
 from . import planner
-from .chunk_table import checkpoint_expectation
 from .claim_records import ClaimAgent
 from .clock import Clock
 from .config import NodeConfig
@@ -84,7 +81,6 @@ class Auditor:
         self.runfiles, self.p2p, self.replayer = runfiles, p2p, replayer
         self.bootstrapped, self.clock, self.stats = bootstrapped, clock, stats
         self.hardware = hardware_description()
-        self.device = cpu_device_class()  # what replays here, attested with each result (docs/protocol.md)
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
         self._nursery: trio.Nursery | None = None
@@ -169,6 +165,7 @@ class Auditor:
             log.warning("replay of step %d failed: %s", step, failure)
             return
         self.stats.record_replay(self.clock.now() - started)
+        self.stats.replay_device = result.device
         self.stats.replayed.append((manifest.run_id.hex(), step))
         await self._attest(manifest, step, result)
 
@@ -177,16 +174,11 @@ class Auditor:
         """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working directory."""
         samples, checkpoint = samples_blob(manifest), checkpoint_blob(manifest, step)
         await self.runfiles.fetch(self.p2p, samples, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
-        work = self.runfiles.assemble(manifest, [samples])
-        # h_k commits to the batch step k-1 consumed: the bulk path recomputes it from the verified
-        # samples, so nothing a chunk is checked against comes from the provider.
-        try:
-            dataset = await trio.to_thread.run_sync(load_run_samples, work, manifest) if step > 0 else None
-            bulk = BulkFetch(self.identity, checkpoint_expectation(manifest, step, dataset))
-        except Open1bError as exc:  # samples that match their address but not the manifest: no replay can work
-            raise ReplayFailed(f"the run's samples do not match its manifest: {exc}") from exc
+        # the samples first: the bulk path checks the checkpoint's chunks against h_k, whose
+        # preimage includes the batch step k-1 consumed, recomputed from them
+        self.runfiles.assemble(manifest, [samples])
         await self.runfiles.fetch(self.p2p, checkpoint, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
-                                  bulk=bulk)
+                                  bulk=BulkFetch(self.identity, manifest, step))
         return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
 
     def _provide_soon(self, key: str) -> None:
@@ -214,7 +206,7 @@ class Auditor:
             self.identity, run=manifest.run_id, step=step, pre_state=result.pre_state,
             post_state=result.post_state, verdict=MATCH if result.post_state == expected else MISMATCH,
             engine=manifest.engine, engine_version=manifest.engine_version, hardware=self.hardware,
-            device=self.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
+            device=result.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
             witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
         )
         self.ingest.add_own_attestation(att)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from open1b.deterministic.device import parse_device_spec
+from open1b.deterministic.errors import DeviceSpecError
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
@@ -47,6 +49,9 @@ class NodeConfig:
     redundancy: int = 2
     lease_s: int = 120
     replay_timeout_s: float = 3600.0
+    # Where the replay worker computes: auto (a CUDA device that passes the self-checks, else the
+    # CPU), cpu, cuda or cuda:N. A GPU that is missing or fails a check falls back to the CPU.
+    device: str = "auto"
     sync_interval_s: float = 2.0
     idle_poll_s: float = 0.5
     heartbeat_s: float = 1.0
@@ -76,6 +81,10 @@ class NodeConfig:
             raise ConfigError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
+        try:
+            parse_device_spec(self.device)
+        except DeviceSpecError as exc:
+            raise ConfigError(str(exc)) from None
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer id>")
@@ -107,7 +116,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
-    "publishers": ("publishers", list),
+    "publishers": ("publishers", list), "device": ("device", str),
 }
 
 

@@ -103,7 +103,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
     identity = load_or_create_identity(config.data_dir)
     with DaemonLock(config.data_dir):
         store = Store(config.data_dir / STORE_FILE, now_ms=clock.wall_ms)
-        worker = ReplayWorker()
+        worker = ReplayWorker(config.device)
         try:
             # an operator's local runs (--run): a bad manifest stops the daemon before it listens
             local_runs = [(d, read_run_manifest(d, clock.wall())) for d in (Path(r).resolve() for r in config.run_dirs)]
@@ -140,11 +140,13 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats)
     shutdown = trio.Event()
-    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, shutdown)
+    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(publisher.serve_publisher)
         await nursery.start(auditor.serve_auditor)
+        if config.audit:  # the worker chooses and self-checks its device now, so status shows it
+            nursery.start_soon(partial(worker.start, timeout_s=config.replay_timeout_s))
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)
         # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).

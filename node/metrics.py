@@ -48,6 +48,7 @@ class NodeStats:
     attestations_received: int = 0
     synced: int = 0
     busy_step: int | None = None
+    replay_device: str | None = None  # the class of the device the last replay ran on
     replayed: list[tuple[str, int]] = field(default_factory=list)
 
     def record_replay(self, seconds: float) -> None:

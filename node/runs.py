@@ -30,6 +30,7 @@ from typing import Callable
 import trio
 
 from open1b.deterministic.config import from_manifest_model
+from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import (
     CHECKPOINT_DIR,
     ENGINE,
@@ -43,7 +44,7 @@ from open1b.protocol import Identity, Open1bError, RunManifest
 from .blobs import BlobCache, BlobError, provider_key
 from .bulk import BulkPeer, find_bulk_peer
 from .checkpoint_fetch import fetch_checkpoint
-from .chunk_table import Expectation
+from .chunk_table import checkpoint_expectation
 from .files import write_atomic
 from .p2p import P2P
 
@@ -125,11 +126,13 @@ class FetchStats:
 
 @dataclass(frozen=True)
 class BulkFetch:
-    """What fetching a checkpoint over the bulk path needs: our identity (its sessions are
-    authenticated both ways) and what the checkpoint must be (every chunk is checked against h_k)."""
+    """What fetching checkpoint ``step`` over the bulk path needs: our identity (its sessions are
+    authenticated both ways) and the manifest, from which, with the run's samples file already in
+    the working directory, the fetcher derives what every chunk is checked against (h_k)."""
 
     identity: Identity
-    expect: Expectation
+    manifest: RunManifest
+    step: int
 
 
 async def _bulk_peers(p2p: P2P, peer_ids: list[str]) -> list[BulkPeer]:
@@ -284,16 +287,25 @@ class RunFiles:
         """The checkpoint over the bulk path from the connected peers, else from the DHT's
         providers; None when no provider serves it there (the caller falls back to libp2p). A
         provider caught sending a chunk that contradicts h_k has been blamed through ``bad``."""
+        manifest, step = bulk.manifest, bulk.step
+        try:  # h_k's preimage: nothing a chunk is checked against comes from a provider
+            dataset = None
+            if step > 0:
+                dataset = await trio.to_thread.run_sync(load_run_samples, self.work_dir(manifest.run_id), manifest)
+            expect = checkpoint_expectation(manifest, step, dataset)
+        except Open1bError as exc:  # samples that are not the manifest's: the replay reports it
+            log.info("checkpoint %d: no bulk fetch without the run's samples: %s", step, exc)
+            return None
         for candidates in (connected, None):
             peer_ids = candidates if candidates is not None else await dht_providers()
             peers = await _bulk_peers(p2p, peer_ids)
             if not peers:
                 continue
             try:
-                report = await fetch_checkpoint(self.cache, bulk.identity, peers, bulk.expect, on_bad_peer=bad,
+                report = await fetch_checkpoint(self.cache, bulk.identity, peers, expect, on_bad_peer=bad,
                                                 progress=progress)
             except BlobError as exc:
-                log.info("checkpoint %d over the bulk path: %s", bulk.expect.step, exc)
+                log.info("checkpoint %d over the bulk path: %s", step, exc)
                 continue
             self.stats.bulk_fetched += 1
             return report.path

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from open1b.deterministic.device import parse_device_spec
 from open1b.protocol import Open1bError
 
 # Faults and adversaries a devnet can inject (node/scenarios.py; docs/reliability.md).
@@ -27,6 +28,7 @@ class DevnetOptions:
     workdir: Path | None = None
     keep: bool = False
     scenarios: tuple[str, ...] = ()
+    device: str = "auto"  # where the trainer and every daemon's replay worker compute (``--device``)
 
     def __post_init__(self) -> None:
         unknown = set(self.scenarios) - set(SCENARIOS)
@@ -36,6 +38,7 @@ class DevnetOptions:
             raise ValueError("nodes, steps and redundancy must be at least 1")
         if self.redundancy > self.nodes:
             raise ValueError(f"redundancy {self.redundancy} needs at least that many nodes (got {self.nodes})")
+        parse_device_spec(self.device)  # DeviceSpecError (a ValueError) before anything starts
         if self.tamper_step is not None and not 0 <= self.tamper_step < self.steps:
             raise ValueError(f"--tamper-step must be in [0, {self.steps})")
 

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from open1b.deterministic.device import select_device_or_cpu
 from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 
@@ -37,9 +38,10 @@ def run_plain(opts: DevnetOptions) -> dict:
         forged = f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""
         with progress(f"devnet: training and publishing a run{forged}", opts.steps) as update:
             manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=opts.steps, seed=opts.seed,
-                                   tamper_step=opts.tamper_step, progress=lambda done, total: update(done, ""))
+                                   tamper_step=opts.tamper_step, device=select_device_or_cpu(opts.device),
+                                   progress=lambda done, total: update(done, ""))
         run_hex = manifest.run_id.hex()
-        daemons = Daemons(workdir, run_dir, opts.redundancy)
+        daemons = Daemons(workdir, run_dir, opts.redundancy, device=opts.device)
         try:
             addrs = daemons.plan(opts.nodes + 1)
             observer = opts.nodes
@@ -75,10 +77,10 @@ def run_plain(opts: DevnetOptions) -> dict:
             "wall_seconds": round(wall, 2),
             "queried_from": {"peer_id": statuses[-1]["peer_id"], "replays": statuses[-1]["replays"]},
             "per_node": [{"peer_id": s["peer_id"], "replays": s["replays"], "claims_lost": s["claims_lost"],
-                          "audit": s["audit"], "fetched_bytes": s["blobs"]["fetched_bytes"],
+                          "audit": s["audit"], "device": s["device"]["class"], "fetched_bytes": s["blobs"]["fetched_bytes"],
                           "served_bytes": s["blobs"]["served_bytes"]} for s in statuses],
             "per_step": [{"step": s["step"], "status": s["status"], "auditors": s["auditors"],
-                          "dissenters": s["dissenters"]} for s in cov["per_step"]] if cov else [],
+                          "dissenters": s["dissenters"], "devices": s["devices"]} for s in cov["per_step"]] if cov else [],
             "workdir": str(workdir) if opts.keep else None,
         }
     finally:
@@ -95,6 +97,8 @@ def render(summary: dict) -> str:
         f" — {'complete' if summary['complete'] else 'INCOMPLETE at deadline'} at redundancy {summary['redundancy']}",
         f"work       {summary['replays']} replays = {summary['replay_ratio']}x steps x redundancy,"
         f" {summary['wall_seconds']} s wall",
+        f"devices    {', '.join(sorted({d for s in summary['per_step'] for d in s['devices']})) or '-'}"
+        " (the classes of device behind the matches)",
         "",
         "step  status     auditors",
     ]
