@@ -16,7 +16,7 @@ from importlib import resources
 
 import numpy as np
 
-from open1b.protocol.data_order import DATA_ORDER, sample_index  # re-exported: proofs re-derive draws too
+from open1b.protocol.data_order import DATA_ORDER, sample_index  # noqa: F401 (re-exported: proofs re-derive draws too)
 
 from .config import GPTConfig, Topology
 from .documents import CorpusSplit

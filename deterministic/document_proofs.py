@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from open1b.protocol import RunManifest
+from open1b.protocol.data_proofs import proof_to_json, verify_data_proof
 from open1b.protocol.documents import (
     AbsenceProof, DataCommitments, DataProof, InclusionProof, NeverDrawnProof, ProvenSample, document_digest,
-    proof_to_json, prove_absent, prove_entry, sample_range, verify_data_proof,
+    prove_absent, prove_entry, sample_range,
 )
 from open1b.protocol.merkle import MerkleTree
 
