@@ -31,16 +31,22 @@ class BoardRow:
     certified: int  # scheduled evaluations by status
     disputed: int
     unchecked: int
-    replayed: float  # fraction of steps verified by replay (coverage status "verified")
+    verified_steps: int  # steps verified by replay (coverage status "verified")
+    steps: int
     disputed_steps: int
     devices: tuple[str, ...]  # device classes behind the verified steps, sorted
     reason: str  # why the row is not ranked ("" when it is)
+
+    @property
+    def replayed(self) -> float:
+        return self.verified_steps / self.steps
 
     def to_json(self) -> dict:
         return {"run": self.run.hex(), "eval_set": self.eval_set, "rank": self.rank, "loss": self.loss,
                 "loss_bits": self.loss_bits, "eval_state": self.eval_state,
                 "evaluations": {"certified": self.certified, "disputed": self.disputed, "unchecked": self.unchecked},
-                "replayed": self.replayed, "disputed_steps": self.disputed_steps, "devices": list(self.devices),
+                "replayed": self.replayed, "verified_steps": self.verified_steps, "steps": self.steps,
+                "disputed_steps": self.disputed_steps, "devices": list(self.devices),
                 "reason": self.reason}  # fmt: skip
 
 
@@ -64,7 +70,7 @@ def leaderboard(runs: Iterable[Any], attestations: Sequence[Attestation], evals:
         rows.append(BoardRow(
             run.run_id, run.data["eval_root"], None, _f32(latest.loss) if latest else None,
             latest.loss if latest else None, latest.state if latest else None, len(certified), disputed,
-            len(evs) - len(certified) - disputed, cov.count(StepStatus.VERIFIED) / run.steps, len(cov.disputed_steps),
+            len(evs) - len(certified) - disputed, cov.count(StepStatus.VERIFIED), run.steps, len(cov.disputed_steps),
             tuple(sorted({d for s in cov.steps if s.status is StepStatus.VERIFIED for d in s.devices})), reason))
     ranked = sorted((r for r in rows if not r.reason), key=lambda r: (r.eval_set, r.loss, r.run))
     out, place = [], {}
