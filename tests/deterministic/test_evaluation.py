@@ -44,7 +44,7 @@ def test_eval_loss_matches_float64(run):
     dataset = run_eval_dataset(manifest)
     tp = torch_twin.to_torch(state.params, torch.float64)
     tokens = torch.tensor(dataset.samples.astype(np.int64))
-    ref = float(torch_twin.loss_sum(tp, tokens, config)) / (dataset.n * config.seq_len)
+    ref = float(torch_twin.loss_sum(tp, tokens, config).detach()) / (dataset.n * config.seq_len)
     assert abs(float(eval_loss(state, dataset)) - ref) / ref < 1e-5
 
 
