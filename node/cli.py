@@ -298,8 +298,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     ranks = f" on {args.ranks} processes (torch.distributed, gloo)" if args.ranks and args.ranks > 1 else ""
     with progress(f"training {args.steps} steps into {args.out}{ranks}", args.steps) as update:
         manifest = publish_run(Path(args.out), load_identity(data_dir), steps=args.steps, seed=args.seed,
-                               tamper_step=args.tamper_step, ranks=args.ranks,
-                               progress=lambda done, total: update(done, ""), **options)
+                               tamper_step=args.tamper_step, ranks=args.ranks, eval_documents=args.eval_documents,
+                               eval_every=args.eval_every, progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"]}
@@ -418,6 +418,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--ranks", type=_at_least_one, metavar="W",
                    help="data-parallel ranks: W > 1 trains in W processes (torch.distributed, gloo); "
                         "default: the preset's topology, in one process")
+    t.add_argument("--eval-documents", type=int, default=0, metavar="H",
+                   help="hold out the corpus's last H documents as a committed evaluation set (docs/run-format.md §9)")
+    t.add_argument("--eval-every", type=_at_least_one, default=1, metavar="V", help="evaluate every V-th state")
     t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
@@ -437,6 +440,8 @@ def parser() -> argparse.ArgumentParser:
 
     from .verify_handoff import add_parser as add_verify_handoff  # Open-1B v3 hand-off check
     add_verify_handoff(sub, parents=[reporting])
+    from .data_command import add_parser as add_data  # data inclusion and exclusion proofs
+    add_data(sub, parents=[reporting])
     return p
 
 
