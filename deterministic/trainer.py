@@ -101,6 +101,8 @@ def publish_run(
     if eval_documents:
         eval_set = builtin_eval_dataset(config, eval_documents)
         evaluation, schedule = eval_fields(eval_set, eval_documents, eval_every), eval_schedule(steps, eval_every)
+        if not schedule:
+            raise ValueError(f"eval_every {eval_every} schedules no state of a {steps}-step run")
     writer = RunWriter(Path(out_dir), run_fields(preset, seed, write_run_samples(Path(out_dir), dataset), topology,
                                                  evaluation=evaluation))
     state = init_state(config, seed)
