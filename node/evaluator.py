@@ -1,0 +1,127 @@
+"""The node's evaluation component (docs/run-format.md §9, docs/protocol.md §8.5–§8.6): it takes
+``eval`` statements from gossip, publishes its own runs' results, checks other publishers' results
+by recomputing them, and serves the leaderboard.
+
+It is built with everything it needs — the store, the node key, a ``publish(topic, data)``
+coroutine, a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
+checkpoint k (or None while it cannot), a clock reading ``now()`` and the trust policy — and
+serves itself with :meth:`Evaluator.serve`, so the daemon only wires it: subscribe
+:meth:`topic` with :meth:`validate` and :meth:`ingest`, call :meth:`publish_results` after
+publishing a run, start :meth:`serve`, and add :meth:`routes` to the API.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import trio
+
+from open1b.protocol import PROTOCOL_VERSION, EvalStatement, Identity, RunManifest, TrustPolicy, validate_eval
+from open1b.protocol.evaluation import RESULT, eval_schedule, evaluations
+from open1b.protocol.validation import Verdict
+
+from .api import ApiError, Route
+from .evaluations import board, check_result, sign_results
+from .store import Store
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+Checkpoint = Callable[[RunManifest, int], Awaitable["Path | None"]]
+
+
+def evals_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/evals"
+
+
+class Evaluator:
+    def __init__(self, store: Store, identity: Identity, *, publish: Publish, checkpoint: Checkpoint,
+                 now: Callable[[], int], device: str, policy: TrustPolicy, redundancy: int,
+                 interval: float = 10.0) -> None:
+        self.store, self.identity, self.publish, self.checkpoint = store, identity, publish, checkpoint
+        self.now, self.device, self.policy, self.redundancy, self.interval = now, device, policy, redundancy, interval
+        self.checked = 0  # results this node recomputed
+
+    topic = staticmethod(evals_topic)
+
+    def _run(self, run_id: bytes) -> RunManifest | None:
+        return next((m for m in self.store.manifests() if m.run_id == run_id), None)
+
+    def validate(self, data: bytes) -> Verdict[EvalStatement]:
+        """§7's rules for an ``eval`` against the runs this node knows."""
+        return validate_eval(data, self._run, self.now())
+
+    def ingest(self, data: bytes) -> bool:
+        """Validate and store one ``eval``; True if it was new."""
+        verdict = self.validate(data)
+        return verdict.accepted and self.store.add_eval(verdict.message)
+
+    async def _emit(self, statement: EvalStatement) -> None:
+        if self.store.add_eval(statement):
+            await self.publish(self.topic(statement.run), statement.encoded)
+
+    async def publish_results(self, manifest: RunManifest, run_dir: Path) -> int:
+        """Sign and gossip the results of a run this node published (``RUN/evaluations.cbor``);
+        nothing for a run without an evaluation schedule or that another key published."""
+        if not eval_schedule(manifest) or manifest.publisher != self.identity.public_key:
+            return 0
+        results = sign_results(run_dir, manifest, self.identity, device=self.device, now=self.now())
+        for r in results:
+            await self._emit(r)
+        return len(results)
+
+    def pending(self, manifest: RunManifest) -> list[EvalStatement]:
+        """The run's results this node has not checked yet (one per state: a second result of a
+        state is the publisher's contradiction, already a dispute, and needs no replay)."""
+        if manifest.publisher == self.identity.public_key:
+            return []
+        held = self.store.evals(manifest.run_id)
+        mine = {(e.state, e.claimed) for e in held if e.signer == self.identity.public_key}
+        results = {}
+        for e in held:
+            if e.verdict == RESULT:
+                results.setdefault(e.state, []).append(e)
+        return [rs[0] for k, rs in sorted(results.items()) if len(rs) == 1 and (k, rs[0].loss) not in mine]
+
+    async def check_pending(self) -> int:
+        """Recompute every pending result whose checkpoint is at hand (off the event loop) and
+        gossip a match or mismatch of it; returns how many it checked."""
+        done = 0
+        for manifest in self.store.manifests():
+            for result in self.pending(manifest):
+                run_dir = await self.checkpoint(manifest, result.state)
+                if run_dir is None:
+                    continue  # the checkpoint cannot be fetched now: try again next round
+                check = await trio.to_thread.run_sync(lambda: check_result(
+                    run_dir, manifest, result, self.identity, device=self.device, now=self.now()))
+                await self._emit(check)
+                done += 1
+        self.checked += done
+        return done
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self.check_pending()
+            await trio.sleep(self.interval)
+
+    def status(self, manifest: RunManifest) -> list[dict]:
+        """The run's evaluations as coverage shows them (docs/protocol.md §8.5)."""
+        return [{"state": e.state, "status": e.status.value, "loss_bits": e.loss, "checkers": list(e.checkers),
+                 "dissenters": list(e.dissenters), "evidence": [d.hex() for d in e.evidence],
+                 "devices": list(e.devices)}  # fmt: skip
+                for e in evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy,
+                                     min_keys=self.redundancy)]
+
+    def routes(self) -> list[Route]:
+        """``GET /v1/leaderboard`` and ``GET /v1/evaluations/<run>``."""
+        async def leaderboard(path, query):
+            rows = board(self.store, policy=self.policy, redundancy=self.redundancy, now=self.now())
+            return [r.to_json() for r in rows]
+
+        async def run_evaluations(path, query):
+            manifest = self._run(bytes.fromhex(path[0])) if path and len(path[0]) == 64 else None
+            if manifest is None:
+                raise ApiError(404, "unknown run (give its 64-hex-digit id)")
+            return self.status(manifest)
+
+        return [Route("GET", "/v1/leaderboard", leaderboard), Route("GET", "/v1/evaluations", run_evaluations)]
