@@ -136,9 +136,19 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         rows = [["STEP", "STATUS", "MATCH", "MISMATCH", "CLAIMED BY"]] + [
             [str(s["step"]), s["status"], str(len(s["auditors"])), str(len(s["dissenters"])),
              ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
-        return "\n".join([head, trust, *flags, _table(rows)])
+        evals = [["STATE", "EVALUATION", "LOSS BITS", "MATCH", "MISMATCH"]] + [
+            [str(e["state"]), e["status"], f"{e['loss_bits']:08x}" if e["loss_bits"] is not None else "-",
+             str(len(e["checkers"])), str(len(e["dissenters"]))] for e in c.get("evaluations", [])]
+        return "\n".join([head, trust, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
     _emit(args, cov, render)
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from .evaluations import render_board
+
+    _emit(args, _call(args, "/v1/leaderboard"), render_board)
     return 0
 
 
@@ -311,7 +321,7 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     from .devnet import DevnetOptions, render, run_devnet
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
-                         deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
+                         eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
                          keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)))
     summary = run_devnet(opts)
     if opts.scenarios:
@@ -374,6 +384,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--redundancy", type=int, help="target to judge completeness by (default: the node's)")
     c.set_defaults(func=cmd_coverage)
 
+    sub.add_parser("leaderboard", parents=[client],
+                   help="runs ranked by certified evaluation loss, from the node's signed statements").set_defaults(
+        func=cmd_leaderboard)
+
     cl = sub.add_parser("claims", parents=[client], help="live claims the daemon knows")
     cl.add_argument("run", nargs="?", help="only this run")
     cl.set_defaults(func=cmd_claims)
@@ -428,6 +442,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--steps", type=int, default=8)
     n.add_argument("--redundancy", type=int, default=1)
     n.add_argument("--tamper-step", type=int, help="forge the published state after this step")
+    n.add_argument("--eval-every", type=int, default=0, metavar="V",
+                   help="commit a held-out evaluation set and evaluate every V-th state (0: no evaluation)")
+    n.add_argument("--tamper-eval", type=int, metavar="K", help="the trainer publishes a false loss for state K")
     n.add_argument("--deadline", type=float, default=150.0, help="seconds before giving up")
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")

@@ -28,7 +28,7 @@ from pathlib import Path
 import trio
 
 from open1b.deterministic.device import cpu_device_class
-from open1b.deterministic.runfile import MANIFEST_FILE
+from open1b.deterministic.runfile import EVALUATIONS_FILE, MANIFEST_FILE
 from open1b.protocol import (
     MATCH, MISMATCH, PROTOCOL_VERSION, Attestation, Claim, Coverage, Identity, Open1bError, Outcome, RunManifest, claim_key,
     coverage, peer_id_from_public_key, public_key_from_peer_id, select_claim, validate_attestation, validate_claim,
@@ -51,6 +51,7 @@ from .claiming import ClaimAgent
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, check_version
 from .deficits import RunIndexes
+from .evaluator import Evaluator, evals_topic
 from .identity_file import load_or_create_identity
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import MAX_PUBSUB_MESSAGE, NetworkError, P2P, RecordValidator, open_p2p
@@ -162,6 +163,7 @@ class Daemon:
         self.validation: Counter[str] = Counter()  # "<kind>/<outcome>/<code>" of every statement refused
         self.adversary = adversary.from_config(config)  # None unless a devnet asked for broken behaviour
         self.proof: ReplayProof | None = None  # our replays' witnesses, and the reveals they call for
+        self.evaluator: Evaluator | None = None  # eval statements, checks and the leaderboard (set in _serve)
         self._publishers = frozenset(public_key_from_peer_id(p) for p in config.publishers)
 
     # -- runs ------------------------------------------------------------------------------
@@ -180,6 +182,7 @@ class Daemon:
             (attestations_topic(run), self._validate_attestation, self._on_attestation),
             (claims_topic(run), self._validate_claim, self._on_claim),
             (reveals_topic(run), self._validate_reveal, self._on_reveal),
+            (evals_topic(run), self._validate_eval, self._on_eval),
         ):
             if topic in self._topics:
                 continue
@@ -292,6 +295,8 @@ class Daemon:
                 job["provided"] += bool(await self.p2p.provide(provider_key(blob.digest)))
             job.update(state="announcing", done=len(blobs), note="gossiping the manifest")
             job["gossiped"] = await self._announce(manifest)
+            if self.evaluator is not None and (run_dir / EVALUATIONS_FILE).exists():
+                await self.evaluator.publish_results(manifest, run_dir)  # only a run this node's key signed
             job.update(state="done", note="", seconds=round(time.monotonic() - started, 3))
             log.info("published run %s: %d blobs provided, manifest %s", job["run"][:16], job["provided"],
                      "gossiped" if job["gossiped"] else "left to sync (too large for gossip)")
@@ -373,6 +378,27 @@ class Daemon:
         me = att.signer == self.identity.public_key
         return me or (self.trust.trusts(att.signer) and att.signer not in self.flagged.get(att.run, ())
                       and not (self.proof is not None and self.proof.disproves(att)))
+
+    # -- certified evaluation (docs/run-format.md §9): node/evaluator.py does the work -----------
+    def _validate_eval(self, author: str, data: bytes) -> Outcome:
+        assert self.evaluator is not None
+        verdict = self.evaluator.validate(data)
+        self.stats.record_gossip("eval", verdict.outcome.value)
+        self._count_refusal("eval", verdict)
+        return verdict.outcome
+
+    async def _on_eval(self, author: str, data: bytes) -> None:
+        assert self.evaluator is not None
+        self.evaluator.ingest(data)
+
+    async def _eval_checkpoint(self, manifest: RunManifest, state: int) -> Path | None:
+        """A run directory holding checkpoint ``state`` (fetched like a replay's), or None for now."""
+        try:
+            run_dir, _ = await self._run_files(manifest, state)
+        except (Open1bError, OSError) as exc:
+            log.info("evaluation of state %d of %s waits: %s", state, manifest.run_id.hex()[:16], exc)
+            return None
+        return run_dir
 
     # -- proof of replay: witness reveals (docs/run-format.md §5) ----------------------------
     def _validate_reveal(self, author: str, data: bytes) -> Outcome:
@@ -735,7 +761,8 @@ class Daemon:
             run = self._run_arg(path[0] if path else "")
             try:
                 redundancy = int(query.get("redundancy", self.config.redundancy))
-                return views.coverage_json(self.coverage(run, redundancy), self.manifests[run])
+                return {**views.coverage_json(self.coverage(run, redundancy), self.manifests[run]),
+                        "evaluations": self.evaluator.status(self.manifests[run]) if self.evaluator else []}
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from exc
 
@@ -779,7 +806,7 @@ class Daemon:
                 Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown),
                 Route("GET", "/v1/reveals", reveals), Route("POST", "/v1/reveal", reveal),
                 Route("POST", "/v1/publish", publish), Route("GET", "/v1/publications", publications),
-                Route("POST", "/v1/fetch", fetch)]
+                Route("POST", "/v1/fetch", fetch), *(self.evaluator.routes() if self.evaluator else ())]
 
     def metrics_routes(self) -> list[Route]:
         registry = metrics_registry(self.stats, self.gauges)
@@ -822,6 +849,9 @@ class Daemon:
             stream, lambda: list(self.manifests), lambda run: m.encoded if (m := self.manifests.get(run)) else None))
         assert self.runfiles is not None
         p2p.set_stream_handler(BLOB_PROTOCOL, self.runfiles.cache.serve)
+        self.evaluator = Evaluator(self.store, self.identity, publish=p2p.publish, checkpoint=self._eval_checkpoint,
+                                   now=now_s, device=cpu_device_class(), policy=self.trust,
+                                   redundancy=cfg.redundancy)
         p2p.set_validator(RUNS_TOPIC, self._validate_manifest)
         await p2p.subscribe(RUNS_TOPIC, self._on_manifest)
         for run in list(self.manifests):
@@ -846,6 +876,7 @@ class Daemon:
             nursery.start_soon(self._trust_loop)
             if cfg.audit:
                 nursery.start_soon(self._audit_loop)
+            await nursery.start(self.evaluator.serve, cfg.audit)  # an observer only keeps statements moving
             if self.adversary is not None:
                 nursery.start_soon(self.adversary.run, self)
             await self.shutdown.wait()

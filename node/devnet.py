@@ -32,6 +32,7 @@ from .daemon import API_ADDR_FILE
 from .datadir import init_data_dir
 from .progress import progress
 
+EVAL_DOCUMENTS = 8
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 # Faults and adversaries a devnet can inject (node/scenarios.py; docs/reliability.md).
@@ -49,6 +50,8 @@ class DevnetOptions:
     steps: int = 8
     redundancy: int = 1
     tamper_step: int | None = None
+    eval_every: int = 0  # > 0: hold out EVAL_DOCUMENTS documents and evaluate every eval_every-th state
+    tamper_eval: int | None = None  # the trainer's result for this state is false (one bit flipped)
     deadline_s: float = 150.0
     seed: int = 0
     workdir: Path | None = None
@@ -190,8 +193,10 @@ def run_devnet(opts: DevnetOptions) -> dict:
     try:
         forged = f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""
         with progress(f"devnet: training and publishing a run{forged}", opts.steps) as update:
-            manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=opts.steps, seed=opts.seed,
-                                   tamper_step=opts.tamper_step, progress=lambda done, total: update(done, ""))
+            trainer = Identity(os.urandom(32))
+            manifest = publish_run(run_dir, trainer, steps=opts.steps, seed=opts.seed, tamper_step=opts.tamper_step,
+                                   eval_documents=EVAL_DOCUMENTS if opts.eval_every else 0,
+                                   eval_every=opts.eval_every or 1, progress=lambda done, total: update(done, ""))
         run_hex = manifest.run_id.hex()
         daemons = Daemons(workdir, run_dir, opts.redundancy)
         try:
@@ -203,6 +208,9 @@ def run_devnet(opts: DevnetOptions) -> dict:
             job = daemons.publish(observer)
             _say(f"{opts.nodes} auditors and 1 observer up in {run_dir.parent}; run {run_hex[:16]}… published by the"
                  f" observer ({job['bytes']} bytes in {job['steps'] + 2} blobs, {job['seconds']} s); auditors fetch from peers")
+            if opts.eval_every:  # the trainer signs its results with the run's key; the observer gossips them
+                for result in trainer_results(run_dir, manifest, trainer, opts.tamper_eval):
+                    call(apis[observer], f"/v1/eval?statement={result.encoded.hex()}", method="POST")
             cov = None
             deadline = started + opts.deadline_s
             with progress(f"devnet: steps with {opts.redundancy} attester(s), seen by the observer", opts.steps) as update:
@@ -211,10 +219,12 @@ def run_devnet(opts: DevnetOptions) -> dict:
                     done = sum(1 for s in cov["per_step"]
                                if len(set(s["auditors"]) | set(s["dissenters"])) >= opts.redundancy)
                     update(done, f"({cov['verified_steps']} verified, {len(cov['disputed_steps'])} disputed)")
-                    if cov["complete"]:
+                    if cov["complete"] and all(e["status"] != "unchecked" for e in cov["evaluations"]):
                         break
                     time.sleep(0.5)
             statuses = [call(api, "/v1/status") for api in apis]
+            board = call(apis[observer], "/v1/leaderboard")
+            implied = implied_board(apis[observer], manifest, opts.redundancy)
         finally:
             daemons.stop()
         wall = time.monotonic() - started
@@ -233,11 +243,41 @@ def run_devnet(opts: DevnetOptions) -> dict:
                           "served_bytes": s["blobs"]["served_bytes"]} for s in statuses],
             "per_step": [{"step": s["step"], "status": s["status"], "auditors": s["auditors"],
                           "dissenters": s["dissenters"]} for s in cov["per_step"]] if cov else [],
+            "evaluations": cov["evaluations"] if cov else [],
+            "leaderboard": board, "leaderboard_is_the_statements": board == implied,
             "workdir": str(workdir) if opts.keep else None,
         }
     finally:
         if not opts.keep and opts.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def trainer_results(run_dir: Path, manifest, trainer: Identity, tamper: int | None) -> list:
+    """The trainer's signed results; with ``tamper``, that state's loss has its lowest bit flipped."""
+    from open1b.deterministic.device import cpu_device_class
+    from open1b.protocol import EvalStatement
+
+    from .evaluations import sign_results
+
+    results = sign_results(run_dir, manifest, trainer, device=cpu_device_class(), now=int(time.time()))
+    return [r if r.state != tamper else EvalStatement.create(
+        trainer, **{**{f: getattr(r, f) for f in EvalStatement.SCHEMA if f != "signer"},
+                    "loss": r.loss ^ 1, "claimed": r.loss ^ 1}) for r in results]
+
+
+def implied_board(api: str, manifest, redundancy: int) -> list[dict]:
+    """The leaderboard computed here, by the protocol library, from the signed statements the
+    observer holds (its attestations and evals, fetched raw): what its board must equal."""
+    from open1b.protocol import Attestation, EvalStatement, TrustPolicy, leaderboard, public_key_from_peer_id
+
+    run = manifest.run_id.hex()
+    atts = [Attestation.decode(bytes.fromhex(a["encoded"])) for a in call(api, f"/v1/attestations/{run}")]
+    evals = [EvalStatement.decode(bytes.fromhex(e)) for e in call(api, f"/v1/evals/{run}")]
+    p = call(api, f"/v1/coverage/{run}")["policy"]  # the observer's trust policy, applied the same way here
+    policy = TrustPolicy(p["name"], frozenset(public_key_from_peer_id(r) for r in p["roots"]), p["quorum"])
+    rows = leaderboard([manifest], atts, evals, now=int(time.time()), redundancy=redundancy, policy=policy,
+                       min_keys=redundancy)
+    return [r.to_json() for r in rows]
 
 
 def render(summary: dict) -> str:
@@ -257,5 +297,14 @@ def render(summary: dict) -> str:
         if s["dissenters"]:
             who += "  mismatch: " + ", ".join(p[-8:] for p in s["dissenters"])
         lines.append(f"{s['step']:>4}  {s['status']:<9}  {who}")
+    if summary["evaluations"]:
+        lines += ["", "state  evaluation  loss bits  checked by"]
+        lines += [f"{e['state']:>5}  {e['status']:<10}  {e['loss_bits'] if e['loss_bits'] is not None else '-'!s:>9}  "
+                  f"{', '.join(p[-8:] for p in e['checkers']) or '-'}"
+                  + (f"  mismatch: {', '.join(p[-8:] for p in e['dissenters'])}" if e["dissenters"] else "")
+                  for e in summary["evaluations"]]
+        lines.append(f"leaderboard (observer): {len(summary['leaderboard'])} row(s), "
+                     f"{'equal to' if summary['leaderboard_is_the_statements'] else 'DIFFERENT FROM'} the board its"
+                     f" statements imply")
     return "\n".join(lines)
 

@@ -98,10 +98,29 @@ class Evaluator:
         self.checked += done
         return done
 
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def republish(self) -> int:
+        """Gossip again every stored ``eval`` of a run whose evaluations are not all settled
+        (certified or disputed): statements carry no sync protocol yet (docs/protocol.md §16), so
+        a node that joined the run's topic after a statement went by gets it on a later round."""
+        sent = 0
+        for manifest in self.store.manifests():
+            states = evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy,
+                                 min_keys=self.redundancy)
+            if all(e.status.value != "unchecked" for e in states):
+                continue
+            for e in self.store.evals(manifest.run_id):
+                await self.publish(self.topic(e.run), e.encoded)
+                sent += 1
+        return sent
+
+    async def serve(self, check: bool = True, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Every ``interval``: check pending results (unless ``check`` is off, as on a node that
+        audits nothing), then republish what is not settled."""
         task_status.started()
         while True:
-            await self.check_pending()
+            if check:
+                await self.check_pending()
+            await self.republish()
             await trio.sleep(self.interval)
 
     def status(self, manifest: RunManifest) -> list[dict]:
@@ -112,16 +131,40 @@ class Evaluator:
                 for e in evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy,
                                      min_keys=self.redundancy)]
 
+    async def submit(self, data: bytes) -> EvalStatement:
+        """Store and gossip an ``eval`` signed elsewhere (a trainer's results, signed with the
+        run's key): :class:`ApiError` 400 unless §7 accepts it."""
+        verdict = self.validate(data)
+        if not verdict.accepted:
+            raise ApiError(400, f"not a valid eval: {verdict.reason}")
+        await self._emit(verdict.message)
+        return verdict.message
+
     def routes(self) -> list[Route]:
-        """``GET /v1/leaderboard`` and ``GET /v1/evaluations/<run>``."""
+        """``GET /v1/leaderboard``, ``GET /v1/evaluations/<run>`` (status per state),
+        ``GET /v1/evals/<run>`` (the signed statements, hex) and ``POST /v1/eval?statement=HEX``."""
+        def run_of(path: list[str]) -> RunManifest:
+            manifest = self._run(bytes.fromhex(path[0])) if path and len(path[0]) == 64 else None
+            if manifest is None:
+                raise ApiError(404, "unknown run (give its 64-hex-digit id)")
+            return manifest
+
         async def leaderboard(path, query):
             rows = board(self.store, policy=self.policy, redundancy=self.redundancy, now=self.now())
             return [r.to_json() for r in rows]
 
         async def run_evaluations(path, query):
-            manifest = self._run(bytes.fromhex(path[0])) if path and len(path[0]) == 64 else None
-            if manifest is None:
-                raise ApiError(404, "unknown run (give its 64-hex-digit id)")
-            return self.status(manifest)
+            return self.status(run_of(path))
 
-        return [Route("GET", "/v1/leaderboard", leaderboard), Route("GET", "/v1/evaluations", run_evaluations)]
+        async def statements(path, query):
+            return [e.encoded.hex() for e in self.store.evals(run_of(path).run_id)]
+
+        async def submit(path, query):
+            try:
+                data = bytes.fromhex(query.get("statement", ""))
+            except ValueError:
+                raise ApiError(400, "eval needs ?statement=<the signed statement as hex>") from None
+            return {"digest": (await self.submit(data)).digest.hex()}
+
+        return [Route("GET", "/v1/leaderboard", leaderboard), Route("GET", "/v1/evaluations", run_evaluations),
+                Route("GET", "/v1/evals", statements), Route("POST", "/v1/eval", submit)]
