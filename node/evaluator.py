@@ -12,18 +12,24 @@ publishing a run, start :meth:`serve`, and add :meth:`routes` to the API.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Awaitable, Callable
 
 import trio
 
-from open1b.protocol import PROTOCOL_VERSION, EvalStatement, Identity, RunManifest, TrustPolicy, validate_eval
+from open1b.protocol import (
+    PROTOCOL_VERSION, EvalStatement, Identity, Open1bError, RunManifest, TrustPolicy, validate_eval,
+)
 from open1b.protocol.evaluation import RESULT, eval_schedule, evaluations
 from open1b.protocol.validation import Verdict
 
 from .api import ApiError, Route
 from .evaluations import board, check_result, sign_results
+from .runs import why_not_auditable
 from .store import Store
+
+log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 Checkpoint = Callable[[RunManifest, int], Awaitable["Path | None"]]
@@ -40,6 +46,7 @@ class Evaluator:
         self.store, self.identity, self.publish, self.checkpoint = store, identity, publish, checkpoint
         self.now, self.device, self.policy, self.redundancy, self.interval = now, device, policy, redundancy, interval
         self.checked = 0  # results this node recomputed
+        self._failed: set[bytes] = set()  # results whose check failed here (logged): not retried
 
     topic = staticmethod(evals_topic)
 
@@ -72,15 +79,16 @@ class Evaluator:
     def pending(self, manifest: RunManifest) -> list[EvalStatement]:
         """The run's results this node has not checked yet (one per state: a second result of a
         state is the publisher's contradiction, already a dispute, and needs no replay)."""
-        if manifest.publisher == self.identity.public_key:
-            return []
+        if manifest.publisher == self.identity.public_key or why_not_auditable(manifest) is not None:
+            return []  # a node runs only its own engine, and a trainer does not check itself
         held = self.store.evals(manifest.run_id)
         mine = {(e.state, e.claimed) for e in held if e.signer == self.identity.public_key}
         results = {}
         for e in held:
             if e.verdict == RESULT:
                 results.setdefault(e.state, []).append(e)
-        return [rs[0] for k, rs in sorted(results.items()) if len(rs) == 1 and (k, rs[0].loss) not in mine]
+        return [rs[0] for k, rs in sorted(results.items())
+                if len(rs) == 1 and (k, rs[0].loss) not in mine and rs[0].digest not in self._failed]
 
     async def check_pending(self) -> int:
         """Recompute every pending result whose checkpoint is at hand (off the event loop) and
@@ -91,8 +99,15 @@ class Evaluator:
                 run_dir = await self.checkpoint(manifest, result.state)
                 if run_dir is None:
                     continue  # the checkpoint cannot be fetched now: try again next round
-                check = await trio.to_thread.run_sync(lambda: check_result(
-                    run_dir, manifest, result, self.identity, device=self.device, now=self.now()))
+                try:
+                    check = await trio.to_thread.run_sync(lambda: check_result(
+                        run_dir, manifest, result, self.identity, device=self.device, now=self.now()))
+                except (Open1bError, ValueError, OSError) as exc:
+                    # e.g. the shipped corpus does not give the run's eval_root: no loss to sign
+                    log.warning("cannot check the evaluation of state %d of %s: %s", result.state,
+                                manifest.run_id.hex()[:16], exc)
+                    self._failed.add(result.digest)
+                    continue
                 await self._emit(check)
                 done += 1
         self.checked += done

@@ -89,3 +89,24 @@ def test_a_tampered_result_ends_disputed(eval_run, tmp_path):
     assert [e["status"] for e in status] == ["certified", "disputed"] and len(status[1]["dissenters"]) == 3
     (row,) = trio.run(nodes["observer"].routes()[0].handler, [], {})
     assert row["rank"] is None and row["reason"] == "disputed evaluation"
+
+
+def test_a_result_that_cannot_be_checked_is_logged_once_and_not_signed(eval_run, tmp_path, caplog):
+    run_dir, manifest = eval_run
+    nodes = network(tmp_path, manifest, run_dir, names=("publisher", "a1"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    async def no_checkpoint_file(m, k):
+        return empty  # a directory without the checkpoint: the check fails, nothing is signed
+
+    nodes["a1"].checkpoint = no_checkpoint_file
+
+    async def go():
+        await nodes["publisher"].publish_results(manifest, run_dir)
+        assert await nodes["a1"].check_pending() == 0
+        assert await nodes["a1"].check_pending() == 0  # not retried
+
+    trio.run(go)
+    assert [e.verdict for e in nodes["a1"].store.evals(manifest.run_id)] == ["result", "result"]
+    assert sum("cannot check the evaluation" in r.message for r in caplog.records) == 2
