@@ -1,4 +1,4 @@
-"""Checking data proofs (docs/run-format.md §8.5) and their JSON form (§8.6): pure functions of
+"""Checking data proofs (docs/run-format.md §8.5) and their JSON form (§8.4): pure functions of
 a proof, the document's bytes and the run's :class:`~.documents.DataCommitments`.
 
 Every rule is a ``# [FAIL]`` comment above its check, with the reason code a failed

@@ -1,4 +1,5 @@
-"""Documents and data proofs (docs/run-format.md §8): "did this run train on this document?".
+"""Documents, their commitments and the data proofs (docs/run-format.md §8): "did this run train
+on this document?". Checking a proof is :mod:`.data_proofs`.
 
 A run's training stream is cut into **documents** (byte ranges, in order) as well as into samples.
 The manifest's ``data`` map commits to both views of the documents:
@@ -9,8 +10,8 @@ The manifest's ``data`` map commits to both views of the documents:
   documents, so they are strictly increasing): a digest that is *not* there has a proof, its two
   neighbours.
 
-Three answers follow, each checked here against those commitments and the run's public draw rule
-(:mod:`.data_order`) alone — no engine, no numpy:
+Three answers follow, each checked (:mod:`.data_proofs`) against those commitments and the run's
+public draw rule (:mod:`.data_order`) alone — no engine, no numpy:
 
 * :class:`InclusionProof` — the document is entry i, and these (step, rank, micro-batch, row)
   drew these samples, which hold its bytes;
@@ -122,6 +123,7 @@ class DataCommitments:
 
 
 def hex_hash(text: Any) -> bytes:
+    """A 32-byte hash written as 64 lowercase hex digits (the data map's and the JSON's form)."""
     if type(text) is not str or len(text) != 2 * DIGEST_SIZE or text != text.lower():
         raise TypeError(f"{text!r} is not a lowercase hex hash")
     return bytes.fromhex(text)
@@ -184,7 +186,7 @@ class NeverDrawnProof:
 DataProof = InclusionProof | AbsenceProof | NeverDrawnProof
 
 
-# -- proving (from the full lists; the node's index calls these) ---------------------------------
+# -- proving (from the full lists; deterministic/document_proofs.py calls these) ------------------
 def prove_entry(entries: Sequence[tuple[int, int, bytes]], index: int) -> DocumentEntry:
     start, end, _ = entries[index]
     return DocumentEntry(index, start, end, tuple(merkle_proof([entry_value(*e) for e in entries], index)))
