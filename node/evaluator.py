@@ -4,7 +4,7 @@ by recomputing them, and serves the leaderboard.
 
 It is built with everything it needs — the store, the node key, a ``publish(topic, data)``
 coroutine, a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
-checkpoint k (or None while it cannot), a clock reading ``now()`` and the trust policy — and
+checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy — and
 serves itself with :meth:`Evaluator.serve`, so the daemon only wires it: subscribe
 :meth:`topic` with :meth:`validate` and :meth:`ingest`, call :meth:`publish_results` after
 publishing a run, start :meth:`serve`, and add :meth:`routes` to the API.
@@ -42,9 +42,10 @@ def evals_topic(run: bytes) -> str:
 class Evaluator:
     def __init__(self, store: Store, identity: Identity, *, publish: Publish, checkpoint: Checkpoint,
                  now: Callable[[], int], device: str, policy: TrustPolicy, redundancy: int,
-                 interval: float = 10.0) -> None:
+                 interval: float = 10.0, sleep: Callable[[float], Awaitable[None]] = trio.sleep) -> None:
         self.store, self.identity, self.publish, self.checkpoint = store, identity, publish, checkpoint
         self.now, self.device, self.policy, self.redundancy, self.interval = now, device, policy, redundancy, interval
+        self.sleep = sleep  # a clock's sleep: tests drive the loop on virtual time
         self.checked = 0  # results this node recomputed
         self._failed: set[bytes] = set()  # results whose check failed here (logged): not retried
 
@@ -136,7 +137,7 @@ class Evaluator:
             if check:
                 await self.check_pending()
             await self.republish()
-            await trio.sleep(self.interval)
+            await self.sleep(self.interval)
 
     def status(self, manifest: RunManifest) -> list[dict]:
         """The run's evaluations as coverage shows them (docs/protocol.md §8.5)."""

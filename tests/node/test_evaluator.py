@@ -7,6 +7,7 @@ import shutil
 import cbor2
 import pytest
 import trio
+import trio.testing
 
 from open1b.deterministic.device import cpu_device_class
 from open1b.deterministic.runfile import EVALUATIONS_FILE
@@ -110,3 +111,31 @@ def test_a_result_that_cannot_be_checked_is_logged_once_and_not_signed(eval_run,
     trio.run(go)
     assert [e.verdict for e in nodes["a1"].store.evals(manifest.run_id)] == ["result", "result"]
     assert sum("cannot check the evaluation" in r.message for r in caplog.records) == 2
+
+
+def test_serve_checks_once_and_republishes_every_round(eval_run, tmp_path):
+    run_dir, manifest = eval_run
+    nodes = network(tmp_path, manifest, run_dir, names=("publisher", "a1"))
+    sent, enough = [], trio.Event()
+    times = []
+
+    async def record(topic, data):
+        sent.append(data)
+        times.append(trio.current_time())
+        if len(sent) == 2 + 2 * 4:  # its two checks, then two republish rounds of all four statements
+            enough.set()
+
+    nodes["a1"].publish = record
+
+    async def go():
+        await nodes["publisher"].publish_results(manifest, run_dir)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodes["a1"].serve)
+            await enough.wait()  # no deadline: the check runs in a thread, which virtual time skips past
+            nursery.cancel_scope.cancel()
+
+    trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert nodes["a1"].checked == 2  # checked once, not again each round
+    # certified at redundancy 2 needs two checking keys: unsettled, so each round republishes all four
+    assert len(set(sent[2:6])) == 4 and sent[2:6] == sent[6:10]
+    assert times[6] - times[2] == 10  # one round later
