@@ -23,8 +23,8 @@ from pathlib import Path
 import trio
 
 from open1b.deterministic.trainer import publish_run
+from open1b.node.claim_records import ClaimRecords
 from open1b.node.client import call
-from open1b.node.daemon import ClaimRecords
 from open1b.node.devnet import Daemons
 from open1b.node.p2p import open_p2p
 from open1b.node.sim import NetworkModel, Scenario, simulate

@@ -8,7 +8,8 @@ Writes bench/results/node.json and prints a table:
 * gossip: propagation latency p50/p99 from one publisher to 8 daemon processes (the daemons'
   own receive timestamps, read through their API);
 * transfer: checkpoint-sized blob fetched over /open1b/blob/1.0.0 (Noise + Yamux, chunked,
-  verified) vs a raw TCP socket copy of the same bytes, both on loopback in one process;
+  verified) vs a raw TCP socket copy of the same bytes, both on loopback in one process (the bulk
+  path for checkpoints is measured by bench/transfer_bench.py);
 * idle: CPU share and RSS of an idle daemon.
 """
 
@@ -27,15 +28,19 @@ import trio
 
 from open1b.deterministic.trainer import publish_run
 from open1b.node.client import call
+from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
-from open1b.node.daemon import Daemon, attestations_topic
 from open1b.node.devnet import Daemons
+from open1b.node.ingest import Ingest
 from open1b.node.logs import setup_logging
+from open1b.node.metrics import NodeStats
 from open1b.node.p2p import open_p2p
 from open1b.node.store import Store
+from open1b.node.topics import attestations_topic
 from open1b.protocol import Attestation, Identity, RunManifest, signing
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.witness import witness_binding
+from transfer_bench import libp2p_blob_copy, raw_tcp_copy
 
 RESULTS = Path(__file__).parent / "results" / "node.json"
 
@@ -54,6 +59,22 @@ def attestations(manifest: RunManifest, signers: int) -> list[Attestation]:
     return out
 
 
+class _NoGossip:
+    """Ingest's network side, unused when statements arrive by direct calls."""
+
+    def set_validator(self, topic, validator):
+        pass
+
+    async def subscribe(self, topic, handler):
+        pass
+
+    async def publish(self, topic, data):
+        pass
+
+    def penalise(self, peer_id):
+        pass
+
+
 def bench_ingest(manifest: RunManifest, workdir: Path, signers: int) -> dict:
     atts = attestations(manifest, signers)
     keys = [nacl.signing.VerifyKey(a.signer) for a in atts]
@@ -62,15 +83,17 @@ def bench_ingest(manifest: RunManifest, workdir: Path, signers: int) -> dict:
     for key, message, att in zip(keys, messages, atts):
         key.verify(message, att.sig)
     raw = len(atts) / (time.perf_counter() - t)
-    daemon = Daemon(NodeConfig(data_dir=workdir / "ingest"))
-    daemon.store = Store(workdir / "ingest" / "store.sqlite")
-    daemon.manifests = {manifest.run_id: manifest}
+    (workdir / "ingest").mkdir(parents=True, exist_ok=True)
+    store = Store(workdir / "ingest" / "store.sqlite")
+    store.add_manifest(manifest)
+    ingest = Ingest(Identity(os.urandom(32)), NodeConfig(data_dir=workdir / "ingest"), store, _NoGossip(),
+                    clock=Clock(), stats=NodeStats())
     t = time.perf_counter()
-    new = sum(daemon.ingest_attestation(a.encoded) for a in atts)
-    ingest = len(atts) / (time.perf_counter() - t)
+    new = sum(ingest.ingest_attestation(a.encoded) for a in atts)
+    rate = len(atts) / (time.perf_counter() - t)
     assert new == len(atts)
-    return {"attestations": len(atts), "raw_verify_per_s": round(raw), "ingest_per_s": round(ingest),
-            "ingest_vs_raw_verify": round(ingest / raw, 3)}
+    return {"attestations": len(atts), "raw_verify_per_s": round(raw), "ingest_per_s": round(rate),
+            "ingest_vs_raw_verify": round(rate / raw, 3)}
 
 
 async def _publish(addrs: list[str], run: bytes, atts: list[Attestation], rate: float) -> dict[bytes, float]:
@@ -123,57 +146,12 @@ def bench_gossip(run_dir: Path, manifest: RunManifest, workdir: Path, nodes: int
             "p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(latencies[-1], 1)}
 
 
-async def _raw_tcp_copy(payload: bytes) -> float:
-    received = 0
-    done = trio.Event()
-
-    async def sink(stream):
-        nonlocal received
-        while received < len(payload):
-            chunk = await stream.receive_some(1 << 20)
-            if not chunk:
-                break
-            received += len(chunk)
-        done.set()
-
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, sink, 0)
-        port = listeners[0].socket.getsockname()[1]
-        t = time.perf_counter()
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        view = memoryview(payload)
-        for i in range(0, len(payload), 1 << 20):
-            await stream.send_all(view[i:i + (1 << 20)])
-        await done.wait()
-        elapsed = time.perf_counter() - t
-        await stream.aclose()
-        nursery.cancel_scope.cancel()
-    return elapsed
-
-
-async def _blob_copy(source: Path, workdir: Path) -> float:
-    from contextlib import AsyncExitStack
-
-    from open1b.node.blobs import BLOB_PROTOCOL, BlobCache
-
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0))
-        b = await stack.enter_async_context(open_p2p(Identity(os.urandom(32)), "127.0.0.1", 0))
-        cache_a = BlobCache(workdir / "blobs-a", 1 << 40)
-        a.set_stream_handler(BLOB_PROTOCOL, cache_a.serve)
-        digest = cache_a.add_file(source)
-        await b.connect(a.addrs[0])
-        t = time.perf_counter()
-        await BlobCache(workdir / "blobs-b", 1 << 40).fetch(b, digest, [a.peer_id])
-        return time.perf_counter() - t
-
-
 def bench_transfer(workdir: Path, megabytes: int) -> dict:
     payload = os.urandom(megabytes << 20)
     source = workdir / "blob.bin"
     source.write_bytes(payload)
-    raw = trio.run(_raw_tcp_copy, payload)
-    blob = trio.run(_blob_copy, source, workdir)
+    raw = trio.run(raw_tcp_copy, payload)
+    blob = trio.run(libp2p_blob_copy, source, workdir)
     return {"megabytes": megabytes, "raw_tcp_mb_s": round(megabytes / raw, 1), "blob_mb_s": round(megabytes / blob, 1),
             "blob_vs_raw_tcp": round(raw / blob, 3)}
 

@@ -11,6 +11,9 @@
   ``{"size": total}`` or ``{"error": text}``, then (on success) one frame with the bytes
   ``[o, o + n)`` clipped to the blob. Requests repeat on the same stream until the requester
   closes it.
+* Chunk tables: for a checkpoint the cache also keeps ``<hex>.table``, its chunk table
+  (:mod:`.chunk_table`), computed once or stored by the fetch that verified it; the bulk path
+  (:mod:`.bulk`) serves it, and it is evicted with its blob.
 * Blame: a provider whose bytes do not hash to the address (or that announces a size the
   requester knows to be wrong) is reported through ``on_bad_peer``, so the node can penalise it
   like any other provably invalid message. Bytes resumed from an earlier provider's partial
@@ -23,15 +26,16 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import trio
-from typing import Callable
 
 from open1b.protocol import Open1bError
 from open1b.protocol.codec import decode, encode
 from open1b.protocol.errors import WrongTypeError
 from open1b.protocol.hashing import DIGEST_SIZE
 
+from .chunk_table import compute_table
 from .p2p import P2P, Stream
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ class BlobCache:
         self.max_bytes = max_bytes
         self.pinned: set[bytes] = set()
         self.served_bytes = 0
+        self._table_locks: dict[bytes, trio.Lock] = {}
 
     def path(self, digest: bytes) -> Path:
         return self.dir / digest.hex()
@@ -135,6 +140,36 @@ class BlobCache:
         if pin:
             self.pinned.add(digest)
 
+    def table_path(self, digest: bytes) -> Path:
+        """Where the chunk table of a cached checkpoint is kept (removed with the blob)."""
+        return self.path(digest).with_suffix(".table")
+
+    def store_table(self, digest: bytes, table: bytes) -> None:
+        """Keep a checkpoint's chunk table, verified against h_k by whoever fetched it, for serving."""
+        tmp = self.table_path(digest).with_suffix(".table-tmp")
+        tmp.write_bytes(table)
+        os.replace(tmp, self.table_path(digest))
+
+    async def chunk_table(self, digest: bytes) -> bytes:
+        """The chunk table of the cached checkpoint ``digest`` (docs/run-format.md §6.6), computed
+        once in a thread and kept beside the blob. Raises ``ChunkTableError`` for a blob that is
+        not a checkpoint, ``BlobError`` for one the cache does not hold."""
+        lock = self._table_locks.setdefault(digest, trio.Lock())  # one computation per blob
+        try:
+            async with lock:
+                kept = self.table_path(digest)
+                if kept.exists():
+                    return kept.read_bytes()
+                path = self.open_blob(digest)
+                if path is None:
+                    raise BlobError(f"blob {digest.hex()[:16]} is not in the cache")
+                table = await trio.to_thread.run_sync(compute_table, path)
+                self.store_table(digest, table)
+                return table
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._table_locks.pop(digest, None)
+
     def used_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
 
@@ -152,6 +187,10 @@ class BlobCache:
                 continue
             total -= path.stat().st_size
             path.unlink()
+            table = self.table_path(digest)
+            if table.exists():
+                total -= table.stat().st_size
+                table.unlink()
             evicted.append(digest)
         return evicted
 

@@ -12,15 +12,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from open1b.protocol import Open1bError
 
+from . import answers
 from .datadir import default_data_dir
-
-
-def _emit(args: argparse.Namespace, result: Any, render: Callable[[Any], str]) -> None:
-    print(json.dumps(result, indent=2) if args.json else render(result))
+from .results import CommandResult
 
 
 def _api(args: argparse.Namespace) -> str:
@@ -36,10 +34,11 @@ def _api(args: argparse.Namespace) -> str:
     return path.read_text().strip()
 
 
-def _call(args: argparse.Namespace, path: str, **kw) -> Any:
+def _call(args: argparse.Namespace, path: str, shape: answers.Shape, **kw) -> Any:
+    """The API's answer to ``path``, checked to have ``shape`` (what the command then reads)."""
     from .client import call
 
-    return call(_api(args), path, **kw)
+    return call(_api(args), path, shape=shape, **kw)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -50,24 +49,23 @@ def _table(rows: list[list[str]]) -> str:
 
 
 # -- commands --------------------------------------------------------------------------------
-def cmd_init(args: argparse.Namespace) -> int:
+def cmd_init(args: argparse.Namespace) -> CommandResult:
     from .datadir import init_data_dir
 
     result = init_data_dir(default_data_dir(args.data_dir))
     out = {"data_dir": str(result.data_dir), "peer_id": result.peer_id, "created_key": result.created_key,
            "wrote_config": result.wrote_config}
-    _emit(args, out, lambda o: "\n".join([
+    return CommandResult(out, lambda o: "\n".join([
         f"data dir  {o['data_dir']}", f"peer id   {o['peer_id']}",
         f"key       {'created' if o['created_key'] else 'kept (already there; keys are never overwritten)'}",
         f"config    {'written' if o['wrote_config'] else 'kept (already there)'}"]))
-    return 0
 
 
-def cmd_daemon(args: argparse.Namespace) -> int:
+def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     import trio
 
     from .config import load_config
-    from .daemon import Daemon
+    from .daemon import run_daemon
     from .datadir import init_data_dir
     from .logs import setup_logging
 
@@ -82,16 +80,21 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
         behaviour=args.behaviour,
     )
+    harness = None
+    if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
+        from .devnet.adversaries import from_config
+
+        harness = from_config(config)
     try:
-        trio.run(Daemon(config).run)
+        trio.run(lambda: run_daemon(config, harness=harness))
     except KeyboardInterrupt:
         pass
-    return 0
+    return CommandResult.nothing()
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    status = _call(args, "/v1/status")
-    _emit(args, status, lambda s: "\n".join([
+def cmd_status(args: argparse.Namespace) -> CommandResult:
+    status = _call(args, "/v1/status", answers.STATUS)
+    return CommandResult(status, lambda s: "\n".join([
         f"peer       {s['peer_id']}", f"listen     {', '.join(s['addrs'])}",
         f"peers      {len(s['peers'])} connected, {s['peers_banned']} banned", f"runs       {len(s['runs'])}",
         f"stored     {s['attestations_stored']} attestations",
@@ -99,27 +102,24 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"gossip     {s['gossip_rejected']} rejected, {s['gossip_ignored']} ignored; {s['synced']} pulled by sync",
         f"auditing   {'yes' if s['audit'] else 'no (observer)'}"
         + (f", replaying step {s['replaying_step']}" if s['replaying_step'] is not None else "")]))
-    return 0
 
 
-def cmd_peers(args: argparse.Namespace) -> int:
-    peers = _call(args, "/v1/peers")
-    _emit(args, peers, lambda ps: _table([["PEER", "ADDRESS", "REJECTED"]]
+def cmd_peers(args: argparse.Namespace) -> CommandResult:
+    peers = _call(args, "/v1/peers", answers.PEERS)
+    return CommandResult(peers, lambda ps: _table([["PEER", "ADDRESS", "REJECTED"]]
                                          + [[p["peer_id"], (p["addrs"] or ["?"])[0], str(p["rejected"])] for p in ps]))
-    return 0
 
 
-def cmd_runs(args: argparse.Namespace) -> int:
-    runs = _call(args, "/v1/runs")
-    _emit(args, runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
+def cmd_runs(args: argparse.Namespace) -> CommandResult:
+    runs = _call(args, "/v1/runs", answers.RUNS)
+    return CommandResult(runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
                                         + [[r["run"], str(r["steps"]), r["engine"], "yes" if r["run_dir"] else "no"]
                                            for r in rs]))
-    return 0
 
 
-def cmd_coverage(args: argparse.Namespace) -> int:
+def cmd_coverage(args: argparse.Namespace) -> CommandResult:
     query = f"?redundancy={args.redundancy}" if args.redundancy else ""
-    cov = _call(args, f"/v1/coverage/{args.run}{query}")
+    cov = _call(args, f"/v1/coverage/{args.run}{query}", answers.COVERAGE)
 
     def render(c: dict) -> str:
         head = (f"run {c['run']}: {c['verified_steps']}/{c['steps']} verified, {c['claimed_steps']} claimed, "
@@ -141,34 +141,31 @@ def cmd_coverage(args: argparse.Namespace) -> int:
              str(len(e["checkers"])), str(len(e["dissenters"]))] for e in c.get("evaluations", [])]
         return "\n".join([head, trust, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
-    _emit(args, cov, render)
-    return 0
+    return CommandResult(cov, render)
 
 
-def cmd_leaderboard(args: argparse.Namespace) -> int:
+def cmd_leaderboard(args: argparse.Namespace) -> CommandResult:
     from .evaluations import render_board
 
-    _emit(args, _call(args, "/v1/leaderboard"), render_board)
-    return 0
+    return CommandResult(_call(args, "/v1/leaderboard", answers.LEADERBOARD), render_board)
 
 
-def cmd_claims(args: argparse.Namespace) -> int:
-    claims = _call(args, "/v1/claims" + (f"/{args.run}" if args.run else ""))
-    _emit(args, claims, lambda cs: _table([["RUN", "STEP", "SLOT", "CLAIMANT", "EXPIRES IN"]] + [
+def cmd_claims(args: argparse.Namespace) -> CommandResult:
+    claims = _call(args, "/v1/claims" + (f"/{args.run}" if args.run else ""), answers.CLAIMS)
+    return CommandResult(claims, lambda cs: _table([["RUN", "STEP", "SLOT", "CLAIMANT", "EXPIRES IN"]] + [
         [c["run"][:16], str(c["step"]), str(c["slot"]), c["claimant"], f"{c['expires_in_s']} s"] for c in cs]))
-    return 0
 
 
-def cmd_attestations(args: argparse.Namespace) -> int:
+def cmd_attestations(args: argparse.Namespace) -> CommandResult:
     query = f"?step={args.step}" if args.step is not None else ""
-    atts = _call(args, f"/v1/attestations/{args.run}{query}")
-    _emit(args, atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
+    atts = _call(args, f"/v1/attestations/{args.run}{query}", answers.ATTESTATIONS)
+    return CommandResult(atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
         [str(a["step"]), a["verdict"], a["signer"], a["engine"], a["hardware"], str(a["elapsed_ms"])] for a in xs]))
-    return 0
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
+def cmd_publish(args: argparse.Namespace) -> CommandResult:
     from .client import publish
+    from .jobs import JobState
     from .progress import progress
 
     run_dir = Path(args.dir)
@@ -181,28 +178,29 @@ def cmd_publish(args: argparse.Namespace) -> int:
         blobs = read_manifest(run_dir).steps + 2
     except Open1bError:
         blobs = 1
-    phase = {"checking": 0, "providing": blobs, "announcing": 2 * blobs, "done": 2 * blobs, "failed": 0}
+    phase = {JobState.CHECKING: 0, JobState.PROVIDING: blobs, JobState.ANNOUNCING: 2 * blobs,
+             JobState.DONE: 2 * blobs, JobState.FAILED: 0}
     with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
-        job = publish(api, run_dir, lambda j: update(min(phase[j["state"]] + j["done"], 2 * blobs), j["note"]))
-    _emit(args, job, lambda j: "\n".join([
+        job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]))
+    return CommandResult(job, lambda j: "\n".join([
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",
         f"providing  {j['provided']} blobs in the DHT",
         f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (too large for gossip)'}",
         f"took       {j['seconds']} s"]))
-    return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+def cmd_replay(args: argparse.Namespace) -> CommandResult:
     from .progress import progress
 
     run_dir = Path(args.run)
     if not run_dir.is_dir():  # a run id (or prefix) the node knows: it fetches the step's files
-        runs = [r for r in _call(args, "/v1/runs") if r["run"].startswith(args.run.lower())]
+        runs = [r for r in _call(args, "/v1/runs", answers.RUNS) if r["run"].startswith(args.run.lower())]
         if len(runs) != 1 or not runs[0].get("auditable", runs[0]["run_dir"]):
             raise Open1bError(f"{args.run!r} is neither a run directory nor a single replayable run the node knows")
         with progress(f"fetching the files of step {args.step}", 1) as update:
-            fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", method="POST", timeout=3600)
+            fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", answers.FETCHED, method="POST",
+                            timeout=3600)
             update(1, "verified")
         run_dir = Path(fetched["run_dir"])
     from open1b.deterministic.replay import replay
@@ -214,11 +212,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
            "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4)}
-    _emit(args, out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()))
-    return 0 if result.match else 2
+    return CommandResult(out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()), 0 if result.match else 2)
 
 
-def cmd_reveal(args: argparse.Namespace) -> int:
+def cmd_reveal(args: argparse.Namespace) -> CommandResult:
     """The trainer's reveal of its replay witnesses after an audit (docs/run-format.md §5.2): each
     W_k is recomputed by replaying step k from RUN_DIR, checked against the manifest's C_k, and
     signed and gossiped by the daemon. Once W_k is public anyone can bind it: reveal after the audit."""
@@ -238,14 +235,13 @@ def cmd_reveal(args: argparse.Namespace) -> int:
             if witness_commitment(witness) != manifest.witnesses[step]:
                 raise Open1bError(f"step {step}: the replay's witness does not open the manifest's C_{step}")
             out.append(_call(args, f"/v1/reveal/{manifest.run_id.hex()}?step={step}&witness={witness.hex()}",
-                             method="POST"))
+                             answers.REVEAL, method="POST"))
             update(i + 1, f"step {step} revealed")
-    _emit(args, out, lambda rs: _table([["STEP", "WITNESS", "REVEAL"]] + [
+    return CommandResult(out, lambda rs: _table([["STEP", "WITNESS", "REVEAL"]] + [
         [str(r["step"]), r["witness"][:16] + "…", r["digest"][:16] + "…"] for r in rs]))
-    return 0
 
 
-def cmd_samples(args: argparse.Namespace) -> int:
+def cmd_samples(args: argparse.Namespace) -> CommandResult:
     from open1b.deterministic.provenance import run_step_samples
 
     manifest, result = run_step_samples(Path(args.run), args.step, rank=args.rank)
@@ -260,32 +256,30 @@ def cmd_samples(args: argparse.Namespace) -> int:
             lines += [f"    {'proof' if n == 0 else '':<6}{h}" for n, h in enumerate(u["proof"])]
         return "\n".join(lines)
 
-    _emit(args, out, render)
-    return 0
+    return CommandResult(out, render)
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def cmd_doctor(args: argparse.Namespace) -> CommandResult:
     from .client import ApiUnavailable
     from .doctor import run_checks
 
     try:
-        status = _call(args, "/v1/status", timeout=3)
+        status = _call(args, "/v1/status", answers.STATUS, timeout=3)
     except ApiUnavailable:
         status = None
     checks = run_checks(default_data_dir(args.data_dir), status)
     out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
-    _emit(args, out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]))
-    return 1 if any(c.level == "FAIL" for c in checks) else 0
+    return CommandResult(out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]),
+                         1 if any(c.level == "FAIL" for c in checks) else 0)
 
 
-def cmd_key_show(args: argparse.Namespace) -> int:
+def cmd_key_show(args: argparse.Namespace) -> CommandResult:
     from .identity_file import key_path, load_identity
 
     data_dir = default_data_dir(args.data_dir)
     identity = load_identity(data_dir)
     out = {"peer_id": identity.peer_id, "public_key": identity.public_key.hex(), "key_file": str(key_path(data_dir))}
-    _emit(args, out, lambda o: "\n".join(f"{k:<11} {v}" for k, v in o.items()))
-    return 0
+    return CommandResult(out, lambda o: "\n".join(f"{k:<11} {v}" for k, v in o.items()))
 
 
 def _at_least_one(text: str) -> int:
@@ -295,7 +289,7 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: argparse.Namespace) -> CommandResult:
     from open1b.deterministic.trainer import publish_run
 
     from .datadir import init_data_dir
@@ -313,24 +307,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"]}
-    _emit(args, out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
-    return 0
+    return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
 
 
-def cmd_devnet(args: argparse.Namespace) -> int:
+def cmd_devnet(args: argparse.Namespace) -> CommandResult:
     from .devnet import DevnetOptions, render, run_devnet
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
-                         eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
-                         keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)))
+                         eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline,
+                         seed=args.seed, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep,
+                         scenarios=tuple(dict.fromkeys(args.scenario)))
     summary = run_devnet(opts)
-    if opts.scenarios:
-        from .scenarios import render as render_scenarios
-
-        _emit(args, summary, render_scenarios)
-        return 0 if summary["ok"] else 2
-    _emit(args, summary, render)
-    return 0 if summary["complete"] else 2
+    return CommandResult(summary, lambda result: render(result, opts),
+                         0 if summary["ok" if opts.scenarios else "complete"] else 2)
 
 
 # -- parser ----------------------------------------------------------------------------------
@@ -465,13 +454,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        result = args.func(args)
     except Open1bError as exc:
         print(f"open1b-node: error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
         print(f"open1b-node: invalid input: {exc}", file=sys.stderr)
         return 1
+    # The one place a result is rendered: as text, or as JSON with --json.
+    if result.data is not None:
+        print(json.dumps(result.data, indent=2) if getattr(args, "json", False) else result.render(result.data))
+    return result.exit_code
 
 
 if __name__ == "__main__":

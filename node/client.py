@@ -11,13 +11,22 @@ from typing import Any, Callable
 
 from open1b.protocol import Open1bError
 
+from .answers import PUBLICATION, MalformedAnswer, Shape, checked
+from .jobs import JobState
+
 
 class ApiUnavailable(Open1bError):
     """The daemon's API could not be reached or answered with an error."""
 
 
-def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0) -> Any:
-    """``api`` is ``HOST:PORT``; returns the decoded JSON body or raises :class:`ApiUnavailable`."""
+def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0, shape: Shape = None) -> Any:
+    """``api`` is ``HOST:PORT``; returns the decoded JSON body or raises :class:`ApiUnavailable`
+    (and, given a ``shape``, :class:`~.answers.MalformedAnswer` for a body of another shape)."""
+    body = _request(api, path, method, timeout)
+    return body if shape is None else checked(body, shape, path.split("?")[0])
+
+
+def _request(api: str, path: str, method: str, timeout: float) -> Any:
     request = urllib.request.Request(f"http://{api}{path}", method=method, data=b"" if method == "POST" else None)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -25,10 +34,10 @@ def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0) -> 
     except urllib.error.HTTPError as exc:
         try:
             detail = json.loads(exc.read()).get("error", "")
-        except ValueError:
+        except (ValueError, RecursionError, AttributeError):
             detail = ""
         raise ApiUnavailable(f"{api}{path}: HTTP {exc.code} {detail}".strip()) from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:  # deep JSON: RecursionError
         raise ApiUnavailable(f"cannot reach the node API at {api}: {exc}") from exc
 
 
@@ -42,18 +51,20 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
     refuses the manifest, and :class:`PublishFailed` if a file does not match it."""
     from urllib.parse import quote
 
-    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST")
+    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST", shape=PUBLICATION)
     deadline = time.monotonic() + timeout
     while True:
+        if job["state"] not in tuple(JobState):
+            raise MalformedAnswer(f"malformed answer from the node API: unknown publish state {job['state']!r}")
         update(job)
-        if job["state"] == "failed":
+        if job["state"] == JobState.FAILED:
             raise PublishFailed(f"{job['dir']}: {job['error']}")
-        if job["state"] == "done":
+        if job["state"] == JobState.DONE:
             return job
         if time.monotonic() > deadline:
             raise PublishFailed(f"{job['dir']}: still {job['state']} after {timeout:.0f} s")
         time.sleep(PUBLISH_POLL_S)
-        job = call(api, f"/v1/publications/{job['run']}")
+        job = call(api, f"/v1/publications/{job['run']}", shape=PUBLICATION)
 
 
 class PublishFailed(Open1bError):

@@ -8,7 +8,6 @@ fsync, rename) with mode 0600.
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
+
+from .files import write_atomic
 
 CONFIG_FILE = "config.toml"
 
@@ -63,7 +64,7 @@ class NodeConfig:
     # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names
     # with ``--run`` are always taken.
     publishers: tuple[str, ...] = ()
-    # Deliberately broken behaviour for devnet scenarios (node/adversary.py); not a config.toml key.
+    # Deliberately broken behaviour for devnet scenarios (node/devnet/adversaries.py); not a config.toml key.
     behaviour: str = ""
 
     def __post_init__(self) -> None:
@@ -118,6 +119,8 @@ def load_config(data_dir: Path) -> NodeConfig:
     except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     section = raw.pop("node", {})
+    if type(section) is not dict:
+        raise ConfigError(f"{path}: node must be a table ([node])")
     if raw:
         raise ConfigError(f"{path}: unknown section(s) {sorted(raw)}; everything lives under [node]")
     values: dict[str, Any] = {}
@@ -158,11 +161,5 @@ def render_config(config: NodeConfig) -> str:
 
 def write_config(config: NodeConfig) -> Path:
     path = config.data_dir / CONFIG_FILE
-    tmp = path.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(render_config(config))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, render_config(config).encode(), mode=0o600)
     return path

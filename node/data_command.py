@@ -10,12 +10,13 @@ and checked with the protocol's verifier, completeness included, before it is pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from open1b.protocol import Open1bError
+
+from .results import CommandResult
 
 MAX_DOCUMENT_BYTES = 1 << 26
 """A document file larger than this (64 MiB) is refused before it is read."""
@@ -63,14 +64,12 @@ def _render(o: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_data(args: argparse.Namespace) -> int:
+def cmd_data(args: argparse.Namespace) -> CommandResult:
     file = args.include if args.include is not None else args.exclude
     if bool(file) == (args.text is not None):
         raise ValueError("name the document by a FILE after --include/--exclude, or by --text T (one of them)")
     document = args.text.encode("utf-8") if args.text is not None else read_document(Path(file))
-    data, render, code = data_answer(Path(args.run), document, exclude=args.exclude is not None)
-    print(json.dumps(data, indent=2) if args.json else render(data))
-    return code
+    return CommandResult(*data_answer(Path(args.run), document, exclude=args.exclude is not None))
 
 
 def add_parser(sub, parents: list) -> None:

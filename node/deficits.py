@@ -4,11 +4,11 @@ The daemon used to recompute the whole run's coverage and walk every step on eve
 O(steps) work per pick, which for Open-1B's 80,957 steps is a second or more of CPU per claim.
 :class:`DeficitIndex` is updated as statements arrive (O(1) per attestation or claim, O(log n)
 per lease that starts or ends) and keeps every step in a priority bucket
-(:func:`~open1b.node.claims.bucket_of`), so :func:`~open1b.node.claims.pick` only looks at the
+(:func:`~open1b.node.planner.bucket_of`), so :func:`~open1b.node.planner.pick` only looks at the
 buckets that matter.
 
 The pure :func:`open1b.protocol.coverage` stays the definition: for any set of statements and
-any ``now``, the deficits here equal those :func:`open1b.node.claims.candidates` derives from
+any ``now``, the deficits here equal those :func:`open1b.node.planner.candidates` derives from
 ``coverage()`` (tests/node/test_deficits.py checks this on random inputs). Feed only statements
 that validation accepted for this run; the index does not re-check signatures or hashes.
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from open1b.protocol import MATCH, Attestation, Claim
 
-from .claims import StepOrder, StepState, bucket_count, bucket_of, step_deficit
+from .planner import StepOrder, StepState, bucket_count, bucket_of, step_deficit
 
 # Called with (step, old bucket, new bucket) whenever a step changes bucket.
 BucketListener = Callable[[int, int, int], None]

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import load_config
+from .config import ConfigError, load_config
 from .identity_file import key_path
 
 MIN_FREE_DISK_GB = 2.0
@@ -85,7 +85,7 @@ def run_checks(data_dir: Path, api_status: dict | None) -> list[Check]:
             for addr in config.bootstrap:
                 ok = _tcp_reachable(addr)
                 checks.append(Check("bootstrap peer", "OK" if ok else "WARN", f"{addr} {'reachable' if ok else 'unreachable'}"))
-        except Exception as exc:
+        except ConfigError as exc:
             checks.append(Check("config", "FAIL", str(exc)))
     if api_status is None:
         checks.append(Check("daemon", "WARN", "no running daemon answered on its API"))

@@ -5,9 +5,9 @@ by recomputing them, and serves the leaderboard.
 It is built with everything it needs — the store, the node key, a ``publish(topic, data)``
 coroutine, a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
 checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy — and
-serves itself with :meth:`Evaluator.serve`, so the daemon only wires it: subscribe
-:meth:`topic` with :meth:`validate` and :meth:`ingest`, call :meth:`publish_results` after
-publishing a run, start :meth:`serve`, and add :meth:`routes` to the API.
+serves itself with :meth:`Evaluator.serve`; :mod:`.ingest` takes ``eval`` statements from
+gossip into the store, where this component finds them, and the daemon adds :meth:`routes` to
+the API.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Awaitable, Callable
 
 import trio
 
-from open1b.protocol import (
-    PROTOCOL_VERSION, EvalStatement, Identity, Open1bError, RunManifest, TrustPolicy, validate_eval,
-)
+from open1b.deterministic.runfile import EVALUATIONS_FILE
+from open1b.protocol import EvalStatement, Identity, Open1bError, RunManifest, TrustPolicy, validate_eval
 from open1b.protocol.evaluation import RESULT, eval_schedule, evaluations
 from open1b.protocol.validation import Verdict
 
@@ -28,15 +27,12 @@ from .api import ApiError, Route
 from .evaluations import board, check_result, sign_results
 from .runs import why_not_auditable
 from .store import Store
+from .topics import evals_topic
 
 log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 Checkpoint = Callable[[RunManifest, int], Awaitable["Path | None"]]
-
-
-def evals_topic(run: bytes) -> str:
-    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/evals"
 
 
 class Evaluator:
@@ -58,11 +54,6 @@ class Evaluator:
         """§7's rules for an ``eval`` against the runs this node knows."""
         return validate_eval(data, self._run, self.now())
 
-    def ingest(self, data: bytes) -> bool:
-        """Validate and store one ``eval``; True if it was new."""
-        verdict = self.validate(data)
-        return verdict.accepted and self.store.add_eval(verdict.message)
-
     async def _emit(self, statement: EvalStatement) -> None:
         if self.store.add_eval(statement):
             await self.publish(self.topic(statement.run), statement.encoded)
@@ -76,6 +67,24 @@ class Evaluator:
         for r in results:
             await self._emit(r)
         return len(results)
+
+    async def publish_own_results(self) -> int:
+        """:meth:`publish_results` for every run this node published (the store knows its
+        directory) whose results are not stored yet: a run is published before it is evaluated
+        here, and this runs each round, so a restart or a late ``evaluations.cbor`` is caught up."""
+        done = 0
+        for manifest in self.store.manifests():
+            run_dir = self.store.run_dir(manifest.run_id)
+            if (run_dir is None or manifest.publisher != self.identity.public_key or not eval_schedule(manifest)
+                    or not (Path(run_dir) / EVALUATIONS_FILE).exists()):
+                continue
+            if any(e.verdict == RESULT for e in self.store.evals(manifest.run_id)):
+                continue
+            try:
+                done += await self.publish_results(manifest, run_dir)
+            except (Open1bError, ValueError) as exc:
+                log.warning("cannot publish the evaluation results of %s: %s", manifest.run_id.hex()[:16], exc)
+        return done
 
     def pending(self, manifest: RunManifest) -> list[EvalStatement]:
         """The run's results this node has not checked yet (one per state: a second result of a
@@ -130,10 +139,11 @@ class Evaluator:
         return sent
 
     async def serve(self, check: bool = True, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Every ``interval``: check pending results (unless ``check`` is off, as on a node that
-        audits nothing), then republish what is not settled."""
+        """Every ``interval``: publish its own runs' results, check pending results (unless
+        ``check`` is off, as on a node that audits nothing), then republish what is not settled."""
         task_status.started()
         while True:
+            await self.publish_own_results()
             if check:
                 await self.check_pending()
             await self.republish()

@@ -20,11 +20,9 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 import trio
-from multiaddr import Multiaddr
-
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
@@ -37,6 +35,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+from multiaddr import Multiaddr
 
 from open1b.protocol import Identity, Open1bError, Outcome
 
@@ -56,14 +55,12 @@ class NetworkError(Open1bError):
     """A peer or the network did not do what we asked (unreachable, reset, timed out)."""
 
 
-class RecordValidator:
+class RecordValidator(Protocol):
     """What the DHT needs for one key namespace: ``validate`` raises, ``select`` ranks."""
 
-    def validate(self, key: str, value: bytes) -> None:
-        raise NotImplementedError
+    def validate(self, key: str, value: bytes) -> None: ...
 
-    def select(self, key: str, values: list[bytes]) -> int:
-        raise NotImplementedError
+    def select(self, key: str, values: list[bytes]) -> int: ...
 
 
 class _SafeRecordValidator(Validator):
@@ -88,14 +85,25 @@ class Stream:
         self._raw = raw
         self.peer_id = peer_id
 
+    # py-libp2p raises many types for a peer's failure (resets, EOF, yamux and noise errors, an
+    # oversized frame): here they all become one NetworkError, so callers catch exactly that.
     async def send(self, frame: bytes) -> None:
-        await self._raw.write(encode_varint_prefixed(frame))
+        try:
+            await self._raw.write(encode_varint_prefixed(frame))
+        except Exception as exc:
+            raise NetworkError(f"send to {self.peer_id} failed: {exc}") from exc
 
     async def receive(self, max_size: int) -> bytes:
-        return await read_varint_prefixed_bytes_limited(self._raw, max_size)
+        try:
+            return await read_varint_prefixed_bytes_limited(self._raw, max_size)
+        except Exception as exc:
+            raise NetworkError(f"receive from {self.peer_id} failed: {exc}") from exc
 
     async def close(self) -> None:
-        await self._raw.close()
+        try:
+            await self._raw.close()
+        except Exception as exc:
+            raise NetworkError(f"close of a stream to {self.peer_id} failed: {exc}") from exc
 
     async def reset(self) -> None:
         try:
@@ -250,8 +258,10 @@ class P2P:
         """Store ``value`` under ``key``; False if a value we already hold is preferred to it."""
         try:
             await self.dht.put_value(key, value)
-        except ValueError:
+        except ValueError:  # a storing node's validator preferred the value it holds
             return False
+        except Exception as exc:
+            raise NetworkError(f"DHT put {key} failed: {exc}") from exc
         return True
 
     async def get_record(self, key: str, *, from_network: bool = False) -> bytes | None:

@@ -28,11 +28,17 @@ import trio
 
 from open1b.deterministic.config import from_manifest_model
 from open1b.deterministic.runfile import (
-    CHECKPOINT_DIR, ENGINE, ENGINE_VERSION, MANIFEST_FILE, SAMPLES_FILE, max_checkpoint_bytes, write_atomic,
+    CHECKPOINT_DIR,
+    ENGINE,
+    ENGINE_VERSION,
+    MANIFEST_FILE,
+    SAMPLES_FILE,
+    max_checkpoint_bytes,
 )
 from open1b.protocol import Open1bError, RunManifest
 
 from .blobs import BlobCache, BlobError, provider_key
+from .files import write_atomic
 from .p2p import P2P
 
 log = logging.getLogger(__name__)

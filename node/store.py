@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Callable
 
 from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, WitnessReveal
 
@@ -38,8 +39,10 @@ CREATE TABLE IF NOT EXISTS replay_witnesses (
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, *, now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        """``now_ms``: wall-clock milliseconds, recorded as when a statement arrived (a node passes
+        its :class:`~.clock.Clock`'s, so tests on a mock clock record virtual times)."""
+        self.path, self.now_ms = path, now_ms
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -56,7 +59,7 @@ class Store:
     def add_manifest(self, manifest: RunManifest, run_dir: Path | None = None) -> bool:
         added = self._insert(
             "INSERT OR IGNORE INTO manifests VALUES (?, ?, ?, ?)",
-            (manifest.run_id, manifest.encoded, str(run_dir) if run_dir else None, int(time.time())),
+            (manifest.run_id, manifest.encoded, str(run_dir) if run_dir else None, self.now_ms() // 1000),
         )
         if run_dir is not None and not added:
             with self._db:
@@ -75,7 +78,7 @@ class Store:
     def add_attestation(self, att: Attestation) -> bool:
         return self._insert(
             "INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, int(time.time() * 1000)),
+            (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, self.now_ms()),
         )
 
     def attestations(self, run_id: bytes, step: int | None = None) -> list[Attestation]:

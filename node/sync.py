@@ -8,22 +8,40 @@ gossiped one, so a lying peer can waste our time but never put anything unchecke
 
 A second protocol, ``/open1b/sync/runs/1.0.0`` (below), lets a node learn the run manifests it
 missed on the runs topic (docs/protocol.md §11.3).
+
+:class:`Syncer` is the node's side of both: bootstrap, then a sync round with a random peer
+every ``sync_interval_s``.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import random
 from typing import Awaitable, Callable
+
+import trio
 
 from open1b.protocol import SignedMessage
 from open1b.protocol.codec import decode, encode
-from open1b.protocol.errors import WrongTypeError
+from open1b.protocol.errors import ProtocolError, WrongTypeError
 from open1b.protocol.messages import MAX_ATTESTATION_SIZE, MAX_MANIFEST_SIZE
 
-from .p2p import P2P, Stream
+from .clock import Clock
+from .config import NodeConfig
+from .ingest import Ingest
+from .metrics import NodeStats
+from .p2p import P2P, NetworkError, Stream
+
+log = logging.getLogger("open1b.node.sync")
 
 SYNC_PROTOCOL = "/open1b/sync/1.0.0"
 MAX_SYNC_REQUEST = 256
 MAX_SYNC_STATEMENTS = 100_000
+SYNC_TIMEOUT_S = 10.0
+MAX_DIALLED_PEERS = 32
+DISCOVERY_EVERY_SYNC_ROUNDS = 10
+BOOTSTRAP_FIRST_RETRY_S, BOOTSTRAP_MAX_RETRY_S = 0.2, 10.0
 
 
 async def serve_sync(stream: Stream, attestations_of: Callable[[bytes], list[SignedMessage] | None]) -> None:
@@ -105,3 +123,81 @@ async def pull_manifests(p2p: P2P, peer_id: str, known: Callable[[bytes], bool],
     finally:
         await stream.close()
     return new
+
+
+# -- the node's side: bootstrap, then periodic sync rounds ---------------------------------------
+class Syncer:
+    """Pulls what peers hold, so statements missed on gossip (late joiners, restarts, mesh churn)
+    still arrive; answers the same requests from peers. Built with all it needs; the stream
+    handlers are in place from construction, before the node's API says it is ready."""
+
+    def __init__(self, p2p: P2P, ingest: Ingest, config: NodeConfig, *, clock: Clock, rng: random.Random,
+                 stats: NodeStats) -> None:
+        self.p2p, self.ingest, self.config, self.clock, self.rng, self.stats = p2p, ingest, config, clock, rng, stats
+        self.bootstrapped = trio.Event()  # set once bootstrap has pulled what the first peers knew
+        known = ingest.manifests
+        p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: serve_sync(stream, ingest.statements_for_sync))
+        p2p.set_stream_handler(RUNS_SYNC_PROTOCOL, lambda stream: serve_runs(
+            stream, lambda: list(known), lambda run: m.encoded if (m := known.get(run)) else None))
+
+    async def sync_with(self, peer_id: str) -> int:
+        """Pull ``peer_id``'s runs, then its statements of every run we know; how many were new."""
+        new = 0
+        try:
+            with trio.fail_after(SYNC_TIMEOUT_S):
+                new += await pull_manifests(self.p2p, peer_id, lambda run: run in self.ingest.manifests,
+                                            lambda data: self.ingest.ingest_manifest(data, source=peer_id))
+        except ProtocolError as exc:  # a malformed answer: provably the peer's fault
+            log.info("runs sync with %s: %s", peer_id, exc)
+            self.ingest.validation[f"sync/reject/{exc.code}"] += 1
+            self.p2p.penalise(peer_id)
+        except (NetworkError, trio.TooSlowError) as exc:  # the peer's failure, never ours to die of
+            log.info("runs sync with %s failed: %s", peer_id, exc)
+        for run in list(self.ingest.manifests):
+            try:
+                with trio.fail_after(SYNC_TIMEOUT_S):
+                    new += await pull_attestations(self.p2p, peer_id, run,
+                                                   lambda data: self.ingest.ingest_synced(data, source=peer_id))
+            except (NetworkError, trio.TooSlowError) as exc:
+                log.info("sync of run %s with %s failed: %s", run.hex()[:12], peer_id, exc)
+        self.stats.synced += new
+        return new
+
+    async def bootstrap(self) -> None:
+        """Dial the bootstrap peers (retrying with backoff until one answers), discover more
+        peers through the DHT, and pull what they already know — before auditing anything, so
+        a node that starts late does not redo finished work or miss live claims."""
+        bootstrap = self.config.bootstrap
+        pending = list(bootstrap)
+        delay = BOOTSTRAP_FIRST_RETRY_S
+        # Until a bootstrap peer answers or some other peer has dialled us: a node whose only
+        # bootstrap peer crashed must not wait for it while its other peers carry on.
+        while pending and len(pending) == len(bootstrap) and not self.p2p.connected_peers():
+            for addr in list(pending):
+                try:
+                    await self.p2p.connect(addr)
+                    pending.remove(addr)
+                except NetworkError as exc:
+                    log.info("bootstrap: %s", exc)
+            if len(pending) == len(bootstrap):
+                await self.clock.sleep(delay)
+                delay = min(delay * 2, BOOTSTRAP_MAX_RETRY_S)
+        dialled = await self.p2p.discover(MAX_DIALLED_PEERS)
+        log.info("bootstrapped: %d peers connected (%d discovered)", len(self.p2p.connected_peers()), len(dialled))
+        for peer in self.p2p.connected_peers():
+            await self.sync_with(peer)
+        self.bootstrapped.set()
+
+    async def serve_syncer(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Bootstrap, and every ``sync_interval_s`` sync with one connected peer, chosen at random;
+        every few rounds, discover more peers."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.bootstrap)  # rounds start meanwhile: peers that dial us are synced too
+            task_status.started()
+            for rounds in itertools.count(1):
+                await self.clock.sleep(self.config.sync_interval_s)
+                if rounds % DISCOVERY_EVERY_SYNC_ROUNDS == 0:
+                    await self.p2p.discover(MAX_DIALLED_PEERS)
+                peers = self.p2p.connected_peers()
+                if peers:
+                    await self.sync_with(self.rng.choice(peers))

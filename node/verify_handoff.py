@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +31,13 @@ from open1b.protocol import Open1bError
 from open1b.protocol.gensyn_handoff import HandoffMeta, handoff_state_hash
 from open1b.protocol.trajectory import MAX_TRAJECTORY_SIZE, parse_state_hash_log
 
+from .results import CommandResult
+
 MAX_WORLD = 4096
+MAX_META_SIZE = 1 << 20
+# What an absent optimizer.safetensors or gradients.safetensors reads as: a file with no tensors
+# (docs/protocol.md §14.2: absent means no optimizer state, or grad_none, for every weight).
+EMPTY_SAFETENSORS = (2).to_bytes(8, "little") + b"{}"
 
 
 class HandoffError(Open1bError):
@@ -62,10 +69,7 @@ def _hex32(text: str, what: str) -> bytes:
 def _hashes(meta: HandoffMeta, expected: str | None, prev: str | None, log_path: Path | None) -> tuple[bytes, bytes]:
     log: dict[int, bytes] = {}
     if log_path is not None:
-        data = log_path.read_bytes()
-        if len(data) > MAX_TRAJECTORY_SIZE:
-            raise HandoffError(f"{log_path} is larger than {MAX_TRAJECTORY_SIZE} bytes")
-        log = parse_state_hash_log(data)
+        log = parse_state_hash_log(_read_bounded(log_path, MAX_TRAJECTORY_SIZE))
     if expected is None and meta.step not in log:
         raise HandoffError(f"no expected hash: pass --expected, or a --state-hashes log with step {meta.step}")
     want = _hex32(expected, "--expected") if expected is not None else log[meta.step]
@@ -79,23 +83,48 @@ def _hashes(meta: HandoffMeta, expected: str | None, prev: str | None, log_path:
     raise HandoffError(f"no previous hash: pass --prev, or a --state-hashes log with a step before {meta.step}")
 
 
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """``path``'s bytes, refused beyond ``limit`` before more than ``limit + 1`` are read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise HandoffError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise HandoffError(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def _read_meta(root: Path) -> HandoffMeta:
+    path = root / "meta.json"
+    data = _read_bounded(path, MAX_META_SIZE)
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # deep nesting raises RecursionError, not ValueError
+        raise HandoffError(f"{path} is not JSON: {exc}") from None
+    try:
+        return HandoffMeta.from_json(value)
+    except Open1bError as exc:
+        raise HandoffError(f"{path}: {exc}") from None
+
+
 def verify_handoff(root: Path, *, expected: str | None = None, prev: str | None = None,
                    state_hashes: Path | None = None) -> HandoffResult:
     root = Path(root)
-    try:
-        meta = HandoffMeta.from_json(json.loads((root / "meta.json").read_text()))
-    except (OSError, ValueError) as exc:
-        raise HandoffError(f"cannot read {root / 'meta.json'}: {exc}") from exc
+    meta = _read_meta(root)
     if meta.dp_world_size > MAX_WORLD:
         raise HandoffError(f"dp_world_size {meta.dp_world_size} exceeds {MAX_WORLD}")
     want, before = _hashes(meta, expected, prev, state_hashes)
+    failure: str | None = None
     with ExitStack() as stack:
-        def mapped(name: str) -> memoryview:
+        def mapped(name: str, *, optional: bool = False) -> memoryview:
             path = root / name
+            if optional and not path.exists():
+                return memoryview(EMPTY_SAFETENSORS)
             if not path.is_file():
                 raise HandoffError(f"the hand-off has no {name}")
             f = stack.enter_context(open(path, "rb"))
-            if path.stat().st_size == 0:
+            if os.fstat(f.fileno()).st_size == 0:
                 return memoryview(b"")
             m = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
             view = memoryview(m)
@@ -103,8 +132,16 @@ def verify_handoff(root: Path, *, expected: str | None = None, prev: str | None 
             return view
 
         chains = [bytes(mapped(f"batch_hasher.rank_{r}.bin")) for r in range(meta.dp_world_size)]
-        got = handoff_state_hash(meta, before, mapped("model.safetensors"), mapped("optimizer.safetensors"),
-                                 mapped("gradients.safetensors"), chains)
+        try:
+            got = handoff_state_hash(meta, before, mapped("model.safetensors"),
+                                     mapped("optimizer.safetensors", optional=True),
+                                     mapped("gradients.safetensors", optional=True), chains)
+        except Open1bError as exc:
+            # Kept as text: the exception's traceback holds views into the mapped files, and a map
+            # with live views cannot close (BufferError) — the error must be gone before the maps go.
+            failure = str(exc)
+    if failure is not None:
+        raise HandoffError(f"{root}: {failure}")
     return HandoffResult(str(root), meta.step, meta.dp_world_size, meta.dp_shard, before.hex(), want.hex(),
                          got.hex(), got == want)
 
@@ -125,11 +162,10 @@ def render(result: dict) -> str:
     ])
 
 
-def cmd_verify_handoff(args) -> int:
+def cmd_verify_handoff(args) -> CommandResult:
     result = result_json(verify_handoff(Path(args.handoff), expected=args.expected, prev=args.prev,
                                         state_hashes=Path(args.state_hashes) if args.state_hashes else None))
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0 if result["verified"] else 2
+    return CommandResult(result, render, 0 if result["verified"] else 2)
 
 
 def add_parser(sub, parents: list) -> None:

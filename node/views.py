@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from open1b.protocol import (
-    Attestation, Claim, Coverage, RunManifest, StepStatus, WitnessReveal, peer_id_from_public_key,
+    Attestation,
+    Claim,
+    Coverage,
+    RunManifest,
+    StepStatus,
+    WitnessReveal,
+    peer_id_from_public_key,
 )
 
 

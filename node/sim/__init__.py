@@ -2,9 +2,9 @@
 
 What is real and what is simulated (docs/scale.md has the long version):
 
-* real — the daemon's step planning (:func:`open1b.node.claims.pick`, :class:`~open1b.node.claims.StepOrder`),
+* real — the daemon's step planning (:func:`open1b.node.planner.pick`, :class:`~open1b.node.planner.StepOrder`),
   its incremental index (:class:`open1b.node.deficits.DeficitIndex`), the claim protocol
-  (:class:`open1b.node.claiming.ClaimAgent`: read slots, ``free_slot``, write, announce, re-check,
+  (:class:`open1b.node.claim_records.ClaimAgent`: read slots, ``free_slot``, write, announce, re-check,
   renew), the protocol's claim keys, lease liveness and strict claim order (``select_claim``),
   and signed, canonically encoded ``Claim`` and ``Attestation`` messages;
 * simulated — time (:mod:`.loop`), the DHT and gossip (:mod:`.network`: latency, loss, sync),
@@ -14,8 +14,8 @@ What is real and what is simulated (docs/scale.md has the long version):
 Entry point: :func:`simulate` (a :class:`Scenario` in, a JSON-able summary out).
 """
 
-from .scenario import Churn, Scenario, STRATEGIES
 from .network import NetworkModel
+from .params import STRATEGIES, Churn, Scenario
 
 
 def simulate(sc: Scenario) -> dict:

@@ -25,7 +25,7 @@ import math
 import time
 
 from .loop import EventLoop
-from .scenario import Population, Scenario, node_rng, summary
+from .params import Population, Scenario, node_rng, summary
 from .tracker import Tracker
 
 

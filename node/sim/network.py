@@ -106,7 +106,7 @@ class SimDHT:
 
 
 class SimBoard:
-    """One node's :class:`~open1b.node.claiming.ClaimBoard` on the simulated network."""
+    """One node's :class:`~open1b.node.claim_records.ClaimBoard` on the simulated network."""
 
     def __init__(self, dht: SimDHT, model: NetworkModel, rng: random.Random, node, announce) -> None:
         self.dht, self.model, self.rng, self.node, self._announce = dht, model, rng, node, announce

@@ -1,8 +1,8 @@
 """open1b nodes on the simulated network, running the daemon's own claiming code.
 
-Each virtual node does what ``Daemon._audit_loop`` does: ask :func:`open1b.node.claims.pick`
+Each virtual node does what ``Daemon._audit_loop`` does: ask :func:`open1b.node.planner.pick`
 for its best four candidates in its own view, try them in order with a real
-:class:`~open1b.node.claiming.ClaimAgent` (over :class:`~.network.SimBoard`), replay for as long
+:class:`~open1b.node.claim_records.ClaimAgent` (over :class:`~.network.SimBoard`), replay for as long
 as its hardware takes while :meth:`ClaimAgent.hold` renews the lease, then sign a real
 :class:`~open1b.protocol.Attestation` and gossip it; with nothing to claim it waits
 ``idle_poll_s``.
@@ -16,7 +16,7 @@ means delivering every statement 10,000 times. Two implementations, same answers
   node and per pick, the few steps on which that node still lacks a statement (published within
   the gossip horizon, or stored in the DHT but not yet announced), or holds its own live claim.
   Those steps are recomputed from the statements the node does hold with the same
-  :func:`~open1b.node.claims.step_deficit` the index uses.
+  :func:`~open1b.node.planner.step_deficit` the index uses.
 
 Parking: with ``overlay``, a node whose poll found nothing is not polled again until something
 can open a step for it (a lease running out, a dispute, a lease ending near a statement still in
@@ -35,8 +35,8 @@ from typing import Iterable
 
 import numpy as np
 
-from open1b.node import claims as planner
-from open1b.node.claiming import ClaimAgent
+from open1b.node import planner
+from open1b.node.claim_records import ClaimAgent
 from open1b.node.deficits import DeficitIndex
 from open1b.protocol import MATCH, MISMATCH, Attestation, Claim
 from open1b.protocol.hashing import blake2b256
@@ -45,7 +45,7 @@ from open1b.protocol.witness import witness_binding
 from .crypto import MessageCache, sim_identity
 from .loop import DELIVER, PARK, At, Delay, EventLoop, Task
 from .network import Gossip, SimBoard, SimDHT
-from .scenario import Population, Scenario, forged_steps, node_rng, summary
+from .params import Population, Scenario, forged_steps, node_rng, summary
 from .tracker import Tracker
 
 # Simulated replays compute nothing, so every step shares one stand-in witness; the signed

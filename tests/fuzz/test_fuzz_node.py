@@ -15,21 +15,30 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
-from open1b.node.config import NodeConfig
-from open1b.node.daemon import ClaimRecords, Daemon
-from open1b.node.store import Store
+from open1b.node.claim_records import ClaimRecords
+from open1b.node.ingest import Ingest
 from open1b.node.sync import pull_attestations, pull_manifests, serve_runs, serve_sync
 from open1b.protocol import (
-    Claim, Open1bError, Outcome, ProtocolError, blake2b256, claim_key, encode, validate_attestation, validate_reveal,
+    Claim,
+    Open1bError,
+    Outcome,
+    ProtocolError,
+    blake2b256,
+    claim_key,
+    encode,
+    validate_attestation,
+    validate_reveal,
 )
 from open1b.protocol.claims import claim_precedence
 
+from ..node.fakes import make_ingest
+from ..vectors import ROOT as VECTORS
 from ..vectors import fixtures
 from .budget import FUZZ
 from .strategies import inputs_for, mutated, raw_cbor
 
 RUN = fixtures.run_manifest()
-ISSUED = int(time.time()) - 60  # the daemon judges with its real clock: no statement from its future
+ISSUED = int(time.time()) - 60  # ingest judges with the real clock: no statement from its future
 GOOD = [fixtures.attestation(s, RUN, k, match=(s + k) % 3 != 0, issued_at=ISSUED) for s in (1, 2)
         for k in range(RUN.steps)]
 
@@ -62,23 +71,19 @@ class FakeStream:
 @pytest.fixture(scope="module")
 def daemon():
     with tempfile.TemporaryDirectory() as tmp:
-        node = Daemon(NodeConfig(data_dir=Path(tmp) / "node"))
-        node.store = Store(Path(tmp) / "store.sqlite")
-        node.manifests = {RUN.run_id: RUN}
+        node = make_ingest(Path(tmp) / "node", RUN)
         yield node
         node.store.close()
 
 
-def _stored_are_valid(node: Daemon) -> None:
+def _stored_are_valid(node: Ingest) -> None:
     for att in node.store.attestations(RUN.run_id):
         assert validate_attestation(att.encoded, node.manifest, int(time.time())).accepted
 
 
 def test_the_ingestion_path_under_fuzz_does_store_valid_statements():
     with tempfile.TemporaryDirectory() as tmp:
-        node = Daemon(NodeConfig(data_dir=Path(tmp) / "node"))
-        node.store = Store(Path(tmp) / "store.sqlite")
-        node.manifests = {RUN.run_id: RUN}
+        node = make_ingest(Path(tmp) / "node", RUN)
         assert all(node.ingest_attestation(a.encoded) for a in GOOD)
         assert not any(node.ingest_attestation(a.encoded) for a in GOOD)  # a set: nothing twice
         assert len(node.store.attestations(RUN.run_id)) == len(GOOD)
@@ -94,7 +99,7 @@ any_attestation_bytes = st.one_of(inputs_for(GOOD[0], 1), inputs_for(GOOD[5], 2)
 def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, messages):
     for raw in messages:
         before = {a.digest for a in daemon.store.attestations(RUN.run_id)}
-        outcome = daemon._validate_attestation("fuzz-peer", raw)
+        outcome = daemon.validate_gossip_attestation("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
         added = daemon.ingest_attestation(raw)
         after = {a.digest for a in daemon.store.attestations(RUN.run_id)}
@@ -102,7 +107,7 @@ def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, mes
             assert outcome is Outcome.ACCEPT and after == before | {blake2b256(raw)}
         else:
             assert after == before
-        assert isinstance(daemon._validate_claim("fuzz-peer", raw), Outcome)
+        assert isinstance(daemon.validate_gossip_claim("fuzz-peer", raw), Outcome)
     _stored_are_valid(daemon)
 
 
@@ -115,7 +120,7 @@ REVEALS = [fixtures.reveal(s, RUN, k, issued_at=ISSUED) for s in (1, 2) for k in
 def test_reveal_gossip_and_sync_frames_store_only_valid_reveals(daemon, messages):
     for raw in messages:
         before = {r.digest for r in daemon.store.reveals(RUN.run_id)}
-        outcome = daemon._validate_reveal("fuzz-peer", raw)
+        outcome = daemon.validate_gossip_reveal("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
         added = daemon.ingest_synced(raw, source="fuzz-peer")  # either kind, told apart by its own bytes
         after = {r.digest for r in daemon.store.reveals(RUN.run_id)}
@@ -260,7 +265,7 @@ def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing,
     accepted = []
 
     async def ingest(data: bytes) -> bool:
-        verdict = daemon._judge_manifest(data)
+        verdict = daemon.judge_manifest(data)
         if verdict.accepted:
             accepted.append(verdict.message)
         return verdict.accepted
@@ -272,3 +277,176 @@ def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing,
     assert all(m.encoded == RUN.encoded for m in accepted)  # the only validly signed manifest offered
     if new is not None:
         assert new == len(accepted) and len(stream.sent) == 2 and stream.closed
+
+
+# -- the command line: whatever a file or the API holds, one line and exit code 1, never a traceback --
+def _run_cli(argv: list[str]) -> tuple[int, str]:
+    """``open1b-node argv`` in this process; an exception escaping ``main`` fails the test (it
+    would print a traceback)."""
+    import contextlib
+    import io
+
+    from open1b.node import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main(argv)
+    return rc, err.getvalue()
+
+
+def _one_line_error_or_success(rc: int, err: str, allowed: tuple[int, ...] = (0,)) -> None:
+    assert rc in (1, *allowed), (rc, err)
+    if rc == 1:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(("open1b-node: error: ", "open1b-node: invalid input: ")), err
+        assert "Traceback" not in err
+
+
+JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64), st.floats(allow_nan=False),
+                      st.text(max_size=12))
+ANY_JSON = st.recursive(JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                            st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                        max_leaves=8)
+
+
+def _shaped(shape):
+    """Answers of ``shape`` (from :mod:`open1b.node.answers`), a leaf now and then of another type,
+    a key now and then missing: what a daemon of another version might send."""
+    if isinstance(shape, dict):
+        full = st.fixed_dictionaries({k: _shaped(v) for k, v in shape.items()})
+        return st.one_of(full, full.flatmap(lambda d: st.sampled_from(sorted(d)).map(
+            lambda k: {x: v for x, v in d.items() if x != k})), ANY_JSON)
+    if isinstance(shape, list):
+        return st.one_of(st.lists(_shaped(shape[0]), max_size=3), ANY_JSON)
+    kinds = shape if isinstance(shape, tuple) else (shape,)
+    leaves = {str: st.text(max_size=70), int: st.integers(-10**9, 10**9), bool: st.booleans(),
+              float: st.floats(allow_nan=False), type(None): st.none()}
+    return st.one_of(*(leaves[k] for k in kinds), JSON_LEAF)
+
+
+def _api_commands():
+    from open1b.node import answers
+
+    return [(["status"], answers.STATUS), (["peers"], answers.PEERS), (["runs"], answers.RUNS),
+            (["coverage", "ab"], answers.COVERAGE), (["claims"], answers.CLAIMS),
+            (["attestations", "ab"], answers.ATTESTATIONS), (["doctor"], answers.STATUS)]
+
+
+@FUZZ
+@given(st.data())
+def test_every_api_command_renders_any_answer_or_says_in_one_line_that_it_is_malformed(monkeypatch_module, data):
+    from open1b.node import client
+
+    argv, shape = data.draw(st.sampled_from(_api_commands()))
+    answer = data.draw(_shaped(shape))
+    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout: answer)
+    for json_flag in ([], ["--json"]):
+        rc, err = _run_cli([*argv, "--api", "127.0.0.1:1", *json_flag])
+        _one_line_error_or_success(rc, err)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@FUZZ
+@given(st.one_of(mutated(RUN.encoded), st.just(RUN.encoded), st.binary(max_size=200)))
+def test_commands_that_read_a_run_directory_refuse_a_broken_one_in_one_line(tmp_path_factory, manifest_bytes):
+    from open1b.deterministic.runfile import MANIFEST_FILE
+
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / MANIFEST_FILE).write_bytes(manifest_bytes)
+    for argv in (["replay", str(run_dir), "--step", "0"], ["samples", str(run_dir), "--step", "0"],
+                 ["reveal", str(run_dir), "--api", "127.0.0.1:1"]):
+        _one_line_error_or_success(*_run_cli(argv), allowed=())
+
+
+HANDOFF = VECTORS / "gensyn_handoff" / "handoff-hsdp"
+HANDOFF_FILES = ("meta.json", "model.safetensors", "optimizer.safetensors", "gradients.safetensors",
+                 "batch_hasher.rank_1.bin")
+
+
+@FUZZ
+@given(st.sampled_from(HANDOFF_FILES), st.data())
+def test_verify_handoff_answers_any_broken_file_in_one_line(tmp_path_factory, name, data):
+    import shutil
+
+    directory = tmp_path_factory.mktemp("handoff") / "h"
+    shutil.copytree(HANDOFF, directory)
+    original = (HANDOFF / name).read_bytes()
+    broken = data.draw(st.one_of(mutated(original), st.binary(max_size=64),
+                                 st.integers(0, len(original)).map(lambda n: original[:n])))
+    (directory / name).write_bytes(broken)
+    log = VECTORS / "gensyn_handoff" / "handoff-hsdp.state_hashes.jsonl"
+    rc, err = _run_cli(["verify-handoff", str(directory), "--state-hashes", str(log)])
+    _one_line_error_or_success(rc, err, allowed=(0, 2))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
+                 mutated(b'{"step": 7, "state_hash": "' + b"ab" * 32 + b'"}\n')))
+def test_verify_handoff_answers_any_state_hash_log_in_one_line(tmp_path_factory, log_bytes):
+    log = tmp_path_factory.mktemp("log") / "log.jsonl"
+    log.write_bytes(log_bytes)
+    rc, err = _run_cli(["verify-handoff", str(HANDOFF), "--state-hashes", str(log)])
+    _one_line_error_or_success(rc, err, allowed=(0, 2))
+
+
+@FUZZ
+@given(st.data())
+def test_publish_follows_any_job_answer_or_says_in_one_line_that_it_is_malformed(monkeypatch_module,
+                                                                                 tmp_path_factory, data):
+    from open1b.node import answers, client
+
+    run_dir = tmp_path_factory.mktemp("run")
+    first = data.draw(_shaped(answers.PUBLICATION))
+    final = data.draw(st.fixed_dictionaries({**{k: _shaped(v) for k, v in answers.PUBLICATION.items()},
+                                             "state": st.sampled_from(["done", "failed"])}))
+    answers_given = iter([first, final])
+    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout: next(answers_given, final))
+    monkeypatch_module.setattr(client, "PUBLISH_POLL_S", 0)
+    _one_line_error_or_success(*_run_cli(["publish", str(run_dir), "--api", "127.0.0.1:1"]))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=64), st.binary(min_size=32, max_size=32)))
+def test_key_show_reads_any_key_file_or_says_why_not_in_one_line(tmp_path_factory, key):
+    from open1b.node.identity_file import key_path
+
+    data_dir = tmp_path_factory.mktemp("data")
+    key_path(data_dir).parent.mkdir(parents=True)
+    key_path(data_dir).write_bytes(key)
+    _one_line_error_or_success(*_run_cli(["key", "show", "--data-dir", str(data_dir)]))
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+                 st.dictionaries(st.sampled_from(["node", "other"]), st.one_of(JSON_LEAF, st.dictionaries(
+                     st.sampled_from(["redundancy", "listen", "bootstrap", "trust_policy", "lease_s", "x"]),
+                     st.one_of(JSON_LEAF, st.lists(JSON_LEAF, max_size=2)), max_size=3)), max_size=2).map(
+                     lambda d: "\n".join(_toml(d)))))
+def test_config_toml_either_loads_or_is_one_config_error(tmp_path_factory, text):
+    """What ``daemon`` and ``doctor`` read first: anything but a valid config is a ConfigError."""
+    from open1b.node.config import ConfigError, load_config
+
+    data_dir = tmp_path_factory.mktemp("data")
+    (data_dir / "config.toml").write_text(text, errors="surrogateescape")
+    try:
+        load_config(data_dir)
+    except ConfigError as exc:
+        assert "\n" not in str(exc).strip()
+
+
+def _toml(table: dict) -> list[str]:
+    import json
+
+    lines = []
+    for section, body in table.items():
+        if isinstance(body, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in body.items() if v is not None]
+        elif body is not None:
+            lines.append(f"{section} = {json.dumps(body)}")
+    return lines

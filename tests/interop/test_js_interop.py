@@ -21,7 +21,14 @@ from contextlib import AsyncExitStack
 import pytest
 
 from open1b.protocol import (
-    Attestation, Claim, Identity, Outcome, blake2b256, claim_key, decode_message, validate_attestation,
+    Attestation,
+    Claim,
+    Identity,
+    Outcome,
+    blake2b256,
+    claim_key,
+    decode_message,
+    validate_attestation,
 )
 
 from ..vectors import ROOT as VECTORS
@@ -147,7 +154,7 @@ def test_claim_arbitration_with_a_last_writer_wins_js_dht_server(js_ready, tmp_p
     the protocol prefers, because readers select over all answers, their own copy included."""
     import trio
 
-    from open1b.node.daemon import ClaimRecords
+    from open1b.node.claim_records import ClaimRecords
     from open1b.node.p2p import open_p2p
     from open1b.protocol.claims import CLAIM_NAMESPACE
 

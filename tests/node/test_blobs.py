@@ -1,13 +1,18 @@
 """Blob transfer between real py-libp2p hosts on loopback: located through DHT provider records,
 chunked, resumable, verified before use, cached with a bound."""
 
+import dataclasses
 import os
 from contextlib import AsyncExitStack
 
 import pytest
 import trio
 
+from open1b.deterministic.config import PRESETS
+from open1b.deterministic.runfile import checkpoint_path, save_checkpoint
+from open1b.deterministic.state import init_state
 from open1b.node.blobs import BLOB_PROTOCOL, MAX_CHUNK, BlobCache, BlobError, file_digest, provider_key
+from open1b.node.chunk_table import ChunkTableError, compute_table
 from open1b.node.p2p import open_p2p
 from open1b.protocol.codec import encode
 
@@ -74,3 +79,25 @@ def test_cache_evicts_least_recently_used_but_never_pinned(tmp_path):
     assert not cache.has(digests[1])  # least recently used unpinned one went
     assert cache.has(digests[2]) and cache.has(digests[3])
     assert cache.used_bytes() == 3000
+
+
+def test_chunk_table_is_computed_once_kept_and_evicted_with_its_blob(tmp_path):
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir, init_state(dataclasses.replace(PRESETS["tiny"].config, n_layers=1), seed=2))
+    cache = BlobCache(tmp_path / "cache", max_bytes=1 << 30)
+    digest = cache.add_file(checkpoint_path(run_dir, 0))
+    other = tmp_path / "not-a-checkpoint"
+    other.write_bytes(b"\x00" * 100)
+    plain = cache.add_file(other)
+
+    async def main():
+        table = await cache.chunk_table(digest)
+        assert table == compute_table(checkpoint_path(run_dir, 0))
+        assert cache.table_path(digest).read_bytes() == table  # kept: the next request reads it
+        with pytest.raises(ChunkTableError):
+            await cache.chunk_table(plain)
+
+    trio.run(main)
+    cache.max_bytes = 0
+    cache.evict()
+    assert not cache.has(digest) and not cache.table_path(digest).exists()

@@ -1,40 +1,29 @@
 """The claim agent's protocol, driven over an in-memory board with the DHT's semantics
-(every write reaches one shared record store that keeps what ``select_claim`` prefers)."""
+(every write reaches one shared record store that keeps what ``select_claim`` prefers), on trio's
+MockClock: leases, re-check delays and renewals run on virtual time."""
+
+import random
 
 import trio
+from trio.testing import MockClock
 
-from open1b.node.claiming import ClaimAgent, renewal_time
-from open1b.node.claims import Candidate
-from open1b.protocol import LEASE_ROUND_SECONDS, Claim, select_claim
+from open1b.node.claim_records import ClaimAgent, renewal_time
+from open1b.node.clock import Clock
+from open1b.node.planner import Candidate
+from open1b.protocol import LEASE_ROUND_SECONDS, Claim
 
 from .conftest import ident
+from .fakes import FakeClaimBoard
+
+T0 = 1_800_000_000  # wall time at trio time 0
 
 
-class Board:
-    def __init__(self) -> None:
-        self.records: dict[str, bytes] = {}
-        self.announced: list[Claim] = []
-
-    async def read(self, key):
-        await trio.sleep(0)
-        return self.records.get(key)
-
-    async def write(self, key, value):
-        await trio.sleep(0)
-        old = self.records.get(key)
-        if old is not None:
-            claims = [Claim.decode(old), Claim.decode(value)]
-            if claims[select_claim(claims)].encoded == old:
-                return False
-        self.records[key] = value
-        return True
-
-    async def announce(self, claim):
-        self.announced.append(claim)
+def agent(n, board, clock: Clock, lease_s=60):
+    return ClaimAgent(ident(n), board, lease_s=lease_s, clock=clock.wall, sleep=clock.sleep, rng=random.Random(n))
 
 
-def agent(n, board, clock, lease_s=60):
-    return ClaimAgent(ident(n), board, lease_s=lease_s, clock=clock, sleep=lambda s: trio.sleep(0))
+def run_virtual(main):
+    return trio.run(main, clock=MockClock(autojump_threshold=0))
 
 
 def cand(step, slots=1, attesters=()):
@@ -42,9 +31,9 @@ def cand(step, slots=1, attesters=()):
 
 
 def test_concurrent_claims_have_exactly_one_winner_per_slot(manifest):
-    now = [1_800_000_000]
-    board = Board()
-    agents = [agent(50 + i, board, lambda: now[0]) for i in range(5)]
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    agents = [agent(50 + i, board, clock) for i in range(5)]
     won = []
 
     async def main():
@@ -56,59 +45,61 @@ def test_concurrent_claims_have_exactly_one_winner_per_slot(manifest):
                         won.append(claim)
                 nursery.start_soon(go)
 
-    trio.run(main)
+    run_virtual(main)
     assert len(won) == 1 and won[0].encoded == next(iter(board.records.values()))
     assert sum(a.lost for a in agents) + sum(a.won for a in agents) >= 1
 
 
 def test_no_claim_when_attesters_and_live_claims_cover_the_target(manifest):
-    now = 1_800_000_000
-    board = Board()
-    a, b, c = (agent(60 + i, board, lambda: now) for i in range(3))
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    a, b, c = (agent(60 + i, board, clock) for i in range(3))
     done = cand(1, slots=2, attesters=[ident(60).public_key])  # a attested step 1
 
     async def main():
         assert await b.try_claim(manifest.run_id, done) is not None  # b takes the second place
         assert await c.try_claim(manifest.run_id, done) is None  # a done + b busy = 2: nothing left for c
 
-    trio.run(main)
+    run_virtual(main)
 
 
 def test_expired_lease_is_retaken_and_own_live_claim_is_reused(manifest):
-    now = [1_800_000_000]
-    board = Board()
-    a, b = agent(70, board, lambda: now[0]), agent(71, board, lambda: now[0])
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    a, b = agent(70, board, clock), agent(71, board, clock)
+
     async def main():
         first = await a.try_claim(manifest.run_id, cand(0))
         assert first is not None
         assert await b.try_claim(manifest.run_id, cand(0)) is None  # live lease held by a
         assert (await a.try_claim(manifest.run_id, cand(0))).digest == first.digest  # a keeps its own claim
-        now[0] += 61  # a's lease has expired
+        await trio.sleep(61)  # a's lease has expired
         retaken = await b.try_claim(manifest.run_id, cand(0))
         assert retaken is not None and retaken.claimant == ident(71).public_key
 
-    trio.run(main)
+    run_virtual(main)
 
 
 def test_renewal_is_in_a_later_round_and_keeps_the_slot(manifest):
     """A renewal issued in the claim's own lease round would lose to it (earliest wins within a
     round); renewal_time waits for the next round, and the renewed claim then wins the slot."""
-    now = [1_800_000_010]
-    board = Board()
-    a, b = agent(80, board, lambda: now[0], lease_s=3600), agent(81, board, lambda: now[0], lease_s=3600)
+    t0 = 1_800_000_010
+    clock = Clock(wall_at_zero=t0)
+    board = FakeClaimBoard()
+    a, b = agent(80, board, clock, lease_s=3600), agent(81, board, clock, lease_s=3600)
 
     async def main():
         first = await a.try_claim(manifest.run_id, cand(2))
         due = renewal_time(first, 3600)
         assert due == first.lease_expiry - 900 and due // LEASE_ROUND_SECONDS > first.issued_at // LEASE_ROUND_SECONDS
-        now[0] = due
+        await trio.sleep_until(due - t0)
         fresh = await a.renew(first)
         assert fresh is not None and fresh.lease_expiry == due + 3600
         assert board.records[next(iter(board.records))] == fresh.encoded
-        now[0] = first.lease_expiry + 1  # the first lease is over, the renewed one is not
+        await trio.sleep_until(first.lease_expiry + 1 - t0)  # the first lease is over, the renewed one is not
         assert await b.try_claim(manifest.run_id, cand(2)) is None
 
-    trio.run(main)
+    run_virtual(main)
 
 
 def test_short_lease_renews_only_after_its_round():
@@ -117,24 +108,53 @@ def test_short_lease_renews_only_after_its_round():
 
 
 def test_hold_renews_until_cancelled(manifest):
-    now = [1_800_000_000]
-    board = Board()
-
-    async def sleep(seconds):
-        now[0] += int(seconds)
-        await trio.sleep(0)
-
-    a = ClaimAgent(ident(83), board, lease_s=600, clock=lambda: now[0], sleep=sleep)
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    a = agent(83, board, clock, lease_s=600)
 
     async def main():
         claim = await a.try_claim(manifest.run_id, cand(4))
-        with trio.move_on_after(0.2):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(a.hold, claim)
-                while a.renewed < 3:
-                    await trio.sleep(0.001)
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.hold, claim)
+            while a.renewed < 3:
+                await trio.sleep(1)
+            nursery.cancel_scope.cancel()
         held = Claim.decode(board.records[next(iter(board.records))])
-        assert a.renewed >= 3 and held.claimant == ident(83).public_key and held.lease_expiry > claim.lease_expiry
+        assert a.renewed == 3 and held.claimant == ident(83).public_key and held.lease_expiry > claim.lease_expiry
+        # renewed at each quarter-lease mark (the first after the claim's own lease round)
+        assert held.issued_at == renewal_time(Claim.decode(board.announced[-2].encoded), 600)
 
-    trio.run(main)
+    run_virtual(main)
+
+
+def test_leases_over_hours_of_protocol_time_a_crashed_holder_is_retaken_after_its_lease(manifest):
+    """Virtual time (trio's MockClock): six hours of a held one-hour lease, a crash, and the
+    retake, in milliseconds. While the holder renews, the other node never wins the slot; once it
+    stops renewing, the slot is free again exactly when its last lease runs out."""
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    lease_s = 3600
+    holder = agent(84, board, clock, lease_s=lease_s)
+    other = agent(85, board, clock, lease_s=lease_s)
+    crash_at = 6 * 3600
+
+    async def main():
+        claim = await holder.try_claim(manifest.run_id, cand(5))
+        assert claim is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder.hold, claim)
+            while trio.current_time() < crash_at:  # the other node keeps trying, once a minute
+                assert await other.try_claim(manifest.run_id, cand(5)) is None
+                await trio.sleep(60)
+            nursery.cancel_scope.cancel()  # kill -9: no release, the lease just stops being renewed
+        last = Claim.decode(next(iter(board.records.values())))
+        assert last.claimant == ident(84).public_key and last.lease_expiry > clock.wall()
+        while (retaken := await other.try_claim(manifest.run_id, cand(5))) is None:
+            await trio.sleep(60)
+        assert retaken.claimant == ident(85).public_key
+        assert last.lease_expiry <= retaken.issued_at < last.lease_expiry + 60 + 2  # one poll (+ the re-check)
+        return trio.current_time()
+
+    elapsed = run_virtual(main)
+    assert elapsed > crash_at  # hours of protocol time
+    assert holder.renewed >= crash_at // lease_s  # the lease was renewed all along

@@ -2,15 +2,16 @@
 
 import random
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from open1b.node import claims as planner
+from open1b.node import planner
 from open1b.node.deficits import DeficitIndex
 from open1b.protocol import Attestation, Claim, coverage
 from open1b.protocol.hashing import blake2b256
+from tests.runs import attestation, run_manifest
 
 from .conftest import ident
-from tests.runs import run_manifest, attestation
 
 T0 = 1_800_000_000
 STEPS = 12

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from open1b.deterministic.device import cpu_device_class
-from open1b.protocol import TrustPolicy, evaluations, validate_eval
-from open1b.protocol.evaluation import EvalStatus
 from open1b.node.evaluations import EvaluationError, board, check_result, render_board, sign_results
 from open1b.node.store import Store
+from open1b.protocol import TrustPolicy, evaluations, validate_eval
+from open1b.protocol.evaluation import EvalStatus
 
 from .conftest import ident
 

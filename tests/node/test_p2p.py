@@ -4,7 +4,7 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from open1b.node.daemon import ClaimRecords
+from open1b.node.claim_records import ClaimRecords
 from open1b.node.p2p import open_p2p
 from open1b.protocol import Claim, Outcome, claim_key, select_claim
 

@@ -4,6 +4,7 @@ on loopback and no shared run directory: only the publisher ever sees the traine
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import time
 
@@ -13,8 +14,9 @@ import trio
 from open1b.deterministic.runfile import MANIFEST_FILE, checkpoint_path
 from open1b.node.blobs import BLOB_PROTOCOL, BlobCache, file_digest, provider_key
 from open1b.node.client import call
+from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
-from open1b.node.daemon import Daemon
+from open1b.node.daemon import open_daemon
 from open1b.node.devnet import Daemons
 from open1b.node.p2p import open_p2p
 from open1b.node.runs import RunFilesError, checkpoint_blob
@@ -119,13 +121,8 @@ def test_a_provider_serving_wrong_bytes_is_penalised_and_its_bytes_never_used(tm
 
     async def main():
         config = NodeConfig(data_dir=tmp_path / "node", listen="127.0.0.1:0", api="127.0.0.1:0", audit=False)
-        daemon = Daemon(config)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(daemon.run)
-            with trio.fail_after(60):
-                while daemon._nursery is None:
-                    await trio.sleep(0.05)
-                assert daemon.p2p is not None and daemon.runfiles is not None
+        with trio.fail_after(60):
+            async with open_daemon(config, clock=Clock(), rng=random.Random(0)) as daemon:
                 async with open_p2p(ident(60), "127.0.0.1", 0) as liar, open_p2p(ident(61), "127.0.0.1", 0) as honest:
                     cache = BlobCache(tmp_path / "honest", 1 << 30)
                     cache.add_file(samples)  # the honest peer holds the samples, not yet the checkpoint
@@ -133,24 +130,23 @@ def test_a_provider_serving_wrong_bytes_is_penalised_and_its_bytes_never_used(tm
                     liar.set_stream_handler(BLOB_PROTOCOL, garbage)
                     for host in (liar, honest):
                         await host.connect(daemon.p2p.addrs[0])
-                    await daemon.add_run(manifest, None)
+                    await daemon.ingest.add_run(manifest, None)
                     blob = checkpoint_blob(manifest, 1)
                     assert await honest.provide(provider_key(manifest.samples_blob))
                     assert await liar.provide(provider_key(blob.digest))  # the only provider of checkpoint 1
 
                     with pytest.raises(RunFilesError, match="checkpoint 1"):
-                        await daemon._run_files(manifest, 1)
+                        await daemon.auditor.run_files(manifest, 1)
                     assert daemon.p2p.rejected.get(liar.peer_id, 0) >= 1  # penalised like any reject
                     assert daemon.p2p.rejected.get(honest.peer_id, 0) == 0
                     assert not daemon.runfiles.cache.has(blob.digest)  # nothing of its bytes kept
-                    assert daemon.status()["blobs"]["bad_providers"] >= 1
+                    assert daemon.runfiles.stats.bad_providers >= 1
 
                     cache.add_file(checkpoint_path(run_dir, 1))
                     assert await honest.provide(provider_key(blob.digest))
-                    work, _ = await daemon._run_files(manifest, 1)
+                    work, _ = await daemon.auditor.run_files(manifest, 1)
                     assert file_digest(checkpoint_path(work, 1)) == manifest.checkpoints[1]
                     assert file_digest(work / "samples.bin") == manifest.samples_blob
                     assert daemon.p2p.rejected.get(honest.peer_id, 0) == 0
-            daemon.shutdown.set()
 
     trio.run(main)

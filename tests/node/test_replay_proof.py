@@ -13,9 +13,9 @@ from open1b.node.replay_proof import ReplayProof
 from open1b.node.store import Store
 from open1b.node.sync import pull_attestations, serve_sync
 from open1b.protocol import MATCH, Attestation, WitnessReveal, coverage, validate_reveal, witness_binding
+from tests.runs import attestation, witness_of
 
 from .conftest import ident
-from tests.runs import attestation, witness_of
 
 NOW = 1_800_000_000
 ME, HONEST, COPIER, STRANGER = 1, 2, 3, 4
@@ -174,67 +174,48 @@ def test_sync_serves_reveals_beside_attestations(manifest):
 def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manifest, monkeypatch, capsys):
 
     from open1b.node import cli
-    from open1b.node.config import NodeConfig
-    from open1b.node.daemon import Daemon, reveals_topic
+    from open1b.node.topics import reveals_topic
     from open1b.node.views import coverage_json
 
-    now = NOW  # the manifest is dated NOW; the daemon's clock must not find our statements in the future
-    monkeypatch.setattr("open1b.node.daemon.now_s", lambda: now + 60)
+    from .fakes import FakeGossip, FrozenClock, make_ingest
+
+    # the manifest is dated NOW; the node's clock must not find our statements in the future
     peers = (HONEST, COPIER)
-    node = Daemon(NodeConfig(data_dir=tmp_path / "node", redundancy=1,
-                             trusted_peers=tuple(ident(p).peer_id for p in peers)))
-    node.identity = ident(ME)
-    node.store = Store(tmp_path / "store.sqlite")
-    node.manifests = {manifest.run_id: manifest}
-    node.proof = ReplayProof(node.identity, node.store, node._counts)
-
-    class FakeP2P:
-        published: list[tuple[str, bytes]] = []
-        penalised: list[str] = []
-
-        async def publish(self, topic, data):
-            self.published.append((topic, data))
-
-        def penalise(self, peer):
-            self.penalised.append(peer)
-
-    node.p2p = FakeP2P()
+    gossip = FakeGossip()
+    node = make_ingest(tmp_path / "node", manifest, identity=ident(ME), clock=FrozenClock(NOW + 60), gossip=gossip,
+                       redundancy=1, trusted_peers=tuple(ident(p).peer_id for p in peers))
     node.proof.replayed(manifest, 1, manifest.state_hashes[2], witness_of(1))  # as after our own replay
     honest = _att(manifest, HONEST, 1)
     copied = _copy(honest, COPIER)
     assert node.ingest_synced(honest.encoded, source="peer") and node.ingest_synced(copied.encoded, source="peer")
-    trio.run(node._publish_reveals)
-    [(topic, data)] = node.p2p.published
+    trio.run(node.publish_due_reveals)
+    [(topic, data)] = gossip.published
     assert topic == reveals_topic(manifest.run_id) and WitnessReveal.decode(data).step == 1
     assert node.refresh_flags() and node.flagged[manifest.run_id] == {ident(COPIER).public_key}
-    assert node._plans_with(honest) and not node._plans_with(copied)  # the planner stops counting it too
+    assert node.plans_with(honest) and not node.plans_with(copied)  # the planner stops counting it too
 
     view = coverage_json(node.coverage(manifest.run_id), manifest)
     [flag] = view["flagged"]
     assert flag == {"signer": ident(COPIER).peer_id, "step": 1, "kind": "copier", "statement": copied.digest.hex(),
                     "conflicting": honest.digest.hex(), "reveal": WitnessReveal.decode(data).digest.hex()}
     assert view["per_step"][1]["auditors"] == [ident(HONEST).peer_id]
-    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: view)
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
     assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
     assert f"flagged {ident(COPIER).peer_id} at step 1 as a copier" in capsys.readouterr().out
 
     # a reveal arriving by sync is judged like one on gossip: a wrong witness is the sender's fault
     bad = WitnessReveal.create(ident(HONEST), run=manifest.run_id, step=2, witness=witness_of(3), issued_at=NOW)
-    assert not node.ingest_synced(bad.encoded, source="liar") and node.p2p.penalised == ["liar"]
+    assert not node.ingest_synced(bad.encoded, source="liar") and gossip.penalised == ["liar"]
     assert node.validation["sync/reject/witness"] == 1
-    assert node._validate_reveal("someone", data).value == "accept"
-    assert node._attestations_for_sync(manifest.run_id)[-1].encoded == data  # served to late joiners
+    assert node.validate_gossip_reveal("someone", data).value == "accept"
+    assert node.statements_for_sync(manifest.run_id)[-1].encoded == data  # served to late joiners
 
 
-def test_daemon_planner_drops_a_match_a_peers_reveal_disproves(tmp_path, manifest, monkeypatch):
-    from open1b.node.config import NodeConfig
-    from open1b.node.daemon import Daemon
+def test_daemon_planner_drops_a_match_a_peers_reveal_disproves(tmp_path, manifest):
+    from .fakes import FrozenClock, make_ingest
 
-    monkeypatch.setattr("open1b.node.daemon.now_s", lambda: NOW + 60)
-    node = Daemon(NodeConfig(data_dir=tmp_path / "node", redundancy=1, trusted_peers=(ident(COPIER).peer_id,)))
-    node.store = Store(tmp_path / "store.sqlite")
-    node.manifests = {manifest.run_id: manifest}
-    node.proof = ReplayProof(node.identity, node.store, node._counts)
+    node = make_ingest(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), redundancy=1,
+                       trusted_peers=(ident(COPIER).peer_id,))
     lazy = _att(manifest, COPIER, 2, witness=b"\x04" * 32)  # a made-up binding
     assert node.ingest_attestation(lazy.encoded)
     assert node.deficits.index(manifest.run_id).deficit(2) == 0  # it fills step 2's redundancy of 1
@@ -245,33 +226,25 @@ def test_daemon_planner_drops_a_match_a_peers_reveal_disproves(tmp_path, manifes
     assert cov.flagged == () and cov.steps[2].auditors == ()  # unproven, not (yet) flagged: nobody bound W_2
 
 
-def test_the_reveal_route_signs_checks_stores_and_gossips_a_trainers_witness(tmp_path, manifest, monkeypatch):
+def test_the_reveal_route_signs_checks_stores_and_gossips_a_trainers_witness(tmp_path, manifest):
     import pytest
 
     from open1b.node.api import ApiError
-    from open1b.node.config import NodeConfig
-    from open1b.node.daemon import Daemon, reveals_topic
+    from open1b.node.api_routes import reveal_route
+    from open1b.node.topics import reveals_topic
 
-    monkeypatch.setattr("open1b.node.daemon.now_s", lambda: NOW + 60)
-    node = Daemon(NodeConfig(data_dir=tmp_path / "node", redundancy=1, trusted_peers=(ident(COPIER).peer_id,)))
-    node.store = Store(tmp_path / "store.sqlite")
-    node.manifests = {manifest.run_id: manifest}
-    node.proof = ReplayProof(node.identity, node.store, node._counts)
+    from .fakes import FakeGossip, FrozenClock, make_ingest
 
-    class FakeP2P:
-        published: list[tuple[str, bytes]] = []
-
-        async def publish(self, topic, data):
-            self.published.append((topic, data))
-
-    node.p2p = FakeP2P()
-    handler = next(r.handler for r in node.routes() if (r.method, r.prefix) == ("POST", "/v1/reveal"))
+    gossip = FakeGossip()
+    node = make_ingest(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), gossip=gossip, redundancy=1,
+                       trusted_peers=(ident(COPIER).peer_id,))
+    handler = reveal_route(node.identity, node, gossip).handler
     run = manifest.run_id.hex()
     lazy = _att(manifest, COPIER, 3, witness=b"\x04" * 32)
     node.ingest_attestation(lazy.encoded)
     made = trio.run(handler, [run[:12]], {"step": "3", "witness": witness_of(3).hex()})
     assert made["step"] == 3 and made["revealer"] == node.identity.peer_id
-    assert node.p2p.published[0][0] == reveals_topic(manifest.run_id)
+    assert gossip.published[0][0] == reveals_topic(manifest.run_id)
     assert node.deficits.index(manifest.run_id).deficit(3) == 1  # the lazy match no longer fills step 3
     for bad in ({"step": "3", "witness": witness_of(2).hex()}, {"step": "x", "witness": ""}):
         with pytest.raises(ApiError):
@@ -284,7 +257,7 @@ def test_cli_reveal_recomputes_a_witness_by_replay_and_posts_it(tampered_run, mo
 
     run_dir, manifest = tampered_run
     posted = []
-    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: posted.append((path, kw)) or {
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: posted.append((path, kw)) or {
         "step": 1, "witness": path.rsplit("=", 1)[1], "digest": "00" * 32})
     assert cli.main(["reveal", str(run_dir), "--step", "1", "--api", "127.0.0.1:1"]) == 0
     [(path, kw)] = posted

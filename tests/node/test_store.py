@@ -5,9 +5,9 @@ import sys
 import textwrap
 
 from open1b.node.store import Store
+from tests.runs import attestation
 
 from .conftest import ident
-from tests.runs import attestation
 
 NOW = 1_800_000_000
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from open1b.node import cli
-from open1b.node.config import ConfigError, NodeConfig, load_config
-from open1b.node.daemon import Daemon
-from open1b.node.store import Store
+from open1b.node.config import ConfigError, load_config
+from open1b.node.ingest import Ingest
 from open1b.node.views import coverage_json
 from open1b.protocol import Attestation
 from open1b.protocol.hashing import blake2b256
+from tests.runs import attestation, run_manifest
 
 from .conftest import ident
-from tests.runs import run_manifest, attestation
+from .fakes import make_ingest
 
 NOW = int(time.time()) - 30
 MANIFEST = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
@@ -34,11 +34,8 @@ def att(signer: int, step: int, *, match: bool = True) -> Attestation:
                               engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW)
 
 
-def make_daemon(tmp_path: Path, **config) -> Daemon:
-    node = Daemon(NodeConfig(data_dir=tmp_path / "node", redundancy=2, **config))
-    node.store = Store(tmp_path / "store.sqlite")
-    node.manifests = {MANIFEST.run_id: MANIFEST}
-    return node
+def make_daemon(tmp_path: Path, **config) -> Ingest:
+    return make_ingest(tmp_path / "node", MANIFEST, redundancy=2, **config)
 
 
 def trusted(*signers: int) -> tuple[str, ...]:
@@ -97,7 +94,7 @@ def test_coverage_json_and_cli_show_policy_flags_and_untrusted_keys(tmp_path, mo
     assert view["refuted_steps"] == [0] and view["policy"]["name"] == "allowlist"
     assert view["flagged"][0]["signer"] == ident(1).peer_id and view["untrusted"] == [ident(9).peer_id]
     assert len(view["per_step"][0]["evidence"]) == 2
-    monkeypatch.setattr(cli, "_call", lambda args, path, **kw: view)
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
     assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
     out = capsys.readouterr().out
     assert "refuted [0]" in out and f"flagged {ident(1).peer_id} at step 0" in out and "1 untrusted" in out

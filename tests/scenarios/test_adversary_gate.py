@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from open1b.node import adversary
 from open1b.node.config import ConfigError, NodeConfig, load_config
+from open1b.node.devnet import adversaries as adversary
 
 
 def test_behaviour_is_refused_outside_a_devnet(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
-"""Taking a claim: the I/O half of claiming, behind a small interface (:class:`ClaimBoard`) so
-that the daemon drives it over the real DHT and gossip and a simulator drives the very same code
-over a simulated network and clock.
+"""Claim records: taking a claim (:class:`ClaimAgent`), the I/O half of claiming, behind a small
+interface (:class:`ClaimBoard`) so that the daemon drives it over the real DHT and gossip
+(:class:`DhtClaimBoard`) and a simulator drives the very same code over a simulated network and
+clock; and the DHT's rule for ``/open1b/claim/…`` records (:class:`ClaimRecords`).
 
 Protocol (see docs/protocol.md, "Claims in the DHT"): read every redundancy slot of the step
-from the network; take a free slot (:func:`~open1b.node.claims.free_slot`); write the claim; wait
+from the network; take a free slot (:func:`~open1b.node.planner.free_slot`); write the claim; wait
 a moment and read the slot again — only if the network then shows *our* claim is it announced on
 gossip and compute spent.
 A lost race costs a few lookups; a stolen or lost claim costs at most a duplicate replay,
@@ -18,11 +19,15 @@ strict order prefers), before the old one runs out.
 from __future__ import annotations
 
 import random
-from typing import Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
-from open1b.protocol import LEASE_ROUND_SECONDS, Claim, Identity, Open1bError, claim_key, is_live
+from open1b.protocol import LEASE_ROUND_SECONDS, Claim, Identity, Open1bError, claim_key, is_live, select_claim
 
-from . import claims as planner
+from . import planner
+from .topics import claims_topic
+
+if TYPE_CHECKING:  # the simulator drives this module without libp2p
+    from .p2p import P2P
 
 # A claim we hold is renewed rather than reused when it has less than this left to run.
 RENEW_MARGIN_S = 5
@@ -141,4 +146,45 @@ class ClaimAgent:
         current: Claim | None = claim
         while current is not None:
             await self.sleep(max(0, renewal_time(current, self.lease_s) - self.clock()))
-            current = await self.renew(current)
+            try:
+                current = await self.renew(current)
+            except Open1bError:  # the network did not take it (a NetworkError): the lease still runs, retry soon
+                await self.sleep(RENEW_MARGIN_S)
+
+
+class DhtClaimBoard:
+    """The claim agent's view of the network: DHT records plus the run's claims topic."""
+
+    def __init__(self, p2p: P2P) -> None:
+        self.p2p = p2p
+
+    async def read(self, key: str) -> bytes | None:
+        return await self.p2p.get_record(key, from_network=True)
+
+    async def write(self, key: str, value: bytes) -> bool:
+        return await self.p2p.put_record(key, value)
+
+    async def announce(self, claim: Claim) -> None:
+        await self.p2p.publish(claims_topic(claim.run), claim.encoded)
+
+
+class ClaimRecords:
+    """DHT validator for ``/open1b/claim/…``: a record must be a valid claim for its own key;
+    among several, the protocol's strict total order picks one (invalid ones lose)."""
+
+    def validate(self, key: str, value: bytes) -> None:
+        claim = Claim.decode(value)
+        if claim_key(claim.run, claim.step, claim.slot) != key:
+            raise ValueError("claim stored under another key")
+
+    def select(self, key: str, values: list[bytes]) -> int:
+        parsed = []
+        for value in values:
+            try:
+                parsed.append(Claim.decode(value))
+            except Open1bError:
+                parsed.append(None)
+        valid = [i for i, c in enumerate(parsed) if c is not None]
+        if not valid:
+            return 0
+        return valid[select_claim([parsed[i] for i in valid])]

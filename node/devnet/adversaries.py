@@ -1,9 +1,12 @@
 """Deliberately broken daemons, for devnet scenarios only (docs/reliability.md).
 
-A devnet starts some of its daemons with the hidden flag ``--behaviour NAME[=ARG]``. The daemon
+A devnet starts some of its daemons with the hidden flag ``--behaviour NAME[=ARG]``. The CLI
 refuses the flag unless its environment holds ``OPEN1B_DEVNET=1``, which only the devnet's
 :class:`~open1b.node.devnet.Daemons` helper sets, and it is not a config.toml key: an operator
-cannot switch any of this on by accident. Behaviours:
+cannot switch any of this on by accident. Each behaviour is an :class:`Adversary`, which reaches
+the daemon only through the daemon's documented hook (:class:`open1b.node.daemon.Harness`): it
+wraps the honest :class:`~open1b.node.auditor.Replayer`, and runs a task of its own with the
+running :class:`~open1b.node.daemon.Daemon`'s components. Behaviours:
 
 * ``lie``     — signs ``match`` (the published hash) for every step of every run it knows, at
   once and without replaying; if it claims a step, it "replays" it the same way.
@@ -24,28 +27,36 @@ import dataclasses
 import json
 import logging
 import os
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import cbor2
 import trio
 
-from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import (
-    MATCH, MAX_ATTESTATION_SIZE, MISMATCH, Attestation, Claim, Identity, Outcome, RunManifest, encode, sign,
+    MATCH,
+    MAX_ATTESTATION_SIZE,
+    MISMATCH,
+    Attestation,
+    Claim,
+    Identity,
+    Outcome,
+    RunManifest,
+    encode,
+    sign,
 )
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, FieldType, UInt
 
-from .config import ConfigError
-from .sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
-from .worker import WorkerResult
+from ..auditor import Replayer
+from ..config import ConfigError, NodeConfig
+from ..daemon import Daemon
+from ..files import write_atomic
+from ..sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
+from ..topics import attestations_topic
+from ..worker import WorkerResult
 
-if TYPE_CHECKING:  # the daemon imports this module
-    from .daemon import Daemon
-
-log = logging.getLogger("open1b.node.adversary")
+log = logging.getLogger("open1b.node.devnet.adversaries")
 
 ENV_SWITCH = "OPEN1B_DEVNET"
 INJECTED_FILE = "injected.json"
@@ -54,7 +65,7 @@ RUN_WAIT_S = 120.0
 SPAM_BURSTS, SPAM_PAUSE_S = 5, 3.0
 
 
-def from_config(config) -> Adversary | None:
+def from_config(config: NodeConfig) -> Adversary | None:
     """The behaviour a devnet asked for, or None for an honest node."""
     if not config.behaviour:
         return None
@@ -68,10 +79,18 @@ def from_config(config) -> Adversary | None:
 
 
 class Adversary:
+    """A :class:`~open1b.node.daemon.Harness`: by default it replays nothing and signs an echo of
+    the published hash for any step it claims."""
+
     def __init__(self, arg: str) -> None:
         self.arg = arg
+        self.honest: Replayer | None = None
 
-    async def replay(self, daemon: Daemon, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
+    def replayer(self, honest: Replayer) -> Replayer:
+        self.honest = honest
+        return self
+
+    async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         """What the node signs instead of an honest replay; by default an echo of the published hash."""
         made_up = blake2b256(b"open1b/devnet/made-up-witness", manifest.run_id, step.to_bytes(8, "little"))
         return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], made_up, 1)
@@ -81,8 +100,9 @@ class Adversary:
 
 
 class Slow(Adversary):
-    async def replay(self, daemon, manifest, run_dir, step):
-        result = await daemon.worker.replay(run_dir, step, timeout_s=daemon.config.replay_timeout_s)
+    async def replay(self, manifest, run_dir, step):
+        assert self.honest is not None  # set by the daemon before it audits
+        result = await self.honest.replay(manifest, run_dir, step)
         await trio.sleep(float(self.arg or 3))
         return result
 
@@ -91,8 +111,8 @@ def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) 
     fields = dict(
         run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
         post_state=manifest.state_hashes[step + 1], verdict=MATCH, engine=manifest.engine,
-        engine_version=manifest.engine_version, hardware=daemon.hardware, device=cpu_device_class(), elapsed_ms=1,
-        issued_at=int(time.time()))
+        engine_version=manifest.engine_version, hardware=daemon.auditor.hardware, device=daemon.auditor.device,
+        elapsed_ms=1, issued_at=daemon.clock.wall())
     # Fields a later protocol adds (a replay witness): someone who never replayed can only make one up.
     made_up = {name: _made_up(kind) for name, kind in Attestation.SCHEMA.items()
                if name not in fields and name != "signer"}
@@ -106,26 +126,18 @@ def _made_up(kind: FieldType):
 
 
 async def _publish(daemon: Daemon, att: Attestation) -> None:
-    from .daemon import attestations_topic
-
-    assert daemon.store is not None and daemon.p2p is not None
-    if daemon.store.add_attestation(att):
-        daemon._stored(att)
-    await daemon.p2p.publish(attestations_topic(att.run), att.encoded)
+    await daemon.ingest.publish_own_attestation(att)
 
 
 async def _wait_for_mesh(daemon: Daemon) -> None:
     """Until the node knows a run (runs arrive by gossip or sync, after start-up) and every run's
     attestation topic has a peer (what we publish before that is lost)."""
-    from .daemon import attestations_topic
-
     await daemon.bootstrapped.wait()
-    assert daemon.p2p is not None
     with trio.move_on_after(RUN_WAIT_S):
-        while not daemon.manifests:
+        while not daemon.ingest.manifests:
             await trio.sleep(0.2)
     with trio.move_on_after(MESH_WAIT_S):
-        while not all(daemon.p2p.topic_peers(attestations_topic(r)) for r in daemon.manifests):
+        while not all(daemon.p2p.topic_peers(attestations_topic(r)) for r in daemon.ingest.manifests):
             await trio.sleep(0.2)
 
 
@@ -135,7 +147,7 @@ class Lie(Adversary):
 
     async def run(self, daemon):
         await _wait_for_mesh(daemon)
-        for manifest in list(daemon.manifests.values()):
+        for manifest in list(daemon.ingest.manifests.values()):
             for step in range(manifest.steps):
                 att = _echo(daemon, daemon.identity, manifest, step)
                 if self.arg == "mismatch":
@@ -156,30 +168,29 @@ class Copy(Adversary):
 
     @staticmethod
     def _source(daemon: Daemon, run: bytes, step: int) -> Attestation | None:
-        assert daemon.store is not None
         others = [a for a in daemon.store.attestations(run, step) if a.signer != daemon.identity.public_key]
         return min(others, key=lambda a: a.digest) if others else None
 
     async def run(self, daemon):
         await _wait_for_mesh(daemon)
-        assert daemon.store is not None
         me = daemon.identity.public_key
         while True:
-            for manifest in list(daemon.manifests.values()):
+            for manifest in list(daemon.ingest.manifests.values()):
                 mine = daemon.store.attested_steps(manifest.run_id, me)
                 for step in range(manifest.steps):
                     source = None if step in mine else self._source(daemon, manifest.run_id, step)
                     if source is not None:
-                        await _publish(daemon, copy_attestation(daemon.identity, source, daemon.hardware))
+                        await _publish(daemon, copy_attestation(daemon.identity, source, daemon.auditor.hardware,
+                                                                daemon.clock.wall()))
             await trio.sleep(0.5)
 
 
-def copy_attestation(identity: Identity, source: Attestation, hardware: str) -> Attestation:
+def copy_attestation(identity: Identity, source: Attestation, hardware: str, now: int) -> Attestation:
     """``source``'s statement re-signed by ``identity``: every field copied (a replay witness
     included, whatever its name), except who signs, when, and on what hardware."""
     fields = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)
               if f.name not in ("sig", "signer", "issued_at", "hardware")}
-    return Attestation.create(identity, **fields, hardware=hardware, issued_at=int(time.time()))
+    return Attestation.create(identity, **fields, hardware=hardware, issued_at=now)
 
 
 class Sybil(Adversary):
@@ -187,7 +198,7 @@ class Sybil(Adversary):
         await _wait_for_mesh(daemon)
         keys = [Identity(blake2b256(b"open1b/devnet/sybil", daemon.identity.seed, i.to_bytes(4, "little")))
                 for i in range(int(self.arg or 20))]
-        for manifest in list(daemon.manifests.values()):
+        for manifest in list(daemon.ingest.manifests.values()):
             for identity in keys:
                 for step in range(manifest.steps):
                     await _publish(daemon, _echo(daemon, identity, manifest, step))
@@ -196,7 +207,7 @@ class Sybil(Adversary):
 
 # -- spam: forged and malformed statements ---------------------------------------------------
 # name -> (what a receiver must answer, how to build one from (daemon, manifest, honest, i))
-Forge = Callable[["Daemon", RunManifest, Attestation, int], bytes]
+Forge = Callable[[Daemon, RunManifest, Attestation, int], bytes]
 
 
 def _resign(identity: Identity, body: dict) -> bytes:
@@ -241,7 +252,7 @@ def _garbage(daemon, manifest, honest, i):
 
 
 def _wrong_kind(daemon, manifest, honest, i):
-    now = int(time.time())
+    now = daemon.clock.wall()
     return Claim.create(daemon.identity, run=manifest.run_id, step=i % manifest.steps, slot=0, issued_at=now,
                         lease_expiry=now + 60 + i).encoded
 
@@ -255,7 +266,7 @@ def _unknown_run(daemon, manifest, honest, i):
 
 
 def _future(daemon, manifest, honest, i):
-    return _resign(daemon.identity, _own(daemon, manifest, i, issued_at=int(time.time()) + 3600 + i))
+    return _resign(daemon.identity, _own(daemon, manifest, i, issued_at=daemon.clock.wall() + 3600 + i))
 
 
 def _replayed(daemon, manifest, honest, i):
@@ -279,10 +290,7 @@ SPAM: dict[str, tuple[str, Forge]] = {
 
 class Spam(Adversary):
     async def run(self, daemon):
-        from .daemon import attestations_topic
-
         await _wait_for_mesh(daemon)
-        assert daemon.store is not None and daemon.p2p is not None
         count = int(self.arg or 3)
         injected: dict[str, dict] = {}
         frames: list[bytes] = []
@@ -291,7 +299,7 @@ class Spam(Adversary):
         for burst in range(SPAM_BURSTS):
             if burst and not daemon.p2p.connected_peers():
                 break  # everyone has banned us
-            for manifest in list(daemon.manifests.values()):
+            for manifest in list(daemon.ingest.manifests.values()):
                 honest = await self._an_honest_attestation(daemon, manifest)
                 topic = attestations_topic(manifest.run_id)
                 # Our own validator would drop what we publish: accept everything on our side.
@@ -310,17 +318,15 @@ class Spam(Adversary):
                             frames.append(data)
             if burst == 0:
                 daemon.p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: _serve_garbage(stream, frames))
-            tmp = daemon.config.data_dir / (INJECTED_FILE + ".tmp")
-            tmp.write_text(json.dumps({"peer_id": daemon.identity.peer_id, "bursts": burst + 1, "per_kind": count,
-                                       "injected": injected}))
-            tmp.replace(daemon.config.data_dir / INJECTED_FILE)
+            write_atomic(daemon.config.data_dir / INJECTED_FILE, json.dumps(
+                {"peer_id": daemon.identity.peer_id, "bursts": burst + 1, "per_kind": count,
+                 "injected": injected}).encode())
             log.warning("spam: burst %d: %d forged or malformed statements so far", burst + 1,
                         sum(v["count"] for v in injected.values()))
             await trio.sleep(SPAM_PAUSE_S)
 
     @staticmethod
     async def _an_honest_attestation(daemon: Daemon, manifest: RunManifest) -> Attestation:
-        assert daemon.store is not None
         while True:
             found = [a for a in daemon.store.attestations(manifest.run_id) if a.signer != daemon.identity.public_key]
             if found:

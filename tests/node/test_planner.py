@@ -1,14 +1,15 @@
 from collections import Counter
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from open1b.node import claims as planner
+from open1b.node import planner
 from open1b.node.deficits import DeficitIndex
 from open1b.protocol import Claim, coverage
+from tests.runs import attestation
 
 from .conftest import ident
-from tests.runs import attestation
 
 NOW = 1_800_000_000
 RUN = b"\x01" * 32
@@ -114,3 +115,36 @@ def test_pick_scans_and_scores_to_the_same_answer(steps, redundancy, data):
     want = sorted((s for s in range(steps) if s not in exclude and index.deficit(s) > 0),
                   key=lambda s: (-index.deficit(s), order.score(s), s))[:limit]
     assert got == want
+
+
+def test_the_planners_view_of_a_run_frees_a_claimed_step_when_its_lease_ends_in_virtual_time(tmp_path, manifest):
+    """On trio's MockClock: a peer's two-hour lease keeps step 0 out of the plan for exactly two
+    (virtual) hours; an attestation fills step 1 for good."""
+    import trio
+    from trio.testing import MockClock
+
+    from open1b.node.clock import Clock
+
+    from .fakes import make_ingest
+
+    t0 = manifest.created_at + 10
+    ingest = make_ingest(tmp_path / "node", manifest, clock=Clock(wall_at_zero=t0), redundancy=1,
+                         trusted_peers=(ident(6).peer_id,))
+    lease = Claim.create(ident(5), run=manifest.run_id, step=0, slot=0, issued_at=t0, lease_expiry=t0 + 7200)
+
+    def planned() -> set[int]:
+        deficits = ingest.deficits
+        index = deficits.index(manifest.run_id)
+        return {c.step for c in planner.pick(index, deficits.order(manifest.run_id), limit=manifest.steps)}
+
+    async def main():
+        ingest.seen_claim(lease)
+        assert ingest.ingest_attestation(_att(ident(6), manifest, 1).encoded)
+        assert planned() == set(range(manifest.steps)) - {0, 1}
+        await trio.sleep(7199)
+        assert 0 not in planned()
+        await trio.sleep(1)
+        assert planned() == set(range(manifest.steps)) - {1}
+        return trio.current_time()
+
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 7200

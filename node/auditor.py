@@ -1,0 +1,210 @@
+"""The auditor: plan → claim → fetch → replay → attest, one step at a time.
+
+1. plan: ask the planner (:func:`~.planner.pick`) for the steps this node should replay next,
+   from ingest's incremental indexes (:class:`~.deficits.RunIndexes`), skipping steps it attested,
+   whose replay failed here, or whose files are in back-off;
+2. claim: take a redundancy slot through the DHT (:class:`~.claim_records.ClaimAgent`), held for
+   as long as fetching and replaying take;
+3. fetch: checkpoint k and the samples file from providers, verified against the manifest
+   (:class:`~.runs.RunFiles`), and announce what we now hold;
+4. replay: through a :class:`Replayer` — the worker process (:class:`WorkerReplayer`), or what a
+   test harness puts in its place;
+5. attest: compare with the manifest, sign, store and gossip (:meth:`~.ingest.Ingest.publish_own_attestation`),
+   and remember the replay's witness for the proof of replay.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from open1b.deterministic.device import cpu_device_class
+from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, RunManifest
+from open1b.protocol.witness import witness_binding
+
+from . import planner
+from .claim_records import ClaimAgent
+from .clock import Clock
+from .config import NodeConfig
+from .ingest import Ingest
+from .metrics import NodeStats
+from .p2p import P2P, NetworkError
+from .runs import (
+    FIND_PROVIDERS_TIMEOUT_S,
+    RunBlob,
+    RunFiles,
+    RunFilesError,
+    checkpoint_blob,
+    samples_blob,
+    why_not_auditable,
+)
+from .topics import attestations_topic
+from .worker import ReplayFailed, ReplayWorker, WorkerResult
+
+log = logging.getLogger("open1b.node.auditor")
+
+FETCH_RETRY_S = 10.0  # a step whose files could not be fetched is retried after this long
+CLAIM_TRIES = 4  # candidates tried per round before idling
+
+
+class Replayer(Protocol):
+    """The hook between the auditor and whatever recomputes a step. The daemon's own is the worker
+    process; a test harness (``node/devnet/adversaries.py``) may wrap it to misbehave on purpose."""
+
+    async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
+        """Recompute ``step`` of ``manifest`` from the files in ``run_dir``; :class:`ReplayFailed` if it cannot."""
+
+
+class WorkerReplayer:
+    """Replays in the separate worker process (:mod:`.worker`), bounded by the config's timeout."""
+
+    def __init__(self, worker: ReplayWorker, timeout_s: float) -> None:
+        self.worker, self.timeout_s = worker, timeout_s
+
+    async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
+        return await self.worker.replay(run_dir, step, timeout_s=self.timeout_s)
+
+
+def hardware_description() -> str:
+    return f"{platform.machine()} {platform.system()} numba-cpu"
+
+
+class Auditor:
+    def __init__(self, identity: Identity, config: NodeConfig, ingest: Ingest, claims: ClaimAgent, runfiles: RunFiles,
+                 p2p: P2P, replayer: Replayer, *, bootstrapped: trio.Event, clock: Clock, stats: NodeStats) -> None:
+        self.identity, self.config, self.ingest, self.claims = identity, config, ingest, claims
+        self.runfiles, self.p2p, self.replayer = runfiles, p2p, replayer
+        self.bootstrapped, self.clock, self.stats = bootstrapped, clock, stats
+        self.hardware = hardware_description()
+        self.device = cpu_device_class()  # what replays here, attested with each result (docs/protocol.md)
+        self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
+        self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
+        self._nursery: trio.Nursery | None = None
+
+    async def serve_auditor(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Announce fetched blobs in the background; audit (when the config says so) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            if not self.config.audit:
+                await trio.sleep_forever()
+            await self.bootstrapped.wait()
+            while True:
+                if not await self.audit_once():
+                    await self.clock.sleep(self.config.idle_poll_s)
+
+    # -- 1. plan -------------------------------------------------------------------------------
+    def next_candidates(self) -> list[tuple[RunManifest, planner.Candidate]]:
+        # Incremental (node/deficits.py): no pass over every step or every stored statement.
+        out = []
+        now = self.clock.now()
+        deficits = self.ingest.deficits
+        for run, manifest in self.ingest.manifests.items():
+            if why_not_auditable(manifest) is not None:
+                continue  # a node runs only its own engine
+            index = deficits.index(run)
+            done_here = index.mine | self._failed.get(run, set())
+            done_here = done_here | {s for (r, s), t in self._fetch_backoff.items() if r == run and t > now}
+            for cand in planner.pick(index, deficits.order(run), exclude=done_here):
+                out.append((manifest, cand))
+        return sorted(out, key=lambda item: item[1].order())
+
+    # -- 2. claim ------------------------------------------------------------------------------
+    async def audit_once(self) -> bool:
+        """Claim one step and replay it; False if no step could be claimed."""
+        picked = None
+        for manifest, cand in self.next_candidates()[:CLAIM_TRIES]:
+            try:
+                claim = await self.claims.try_claim(manifest.run_id, cand)
+            except NetworkError as exc:  # the DHT did not take the claim: as good as lost, try the next
+                log.info("claiming step %d of run %s failed: %s", cand.step, manifest.run_id.hex()[:12], exc)
+                continue
+            if claim is not None:
+                picked = (manifest, claim)
+                break
+        self.stats.claims_won, self.stats.claims_lost = self.claims.won, self.claims.lost
+        if picked is None:
+            return False
+        await self._replay_and_attest(*picked)
+        return True
+
+    async def _replay_and_attest(self, manifest: RunManifest, claim: Claim) -> None:
+        step = claim.step
+        self.stats.busy_step = step
+        started = self.clock.now()
+        failure: ReplayFailed | None = None
+        unavailable: RunFilesError | None = None
+        blobs: list[RunBlob] = []
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.claims.hold, claim)  # fetching and replaying may outlast one lease
+                try:
+                    run_dir, blobs = await self.run_files(manifest, step)
+                    result = await self.replayer.replay(manifest, run_dir, step)
+                except ReplayFailed as exc:  # caught in here: a nursery would wrap it in a group
+                    failure = exc
+                except RunFilesError as exc:
+                    unavailable = exc
+                nursery.cancel_scope.cancel()
+        finally:
+            self.stats.busy_step = None
+            if blobs:
+                self.runfiles.release(manifest, blobs[1:])  # keep samples.bin, drop the checkpoint link
+        if unavailable is not None:
+            # Not a verdict and not permanent: providers may appear (or stop lying). Retry later.
+            self._fetch_backoff[(manifest.run_id, step)] = self.clock.now() + FETCH_RETRY_S
+            log.warning("step %d of run %s: files unavailable: %s", step, manifest.run_id.hex()[:12], unavailable)
+            return
+        if failure is not None:
+            self.stats.replay_failures += 1
+            self._failed.setdefault(manifest.run_id, set()).add(step)
+            log.warning("replay of step %d failed: %s", step, failure)
+            return
+        self.stats.record_replay(self.clock.now() - started)
+        self.stats.replayed.append((manifest.run_id.hex(), step))
+        await self._attest(manifest, step, result)
+
+    # -- 3. fetch ------------------------------------------------------------------------------
+    async def run_files(self, manifest: RunManifest, step: int) -> tuple[Path, list[RunBlob]]:
+        """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working directory."""
+        blobs = [samples_blob(manifest), checkpoint_blob(manifest, step)]
+        for blob in blobs:
+            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
+        return self.runfiles.assemble(manifest, blobs), blobs
+
+    def _provide_soon(self, key: str) -> None:
+        """Announce a blob we now hold without holding up the replay that fetched it (a DHT
+        provide can take seconds, and up to its timeout when peers are unreachable)."""
+        if self._nursery is None:
+            raise RuntimeError("fetch before serve_auditor started")
+        p2p = self.p2p
+
+        async def provide() -> None:
+            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                await p2p.provide(key)
+
+        self._nursery.start_soon(provide)
+
+    # -- 5. attest -----------------------------------------------------------------------------
+    async def _attest(self, manifest: RunManifest, step: int, result: WorkerResult) -> None:
+        if result.pre_state != manifest.state_hashes[step]:
+            # The worker checked this already; a difference means a broken worker, not a verdict.
+            self._failed.setdefault(manifest.run_id, set()).add(step)
+            log.error("worker reported a foreign pre-state for step %d; not attesting", step)
+            return
+        expected = manifest.state_hashes[step + 1]
+        att = Attestation.create(
+            self.identity, run=manifest.run_id, step=step, pre_state=result.pre_state,
+            post_state=result.post_state, verdict=MATCH if result.post_state == expected else MISMATCH,
+            engine=manifest.engine, engine_version=manifest.engine_version, hardware=self.hardware,
+            device=self.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
+            witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
+        )
+        self.ingest.add_own_attestation(att)
+        self.ingest.proof.replayed(manifest, step, result.post_state, result.witness)
+        log.info("step %d of run %s: %s (%d ms)", step, manifest.run_id.hex()[:12], att.verdict, result.elapsed_ms)
+        await self.p2p.publish(attestations_topic(manifest.run_id), att.encoded)

@@ -1,0 +1,407 @@
+"""The bulk path for blobs (docs/run-format.md §6.6): a plain TCP connection beside libp2p, on
+which both sides prove their libp2p peer IDs and every frame carries a tag.
+
+Why not libp2p streams: Noise and Yamux in Python move 55–110 MB/s on loopback whatever the frame
+size or the number of streams (they share one connection and one Python cipher loop); a session
+here, its frames tagged by AES-GCM in OpenSSL (~10 GB/s), moved 1.2–1.4 GB/s, 0.4–0.6× a raw TCP copy
+(``bench/transfer_bench.py``, docs/benchmarks.md).
+
+* **Handshake.** Each side sends ``HELLO = MAGIC ‖ X25519 ephemeral key ‖ Ed25519 identity key``
+  (client first); the server then signs the transcript hash ``th`` (both hellos) and the client
+  countersigns it. The client checks that the server's key is the peer ID it meant to reach; the
+  server learns the client's peer ID the same way and may refuse it (``allow``). Both derive one
+  AES-256-GCM key per direction from the X25519 secret and ``th``, so a frame cannot be moved to
+  another session or direction.
+* **Frames.** ``u32le(len) ‖ body ‖ tag``, ``tag`` = AES-256-GCM with an empty plaintext over
+  ``body`` as associated data (GMAC), nonce = the frame's counter in its direction. Bodies are not
+  encrypted: a run's blobs are public; what matters is that bytes arriving are the bytes the
+  authenticated peer sent, so that blame for a wrong chunk lands on that peer and not on an
+  on-path forger. A length is checked against what the reader expects *before* it reads the body.
+* **Requests** (client → server, 45 bytes): ``op ‖ digest ‖ u64le offset ‖ u32le length``;
+  ``RANGE`` asks for bytes ``[offset, offset + length)`` of a blob, ``TABLE`` for a checkpoint's
+  chunk table (:mod:`.chunk_table`). **Responses**: ``status ‖ u64le blob size ‖ payload``, in
+  request order; a client may pipeline requests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+import nacl.bindings
+import nacl.exceptions
+import trio
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from open1b.protocol import Identity
+from open1b.protocol.codec import decode, encode
+from open1b.protocol.errors import SignatureError
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import peer_id_from_public_key, verify_raw
+
+from .blobs import BlobCache, BlobError
+from .chunk_table import ChunkTableError
+from .p2p import P2P, NetworkError, Stream
+
+MAGIC = b"open1b/bulk/v1\x00\x00"
+HELLO_SIZE = len(MAGIC) + 32 + 32
+SIGNATURE_SIZE = 64
+TAG_SIZE = 16
+REQUEST = struct.Struct("<B32sQI")  # op, digest, offset, length
+RESPONSE_HEAD = struct.Struct("<BQ")  # status, blob size
+OP_RANGE, OP_TABLE = 1, 2
+OK, NOT_FOUND, NOT_A_CHECKPOINT, BAD_REQUEST = 0, 1, 2, 3
+MAX_RANGE = 4 << 20
+"""The most bytes one RANGE response carries."""
+MAX_TABLE = 32 * ((64 << 30) // (1 << 20) + 65536)
+"""The largest chunk table: a 64 GiB blob in 1 MiB chunks, plus one short chunk per tensor."""
+MAX_RESPONSE = RESPONSE_HEAD.size + max(MAX_RANGE, MAX_TABLE)
+SOCKET_BUFFER = 4 << 20
+"""Kernel socket buffers of a session: a few chunks, so each receive call moves more bytes."""
+HANDSHAKE_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 60.0
+MAX_SESSIONS = 32
+ADDRESS_PROTOCOL = "/open1b/bulk-addr/1.0.0"
+"""libp2p protocol on which a node tells a peer its bulk TCP port (answer: CBOR ``{"port": p}``)."""
+
+_TRANSCRIPT_TAG = b"open1b/bulk/transcript/v1\x00"
+_SERVER_SIG_TAG = b"open1b/bulk/server/v1\x00"
+_CLIENT_SIG_TAG = b"open1b/bulk/client/v1\x00"
+_KEY_TAGS = (b"open1b/bulk/key/c2s/v1\x00", b"open1b/bulk/key/s2c/v1\x00")
+
+
+class BulkError(BlobError):
+    """The bulk session failed (refused, timed out, a malformed or mis-tagged frame): nobody
+    is blamed, since nothing shows that the peer, rather than the path, did it."""
+
+
+class HandshakeError(BulkError):
+    """The peer did not prove the identity we required, or sent a malformed hello."""
+
+
+@dataclass(frozen=True)
+class BulkPeer:
+    """Where a provider's bulk listener is, and who must answer there."""
+
+    peer_id: str
+    host: str
+    port: int
+
+
+async def _read_into(sock, view: memoryview, peer: str) -> None:
+    got = 0
+    while got < len(view):
+        try:
+            n = await sock.recv_into(view[got:])
+        except OSError as exc:
+            raise BulkError(f"the bulk session with {peer} broke: {exc}") from exc
+        if n == 0:
+            raise BulkError(f"{peer} closed the bulk session")
+        got += n
+
+
+async def _read_exactly(sock, n: int, peer: str) -> bytes:
+    buf = bytearray(n)
+    await _read_into(sock, memoryview(buf), peer)
+    return bytes(buf)
+
+
+class Channel:
+    """One authenticated bulk session over a TCP stream (after :func:`client_handshake` or
+    :func:`server_handshake`): tagged frames, counters per direction, bounded reads."""
+
+    def __init__(self, stream: trio.SocketStream, peer_id: str, send_key: bytes, receive_key: bytes) -> None:
+        self.stream, self.peer_id = stream, peer_id
+        self._sock = stream.socket
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            self._sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        self._send_gcm, self._receive_gcm = AESGCM(send_key), AESGCM(receive_key)
+        self._sent = self._received = 0
+
+    async def send(self, *parts: bytes | memoryview) -> None:
+        """One frame whose body is the concatenation of ``parts``, written with a single copy."""
+        size = sum(len(p) for p in parts)
+        frame = bytearray(4 + size + TAG_SIZE)
+        struct.pack_into("<I", frame, 0, size)
+        at = 4
+        for part in parts:
+            frame[at:at + len(part)] = part
+            at += len(part)
+        view = memoryview(frame)
+        view[at:] = self._send_gcm.encrypt(self._sent.to_bytes(12, "little"), b"", view[4:at])
+        self._sent += 1
+        try:
+            await self.stream.send_all(view)
+        except trio.BrokenResourceError as exc:
+            raise BulkError(f"the bulk session with {self.peer_id} broke: {exc}") from exc
+
+    async def receive(self, max_size: int, *, exact: int | None = None) -> bytearray:
+        """The next frame's body, refused unless its announced length is ``exact`` (when given)
+        and at most ``max_size``; its tag is checked before the body is returned."""
+        (size,) = struct.unpack("<I", await _read_exactly(self._sock, 4, self.peer_id))
+        if size > max_size or (exact is not None and size != exact):
+            raise BulkError(f"{self.peer_id} announced a frame of {size} bytes "
+                            f"({exact if exact is not None else f'at most {max_size}'} expected)")
+        buf = bytearray(size + TAG_SIZE)
+        view = memoryview(buf)
+        await _read_into(self._sock, view, self.peer_id)
+        try:
+            self._receive_gcm.decrypt(self._received.to_bytes(12, "little"), bytes(view[size:]), view[:size])
+        except InvalidTag:
+            raise BulkError(f"frame {self._received} from {self.peer_id} has a wrong tag") from None
+        self._received += 1
+        del view
+        del buf[size:]
+        return buf
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _hello(ephemeral_public: bytes, identity: Identity) -> bytes:
+    return MAGIC + ephemeral_public + identity.public_key
+
+
+def _parse_hello(data: bytes) -> tuple[bytes, bytes]:
+    if len(data) != HELLO_SIZE or data[:len(MAGIC)] != MAGIC:
+        raise HandshakeError("not an open1b bulk hello")
+    return data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
+
+
+def _verify(public_key: bytes, tag: bytes, th: bytes, signature: bytes) -> None:
+    try:
+        verify_raw(public_key, tag + th, bytes(signature))
+    except SignatureError as exc:
+        raise HandshakeError("the transcript signature does not verify") from exc
+
+
+def _keys(ephemeral_secret: bytes, peer_ephemeral: bytes, th: bytes) -> tuple[bytes, bytes]:
+    try:
+        shared = nacl.bindings.crypto_scalarmult(ephemeral_secret, peer_ephemeral)
+    except nacl.exceptions.RuntimeError as exc:  # libsodium refuses low-order points (all-zero secret)
+        raise HandshakeError("the peer's ephemeral key is a low-order point") from exc
+    c2s, s2c = (blake2b256(tag, shared, th) for tag in _KEY_TAGS)
+    return c2s, s2c
+
+
+def _ephemeral() -> tuple[bytes, bytes]:
+    secret = os.urandom(32)
+    return nacl.bindings.crypto_scalarmult_base(secret), secret
+
+
+async def client_handshake(stream: trio.SocketStream, identity: Identity, expected_peer: str) -> Channel:
+    """Open a session as client; refuses (``HandshakeError``) unless the server proves ``expected_peer``."""
+    public, secret = _ephemeral()
+    hello_c = _hello(public, identity)
+    await stream.send_all(hello_c)
+    answer = await _read_exactly(stream.socket, HELLO_SIZE + SIGNATURE_SIZE, expected_peer)
+    hello_s, signature = answer[:HELLO_SIZE], answer[HELLO_SIZE:]
+    eph_s, id_s = _parse_hello(hello_s)
+    if peer_id_from_public_key(id_s) != expected_peer:
+        raise HandshakeError(f"the bulk listener is {peer_id_from_public_key(id_s)}, not {expected_peer}")
+    th = blake2b256(_TRANSCRIPT_TAG, hello_c, hello_s)
+    _verify(id_s, _SERVER_SIG_TAG, th, signature)
+    await stream.send_all(identity.sign_raw(_CLIENT_SIG_TAG + th))
+    c2s, s2c = _keys(secret, eph_s, th)
+    return Channel(stream, expected_peer, c2s, s2c)
+
+
+async def server_handshake(stream: trio.SocketStream, identity: Identity) -> Channel:
+    """Answer a client's hello; returns a session with the client's proven peer ID."""
+    hello_c = await _read_exactly(stream.socket, HELLO_SIZE, "the client")
+    eph_c, id_c = _parse_hello(hello_c)
+    public, secret = _ephemeral()
+    hello_s = _hello(public, identity)
+    th = blake2b256(_TRANSCRIPT_TAG, hello_c, hello_s)
+    await stream.send_all(hello_s + identity.sign_raw(_SERVER_SIG_TAG + th))
+    _verify(id_c, _CLIENT_SIG_TAG, th, await _read_exactly(stream.socket, SIGNATURE_SIZE, "the client"))
+    c2s, s2c = _keys(secret, eph_c, th)
+    return Channel(stream, peer_id_from_public_key(id_c), s2c, c2s)
+
+
+async def open_channel(peer: BulkPeer, identity: Identity, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> Channel:
+    """Dial ``peer``'s bulk listener and complete the handshake within ``timeout_s``."""
+    try:
+        with trio.fail_after(timeout_s):
+            stream = await trio.open_tcp_stream(peer.host, peer.port)
+            try:
+                return await client_handshake(stream, identity, peer.peer_id)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+    except trio.TooSlowError:
+        raise BulkError(f"bulk handshake with {peer.peer_id} timed out") from None
+    except OSError as exc:
+        raise BulkError(f"cannot reach {peer.peer_id}'s bulk listener: {exc}") from exc
+
+
+class TokenBucket:
+    """An upload rate limit: ``rate`` bytes per second with bursts of ``burst`` bytes, on trio's
+    clock (so a test's virtual clock drives it). Shared by every session of one server."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._tokens, self._at = float(burst), None
+        self._lock = trio.Lock()
+
+    async def take(self, n: int) -> None:
+        async with self._lock:  # first come, first served
+            while True:
+                now = trio.current_time()
+                if self._at is not None:
+                    self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+                self._at = now
+                if self._tokens >= min(n, self.burst):
+                    self._tokens -= n  # may go negative: a large request repays its debt later
+                    return
+                await trio.sleep((min(n, self.burst) - self._tokens) / self.rate)
+
+
+# -- server --------------------------------------------------------------------------------
+class _Session:
+    """One client's session on the server: answers its requests in order. A blob is looked up
+    (and marked as recently used) once per session and kept open, so a chunk costs one ``pread``;
+    an open file stays readable even if the cache evicts the blob meanwhile."""
+
+    def __init__(self, cache: BlobCache, channel: Channel, bucket: TokenBucket | None) -> None:
+        self.cache, self.channel, self.bucket = cache, channel, bucket
+        self._open: dict[bytes, tuple[int, int]] = {}  # digest -> (fd, size)
+
+    def _file(self, digest: bytes) -> tuple[int, int] | None:
+        if digest not in self._open:
+            path = self.cache.open_blob(digest)
+            if path is None:
+                return None
+            fd = os.open(path, os.O_RDONLY)
+            self._open[digest] = fd, os.fstat(fd).st_size
+        return self._open[digest]
+
+    async def answer(self, request: bytes) -> None:
+        op, digest, offset, length = REQUEST.unpack(request)
+        send = self.channel.send
+        if op not in (OP_RANGE, OP_TABLE) or (op == OP_RANGE and not 0 < length <= MAX_RANGE):
+            await send(RESPONSE_HEAD.pack(BAD_REQUEST, 0))
+            return
+        opened = self._file(digest)
+        if opened is None:
+            await send(RESPONSE_HEAD.pack(NOT_FOUND, 0))
+            return
+        fd, size = opened
+        if op == OP_TABLE:
+            try:
+                table = await self.cache.chunk_table(digest)
+            except ChunkTableError:
+                await send(RESPONSE_HEAD.pack(NOT_A_CHECKPOINT, size))
+                return
+            await send(RESPONSE_HEAD.pack(OK, size), table)
+            return
+        start = min(offset, size)
+        data = await trio.to_thread.run_sync(os.pread, fd, min(length, size - start), start)
+        if self.bucket is not None:
+            await self.bucket.take(len(data))
+        await send(RESPONSE_HEAD.pack(OK, size), data)
+        self.cache.served_bytes += len(data)
+
+    def close(self) -> None:
+        for fd, _ in self._open.values():
+            os.close(fd)
+        self._open.clear()
+
+
+async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.SocketStream,
+                         allow: Callable[[str], bool], bucket: TokenBucket | None, limiter: trio.CapacityLimiter) -> None:
+    try:
+        limiter.acquire_nowait()
+    except trio.WouldBlock:
+        await trio.aclose_forcefully(stream)
+        return
+    session = None
+    try:
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S) as handshake:
+            channel = await server_handshake(stream, identity)
+        if handshake.cancelled_caught or not allow(channel.peer_id):
+            return
+        session = _Session(cache, channel, bucket)
+        while True:
+            with trio.move_on_after(IDLE_TIMEOUT_S) as idle:
+                request = await channel.receive(REQUEST.size, exact=REQUEST.size)
+            if idle.cancelled_caught:
+                return
+            await session.answer(bytes(request))
+    except (BulkError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+        return  # a client that goes away or misbehaves only ends its own session
+    finally:
+        if session is not None:
+            session.close()
+        limiter.release()
+        await trio.aclose_forcefully(stream)
+
+
+async def serve_bulk(cache: BlobCache, identity: Identity, host: str, port: int, *,
+                     allow: Callable[[str], bool] = lambda peer: True, rate_bytes_per_s: float | None = None,
+                     max_sessions: int = MAX_SESSIONS, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the blobs in ``cache`` on ``host:port`` (0: any free port) until cancelled; reports
+    the bound port through ``task_status``. ``allow(peer_id)`` refuses peers after the handshake
+    (e.g. banned ones); ``rate_bytes_per_s`` caps the upload of all sessions together."""
+    bucket = TokenBucket(rate_bytes_per_s, burst=MAX_RANGE) if rate_bytes_per_s else None
+    limiter = trio.CapacityLimiter(max_sessions)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _serve_session(cache, identity, stream, allow, bucket, limiter)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        task_status.started(listeners[0].socket.getsockname()[1])
+
+
+# -- client --------------------------------------------------------------------------------
+async def request(channel: Channel, op: int, digest: bytes, offset: int = 0, length: int = 0) -> None:
+    await channel.send(REQUEST.pack(op, digest, offset, length))
+
+
+async def response(channel: Channel, payload: int) -> tuple[int, int, bytearray]:
+    """The next response: (status, blob size, payload); an OK payload must be exactly ``payload``
+    bytes (the caller knows what it asked for), any other status carries none."""
+    head = RESPONSE_HEAD.size
+    body = await channel.receive(head + max(payload, 0))
+    status, size = RESPONSE_HEAD.unpack_from(body)
+    if (status == OK and len(body) != head + payload) or (status != OK and len(body) != head):
+        raise BulkError(f"{channel.peer_id} sent a response of {len(body)} bytes for status {status}")
+    del body[:head]
+    return status, size, body
+
+
+def address_handler(port: int) -> Callable[[Stream], object]:
+    """The libp2p handler of :data:`ADDRESS_PROTOCOL`: tells a peer our bulk port."""
+
+    async def answer(stream: Stream) -> None:
+        await stream.send(encode({"port": port}))
+        await stream.close()
+
+    return answer
+
+
+async def find_bulk_peer(p2p: P2P, peer_id: str, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> BulkPeer | None:
+    """Ask ``peer_id`` (over libp2p) for its bulk port; the host is the one its libp2p address
+    names. None when it has no bulk listener or answers nonsense."""
+    hosts = [a.split("/")[2] for a in p2p.peer_addrs(peer_id) if a.startswith("/ip4/")]
+    if not hosts:
+        return None
+    try:
+        with trio.fail_after(timeout_s):
+            stream = await p2p.open_stream(peer_id, ADDRESS_PROTOCOL)
+            answer = decode(await stream.receive(64), max_size=64)
+    except (NetworkError, trio.TooSlowError):
+        return None
+    except Exception:  # libp2p raises its own types from stream reads, and a bad answer fails to decode
+        return None
+    port = answer.get("port") if type(answer) is dict else None
+    if type(port) is not int or not 0 < port < 65536:
+        return None
+    return BulkPeer(peer_id, hosts[0], port)
+

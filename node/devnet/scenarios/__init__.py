@@ -1,0 +1,207 @@
+"""``open1b-node devnet --scenario NAME``: inject a fault or an adversary into a devnet of real
+daemon processes and check that the network keeps its promises (docs/reliability.md).
+
+One module per scenario; each subclasses :class:`~.base.Scenario`. A scenario adds nodes (honest or
+deliberately broken, :mod:`..adversaries`), forges the published run (:mod:`..forged_run`), acts
+while the run is being covered (kills, partitions) and after it (restarts, late joiners), and
+reports what it injected, what the network detected and what was lost. Scenarios combine: each
+adds its own nodes and actions to one devnet.
+
+Every run also checks, whatever the scenarios: the observer's coverage completed; every honest
+node ends with the same coverage (``converged``); and no honest attestation is missing from any
+honest node (``lost``). Reports hold the signed evidence itself (hex-encoded statements), so a
+test re-checks it without trusting the devnet's own judgement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from open1b.deterministic.trainer import publish_run
+from open1b.protocol import Identity
+
+from ...client import ApiUnavailable
+from ..daemons import Daemons, say
+from ..forged_run import publish_forged_run
+from ..netns import Partition as Netns
+from ..options import SCENARIOS, DevnetError, DevnetOptions
+from .base import CONVERGE_TIMEOUT_S, LOST_GRACE_S, POLL_S, Net, Node, Scenario, _result, canonical
+from .copying_auditor import CopyingAuditor
+from .crash import Crash
+from .forged_and_malformed import ForgedAndMalformed
+from .late_joiner import LateJoiner
+from .lying_auditor import LyingAuditor
+from .partition import Partition
+from .sybil import Sybil
+from .tampered_step import TamperedStep
+
+TYPES: dict[str, type[Scenario]] = {s.name: s for s in (TamperedStep, LyingAuditor, CopyingAuditor, ForgedAndMalformed,
+                                                        Sybil, Crash, Partition, LateJoiner)}
+assert tuple(TYPES) == SCENARIOS
+
+
+# -- the devnet with scenarios -----------------------------------------------------------------
+def _layout(opts: DevnetOptions, chosen: list[Scenario]) -> list[Node]:
+    auditors = max([opts.nodes] + [s.min_auditors for s in chosen])
+    extra = ()
+    for s in chosen:
+        extra += s.auditor_args()
+    nodes = [Node("auditor", audit=True, args=extra, half=i % 2) for i in range(auditors)]
+    nodes.append(Node("observer", audit=False))
+    for s in chosen:
+        nodes += s.nodes()
+    return [n for n in nodes if not n.late] + [n for n in nodes if n.late]  # late nodes start last
+
+
+def run_scenarios(opts: DevnetOptions) -> dict:
+    started = time.monotonic()
+    chosen = [TYPES[name](opts) for name in opts.scenarios]
+    redundancy = max([opts.redundancy] + [s.min_redundancy for s in chosen])
+    forgeries: dict[int, str] = {}
+    for s in chosen:
+        forgeries.update(s.forgeries())
+    if any(s.needs_forgery for s in chosen) and not forgeries:
+        forgeries = {opts.steps // 2: "bitflip"}
+    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="open1b-scenario-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_dir = workdir / "run"
+    publisher = Identity(os.urandom(32))
+    try:
+        if forgeries:
+            manifest = publish_forged_run(run_dir, publisher, steps=opts.steps, seed=opts.seed, forgeries=forgeries)
+        else:
+            manifest = publish_run(run_dir, publisher, steps=opts.steps, seed=opts.seed)
+        nodes = _layout(opts, chosen)
+        with contextlib.ExitStack() as stack:
+            halves = None
+            partition = next((s for s in chosen if isinstance(s, Partition)), None)
+            if partition is not None:
+                partition.partition = Netns()
+                halves = stack.enter_context(partition.partition)
+            daemons = Daemons(workdir, run_dir, redundancy)
+            for node in nodes:
+                if halves is None:
+                    daemons.plan(1)
+                else:
+                    half = halves[node.half]
+                    daemons.plan(1, host=half.address, api_host=half.api_address, prefix=half.prefix)
+            try:
+                net = Net(opts, manifest, daemons, nodes, started)
+                summary = _drive(net, chosen, redundancy, forgeries)
+            finally:
+                daemons.stop()
+        summary["workdir"] = str(workdir) if opts.keep or opts.workdir else None
+        return summary
+    finally:
+        if not opts.keep and opts.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _drive(net: Net, chosen: list[Scenario], redundancy: int, forgeries: dict[int, str]) -> dict:
+    opts, daemons = net.opts, net.daemons
+    for i, node in enumerate(net.nodes):
+        if not node.late:
+            daemons.start(i, audit=node.audit, bootstrap=[daemons.addrs[1 if i == 0 else 0]], extra_args=node.args)
+    for i, node in enumerate(net.nodes):
+        if not node.late:
+            net.api(i)
+    # The trainer's run directory reaches the network only by being published (as `open1b-node
+    # publish` does): the observer checks and serves it; auditors fetch what they replay from peers.
+    for i in dict.fromkeys([net.observer] + [j for s in chosen for j in s.publishers(net)]):
+        daemons.publish(i)
+    say(f"{len(net.nodes)} daemons ({', '.join(sorted({n.role for n in net.nodes}))}); scenarios: "
+         f"{', '.join(opts.scenarios)}; run {net.run[:16]}…")
+    deadline = net.started + opts.deadline_s
+    covered = False
+    while time.monotonic() < deadline:
+        try:
+            for s in chosen:
+                s.tick(net)
+            covered = net.coverage(net.observer)["complete"] and all(s.done(net) for s in chosen)
+        except ApiUnavailable as exc:  # a daemon being killed or restarted: try again next poll
+            say(f"(api: {exc})")
+        if covered:
+            break
+        time.sleep(POLL_S)
+    if covered:
+        for s in chosen:
+            s.after(net)
+    converged, cov = _converge(net)
+    reports = {}
+    for s in chosen:
+        try:
+            reports[s.name] = s.report(net)
+        except (ApiUnavailable, DevnetError, KeyError, IndexError) as exc:
+            reports[s.name] = _result({}, {}, 0, {f"report failed: {exc}": False})
+    lost = _lost(net)
+    statuses = {i: net.get(i, "/v1/status") for i in range(len(net.nodes)) if net.running(i)}
+    return {
+        "run": net.run, "steps": opts.steps, "redundancy": redundancy, "nodes": len(net.nodes),
+        "scenarios": reports, "forged_steps": {str(k): v for k, v in sorted(forgeries.items())},
+        "complete": bool(cov and cov["complete"]), "converged": converged, "lost": lost,
+        "ok": covered and converged and lost == 0 and all(r["ok"] for r in reports.values()),
+        "verified_steps": cov["verified_steps"] if cov else 0, "disputed_steps": cov["disputed_steps"] if cov else [],
+        "refuted_steps": cov["refuted_steps"] if cov else [], "flagged": cov["flagged"] if cov else [],
+        "wall_seconds": net.elapsed(),
+        "per_node": [{"index": i, "role": n.role, "peer_id": net.peer(i), "running": net.running(i),
+                      "replays": statuses[i]["replays"] if i in statuses else None,
+                      "banned": statuses[i]["banned"] if i in statuses else None,
+                      "validation": statuses[i]["validation"] if i in statuses else None}
+                     for i, n in enumerate(net.nodes)],
+        "per_step": cov["per_step"] if cov else [],
+    }
+
+
+def _converge(net: Net) -> tuple[bool, dict | None]:
+    """Wait (bounded) until every honest node reports the observer's coverage."""
+    deadline = time.monotonic() + CONVERGE_TIMEOUT_S
+    cov = None
+    while True:
+        try:
+            cov = net.coverage(net.observer)
+            want = canonical(cov)
+            if all(canonical(net.coverage(i)) == want for i in net.honest()):
+                return True, cov
+        except ApiUnavailable:
+            pass
+        if time.monotonic() > deadline:
+            return False, cov
+        time.sleep(POLL_S)
+
+
+def _lost(net: Net) -> int:
+    """Attestations some honest node made and holds that another running honest node lacks, and
+    still lacks after :data:`LOST_GRACE_S`. Nodes are read one after another, so one that signs
+    an attestation while the others are being read (a replay started during a partition that
+    finishes after coverage converged) is missing from the earlier reads without being lost;
+    gossip and sync deliver it within seconds, a lost one never arrives."""
+    deadline = time.monotonic() + LOST_GRACE_S
+    while True:
+        held = {i: {a["digest"]: a["signer"] for a in net.attestations(i)} for i in net.honest()}
+        made = {d for i, digests in held.items() for d, signer in digests.items() if signer == net.peer(i)}
+        missing = sum(1 for d in made if any(d not in digests for digests in held.values()))
+        if not missing or time.monotonic() > deadline:
+            return missing
+        time.sleep(POLL_S)
+
+
+def render(summary: dict) -> str:
+    lines = [f"run        {summary['run']}  ({summary['steps']} steps, redundancy {summary['redundancy']},"
+             f" {summary['nodes']} daemons, {summary['wall_seconds']} s)",
+             f"coverage   {summary['verified_steps']} verified, disputed {summary['disputed_steps'] or 'none'},"
+             f" refuted {summary['refuted_steps'] or 'none'}; {'complete' if summary['complete'] else 'INCOMPLETE'},"
+             f" {'converged' if summary['converged'] else 'NOT converged'}, {summary['lost']} lost",
+             ""]
+    for name, r in summary["scenarios"].items():
+        lines.append(f"{name}: {'ok' if r['ok'] else 'FAILED'}")
+        lines.append(f"  injected  {r['injected'].get('count')} {r['injected'].get('what', '')}")
+        lines.append(f"  detected  {r['detected'].get('count')} {r['detected'].get('what', '')}")
+        lines.append(f"  lost      {r['lost']}")
+        for check, passed in r["checks"].items():
+            lines.append(f"  [{'x' if passed else ' '}] {check}")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""``lying-auditor``: trusted nodes that sign without replaying must be flagged by independent
+replays and stop counting."""
+
+from __future__ import annotations
+
+from open1b.protocol import Attestation
+
+from .base import Node, Scenario, _result
+
+
+class LyingAuditor(Scenario):
+    """Two trusted liars that never replay: one vouches ``match`` for every step (a forged one
+    included), one disputes every step with a made-up result. Independent replays must settle
+    each step against them: both flagged, each with two conflicting signed statements."""
+
+    name = "lying-auditor"
+    min_redundancy = 2  # at redundancy 1 a fast liar alone "covers" every step: nobody replays it
+    needs_forgery = True
+    ROLES = ("liar", "accuser")
+
+    def nodes(self):
+        # They claim nothing: a flagged key's live claim would hold its slot until the lease ends
+        # (docs/reliability.md, "Findings").
+        return [Node("liar", audit=False, args=("--behaviour", "lie")),
+                Node("accuser", audit=False, args=("--behaviour", "lie=mismatch"))]
+
+    def _liars(self, net) -> dict[str, str]:
+        return {role: net.peer(net.indices(role)[0]) for role in self.ROLES}
+
+    def done(self, net):
+        # A liar's made-up witness bindings may get it flagged a copier first (docs/run-format.md
+        # §5); once a forged step settles, its flag carries the contradiction this scenario checks.
+        flagged = {f["signer"] for f in net.coverage(net.observer)["flagged"] if f["kind"] == "contradiction"}
+        return set(self._liars(net).values()) <= flagged
+
+    def report(self, net):
+        liars = self._liars(net)
+        honest = {net.peer(i) for i in net.indices("auditor", "late")}
+        cov = net.coverage(net.observer)
+        flags = {f["signer"]: f for f in cov["flagged"]}
+        lies = sum(1 for a in net.attestations(net.observer) if a["signer"] in liars.values())
+        evidence, conflicts = {}, {}
+        for role, liar in liars.items():
+            flag = flags.get(liar)
+            pair = []
+            if flag is not None:
+                held = {a["digest"]: a for a in net.attestations(net.observer, flag["step"])}
+                pair = [held[d]["encoded"] for d in (flag["statement"], flag["conflicting"]) if d in held]
+            atts = [Attestation.decode(bytes.fromhex(e)) for e in pair]
+            conflicts[role] = (len(atts) == 2 and atts[0].signer_peer_id == liar and atts[0].step == atts[1].step
+                               and atts[0].pre_state == atts[1].pre_state and atts[0].post_state != atts[1].post_state
+                               and atts[1].signer_peer_id in honest)  # cites an honest replay, not the other liar
+            evidence[role] = pair
+        counted = {p for s in cov["per_step"] for p in s["auditors"] + s["dissenters"]}
+        return _result(
+            {"what": "statements signed without replaying (a match and a false dispute per step)", "count": lies},
+            {"what": "liars flagged with two conflicting signed statements",
+             "count": len(set(liars.values()) & set(flags)),
+             "flagged_at_steps": {role: flags[p]["step"] for role, p in liars.items() if p in flags}},
+            0,
+            {"both liars flagged": set(liars.values()) <= set(flags),
+             "evidence: an honest replay conflicts with each": all(conflicts.values()),
+             "liars no longer counted": not counted & set(liars.values()),
+             "coverage complete without them": cov["complete"]},
+            liars=liars, evidence=evidence)

@@ -1,0 +1,137 @@
+"""Publishing a run: check a run directory's files against its manifest, import them into the
+blob cache (pinned), provide every blob in the DHT and gossip the manifest (docs/run-format.md §6).
+
+``start_publish`` validates the manifest at once (a bad one is the caller's error) and does the
+rest in the background; :attr:`Publisher.publications` holds each job's progress (API
+``/v1/publications``). :meth:`Publisher.serve_publisher` hosts those jobs and announces every held
+blob again well before provider records expire.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import trio
+
+from open1b.deterministic.runfile import MANIFEST_FILE
+from open1b.protocol import Open1bError, RunManifest, validate_manifest
+from open1b.protocol.messages import MAX_MANIFEST_SIZE
+
+from .api import ApiError
+from .blobs import provider_key
+from .clock import Clock
+from .ingest import Ingest
+from .jobs import JobState
+from .p2p import MAX_PUBSUB_MESSAGE, P2P
+from .runs import RunFiles, run_blobs
+from .topics import RUNS_TOPIC
+
+log = logging.getLogger("open1b.node.publisher")
+
+MAX_GOSSIP_MANIFEST = MAX_PUBSUB_MESSAGE - 4096  # room for the pubsub envelope; larger ones travel by sync
+REPROVIDE_S = 12 * 3600.0  # provider records expire after 48 h (py-libp2p): announce again well before
+
+
+@dataclass
+class Publication:
+    """One publish job's progress, as ``/v1/publications`` shows it."""
+
+    run: str
+    dir: str
+    steps: int
+    started_at: int
+    state: JobState = JobState.CHECKING
+    done: int = 0
+    total: int = 0
+    note: str = ""
+    bytes: int = 0
+    provided: int = 0
+    gossiped: bool = False
+    error: str | None = None
+    seconds: float | None = None
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def read_run_manifest(run_dir: Path, now: int) -> RunManifest:
+    """``run_dir``'s manifest, validated as gossip would be; :class:`ApiError` (400) if it is not one."""
+    try:
+        with open(run_dir / MANIFEST_FILE, "rb") as f:
+            data = f.read(MAX_MANIFEST_SIZE + 1)
+    except OSError as exc:
+        raise ApiError(400, f"no run at {run_dir}: {exc.strerror or exc}") from None
+    verdict = validate_manifest(data, now)
+    if not verdict.accepted or not isinstance(verdict.message, RunManifest):
+        raise ApiError(400, f"{run_dir / MANIFEST_FILE}: {verdict.reason if not verdict.accepted else 'not a run manifest'}")
+    return verdict.message
+
+
+class Publisher:
+    def __init__(self, ingest: Ingest, runfiles: RunFiles, p2p: P2P, *, bootstrapped: trio.Event, clock: Clock) -> None:
+        self.ingest, self.runfiles, self.p2p, self.bootstrapped, self.clock = ingest, runfiles, p2p, bootstrapped, clock
+        self.publications: dict[str, Publication] = {}  # run hex -> its latest publish job
+        self._nursery: trio.Nursery | None = None
+
+    async def serve_publisher(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Host publish jobs until cancelled; twice a day, announce every blob we hold again."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self.bootstrapped.wait()
+            while True:
+                await self.clock.sleep(REPROVIDE_S)
+                for path in list(self.runfiles.cache.dir.iterdir()):
+                    if len(path.name) == 64:
+                        await self.p2p.provide(provider_key(bytes.fromhex(path.name)))
+
+    def start_publish(self, run_dir: Path, manifest: RunManifest | None = None) -> Publication:
+        """Validate ``run_dir``'s manifest now; check, import, provide and announce its files in the
+        background. Raises :class:`ApiError` for a bad manifest."""
+        if self._nursery is None:
+            raise RuntimeError("start_publish before serve_publisher started")
+        run_dir = Path(run_dir).resolve()
+        manifest = manifest or read_run_manifest(run_dir, self.clock.wall())
+        run = manifest.run_id.hex()
+        job = self.publications.get(run)
+        if job is not None and not job.state.finished:
+            return job
+        job = Publication(run=run, dir=str(run_dir), steps=manifest.steps, total=manifest.steps + 2,
+                          started_at=self.clock.wall())
+        self.publications[run] = job
+        self._nursery.start_soon(self._publish, manifest, run_dir, job)
+        return job
+
+    async def _publish(self, manifest: RunManifest, run_dir: Path, job: Publication) -> None:
+        started = self.clock.now()
+
+        def progress(done: int, total: int, note: str) -> None:
+            job.done, job.total, job.note = done, total, note
+
+        try:
+            log.info("publishing run %s from %s: checking %d files", job.run[:16], run_dir, manifest.steps + 2)
+            job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress)
+            await self.ingest.add_run(manifest, run_dir)
+            job.state, job.done = JobState.PROVIDING, 0
+            await self.bootstrapped.wait()
+            blobs = run_blobs(manifest)
+            for i, blob in enumerate(blobs):
+                progress(i, len(blobs), f"providing {blob.name}")
+                job.provided += bool(await self.p2p.provide(provider_key(blob.digest)))
+            job.state = JobState.ANNOUNCING
+            progress(len(blobs), len(blobs), "gossiping the manifest")
+            job.gossiped = await self._announce(manifest)
+            job.state, job.note, job.seconds = JobState.DONE, "", round(self.clock.now() - started, 3)
+            log.info("published run %s: %d blobs provided, manifest %s", job.run[:16], job.provided,
+                     "gossiped" if job.gossiped else "left to sync (too large for gossip)")
+        except (Open1bError, OSError) as exc:
+            job.state, job.error, job.seconds = JobState.FAILED, str(exc), round(self.clock.now() - started, 3)
+            log.warning("publishing %s failed: %s", run_dir, exc)
+
+    async def _announce(self, manifest: RunManifest) -> bool:
+        if len(manifest.encoded) > MAX_GOSSIP_MANIFEST:
+            return False
+        await self.p2p.publish(RUNS_TOPIC, manifest.encoded)
+        return True

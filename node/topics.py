@@ -1,0 +1,24 @@
+"""The gossip topics a node joins (docs/protocol.md §11): one network-wide topic of signed run
+manifests, and per run one topic each for attestations, claims, witness reveals and evaluations."""
+
+from __future__ import annotations
+
+from open1b.protocol import PROTOCOL_VERSION
+
+RUNS_TOPIC = f"/open1b/{PROTOCOL_VERSION}/runs"
+
+
+def attestations_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/attestations"
+
+
+def reveals_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/reveals"
+
+
+def claims_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/claims"
+
+
+def evals_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/evals"

@@ -1,0 +1,196 @@
+"""The auditor (plan → claim → fetch → replay → attest) on trio's MockClock: replays are scripted
+to take simulated minutes, fetches fail or succeed on cue, and every wait is virtual."""
+
+from __future__ import annotations
+
+import random
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from open1b.node.auditor import FETCH_RETRY_S, Auditor
+from open1b.node.claim_records import ClaimAgent
+from open1b.node.clock import Clock
+from open1b.node.p2p import NetworkError
+from open1b.node.runs import RunFilesError
+from open1b.node.topics import attestations_topic
+from open1b.node.worker import ReplayFailed, WorkerResult
+from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, claim_key
+from open1b.protocol.hashing import blake2b256
+from tests.runs import witness_of
+
+from .conftest import ident
+from .fakes import FakeClaimBoard, FakeP2P, auditable_manifest, make_ingest
+
+T0 = 1_800_000_000  # wall time at trio time 0
+REPLAY_S = 600.0  # what one scripted replay takes, in virtual seconds
+
+
+class ScriptedReplayer:
+    """Takes REPLAY_S per step and reproduces the published post-state, except for ``wrong`` steps."""
+
+    def __init__(self, wrong: frozenset[int] = frozenset(), fail: frozenset[int] = frozenset()) -> None:
+        self.wrong, self.fail, self.replayed = wrong, fail, []
+
+    async def replay(self, manifest, run_dir, step):
+        await trio.sleep(REPLAY_S)
+        self.replayed.append(step)
+        if step in self.fail:
+            raise ReplayFailed(f"step {step}: scripted failure")
+        post = blake2b256(b"wrong", bytes([step])) if step in self.wrong else manifest.state_hashes[step + 1]
+        return WorkerResult(manifest.state_hashes[step], post, witness_of(step), int(REPLAY_S * 1000))
+
+
+class FakeRunFiles:
+    """Blobs that are available (or not, until ``available`` is set) without any bytes."""
+
+    def __init__(self, available: bool = True) -> None:
+        self.available, self.fetched, self.released = available, [], []
+
+    async def fetch(self, p2p, blob, on_bad_peer, provide=None):
+        await trio.sleep(1)
+        if not self.available:
+            raise RunFilesError(f"{blob.name}: no provider answered")
+        self.fetched.append(blob.name)
+        if provide is not None:
+            provide(f"/open1b/blob/{blob.digest.hex()}")
+        return Path("/nonexistent")
+
+    def assemble(self, manifest, blobs):
+        return Path("/nonexistent")
+
+    def release(self, manifest, blobs):
+        self.released.extend(b.name for b in blobs)
+
+
+@pytest.fixture(scope="module")
+def run():
+    return auditable_manifest(ident(0), steps=3, created_at=T0 - 100)
+
+
+def build(tmp_path, manifest, *, replayer=None, runfiles=None, board=None, me=1, **config):
+    clock = Clock(wall_at_zero=T0)
+    p2p = FakeP2P()
+    ingest = make_ingest(tmp_path / f"node-{me}", manifest, identity=ident(me), clock=clock, gossip=p2p,
+                         redundancy=1, idle_poll_s=5.0, **config)
+    claims = ClaimAgent(ident(me), board or FakeClaimBoard(), lease_s=ingest.config.lease_s, clock=clock.wall,
+                        sleep=clock.sleep, seen=ingest.seen_claim, rng=random.Random(me))
+    bootstrapped = trio.Event()
+    bootstrapped.set()
+    auditor = Auditor(ident(me), ingest.config, ingest, claims, runfiles or FakeRunFiles(), p2p,
+                      replayer or ScriptedReplayer(), bootstrapped=bootstrapped, clock=clock, stats=ingest.stats)
+    return auditor, ingest, p2p
+
+
+def own(ingest, manifest) -> list[Attestation]:
+    return [a for a in ingest.store.attestations(manifest.run_id) if a.signer == ingest.identity.public_key]
+
+
+@asynccontextmanager
+async def serving(auditor):
+    """``auditor`` serving (it announces fetched blobs from its own nursery); with ``audit=False``
+    the test drives each round itself through ``audit_once``."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(auditor.serve_auditor)
+        yield
+        nursery.cancel_scope.cancel()
+
+
+async def until(condition, *, within_s: float) -> None:
+    """Wait in virtual time (bounded) for ``condition``."""
+    with trio.fail_after(within_s):
+        while not condition():
+            await trio.sleep(1)
+
+
+def test_every_step_is_claimed_replayed_attested_and_gossiped(tmp_path, run):
+    auditor, ingest, p2p = build(tmp_path, run, replayer=ScriptedReplayer(wrong=frozenset({1})))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(auditor.serve_auditor)
+            await until(lambda: len(own(ingest, run)) == run.steps, within_s=4 * 3600)
+            nursery.cancel_scope.cancel()
+        return trio.current_time()
+
+    elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    atts = sorted(own(ingest, run), key=lambda a: a.step)
+    assert [a.verdict for a in atts] == [MATCH, MISMATCH, MATCH]
+    assert all(a.issued_at >= T0 + REPLAY_S for a in atts)  # signed in (virtual) wall time
+    gossiped = [Attestation.decode(d) for t, d in p2p.published if t == attestations_topic(run.run_id)]
+    assert sorted(a.digest for a in gossiped) == sorted(a.digest for a in atts)
+    assert run.steps * REPLAY_S <= elapsed < run.steps * (REPLAY_S + 10)  # replays one after another
+    assert auditor.stats.replays == run.steps and auditor.claims.won == run.steps
+    assert len(p2p.provided) == 2 * run.steps  # each fetched blob announced, off the replay's path
+
+
+def test_unavailable_files_put_a_step_in_back_off_then_it_is_retried(tmp_path, run):
+    files = FakeRunFiles(available=False)
+    auditor, ingest, _ = build(tmp_path, run, runfiles=files, audit=False)
+
+    async def main():
+        async with serving(auditor):
+            assert await auditor.audit_once()  # claimed, but nothing to replay from
+            assert not own(ingest, run)
+            first = {cand.step for _, cand in auditor.next_candidates()}
+            assert len(first) == run.steps - 1  # the step that failed to fetch waits out its back-off
+            files.available = True
+            await trio.sleep(FETCH_RETRY_S)
+            assert {cand.step for _, cand in auditor.next_candidates()} == set(range(run.steps))
+            assert await auditor.audit_once() and own(ingest, run)
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_a_failed_replay_is_not_attested_and_not_retried(tmp_path, run):
+    replayer = ScriptedReplayer(fail=frozenset(range(3)))
+    auditor, ingest, _ = build(tmp_path, run, replayer=replayer, audit=False)
+
+    async def main():
+        async with serving(auditor):
+            for _ in range(run.steps):
+                assert await auditor.audit_once()
+            assert not await auditor.audit_once()  # nothing left it may try
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert sorted(replayer.replayed) == [0, 1, 2] and not own(ingest, run)
+    assert auditor.stats.replay_failures == run.steps
+
+
+def test_another_nodes_live_claim_is_left_alone_until_its_lease_runs_out(tmp_path, run):
+    board = FakeClaimBoard()
+    auditor, ingest, _ = build(tmp_path, run, board=board)
+    lease = 3600
+
+    async def main():
+        for step in range(run.steps):  # a peer holds every step's slot
+            claim = Claim.create(ident(9), run=run.run_id, step=step, slot=0, issued_at=T0, lease_expiry=T0 + lease)
+            await board.write(claim_key(run.run_id, step, 0), claim.encoded)
+            ingest.seen_claim(claim)
+        assert auditor.next_candidates() == []  # the planner sees them busy
+        async with trio.open_nursery() as nursery:
+            await nursery.start(auditor.serve_auditor)
+            await until(lambda: own(ingest, run), within_s=4 * 3600)
+            nursery.cancel_scope.cancel()
+        return trio.current_time()
+
+    elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert lease <= elapsed < lease + auditor.config.idle_poll_s + REPLAY_S + 10
+
+
+def test_a_claim_the_network_refuses_to_store_is_skipped_not_fatal(tmp_path, run):
+    class Unreachable(FakeClaimBoard):
+        async def write(self, key, value):
+            raise NetworkError("no peer took the record")
+
+    auditor, ingest, _ = build(tmp_path, run, board=Unreachable(), audit=False)
+
+    async def main():
+        async with serving(auditor):
+            assert not await auditor.audit_once()  # every candidate tried, none claimed, nothing replayed
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert not own(ingest, run) and auditor.stats.replays == 0

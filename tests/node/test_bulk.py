@@ -1,0 +1,163 @@
+"""The bulk session (node/bulk.py) on real loopback TCP: who may talk, what a frame may be."""
+
+import struct
+
+import pytest
+import trio
+import trio.testing
+
+from open1b.node.blobs import BlobCache
+from open1b.node.bulk import (
+    ADDRESS_PROTOCOL, HELLO_SIZE, MAX_RESPONSE, OP_RANGE, SIGNATURE_SIZE, BulkError, BulkPeer, HandshakeError, TokenBucket,
+    address_handler, find_bulk_peer, open_channel, request, response, serve_bulk, server_handshake,
+)
+from open1b.node.p2p import open_p2p
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import peer_id_from_public_key
+
+from .conftest import ident
+
+SERVER, CLIENT, OTHER = ident(60), ident(61), ident(62)
+
+
+async def fake_server(nursery, behaviour) -> int:
+    """A TCP listener that runs ``behaviour(stream)`` for each connection; returns its port."""
+    listeners = await nursery.start(trio.serve_tcp, behaviour, 0)
+    return listeners[0].socket.getsockname()[1]
+
+
+def test_session_moves_ranges_and_names_both_peers(tmp_path):
+    source = tmp_path / "blob"
+    source.write_bytes(bytes(range(256)) * 5000)
+    cache = BlobCache(tmp_path / "cache", 1 << 30)
+    digest = cache.add_file(source)
+
+    async def main():
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                seen = []
+                port = await nursery.start(lambda task_status: serve_bulk(
+                    cache, SERVER, "127.0.0.1", 0, allow=lambda peer: not seen.append(peer), task_status=task_status))
+                channel = await open_channel(BulkPeer(SERVER.peer_id, "127.0.0.1", port), CLIENT)
+                assert channel.peer_id == SERVER.peer_id
+                for offset in (0, 1000, 1_279_990):  # pipelined; the last range is clipped to the blob
+                    await request(channel, OP_RANGE, digest, offset, 100)
+                for offset, length in ((0, 100), (1000, 100), (1_279_990, 10)):
+                    status, size, data = await response(channel, length)
+                    assert (status, size, bytes(data)) == (0, 1_280_000, source.read_bytes()[offset:offset + length])
+                await request(channel, OP_RANGE, bytes(32), 0, 100)
+                assert (await response(channel, 0))[0] == 1  # not found: a status, no payload
+                assert seen == [CLIENT.peer_id]  # the server learned who the client is
+                await channel.aclose()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_handshake_refuses_wrong_peer_and_bad_signatures(tmp_path):
+    async def wrong_signature(stream):
+        await stream.receive_some(HELLO_SIZE)
+        await stream.send_all(b"open1b/bulk/v1\x00\x00" + bytes(32 * 2 - 1) + b"\x09" + bytes(SIGNATURE_SIZE))
+
+    async def main():
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve_bulk, BlobCache(tmp_path, 1 << 20), SERVER, "127.0.0.1", 0)
+                # the listener is SERVER, the client meant OTHER: refused before it signs anything
+                with pytest.raises(HandshakeError, match="not " + OTHER.peer_id):
+                    await open_channel(BulkPeer(OTHER.peer_id, "127.0.0.1", port), CLIENT)
+                # a server that cannot sign for the key it names
+                liar_port = await fake_server(nursery, wrong_signature)
+                liar_id = peer_id_from_public_key(bytes(31) + b"\x09")
+                with pytest.raises(HandshakeError, match="does not verify"):
+                    await open_channel(BulkPeer(liar_id, "127.0.0.1", liar_port), CLIENT)
+                # a client that cannot sign for its key: the server hangs up without a session
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(b"open1b/bulk/v1\x00\x00" + bytes(32) + CLIENT.public_key)
+                got = b""
+                while len(got) < HELLO_SIZE + SIGNATURE_SIZE:
+                    got += await stream.receive_some()
+                await stream.send_all(bytes(SIGNATURE_SIZE))
+                assert await stream.receive_some() == b""  # closed
+                # a client that signs, but offers a low-order ephemeral key (no shared secret)
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                hello_c = b"open1b/bulk/v1\x00\x00" + bytes(32) + CLIENT.public_key
+                await stream.send_all(hello_c)
+                got = b""
+                while len(got) < HELLO_SIZE + SIGNATURE_SIZE:
+                    got += await stream.receive_some()
+                th = blake2b256(b"open1b/bulk/transcript/v1\x00", hello_c, got[:HELLO_SIZE])
+                await stream.send_all(CLIENT.sign_raw(b"open1b/bulk/client/v1\x00" + th))
+                assert await stream.receive_some() == b""  # closed
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_server_refuses_peers_it_does_not_allow(tmp_path):
+    async def main():
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(lambda task_status: serve_bulk(
+                    BlobCache(tmp_path, 1 << 20), SERVER, "127.0.0.1", 0, allow=lambda peer: peer != CLIENT.peer_id,
+                    task_status=task_status))
+                channel = await open_channel(BulkPeer(SERVER.peer_id, "127.0.0.1", port), CLIENT)
+                with pytest.raises(BulkError):
+                    await request(channel, OP_RANGE, bytes(32), 0, 1)
+                    await response(channel, 0)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_oversize_and_mistagged_frames_are_refused():
+    async def oversize(stream):
+        channel = await server_handshake(stream, SERVER)
+        await channel.receive(64)
+        await stream.send_all(struct.pack("<I", MAX_RESPONSE + 1))  # and no body: the reader must not wait for it
+        await trio.sleep_forever()
+
+    async def mistagged(stream):
+        channel = await server_handshake(stream, SERVER)
+        await channel.receive(64)
+        await stream.send_all(struct.pack("<I", 9) + bytes(9) + bytes(16))
+
+    async def main():
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for behaviour, message in ((oversize, "announced a frame of"), (mistagged, "wrong tag")):
+                    port = await fake_server(nursery, behaviour)
+                    channel = await open_channel(BulkPeer(SERVER.peer_id, "127.0.0.1", port), CLIENT)
+                    await request(channel, OP_RANGE, bytes(32), 0, 1 << 20)
+                    with pytest.raises(BulkError, match=message):
+                        await response(channel, 1 << 20)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_token_bucket_paces_on_the_trio_clock():
+    async def main():
+        bucket = TokenBucket(rate=1000.0, burst=500)
+        start = trio.current_time()
+        await bucket.take(500)  # the initial burst is free
+        assert trio.current_time() == start
+        await bucket.take(500)
+        assert trio.current_time() - start == pytest.approx(0.5)
+        await bucket.take(2000)  # larger than the burst: waits for a full burst, then owes the rest
+        await bucket.take(1)
+        assert trio.current_time() - start == pytest.approx(0.5 + 0.5 + 1.5 + 0.001)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_peer_learns_the_bulk_address_over_libp2p():
+    async def main():
+        with trio.fail_after(30):
+            async with open_p2p(SERVER, "127.0.0.1", 0) as a, open_p2p(CLIENT, "127.0.0.1", 0) as b:
+                a.set_stream_handler(ADDRESS_PROTOCOL, address_handler(4242))
+                await b.connect(a.addrs[0])
+                assert await find_bulk_peer(b, a.peer_id) == BulkPeer(SERVER.peer_id, "127.0.0.1", 4242)
+                assert await find_bulk_peer(a, b.peer_id) is None  # b has no bulk listener
+
+    trio.run(main)

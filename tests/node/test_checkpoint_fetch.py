@@ -1,0 +1,377 @@
+"""Checkpoints fetched over the bulk path (node/checkpoint_fetch.py), every chunk checked against
+h_k on arrival: real checkpoint files of real states, real TCP on loopback."""
+
+import dataclasses
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from open1b.deterministic.config import PRESETS
+from open1b.deterministic.provenance import load_run_samples
+from open1b.deterministic.runfile import checkpoint_path, max_checkpoint_bytes, save_checkpoint
+from open1b.deterministic.state import init_state
+from open1b.node.blobs import BlobCache, BlobMismatch, file_digest
+from open1b.node.bulk import BulkPeer, serve_bulk
+from open1b.node.checkpoint_fetch import RECORD_MAGIC, CheckpointFetchError, fetch_checkpoint
+from open1b.node.chunk_table import (
+    ChunkTableError, Expectation, check_layout, checkpoint_expectation, compute_table, expected_shapes, read_layout,
+    state_expectation,
+)
+from open1b.protocol.hashing import blake2b256
+
+from .conftest import ident
+
+FETCHER = ident(70)
+PROVIDERS = [ident(71 + i) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A real checkpoint whose larger tensors span several 1 MiB chunks (the last one short):
+    one layer of width 384 (mlp_fc is 2.25 MiB), ~23 MB in all."""
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=1)
+    state = init_state(config, seed=5)
+    run_dir = tmp_path_factory.mktemp("state")
+    address = save_checkpoint(run_dir, state)
+    expect = state_expectation(state, address, prev=blake2b256(b"test-genesis"))
+    return checkpoint_path(run_dir, 0), expect
+
+
+def provider_cache(root, source, address, *, corrupt_at: tuple[int, ...] = ()) -> BlobCache:
+    """A provider's cache holding ``source`` under ``address``; with ``corrupt_at`` it serves a
+    copy with one byte flipped at each of those offsets (and still the true chunk table)."""
+    cache = BlobCache(root, 1 << 34)
+    shutil.copyfile(source, cache.path(address))
+    with open(cache.path(address), "r+b") as f:
+        for offset in corrupt_at:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 1]))
+    cache.store_table(address, compute_table(source))
+    return cache
+
+
+async def serving(nursery, caches, rate=None) -> list[BulkPeer]:
+    peers = []
+    for identity, cache in zip(PROVIDERS, caches):
+        port = await nursery.start(lambda task_status, c=cache, i=identity: serve_bulk(
+            c, i, "127.0.0.1", 0, rate_bytes_per_s=rate, task_status=task_status))
+        peers.append(BulkPeer(identity.peer_id, "127.0.0.1", port))
+    return peers
+
+
+def test_chunk_table_proves_the_state_hash(checkpoint):
+    path, expect = checkpoint
+    layout = read_layout(path)
+    assert [t.name for t in layout.tensors] == sorted(expect.shapes, key=str.encode)
+    assert max(t.chunks for t in layout.tensors) == 3
+    table = compute_table(path, workers=2)
+    expect.check_table(layout, table)  # the same h as protocol.commitments.state_hash of the state
+    assert compute_table(path, workers=1) == table
+    flipped = bytearray(table)
+    flipped[40] ^= 1
+    with pytest.raises(ChunkTableError, match="does not hash to h_0"):
+        expect.check_table(layout, bytes(flipped))
+    with pytest.raises(ChunkTableError, match="metadata"):
+        check_layout(layout, expect.shapes, step=1)
+    other = dict(expect.shapes, **{"param/wte": (1, 1)})
+    with pytest.raises(ChunkTableError, match="shape differs"):
+        check_layout(layout, other, step=0)
+
+
+def test_layout_refuses_malformed_headers(tmp_path, checkpoint):
+    path, _ = checkpoint
+    data = path.read_bytes()
+    n = struct.unpack_from("<Q", data)[0]
+    entries = json.loads(data[8:8 + n])
+    first = min((k for k in entries if k != "__metadata__"), key=lambda k: entries[k]["data_offsets"][0])
+
+    def rewritten(mutate) -> bytes:
+        e = json.loads(data[8:8 + n])
+        mutate(e)
+        header = json.dumps(e).encode()
+        header += b" " * (-len(header) % 8)
+        return struct.pack("<Q", len(header)) + header + data[8 + n:]
+
+    cases = {
+        "gap": lambda e: e[first]["data_offsets"].__setitem__(0, 4),
+        "overlap": lambda e: e[first]["data_offsets"].__setitem__(1, e[first]["data_offsets"][1] + 4),
+        "dtype": lambda e: e[first].__setitem__("dtype", "F64"),
+    }
+    for name, mutate in cases.items():
+        bad = tmp_path / name
+        bad.write_bytes(rewritten(mutate))
+        with pytest.raises(ChunkTableError):
+            read_layout(bad)
+    huge = tmp_path / "huge"
+    huge.write_bytes(struct.pack("<Q", 1 << 40) + data[8:])
+    with pytest.raises(ChunkTableError, match="header of"):
+        read_layout(huge)
+
+
+def test_a_wrong_chunk_is_caught_at_that_chunk_and_the_fetch_resumes(tmp_path, checkpoint):
+    """The done-when line of issue 13: the liar is cut off at its first wrong chunk and blamed;
+    the chunks verified before it stay on disk, and the next fetch continues from them."""
+    path, expect = checkpoint
+    pieces = read_layout(path).pieces()
+    bad = 5  # the sixth chunk in file order is wrong
+    liar = provider_cache(tmp_path / "liar", path, expect.address, corrupt_at=(pieces[bad].offset + 7,))
+    fetcher = BlobCache(tmp_path / "fetcher", 1 << 34)
+    blamed, verified = [], []
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                [peer] = await serving(nursery, [liar])
+                with pytest.raises(CheckpointFetchError, match="does not match the chunk table"):
+                    await fetch_checkpoint(fetcher, FETCHER, [peer], expect, on_bad_peer=blamed.append,
+                                           progress=lambda done, total: verified.append(done), window=1)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    header = pieces[0].offset
+    assert blamed == [PROVIDERS[0].peer_id]
+    # cut off at that chunk: it was never accepted, everything before it was, and the liar was sent
+    # no more than the requests already in the pipeline (one in flight, two received and being
+    # checked, one of which may be a right chunk just after the wrong one)
+    record = fetcher.path(expect.address).with_suffix(".pieces").read_bytes()
+    kept = {i for (i,) in struct.iter_unpack("<I", record[len(RECORD_MAGIC) + 32:])}
+    assert set(range(bad)) <= kept and bad not in kept and max(kept) <= bad + 3
+    assert verified[-1] == header + sum(pieces[i].length for i in kept)
+    sent = [header + sum(p.length for p in pieces[:i]) for i in range(len(pieces) + 1)]
+    assert sent[bad + 1] <= liar.served_bytes <= sent[bad + 1 + 3]
+    partial = fetcher.path(expect.address).with_suffix(".partial").read_bytes()
+    source = path.read_bytes()
+    assert all(partial[pieces[i].offset:pieces[i].offset + pieces[i].length]
+               == source[pieces[i].offset:pieces[i].offset + pieces[i].length] for i in kept)
+    assert not fetcher.has(expect.address)
+
+    honest = provider_cache(tmp_path / "honest", path, expect.address)
+
+    async def resume():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [honest])
+                report = await fetch_checkpoint(fetcher, FETCHER, peers, expect)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(resume)
+    assert report.resumed_pieces == len(kept) and not report.blamed
+    assert honest.served_bytes == path.stat().st_size - sum(pieces[i].length for i in kept)
+    assert file_digest(fetcher.path(expect.address)) == expect.address
+    assert not fetcher.path(expect.address).with_suffix(".partial").exists()
+    assert not fetcher.path(expect.address).with_suffix(".pieces").exists()
+    assert fetcher.table_path(expect.address).read_bytes() == compute_table(path)  # kept for serving
+
+
+def test_parallel_providers_give_the_same_file_and_a_liar_among_them_is_dropped(tmp_path, checkpoint):
+    path, expect = checkpoint
+    pieces = read_layout(path).pieces()
+    caches = [provider_cache(tmp_path / "p0", path, expect.address),
+              provider_cache(tmp_path / "p1", path, expect.address, corrupt_at=tuple(p.offset for p in pieces)),
+              provider_cache(tmp_path / "p2", path, expect.address)]
+    blamed = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, caches, rate=40e6)  # 40 MB/s each: all three get work
+                report = await fetch_checkpoint(BlobCache(tmp_path / "fetcher", 1 << 34), FETCHER, peers, expect,
+                                                on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(main)
+    assert report.path.read_bytes() == path.read_bytes()
+    assert set(report.bytes_by_peer) == {PROVIDERS[0].peer_id, PROVIDERS[2].peer_id}  # both honest ones worked
+    assert sum(report.bytes_by_peer.values()) == path.stat().st_size - pieces[0].offset
+    # every chunk of the liar is wrong: cut off at its first, which the others fetched instead
+    assert blamed == report.blamed == [PROVIDERS[1].peer_id]
+
+
+def test_a_cancelled_fetch_resumes_with_its_verified_chunks(tmp_path, checkpoint):
+    path, expect = checkpoint
+    cache = provider_cache(tmp_path / "p", path, expect.address)
+    fetcher = BlobCache(tmp_path / "fetcher", 1 << 34)
+
+    async def fetch(stop_after: int | None):
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [cache], rate=50e6)
+                with trio.CancelScope() as scope:
+                    count = []
+
+                    def progress(done, total):
+                        count.append(done)
+                        if stop_after is not None and len(count) == stop_after:
+                            scope.cancel()  # as a crash or shutdown would, mid-transfer
+
+                    report = await fetch_checkpoint(fetcher, FETCHER, peers, expect, progress=progress)
+                nursery.cancel_scope.cancel()
+        return None if scope.cancelled_caught else report
+
+    assert trio.run(fetch, 4) is None
+    report = trio.run(fetch, None)
+    assert report.resumed_pieces >= 4
+    assert file_digest(report.path) == expect.address
+
+    # once more, and then the kept bytes go bad on disk (a power loss after the record was
+    # written): the address check fails, nobody can be blamed, and the file is fetched afresh
+    report.path.unlink()
+    assert trio.run(fetch, 4) is None
+    partial = fetcher.path(expect.address).with_suffix(".partial")
+    record = fetcher.path(expect.address).with_suffix(".pieces").read_bytes()
+    recorded = struct.unpack_from("<I", record, len(RECORD_MAGIC) + 32)[0]
+    with open(partial, "r+b") as f:
+        f.seek(read_layout(path).pieces()[recorded].offset)
+        kept = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([kept[0] ^ 0xFF]))
+    blamed = []
+
+    async def refetch():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [cache])
+                result = await fetch_checkpoint(fetcher, FETCHER, peers, expect, on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+        return result
+
+    again = trio.run(refetch)
+    assert blamed == [] and again.resumed_pieces == 0
+    assert file_digest(again.path) == expect.address
+
+
+def test_a_provider_with_a_different_header_is_blamed_at_the_address_check(tmp_path, checkpoint):
+    """A header in another JSON spelling passes the layout check and every chunk verifies, but the
+    file is not the one the manifest names: the only unverified bytes are the header's."""
+    path, expect = checkpoint
+    data = path.read_bytes()
+    n = struct.unpack_from("<Q", data)[0]
+    header = json.dumps(json.loads(data[8:8 + n]), indent=1).encode()
+    header += b" " * (-len(header) % 8)
+    respelled = tmp_path / "respelled"
+    respelled.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + n:])
+    liar = provider_cache(tmp_path / "liar", respelled, expect.address)
+    fetcher = BlobCache(tmp_path / "fetcher", 1 << 34)
+    blamed = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [liar])
+                with pytest.raises(BlobMismatch, match="does not hash to its address"):
+                    await fetch_checkpoint(fetcher, FETCHER, peers, expect, on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert blamed == [PROVIDERS[0].peer_id]
+    assert not list(fetcher.dir.iterdir())  # nothing of it kept
+
+
+def test_checkpoint_of_a_published_run_is_checked_against_its_manifest(tmp_path, tampered_run):
+    """Checkpoint k > 0 of a real run: h_k commits to step k-1's batch, which the fetcher
+    recomputes from the run's samples; a provider serving another checkpoint of the run is blamed."""
+    run_dir, manifest = tampered_run
+    dataset = load_run_samples(run_dir, manifest)
+    expect = checkpoint_expectation(manifest, 2, dataset)
+    assert expect.shapes == expected_shapes(PRESETS["tiny"].config)
+    right = provider_cache(tmp_path / "right", checkpoint_path(run_dir, 2), manifest.checkpoints[2])
+    wrong = provider_cache(tmp_path / "wrong", checkpoint_path(run_dir, 1), manifest.checkpoints[2])
+    blamed = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [wrong, right])
+                report = await fetch_checkpoint(BlobCache(tmp_path / "fetcher", 1 << 30), FETCHER, peers, expect,
+                                                on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(main)
+    assert blamed == [PROVIDERS[0].peer_id]  # its header names step 1
+    assert report.path.read_bytes() == checkpoint_path(run_dir, 2).read_bytes()
+    with pytest.raises(ValueError):
+        checkpoint_expectation(manifest, 2, None)
+
+
+def test_providers_without_the_blob_or_unreachable_are_skipped_not_blamed(tmp_path, checkpoint):
+    path, expect = checkpoint
+    empty = BlobCache(tmp_path / "empty", 1 << 20)
+    honest = provider_cache(tmp_path / "honest", path, expect.address)
+    blamed = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                without, with_it = await serving(nursery, [empty, honest])
+                closed = trio.socket.socket()
+                await closed.bind(("127.0.0.1", 0))
+                unreachable = BulkPeer(PROVIDERS[2].peer_id, "127.0.0.1", closed.getsockname()[1])
+                closed.close()  # nothing listens there
+                report = await fetch_checkpoint(BlobCache(tmp_path / "fetcher", 1 << 34), FETCHER,
+                                                [unreachable, without, with_it], expect, on_bad_peer=blamed.append)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(main)
+    assert blamed == [] and set(report.bytes_by_peer) == {PROVIDERS[1].peer_id}
+    assert file_digest(report.path) == expect.address
+
+
+def crash_victim(cache_dir: str, fetch_dir: str, address: str, state_hash: str, prev: str) -> None:
+    """Run by :func:`test_a_killed_fetch_resumes`'s child process: serve the checkpoint slowly and
+    fetch it, until the parent kills the process."""
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=1)
+    expect = Expectation(bytes.fromhex(address), max_checkpoint_bytes(config), expected_shapes(config), 0,
+                         bytes.fromhex(state_hash), bytes.fromhex(prev), 0, bytes(32))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            peers = await serving(nursery, [BlobCache(Path(cache_dir), 1 << 34)], rate=5e6)
+            await fetch_checkpoint(BlobCache(Path(fetch_dir), 1 << 34), FETCHER, peers, expect)
+
+    trio.run(main)
+
+
+def test_a_killed_fetch_resumes(tmp_path, checkpoint):
+    """SIGKILL mid-transfer (no cleanup runs): the next fetch keeps what the record says was verified."""
+    path, expect = checkpoint
+    provider_cache(tmp_path / "p", path, expect.address)
+    fetcher = BlobCache(tmp_path / "fetcher", 1 << 34)
+    record = fetcher.path(expect.address).with_suffix(".pieces")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from tests.node.test_checkpoint_fetch import "
+                              "crash_victim; crash_victim(*sys.argv[1:])", str(tmp_path / "p"), str(fetcher.dir),
+                              expect.address.hex(), expect.state_hash.hex(), expect.prev.hex()],
+                             cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while not (record.exists() and record.stat().st_size >= len(RECORD_MAGIC) + 32 + 4 * 5):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait()
+    kept = (record.stat().st_size - len(RECORD_MAGIC) - 32) // 4
+
+    async def resume():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [provider_cache(tmp_path / "q", path, expect.address)])
+                report = await fetch_checkpoint(fetcher, FETCHER, peers, expect)
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(resume)
+    assert report.resumed_pieces >= kept >= 5
+    assert file_digest(report.path) == expect.address

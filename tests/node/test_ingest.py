@@ -1,0 +1,95 @@
+"""Ingest (validate → store → judge) on trio's MockClock: what it accepts depends on its clock,
+and its judgement loop (flags, witness reveals) runs on virtual seconds."""
+
+from __future__ import annotations
+
+import trio
+from trio.testing import MockClock
+
+from open1b.node.clock import Clock
+from open1b.node.ingest import JUDGE_EVERY_S
+from open1b.node.topics import reveals_topic
+from open1b.protocol import Outcome, WitnessReveal
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
+from tests.runs import attestation, run_manifest, witness_of
+
+from .conftest import ident
+from .fakes import FakeGossip, make_ingest
+
+T0 = 1_800_000_000  # wall time at trio time 0
+MANIFEST = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
+                        steps=4, state_hashes=[blake2b256(b"h", bytes([k])) for k in range(5)], created_at=T0 - 100)
+
+
+def att(signer: int, step: int, *, issued_at: int = T0, match: bool = True, witness: bytes | None = None):
+    post = MANIFEST.state_hashes[step + 1] if match else blake2b256(b"wrong", bytes([step]))
+    extra = {} if witness is None else {"witness": witness}
+    return attestation(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
+                       post_state=post, verdict="match" if match else "mismatch", engine="test-engine",
+                       engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=issued_at,
+                       **extra)
+
+
+def test_a_statement_from_the_future_is_ignored_until_the_clock_reaches_it(tmp_path):
+    ingest = make_ingest(tmp_path / "node", MANIFEST, clock=Clock(wall_at_zero=T0), trusted_peers=(ident(1).peer_id,))
+    early = att(1, 0, issued_at=T0 + 3600)
+
+    async def main():
+        assert ingest.validate_gossip_attestation("peer", early.encoded) is Outcome.IGNORE
+        assert not ingest.ingest_attestation(early.encoded, source="peer")
+        await trio.sleep(3600 - MAX_CLOCK_SKEW_SECONDS)  # an hour, virtually
+        assert ingest.validate_gossip_attestation("peer", early.encoded) is Outcome.ACCEPT
+        assert ingest.ingest_attestation(early.encoded)
+        [(_, received_ms)] = ingest.store.attestations_received(MANIFEST.run_id)
+        assert received_ms == (T0 + 3600 - MAX_CLOCK_SKEW_SECONDS) * 1000  # recorded in virtual wall time too
+        return trio.current_time()
+
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 3600 - MAX_CLOCK_SKEW_SECONDS
+    assert ingest.validation["sync/ignore/future"] == 1 and ingest.gossip.penalised == []  # not the sender's fault
+
+
+def test_the_judgement_loop_flags_a_contradicted_key_within_a_virtual_second(tmp_path):
+    trusted = tuple(ident(s).peer_id for s in (1, 2, 3))
+    ingest = make_ingest(tmp_path / "node", MANIFEST, clock=Clock(wall_at_zero=T0), trusted_peers=trusted, redundancy=2)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ingest.serve_judgements)
+            ingest.ingest_attestation(att(1, 2).encoded)  # vouches for a state two replays refute
+            for honest in (2, 3):
+                ingest.ingest_attestation(att(honest, 2, match=False).encoded)
+            assert ingest.flagged == {}  # judged by the loop, not on every statement
+            await trio.sleep(JUDGE_EVERY_S * 1.5)
+            assert ingest.flagged[MANIFEST.run_id] == {ident(1).public_key}
+            # and the planner stops counting it: step 2 is left to the keys that still count
+            assert ident(1).public_key not in ingest.deficits.index(MANIFEST.run_id).attesters(2)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_the_judgement_loop_reveals_a_witness_when_a_copy_of_our_replay_arrives(tmp_path):
+    gossip = FakeGossip()
+    trusted = tuple(ident(s).peer_id for s in (2, 3))
+    ingest = make_ingest(tmp_path / "node", MANIFEST, identity=ident(1), clock=Clock(wall_at_zero=T0),
+                         gossip=gossip, trusted_peers=trusted, redundancy=1)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ingest.serve_judgements)
+            ingest.proof.replayed(MANIFEST, 1, MANIFEST.state_hashes[2], witness_of(1))  # our own replay of step 1
+            ingest.ingest_attestation(att(2, 1).encoded)  # an honest replay binds W_1
+            ingest.ingest_attestation(att(3, 1, witness=b"\x04" * 32).encoded)  # a copy binds something else
+            with trio.fail_after(10):
+                while not gossip.published:
+                    await trio.sleep(JUDGE_EVERY_S)
+            nursery.cancel_scope.cancel()
+        return trio.current_time()
+
+    elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    [(topic, data)] = gossip.published
+    reveal = WitnessReveal.decode(data)
+    assert topic == reveals_topic(MANIFEST.run_id) and reveal.step == 1 and reveal.witness == witness_of(1)
+    assert reveal.issued_at == T0 + JUDGE_EVERY_S  # signed in the first judgement round, at virtual wall time
+    assert elapsed <= 2 * JUDGE_EVERY_S

@@ -1,0 +1,75 @@
+"""The syncer's timing on trio's MockClock: bootstrap retries with backoff until a peer answers or
+dials in, then sync rounds every ``sync_interval_s`` with a peer the injected RNG picks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from open1b.node.clock import Clock
+from open1b.node.p2p import NetworkError
+from open1b.node.sync import BOOTSTRAP_MAX_RETRY_S, Syncer
+
+from .fakes import FakeGossip, make_ingest
+
+
+class FlakyNetwork(FakeGossip):
+    """No bootstrap peer answers; peers appear when the test says so; every stream fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: list[str] = []
+        self.dials: list[float] = []
+        self.opened: list[str] = []
+
+    def set_stream_handler(self, protocol, handler) -> None:
+        pass
+
+    async def connect(self, addr: str) -> str:
+        self.dials.append(trio.current_time())
+        raise NetworkError(f"{addr}: connection refused")
+
+    def connected_peers(self) -> list[str]:
+        return list(self.peers)
+
+    async def discover(self, max_peers: int) -> list[str]:
+        return []
+
+    async def open_stream(self, peer_id: str, protocol: str):
+        self.opened.append(peer_id)
+        raise NetworkError(f"{peer_id}: stream reset")
+
+
+def test_bootstrap_backs_off_until_a_peer_dials_in_then_rounds_pick_peers_with_the_rng(tmp_path):
+    net = FlakyNetwork()
+    ingest = make_ingest(tmp_path / "node", clock=Clock(wall_at_zero=1_800_000_000), gossip=net,
+                         bootstrap=("/ip4/10.0.0.1/tcp/4701/p2p/12D3KooWDead",), sync_interval_s=2.0)
+    syncer = Syncer(net, ingest, ingest.config, clock=ingest.clock, rng=random.Random(7), stats=ingest.stats)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(syncer.serve_syncer)
+            await trio.sleep(60)
+            assert not syncer.bootstrapped.is_set()
+            gaps = [b - a for a, b in zip(net.dials, net.dials[1:])]
+            assert gaps[:6] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 6.4])  # doubling from 0.2 s
+            assert max(gaps) == pytest.approx(BOOTSTRAP_MAX_RETRY_S)  # up to 10 s
+            assert net.opened == []  # no peer yet: no sync round has anyone to ask
+            net.peers = ["peer-a", "peer-b", "peer-c"]  # peers dial us
+            with trio.fail_after(BOOTSTRAP_MAX_RETRY_S + 1):
+                await syncer.bootstrapped.wait()
+            before = len(net.opened)
+            await trio.sleep(20 * 2.0 + 0.5)
+            nursery.cancel_scope.cancel()
+        return before
+
+    before = trio.run(main, clock=MockClock(autojump_threshold=0))
+    rounds = net.opened[before:]
+    assert len(rounds) == 20  # one failed stream per round, each survived
+    # the peers are the injected RNG's choices (a few rounds may have run while bootstrap slept)
+    rng = random.Random(7)
+    replay = [rng.choice(net.peers) for _ in range(40)]
+    assert any(replay[k:k + 20] == rounds for k in range(10))
