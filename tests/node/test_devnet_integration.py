@@ -46,7 +46,9 @@ def test_devnet_evaluations_end_certified_and_a_tampered_one_disputed():
     (certified, disputed) = summary["evaluations"]
     assert (certified["state"], certified["status"], disputed["state"], disputed["status"]) == (
         2, "certified", 4, "disputed")
-    assert set(certified["checkers"]) == auditors and set(disputed["dissenters"]) == auditors
+    # the devnet stops once every evaluation is settled: at redundancy 1, one auditor's check settles it
+    assert set(certified["checkers"]) <= auditors and set(disputed["dissenters"]) <= auditors
+    assert certified["checkers"] and disputed["dissenters"] and not certified["dissenters"]
     # the observer's board is the one its signed statements imply; the disputed run is not ranked
     assert summary["leaderboard_is_the_statements"]
     (row,) = summary["leaderboard"]
