@@ -161,7 +161,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
         await nursery.start(syncer.serve_syncer)
         await nursery.start(ingest.serve_judgements)
-        await nursery.start(evaluator.serve, config.audit)  # a node that audits nothing checks no result either
+        await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either
         daemon = Daemon(identity, config, clock, p2p, store, ingest, publisher, auditor, syncer, runfiles, stats,
                         shutdown, api_port)
         if harness is not None:

@@ -5,7 +5,7 @@ by recomputing them, and serves the leaderboard.
 It is built with everything it needs — the store, the node key, a ``publish(topic, data)``
 coroutine, a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
 checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy — and
-serves itself with :meth:`Evaluator.serve`; :mod:`.ingest` takes ``eval`` statements from
+serves itself with :meth:`Evaluator.serve_evaluator`; :mod:`.ingest` takes ``eval`` statements from
 gossip into the store, where this component finds them, and the daemon adds :meth:`routes` to
 the API.
 """
@@ -138,7 +138,7 @@ class Evaluator:
                 sent += 1
         return sent
 
-    async def serve(self, check: bool = True, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_evaluator(self, check: bool = True, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Every ``interval``: publish its own runs' results, check pending results (unless
         ``check`` is off, as on a node that audits nothing), then republish what is not settled."""
         task_status.started()

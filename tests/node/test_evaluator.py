@@ -130,7 +130,7 @@ def test_serve_checks_once_and_republishes_every_round(eval_run, tmp_path):
     async def go():
         await nodes["publisher"].publish_results(manifest, run_dir)
         async with trio.open_nursery() as nursery:
-            await nursery.start(nodes["a1"].serve)
+            await nursery.start(nodes["a1"].serve_evaluator)
             await enough.wait()  # no deadline: the check runs in a thread, which virtual time skips past
             nursery.cancel_scope.cancel()
 
