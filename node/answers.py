@@ -38,6 +38,9 @@ COVERAGE = {"run": HEX, "steps": COUNT, "redundancy": COUNT, "verified_steps": C
             "untrusted": [PEER_ID],
             "per_step": [{"step": int, "status": str, "auditors": [PEER_ID], "dissenters": [PEER_ID],
                           "claimants": [PEER_ID]}]}
+LEADERBOARD = [{"run": HEX, "eval_set": HEX, "rank": MAYBE_INT, "loss": (float, type(None)), "eval_state": MAYBE_INT,
+                "evaluations": {"certified": COUNT, "disputed": COUNT, "unchecked": COUNT}, "replayed": (float, int),
+                "disputed_steps": COUNT, "devices": [str], "reason": str}]
 CLAIMS = [{"run": HEX, "step": int, "slot": int, "claimant": PEER_ID, "expires_in_s": int}]
 ATTESTATIONS = [{"step": int, "verdict": str, "signer": PEER_ID, "engine": str, "hardware": str, "elapsed_ms": int}]
 PUBLICATION = {"run": HEX, "steps": COUNT, "dir": str, "state": str, "done": COUNT, "note": str, "bytes": COUNT,

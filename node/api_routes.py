@@ -1,4 +1,5 @@
-"""The local API's routes (served by :mod:`.api`): status, peers, runs, coverage, statements and
+"""The local API's routes (served by :mod:`.api`): status, peers, runs, coverage, statements,
+evaluations and the leaderboard (:mod:`.evaluator`'s routes) and
 claims to read; publish, fetch, reveal and shutdown to act. Each handler reads the components it
 was given and renders with :mod:`.views`; bad requests raise :class:`~.api.ApiError`."""
 
@@ -16,6 +17,7 @@ from . import views
 from .api import ApiError, RawResponse, Route
 from .auditor import Auditor
 from .config import NodeConfig
+from .evaluator import Evaluator
 from .ingest import Gossip, Ingest
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import P2P
@@ -39,6 +41,7 @@ class Components:
     stats: NodeStats
     worker: ReplayWorker
     shutdown: trio.Event
+    evaluator: Evaluator
 
     def gauges(self) -> Gauges:
         f, cache = self.runfiles.stats, self.runfiles.cache
@@ -133,7 +136,8 @@ def api_routes(node: Components) -> list[Route]:
         run = run_of(path)
         try:
             redundancy = int(query.get("redundancy", node.config.redundancy))
-            return views.coverage_json(ingest.coverage(run, redundancy), ingest.manifests[run])
+            return {**views.coverage_json(ingest.coverage(run, redundancy), ingest.manifests[run]),
+                    "evaluations": node.evaluator.status(ingest.manifests[run])}
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
 
@@ -161,7 +165,7 @@ def api_routes(node: Components) -> list[Route]:
             Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown),
             Route("GET", "/v1/reveals", reveals), reveal_route(node.identity, ingest, p2p),
             Route("POST", "/v1/publish", publish), Route("GET", "/v1/publications", publications),
-            Route("POST", "/v1/fetch", fetch)]
+            Route("POST", "/v1/fetch", fetch), *node.evaluator.routes()]
 
 
 def reveal_route(identity: Identity, ingest: Ingest, gossip: Gossip) -> Route:

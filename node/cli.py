@@ -143,9 +143,18 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
         rows = [["STEP", "STATUS", "MATCH", "MISMATCH", "CLAIMED BY"]] + [
             [str(s["step"]), s["status"], str(len(s["auditors"])), str(len(s["dissenters"])),
              ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
-        return "\n".join([head, trust, *flags, _table(rows)])
+        evals = [["STATE", "EVALUATION", "LOSS BITS", "MATCH", "MISMATCH"]] + [
+            [str(e["state"]), e["status"], f"{e['loss_bits']:08x}" if e["loss_bits"] is not None else "-",
+             str(len(e["checkers"])), str(len(e["dissenters"]))] for e in c.get("evaluations", [])]
+        return "\n".join([head, trust, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
     return CommandResult(cov, render)
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> CommandResult:
+    from .evaluations import render_board
+
+    return CommandResult(_call(args, "/v1/leaderboard", answers.LEADERBOARD), render_board)
 
 
 def cmd_claims(args: argparse.Namespace) -> CommandResult:
@@ -318,6 +327,7 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     with progress(f"training {args.steps} steps into {args.out}{ranks}", args.steps) as update:
         manifest = publish_run(Path(args.out), load_identity(data_dir), steps=args.steps, seed=args.seed,
                                tamper_step=args.tamper_step, ranks=args.ranks, device=device,
+                               eval_documents=args.eval_documents, eval_every=args.eval_every,
                                progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
@@ -329,8 +339,9 @@ def cmd_devnet(args: argparse.Namespace) -> CommandResult:
     from .devnet import DevnetOptions, render, run_devnet
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
-                         deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
-                         keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)), device=args.device)
+                         eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline,
+                         seed=args.seed, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep,
+                         scenarios=tuple(dict.fromkeys(args.scenario)), device=args.device)
     summary = run_devnet(opts)
     return CommandResult(summary, lambda result: render(result, opts),
                          0 if summary["ok" if opts.scenarios else "complete"] else 2)
@@ -392,6 +403,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--redundancy", type=int, help="target to judge completeness by (default: the node's)")
     c.set_defaults(func=cmd_coverage)
 
+    sub.add_parser("leaderboard", parents=[client],
+                   help="runs ranked by certified evaluation loss, from the node's signed statements").set_defaults(
+        func=cmd_leaderboard)
+
     cl = sub.add_parser("claims", parents=[client], help="live claims the daemon knows")
     cl.add_argument("run", nargs="?", help="only this run")
     cl.set_defaults(func=cmd_claims)
@@ -439,6 +454,9 @@ def parser() -> argparse.ArgumentParser:
                    help="data-parallel ranks: W > 1 trains in W processes (torch.distributed, gloo); "
                         "default: the preset's topology, in one process")
     t.add_argument("--device", default="auto", help=DEVICE_HELP)
+    t.add_argument("--eval-documents", type=int, default=0, metavar="H",
+                   help="hold out the corpus's last H documents as a committed evaluation set (docs/run-format.md §9)")
+    t.add_argument("--eval-every", type=_at_least_one, default=1, metavar="V", help="evaluate every V-th state")
     t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
@@ -446,6 +464,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--steps", type=int, default=8)
     n.add_argument("--redundancy", type=int, default=1)
     n.add_argument("--tamper-step", type=int, help="forge the published state after this step")
+    n.add_argument("--eval-every", type=int, default=0, metavar="V",
+                   help="commit a held-out evaluation set and evaluate every V-th state (0: no evaluation)")
+    n.add_argument("--tamper-eval", type=int, metavar="K", help="the trainer publishes a false loss for state K")
     n.add_argument("--deadline", type=float, default=150.0, help="seconds before giving up")
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
@@ -459,6 +480,8 @@ def parser() -> argparse.ArgumentParser:
 
     from .verify_handoff import add_parser as add_verify_handoff  # Open-1B v3 hand-off check
     add_verify_handoff(sub, parents=[reporting])
+    from .data_command import add_parser as add_data  # data inclusion and exclusion proofs
+    add_data(sub, parents=[reporting])
     return p
 
 

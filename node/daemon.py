@@ -6,6 +6,7 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.auditor` — plan (:mod:`.planner`) → claim (:mod:`.claim_records`) → fetch (:mod:`.runs`,
   :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
+* :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
 * :mod:`.api_routes` — the local API (:mod:`.api`), and Prometheus metrics when configured.
 
 Time and randomness are parameters (``clock``, ``rng``), so tests drive a whole node on trio's
@@ -25,7 +26,8 @@ from typing import AsyncIterator, Protocol
 
 import trio
 
-from open1b.protocol import Identity
+from open1b.deterministic.device import cpu_device_class
+from open1b.protocol import Identity, Open1bError, RunManifest
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from .api import serve_api
@@ -38,6 +40,7 @@ from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, check_version
+from .evaluator import Evaluator
 from .files import write_atomic
 from .identity_file import load_or_create_identity
 from .ingest import Ingest
@@ -139,8 +142,11 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         replayer = harness.replayer(replayer)
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats)
+    evaluator = Evaluator(store, identity, publish=p2p.publish, checkpoint=_checkpoint_of(auditor), now=clock.wall,
+                          device=cpu_device_class(), policy=ingest.trust, redundancy=config.redundancy,
+                          sleep=clock.sleep)
     shutdown = trio.Event()
-    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown)
+    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown, evaluator)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(publisher.serve_publisher)
@@ -164,6 +170,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
         await nursery.start(syncer.serve_syncer)
         await nursery.start(ingest.serve_judgements)
+        await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either
         daemon = Daemon(identity, config, clock, p2p, store, ingest, publisher, auditor, syncer, runfiles, stats,
                         shutdown, api_port)
         if harness is not None:
@@ -174,6 +181,19 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
             nursery.cancel_scope.cancel()
     for path in addr_files:
         path.unlink(missing_ok=True)
+
+
+def _checkpoint_of(auditor: Auditor):
+    """The evaluator's way to a checkpoint: fetched and assembled as for a replay of that step,
+    None while that fails (the evaluator tries again next round)."""
+    async def checkpoint(manifest: RunManifest, state: int) -> Path | None:
+        try:
+            run_dir, _ = await auditor.run_files(manifest, state)
+        except (Open1bError, OSError) as exc:
+            log.info("evaluation of state %d of %s waits: %s", state, manifest.run_id.hex()[:16], exc)
+            return None
+        return run_dir
+    return checkpoint
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:
