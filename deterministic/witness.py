@@ -13,6 +13,7 @@ its signer's key (docs/run-format.md §5) and the trainer commits to W_k in the 
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,16 +47,19 @@ class StepScalars:
     witness: Future
 
 
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[int, ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
 
 
 def _hasher() -> ThreadPoolExecutor:
-    # Created on first use, so a process that forks before any step holds no thread.
+    # One per process, made on first use: a forked child inherits its parent's executor without
+    # its thread (work submitted there would never run), so it gets its own.
     with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="open1b-witness"))
-        return _POOL[0]
+        pid = os.getpid()
+        if pid not in _POOL:
+            _POOL.clear()
+            _POOL[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="open1b-witness")
+        return _POOL[pid]
 
 
 def witness_async(loss: np.float32, grads: Mapping[str, np.ndarray], order: list[str], grad_norm: np.float32,

@@ -185,3 +185,26 @@ def test_same_bits_on_generic_and_host_cpu_and_1_or_2_threads():
     assert host1[:3] == ["host", "1", "cpu-parallel"] and host2[:3] == ["host", "2", "cpu-parallel"]
     assert generic[:3] == ["generic", "1", "cpu-serial"]
     assert host1[3] == host2[3] == generic[3] == state_fingerprint(run(init_state(CONFIG, SEED), 2))
+
+
+def test_witness_hashing_works_in_a_forked_child_after_the_parent_hashed():
+    # The witness is hashed on a per-process background thread; a child forked after the parent
+    # used it must get its own thread (an inherited executor has none and would never run).
+    import multiprocessing
+
+    from open1b.deterministic.witness import replay_witness, witness_async
+
+    grads = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    expected = replay_witness(np.float32(1.5), grads, ["w"])
+    assert witness_async(np.float32(1.5), grads, ["w"], F(1), F(1)).witness.result(timeout=10) == expected
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_witness_in_child, (expected,)).get(timeout=30)
+    assert got is True
+
+
+def _witness_in_child(expected: bytes) -> bool:
+    from open1b.deterministic.witness import witness_async
+
+    grads = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    return witness_async(np.float32(1.5), grads, ["w"], F(1), F(1)).witness.result(timeout=10) == expected
