@@ -299,7 +299,7 @@ def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts) -> Ge
             dist.destroy_process_group()
         numba.set_num_threads(threads)
         handoff.cleanup()
-        del store  # the last reference: closes the store's server
+        store = None  # drop the last reference (the exchange closure shares this cell): closes the store's server
 
 
 def _write_handoff(folder: Path, state0: TrainState, topology, batch_fn, after_step, steps, timeouts) -> None:
