@@ -99,7 +99,9 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         assert [r["run_dir"] for r in call(auditor, "/v1/runs")] == [None]  # nothing local: all fetched
 
         # a node that joins afterwards learns the manifest through the runs sync protocol
-        time.sleep(6)  # past gossipsub's message cache, so only sync can tell it
+        # past gossipsub's message cache (5 heartbeats of 1 s; a loaded machine stretches them), so only
+        # sync can tell it
+        time.sleep(12)
         daemons.start(3, audit=False, bootstrap=[addrs[1]])
         late = daemons.api(3)
         wait_for(lambda: call(late, "/v1/status")["runs"] == [run_hex], 120,

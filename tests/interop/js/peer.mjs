@@ -94,6 +94,7 @@ const commands = {
     const fields = new Map([['run', blake2b256(unhex(manifest))], ['step', BigInt(step)], ['pre_state', hashes[step]],
       ['post_state', post], ['verdict', 'match'], ['engine', m.fields.get('engine')],
       ['engine_version', m.fields.get('engine_version')], ['hardware', `js-libp2p on node ${process.version}`],
+      ['device', 'cpu/js_peer'], // what it claims: it never replays (below)
       ['elapsed_ms', 0n], ['issued_at', BigInt(issuedAt)],
       // This peer never replays, so it cannot know the step's replay witness: it binds one it made
       // up, which is accepted and counted until someone reveals the real witness (run-format §5).
