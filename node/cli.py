@@ -34,11 +34,22 @@ def _api(args: argparse.Namespace) -> str:
     return path.read_text().strip()
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The data dir's API token, which mutating routes need; ``None`` if this user cannot read it
+    (then only read-only commands work)."""
+    from .datadir import DataDirError, read_api_token
+
+    try:
+        return read_api_token(default_data_dir(args.data_dir))
+    except DataDirError:
+        return None
+
+
 def _call(args: argparse.Namespace, path: str, shape: answers.Shape, **kw) -> Any:
     """The API's answer to ``path``, checked to have ``shape`` (what the command then reads)."""
     from .client import call
 
-    return call(_api(args), path, shape=shape, **kw)
+    return call(_api(args), path, shape=shape, token=_token(args) if kw.get("method") == "POST" else None, **kw)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -172,7 +183,8 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
     phase = {JobState.CHECKING: 0, JobState.PROVIDING: blobs, JobState.ANNOUNCING: 2 * blobs,
              JobState.DONE: 2 * blobs, JobState.FAILED: 0}
     with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
-        job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]))
+        job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]),
+                      token=_token(args))
     return CommandResult(job, lambda j: "\n".join([
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",

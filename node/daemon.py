@@ -6,7 +6,8 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.auditor` — plan (:mod:`.planner`) → claim (:mod:`.claim_records`) → fetch (:mod:`.runs`,
   :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
-* :mod:`.api_routes` — the local API (:mod:`.api`), and Prometheus metrics when configured.
+* :mod:`.api_routes` — the local API and web page (:mod:`.api`, :mod:`.web`), and Prometheus
+  metrics when configured.
 
 Time and randomness are parameters (``clock``, ``rng``), so tests drive a whole node on trio's
 ``MockClock``. A test harness reaches the daemon only through :class:`Harness`; the daemon
@@ -24,17 +25,17 @@ from typing import AsyncIterator, Protocol
 
 import trio
 
-from open1b.protocol import Identity
+from open1b.protocol import Identity, Open1bError
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from .api import serve_api
-from .api_routes import Components, api_routes, metrics_routes
+from .api_routes import Components, api_app, metrics_app
 from .auditor import Auditor, Replayer, WorkerReplayer
 from .blobs import BLOB_PROTOCOL, BlobCache
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
-from .datadir import DaemonLock, check_version
+from .datadir import DaemonLock, api_token, check_version
 from .files import write_atomic
 from .identity_file import load_or_create_identity
 from .ingest import Ingest
@@ -145,10 +146,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)
         api_host, api_port = split_hostport(config.api)
-        api_port = await nursery.start(serve_api, api_host, api_port, api_routes(node))
+        api_port = await nursery.start(serve_api, api_host, api_port, api_app(node, token=api_token(config.data_dir)))
         if config.metrics:
             metrics_host, metrics_port = split_hostport(config.metrics)
-            metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, metrics_routes(node))
+            metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, metrics_app(node))
             log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         write_atomic(addr_files[0], f"{api_host}:{api_port}\n".encode())
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())
@@ -169,8 +170,21 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:
     """``open1b-node daemon``: serve on the real clock until the API is asked to shut down."""
-    async with open_daemon(config, clock=Clock(), rng=random.Random(), harness=harness) as daemon:
-        notify("READY=1")
-        await daemon.shutdown.wait()
-        log.info("shutting down")
-        notify("STOPPING=1")
+    try:
+        async with open_daemon(config, clock=Clock(), rng=random.Random(), harness=harness) as daemon:
+            notify("READY=1")
+            await daemon.shutdown.wait()
+            log.info("shutting down")
+            notify("STOPPING=1")
+    except BaseExceptionGroup as group:
+        # a daemon that cannot start (its API port taken) says why in one line, not in nested nurseries
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Open1bError):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
