@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, AsyncIterator
 
 import cbor2
 import trio
@@ -20,7 +20,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
@@ -32,6 +32,7 @@ from . import views
 from .api import ApiError, ApiGuard
 from .auditor import Auditor
 from .config import NodeConfig, split_hostport
+from .doctor import run_checks
 from .ingest import Gossip, Ingest
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import P2P
@@ -90,6 +91,7 @@ class Components:
 API_VERSION = "1"
 MAX_STEP = 2**63 - 1  # a step index SQLite can hold; larger ones are refused by the schema
 MAX_REDUNDANCY = 1024
+EVENTS_POLL_S = 1.0  # how often /v1/events looks for a change
 
 RunId = Annotated[str, PathParam(min_length=1, max_length=64, pattern="^[0-9a-fA-F]+$",
                                  description="a run id, or a unique prefix of one (hex)")]
@@ -217,6 +219,25 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
         run_id = run_arg(ingest, run)
         return await make_reveal(node.identity, ingest, p2p, run_id, step_arg(ingest, run_id, step),
                                  bytes.fromhex(witness))
+
+    @app.get("/v1/events", summary="server-sent events: `change` whenever the node's statements, runs or peers change",
+             response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
+    async def events() -> StreamingResponse:
+        async def changes() -> AsyncIterator[str]:
+            last = None
+            while True:
+                now = (store.attestation_count(), len(ingest.manifests), len(p2p.connected_peers()), len(p2p.banned))
+                if now != last:
+                    yield f"event: change\ndata: {now[0]} attestations, {now[1]} runs, {now[2]} peers\n\n"
+                    last = now
+                await clock.sleep(EVENTS_POLL_S)
+
+        return StreamingResponse(changes(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+    @app.post("/v1/doctor", summary="run the doctor's checks on this machine and node (token: it starts work)")
+    async def doctor() -> list[dict]:
+        checks = await trio.to_thread.run_sync(run_checks, node.config.data_dir, node.status())
+        return [c.as_json() for c in checks]
 
     @app.post("/v1/shutdown", summary="stop the daemon (token)")
     async def shutdown() -> JSONResponse:

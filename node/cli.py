@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,21 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     except KeyboardInterrupt:
         pass
     return CommandResult.nothing()
+
+
+def cmd_ui(args: argparse.Namespace) -> CommandResult:
+    """The web page's address. The token rides in the fragment, which a browser never sends to a
+    server, so the page can run the checks that need it; it opens a browser when there is a display."""
+    api = _api(args)
+    _call(args, "/v1/status", answers.STATUS, timeout=3)  # a running node, not a stale api.addr
+    token = _token(args)
+    url = f"http://{api}/" + (f"#token={token}" if token else "")
+    opened = False
+    if not args.no_open and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        import webbrowser
+
+        opened = webbrowser.open(url)
+    return CommandResult({"url": url, "opened": opened}, lambda o: o["url"])
 
 
 def cmd_status(args: argparse.Namespace) -> CommandResult:
@@ -271,7 +287,7 @@ def cmd_doctor(args: argparse.Namespace) -> CommandResult:
     except ApiUnavailable:
         status = None
     checks = run_checks(default_data_dir(args.data_dir), status)
-    out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
+    out = [c.as_json() for c in checks]
     return CommandResult(out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]),
                          1 if any(c.level == "FAIL" for c in checks) else 0)
 
@@ -367,6 +383,9 @@ def parser() -> argparse.ArgumentParser:
     pb.set_defaults(func=cmd_publish)
 
     sub.add_parser("status", parents=[client], help="the daemon's status").set_defaults(func=cmd_status)
+    u = sub.add_parser("ui", parents=[client], help="the web page's URL (and open it in a browser when there is a display)")
+    u.add_argument("--no-open", action="store_true", help="only print the URL")
+    u.set_defaults(func=cmd_ui)
     sub.add_parser("peers", parents=[client], help="connected peers").set_defaults(func=cmd_peers)
     sub.add_parser("runs", parents=[client], help="runs the daemon knows").set_defaults(func=cmd_runs)
 
