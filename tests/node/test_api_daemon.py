@@ -96,6 +96,17 @@ def test_the_api_port_in_use_is_a_one_line_error(node, tmp_path):
         f"open1b-node: error: cannot serve the API on 127.0.0.1:{port}: Address already in use"), err
 
 
+def test_ui_prints_the_pages_url_with_the_token_in_the_fragment(node, tmp_path):
+    rc, out, err = cli("ui", "--data-dir", str(node.dirs[0]), "--no-open", "--json")
+    assert rc == 0, err
+    answer = json.loads(out)
+    assert answer == {"url": f"http://{node.api(0)}/#token={read_api_token(node.dirs[0])}", "opened": False}
+    # another user's data dir (no readable token): the page's URL alone
+    (tmp_path / "other").mkdir()
+    rc, out, err = cli("ui", "--data-dir", str(tmp_path / "other"), "--api", node.api(0), "--no-open")
+    assert rc == 0 and out.strip() == f"http://{node.api(0)}/", err
+
+
 def test_the_token_holder_stops_the_daemon(node):
     proc = node.procs[0]
     assert call(node.api(0), "/v1/shutdown", method="POST", token=read_api_token(node.dirs[0])) == {"shutting_down": True}
