@@ -96,10 +96,15 @@ class Daemons:
     def api(self, index: int) -> str:
         return self.wait_file(index, API_ADDR_FILE)
 
+    def token(self, index: int) -> str:
+        """Node ``index``'s API token: its mutating routes need it, and every route off loopback
+        (the partition scenario's APIs listen on a management link)."""
+        return read_api_token(self.dirs[index])
+
     def publish(self, index: int) -> dict:
         """Publish the run directory through node ``index``'s API (what ``open1b-node publish`` does)."""
         return publish(self.api(index), self.run_dir, timeout=START_TIMEOUT_S * 5,
-                       token=read_api_token(self.dirs[index]))
+                       token=self.token(index))
 
     def kill(self, index: int) -> None:
         """``kill -9``: no shutdown path runs, as in a crash or power cut of the process."""
@@ -110,7 +115,7 @@ class Daemons:
         for i, proc in enumerate(self.procs):
             if proc.poll() is None:
                 try:
-                    call(self.api(i), "/v1/shutdown", method="POST", timeout=2, token=read_api_token(self.dirs[i]))
+                    call(self.api(i), "/v1/shutdown", method="POST", timeout=2, token=self.token(i))
                 except (ApiUnavailable, DevnetError):
                     proc.terminate()
         deadline = time.monotonic() + STOP_TIMEOUT_S
