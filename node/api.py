@@ -18,7 +18,6 @@ No CORS header is ever sent unless the operator configured origins.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 from functools import partial
@@ -31,11 +30,14 @@ from hypercorn.utils import wrap_app
 
 from open1b.protocol import Open1bError
 
+from .config import LOOPBACK_NAMES, is_loopback
+
 log = logging.getLogger(__name__)
 
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 REQUEST_TIMEOUT_S = 5.0
+# h11 refuses a request head still incomplete past this size (a head that arrives whole in one
+# read of up to 64 KiB is parsed): what a slow or huge head can make the server hold is bounded.
 MAX_REQUEST_HEAD = 16384
 
 Asgi = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -51,15 +53,6 @@ class ApiError(Open1bError):
 
 class ApiBindError(Open1bError):
     """The API could not listen where it was told to (port in use, address not local)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _hostname(value: str) -> str:

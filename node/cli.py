@@ -50,7 +50,7 @@ def _call(args: argparse.Namespace, path: str, shape: answers.Shape, **kw) -> An
     """The API's answer to ``path``, checked to have ``shape`` (what the command then reads)."""
     from .client import call
 
-    return call(_api(args), path, shape=shape, token=_token(args) if kw.get("method") == "POST" else None, **kw)
+    return call(_api(args), path, shape=shape, token=_token(args), **kw)
 
 
 def _table(rows: list[list[str]]) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from open1b.protocol import Open1bError
 
 from .answers import PUBLICATION, MalformedAnswer, Shape, checked
+from .config import is_loopback
 from .jobs import JobState
 
 
@@ -23,7 +24,10 @@ def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0, sha
          token: str | None = None) -> Any:
     """``api`` is ``HOST:PORT``; returns the decoded JSON body or raises :class:`ApiUnavailable`
     (and, given a ``shape``, :class:`~.answers.MalformedAnswer` for a body of another shape).
-    ``token`` (the data dir's ``api.token``) is what mutating routes require."""
+    ``token`` (the data dir's ``api.token``) is what mutating routes require, and every route of an
+    API off loopback; a read on loopback goes without it, so it is sent no further than needed."""
+    if method in ("GET", "HEAD") and is_loopback(api.rpartition(":")[0].strip("[]")):
+        token = None
     body = _request(api, path, method, timeout, token)
     return body if shape is None else checked(body, shape, path.split("?")[0])
 
@@ -69,7 +73,7 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
         if time.monotonic() > deadline:
             raise PublishFailed(f"{job['dir']}: still {job['state']} after {timeout:.0f} s")
         time.sleep(PUBLISH_POLL_S)
-        job = call(api, f"/v1/publications/{job['run']}", shape=PUBLICATION)
+        job = call(api, f"/v1/publications/{job['run']}", shape=PUBLICATION, token=token)
 
 
 class PublishFailed(Open1bError):

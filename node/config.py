@@ -8,6 +8,7 @@ fsync, rename) with mode 0600.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,19 @@ def split_hostport(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"expected HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

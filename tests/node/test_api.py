@@ -111,6 +111,17 @@ def test_a_duplicated_host_header_is_refused():
     trio.run(_with_guard, check)
 
 
+def test_an_oversized_request_head_is_refused_and_the_server_keeps_serving():
+    def check(api, acted):
+        host, port = api.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(f"GET /v1/read HTTP/1.1\r\nHost: {api}\r\nX: ".encode() + b"a" * 200_000 + b"\r\n\r\n")
+            assert s.recv(100).split(b"\r\n")[0].split(b" ")[1] in (b"400", b"431")
+        assert call(api, "/v1/read") == {"ok": True}
+
+    trio.run(_with_guard, check)
+
+
 def test_configured_origins_get_cors_and_everything_needs_a_token_off_loopback():
     guard = ApiGuard(_toy_app([]), token=TOKEN, bound_host="192.0.2.7", origins=("https://dash.example",))
     scope = {"type": "http", "method": "GET", "server": ("192.0.2.7", 5701)}

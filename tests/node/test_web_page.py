@@ -116,8 +116,13 @@ def test_the_page_shows_the_tampered_step_its_evidence_and_refuses_other_origins
         page.go_back()
         page.wait_for_selector("#heatmap", timeout=10_000)
 
-        # click the tampered step's cell: its attestations, the evidence, the command to re-check
+        # zoom out: smaller cells, the same colours where the steps now are
         page.wait_for_function("document.getElementById('heatmap').dataset.cols")
+        before = page.evaluate("+heatmap.dataset.cell")
+        page.click("button[aria-label='zoom out']")
+        assert page.evaluate("+heatmap.dataset.cell") < before and _pixel(page, TAMPERED) == RGB["refuted"]
+
+        # click the tampered step's cell: its attestations, the evidence, the command to re-check
         cell, cols = page.evaluate("[+heatmap.dataset.cell, +heatmap.dataset.cols]")
         page.click("#heatmap", position={"x": (TAMPERED % cols) * cell + cell / 2, "y": (TAMPERED // cols) * cell + cell / 2})
         page.wait_for_selector(f"h1:has-text('Step {TAMPERED}: refuted')", timeout=10_000)
