@@ -191,7 +191,15 @@
   window.addEventListener("resize", () => { if (state.layout && document.getElementById("heatmap")) redraw(); });
   // Live updates: the node says when what it holds changed; the open view is drawn again.
   const events = new EventSource("/v1/events");
-  events.addEventListener("change", e => { live.textContent = "live · " + e.data; if (!location.hash.includes("/step/") && !location.hash.includes("node")) render(); });
+  // Changes come in bursts (a sync round brings many statements) and a large run's coverage is
+  // megabytes: one redraw per REFRESH_MS at most. Step and node views stay as they are while read.
+  const REFRESH_MS = 2000;
+  let refresh = null;
+  events.addEventListener("change", e => {
+    live.textContent = "live · " + e.data;
+    if (refresh === null && !location.hash.includes("/step/") && !location.hash.includes("node"))
+      refresh = setTimeout(() => { refresh = null; render(); }, REFRESH_MS);
+  });
   events.onerror = () => { live.textContent = "disconnected; retrying"; };
   render();
 })();
