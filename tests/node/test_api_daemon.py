@@ -1,6 +1,7 @@
 """A real daemon's API (issue 16): what a web page elsewhere sends is refused and the daemon keeps
 running; typed queries answer 422, never 500; the OpenAPI document in docs/ is the routes'."""
 
+import http.client
 import json
 import os
 import socket
@@ -94,6 +95,19 @@ def test_the_api_port_in_use_is_a_one_line_error(node, tmp_path):
                            "--api", f"127.0.0.1:{port}", timeout=120)
     assert rc == 1 and err.strip().splitlines()[-1] == (
         f"open1b-node: error: cannot serve the API on 127.0.0.1:{port}: Address already in use"), err
+
+
+def test_events_stream_says_what_changed(node):
+    host, port = node.api(0).rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", "/v1/events")
+        response = conn.getresponse()
+        assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+        lines = [response.readline() for _ in range(3)]
+    finally:
+        conn.close()
+    assert lines == [b"event: change\n", b"data: 0 attestations, 0 runs, 0 peers\n", b"\n"], lines
 
 
 def test_ui_prints_the_pages_url_with_the_token_in_the_fragment(node, tmp_path):
