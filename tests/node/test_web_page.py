@@ -124,7 +124,10 @@ def test_the_page_shows_the_tampered_step_its_evidence_and_refuses_other_origins
 
         # click the tampered step's cell: its attestations, the evidence, the command to re-check
         cell, cols = page.evaluate("[+heatmap.dataset.cell, +heatmap.dataset.cols]")
-        page.click("#heatmap", position={"x": (TAMPERED % cols) * cell + cell / 2, "y": (TAMPERED // cols) * cell + cell / 2})
+        at = {"x": (TAMPERED % cols) * cell + cell / 2, "y": (TAMPERED // cols) * cell + cell / 2}
+        page.hover("#heatmap", position=at)
+        assert page.inner_text("#hover").startswith(f"step {TAMPERED}: refuted; auditors 0; dissenters 2")
+        page.click("#heatmap", position=at)
         page.wait_for_selector(f"h1:has-text('Step {TAMPERED}: refuted')", timeout=10_000)
         assert f"open1b-node replay {run} --step {TAMPERED}" in page.inner_text("pre")
         assert page.inner_text("main").count("mismatch") == 2
