@@ -1,105 +1,142 @@
-"""The node's local API: a tiny HTTP/1.1 JSON server on trio, bound to 127.0.0.1 by default.
+"""The node's local API server: an ASGI app (:mod:`.api_routes`) served by Hypercorn's trio
+worker inside the daemon's own trio process, behind :class:`ApiGuard`.
 
-One request per connection, bounded header size and time, GET for queries and POST for the
-few control actions. Handlers are plain functions from (path, query) to a JSON-able object; an
-:class:`ApiError` becomes a status code, anything else a 500 — a bad request never reaches the
-node's other tasks.
+Loopback is not authentication (design.md, invariant 8): any web page the operator visits can
+make the browser send requests to 127.0.0.1, and a DNS-rebinding page can even read the answers.
+So every request passes the guard first:
+
+* ``Host`` must name a loopback host or the address the API is bound to (DNS rebinding);
+* an ``Origin`` header, when a browser sends one, must be the API's own origin or one the
+  operator configured (``api_origins``): a cross-site form POST is refused (CSRF);
+* a mutating request (any method but GET and HEAD) must carry the data dir's token as
+  ``Authorization: Bearer <token>``; so must every request when the API is bound to a
+  non-loopback address. Read-only requests on loopback need no token.
+
+No CORS header is ever sent unless the operator configured origins.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
-from urllib.parse import parse_qs, urlsplit
+from functools import partial
+from typing import Awaitable, Callable
 
 import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
 
 from open1b.protocol import Open1bError
 
+from .config import LOOPBACK_NAMES, is_loopback
+
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_HEAD = 8192
+SAFE_METHODS = frozenset({"GET", "HEAD"})
 REQUEST_TIMEOUT_S = 5.0
+# h11 refuses a request head still incomplete past this size (a head that arrives whole in one
+# read of up to 64 KiB is parsed): what a slow or huge head can make the server hold is bounded.
+MAX_REQUEST_HEAD = 16384
 
-Handler = Callable[[list[str], dict[str, str]], Awaitable[Any]]
+Asgi = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
 class ApiError(Open1bError):
+    """A request the routes refuse: ``status`` and a one-line message, answered as ``{"error": …}``."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-@dataclass(frozen=True)
-class RawResponse:
-    """A non-JSON body (e.g. Prometheus text) returned by a handler as is."""
-
-    content_type: str
-    body: bytes
+class ApiBindError(Open1bError):
+    """The API could not listen where it was told to (port in use, address not local)."""
 
 
-@dataclass(frozen=True)
-class Route:
-    method: str
-    prefix: str
-    handler: Handler
+def _hostname(value: str) -> str:
+    """``host[:port]`` or ``[v6]:port`` → the host, lower-cased, without brackets."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+class ApiGuard:
+    """ASGI middleware that refuses, before any route runs, what a web page elsewhere could send
+    (module docstring). ``bound_host`` is the address the API listens on; ``origins`` the extra
+    origins the operator allows (they also get CORS headers, from the app)."""
+
+    def __init__(self, app: Asgi, *, token: str, bound_host: str, origins: tuple[str, ...] = ()) -> None:
+        self.app, self.token, self.origins = app, token, frozenset(o.rstrip("/").lower() for o in origins)
+        self.hosts = LOOPBACK_NAMES | ({bound_host.lower()} if bound_host not in ("0.0.0.0", "::", "") else set())
+        self.reads_need_token = not is_loopback(bound_host)
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                status, message = refusal
+                body = json.dumps({"error": message}).encode()
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: dict) -> tuple[int, str] | None:
+        """``(status, reason)`` for a request to refuse, ``None`` to let it through."""
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1").lower()
+            if key in headers and key in ("host", "origin", "authorization"):
+                return 400, f"more than one {key} header"
+            headers[key] = value.decode("latin-1")
+        host = _hostname(headers.get("host", ""))
+        if host not in self.hosts:
+            return 403, "Host is not this node's API address (DNS rebinding?)"
+        origin = headers.get("origin")
+        if origin is not None and origin.rstrip("/").lower() not in self.own_origins(scope) | self.origins:
+            return 403, "cross-origin requests are refused"
+        if headers.get("sec-fetch-site") == "cross-site" and origin is None:
+            return 403, "cross-site requests are refused"
+        if scope["method"] not in SAFE_METHODS or self.reads_need_token:
+            if scope["method"] == "OPTIONS" and origin is not None and self.origins:
+                return None  # a configured origin's CORS preflight (it carries no credentials)
+            given = headers.get("authorization", "")
+            if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].strip().encode(),
+                                                                          self.token.encode()):
+                return 401, "this request needs the node's API token (Authorization: Bearer, from <data dir>/api.token)"
+        return None
+
+    def own_origins(self, scope: dict) -> frozenset[str]:
+        port = scope["server"][1] if scope.get("server") else None
+        suffix = f":{port}" if port else ""
+        return frozenset(f"http://{h if ':' not in h else '[' + h + ']'}{suffix}" for h in self.hosts)
 
 
-async def serve_api(host: str, port: int, routes: list[Route], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``routes`` until cancelled; reports the bound port through ``task_status``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(lambda stream: _handle(stream, routes), listeners)
-
-
-async def _handle(stream: trio.SocketStream, routes: list[Route]) -> None:
+async def serve_api(host: str, port: int, app: Asgi, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``host:port`` until cancelled; reports the bound port through
+    ``task_status``. A port in use is an :class:`ApiBindError` with one line to show."""
+    config = HypercornConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.read_timeout = int(REQUEST_TIMEOUT_S)
+    config.h11_max_incomplete_size = MAX_REQUEST_HEAD
+    config.keep_alive_timeout = REQUEST_TIMEOUT_S
+    config.include_server_header = False
     try:
-        with trio.move_on_after(REQUEST_TIMEOUT_S):
-            status, body = await _respond(stream, routes)
-            if isinstance(body, RawResponse):
-                content_type, payload = body.content_type, body.body
-            else:
-                content_type, payload = "application/json", json.dumps(body).encode()
-            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
-                    f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-            await stream.send_all(head.encode() + payload)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        await stream.aclose()
+        sockets = config.create_sockets()
+    except OSError as exc:
+        raise ApiBindError(f"cannot serve the API on {host}:{port}: {exc.strerror or exc}") from None
+    bound = sockets.insecure_sockets[0].getsockname()[1]
+    for sock in sockets.insecure_sockets:
+        sock.listen(config.backlog)
 
-
-async def _respond(stream: trio.SocketStream, routes: list[Route]) -> tuple[int, Any]:
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = await stream.receive_some(4096)
-        if not chunk:
-            return 400, {"error": "incomplete request"}
-        head += chunk
-        if len(head) > MAX_REQUEST_HEAD:
-            return 400, {"error": "request head too large"}
-    try:
-        method, target, _ = head.split(b"\r\n", 1)[0].decode("ascii").split(" ", 2)
-    except ValueError:
-        return 400, {"error": "malformed request line"}
-    url = urlsplit(target)
-    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    path = [p for p in url.path.split("/") if p]
-    for route in routes:
-        parts = [p for p in route.prefix.split("/") if p]
-        if path[: len(parts)] == parts:
-            if method != route.method:
-                return 405, {"error": f"use {route.method}"}
-            try:
-                return 200, await route.handler(path[len(parts):], query)
-            except ApiError as exc:
-                return exc.status, {"error": str(exc)}
-            except Exception:  # a failing handler must not take the daemon down
-                log.exception("API handler failed for %s", url.path)
-                return 500, {"error": "internal error"}
-    return 404, {"error": f"no such endpoint {url.path}"}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
+                                    sockets=sockets))
+        task_status.started(bound)

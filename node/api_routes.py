@@ -1,22 +1,39 @@
-"""The local API's routes (served by :mod:`.api`): status, peers, runs, coverage, statements,
-evaluations and the leaderboard (:mod:`.evaluator`'s routes) and
-claims to read; publish, fetch, reveal and shutdown to act. Each handler reads the components it
-was given and renders with :mod:`.views`; bad requests raise :class:`~.api.ApiError`."""
+"""The local API's routes, as one FastAPI app (served by :mod:`.api` behind its guard): status,
+peers, runs, coverage, statements, claims, evidence, evaluations and the leaderboard
+(:mod:`.evaluator`) to read; publish, fetch, reveal and shutdown
+to act; the web page (:mod:`.web`) at ``/``. Each handler reads the components it was given and
+renders with :mod:`.views`; a refused request raises :class:`~.api.ApiError`.
+
+Query parameters are typed and bounded in the route signatures, so a bad one is a 422 naming it
+(never a 500), and the OpenAPI document (``/v1/openapi.json``, kept in docs/openapi.json) comes
+from these definitions.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, AsyncIterator
 
+import cbor2
 import trio
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
 
-from open1b.protocol import Identity, WitnessReveal
+from open1b.protocol import MAX_EVAL_SIZE, Identity, WitnessReveal, peer_id_from_public_key
+from open1b.protocol.coverage import OPEN
 from open1b.protocol.validation import validate_reveal
 
 from . import views
-from .api import ApiError, RawResponse, Route
+from .api import ApiError, ApiGuard
 from .auditor import Auditor
-from .config import NodeConfig
+from .config import NodeConfig, split_hostport
+from .doctor import run_checks
 from .evaluator import Evaluator
 from .ingest import Gossip, Ingest
 from .metrics import Gauges, NodeStats, metrics_registry, render
@@ -24,6 +41,7 @@ from .p2p import P2P
 from .publisher import Publisher
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .topics import reveals_topic
+from .web import mount_page
 from .worker import ReplayWorker
 
 
@@ -78,6 +96,20 @@ class Components:
                 "fetching": {name: {"done": d, "total": t} for name, (d, t) in f.in_flight.items()}}
 
 
+API_VERSION = "1"
+MAX_STEP = 2**63 - 1  # a step index SQLite can hold; larger ones are refused by the schema
+MAX_REDUNDANCY = 1024
+EVENTS_POLL_S = 1.0  # how often /v1/events looks for a change
+
+RunId = Annotated[str, PathParam(min_length=1, max_length=64, pattern="^[0-9a-fA-F]+$",
+                                 description="a run id, or a unique prefix of one (hex)")]
+Step = Annotated[int, Query(ge=0, le=MAX_STEP, description="a step of the run")]
+Redundancy = Annotated[int | None, Query(ge=1, le=MAX_REDUNDANCY,
+                                         description="distinct attesters a step needs (default: the node's)")]
+Witness = Annotated[str, Query(min_length=64, max_length=64, pattern="^[0-9a-fA-F]{64}$",
+                               description="W_step as 64 hex digits")]
+
+
 def run_arg(ingest: Ingest, text: str) -> bytes:
     """The one known run whose hex id starts with ``text``; 404 otherwise."""
     matches = [r for r in ingest.manifests if r.hex().startswith(text.lower())] if text else []
@@ -86,20 +118,45 @@ def run_arg(ingest: Ingest, text: str) -> bytes:
     return matches[0]
 
 
-def api_routes(node: Components) -> list[Route]:
+def step_arg(ingest: Ingest, run: bytes, step: int) -> int:
+    if step >= ingest.manifests[run].steps:
+        raise ApiError(400, f"step {step} is not a step of run {run.hex()[:16]}")
+    return step
+
+
+def api_app(node: Components, *, token: str) -> ApiGuard:
+    """The whole API, behind :class:`~.api.ApiGuard` (Host, Origin and token checks)."""
+    app = FastAPI(title="open1b node API", version=API_VERSION, openapi_url="/v1/openapi.json", docs_url=None,
+                  redoc_url=None, description="The local API of an open1b node (docs/api.md).")
     ingest, store, p2p, clock = node.ingest, node.ingest.store, node.p2p, node.ingest.clock
 
-    def run_of(path: list[str]) -> bytes:
-        return run_arg(ingest, path[0] if path else "")
+    @app.exception_handler(ApiError)
+    async def refused(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
-    async def status(path, query):
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.get("/v1/status", summary="the node's status")
+    async def status() -> dict:
         return node.status()
 
-    async def peers(path, query):
-        return [{"peer_id": p, "addrs": p2p.peer_addrs(p), "rejected": p2p.rejected.get(p, 0)}
-                for p in p2p.connected_peers()]
+    @app.get("/v1/peers", summary="connected peers, and the banned and trusted keys")
+    async def peers() -> list[dict]:
+        policy = ingest.trust
+        trusted = {peer_id_from_public_key(k) for k in policy.roots}
+        return [{"peer_id": p, "addrs": p2p.peer_addrs(p), "rejected": p2p.rejected.get(p, 0),
+                 "trusted": policy.name == OPEN or p in trusted} for p in p2p.connected_peers()]
 
-    async def runs(path, query):
+    @app.get("/v1/runs", summary="runs the node knows")
+    async def runs() -> list[dict]:
         out = []
         for m in ingest.manifests.values():
             item = views.run_json(m, str(store.run_dir(m.run_id) or "") or None)
@@ -107,94 +164,151 @@ def api_routes(node: Components) -> list[Route]:
             out.append(item)
         return out
 
-    async def publish(path, query):
-        if not query.get("dir"):
-            raise ApiError(400, "publish needs ?dir=<run directory>")
-        return node.publisher.start_publish(Path(query["dir"])).as_json()
+    @app.get("/v1/coverage/{run}", summary="a run's coverage: per step, who attested what")
+    async def cov(run: RunId, redundancy: Redundancy = None) -> dict:
+        run_id = run_arg(ingest, run)
+        manifest = ingest.manifests[run_id]
+        return {**views.coverage_json(ingest.coverage(run_id, redundancy), manifest),
+                "evaluations": node.evaluator.status(manifest)}
 
-    async def publications(path, query):
-        jobs = node.publisher.publications
-        if path:
-            found = [j for run, j in jobs.items() if run.startswith(path[0].lower())]
-            if len(found) != 1:
-                raise ApiError(404, f"no single run matching {path[0]!r} was published by this node since it started")
-            return found[0].as_json()
-        return [j.as_json() for j in jobs.values()]
+    @app.get("/v1/attestations/{run}", summary="the signed attestations of a run (or of one step)")
+    async def attestations(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
+        return [views.attestation_json(a, ms) for a, ms in store.attestations_received(run_arg(ingest, run), step)]
 
-    async def fetch(path, query):
-        run = run_of(path)
-        step = query.get("step", "")
-        if not step.isdigit() or int(step) >= ingest.manifests[run].steps:
-            raise ApiError(400, "fetch needs ?step=<a step of the run>")
+    @app.get("/v1/reveals/{run}", summary="the witness reveals of a run")
+    async def reveals(run: RunId) -> list[dict]:
+        return [views.reveal_json(r) for r in store.reveals(run_arg(ingest, run))]
+
+    @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
+             response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
+    async def evidence(run: RunId, step: Step) -> Response:
+        run_id = run_arg(ingest, run)
+        k = step_arg(ingest, run_id, step)
+        statements = [a.encoded for a in store.attestations(run_id, k)] + [r.encoded for r in store.reveals(run_id, k)]
+        name = f"open1b-evidence-{run_id.hex()[:16]}-step{k}.cbor"
+        return Response(cbor2.dumps(statements, canonical=True), media_type="application/cbor",
+                        headers={"content-disposition": f'attachment; filename="{name}"'})
+
+    @app.get("/v1/claims", summary="live claims on every run")
+    async def all_claims() -> list[dict]:
+        now = clock.wall()
+        return [views.claim_json(c, now) for r in list(ingest.manifests) for c in store.claims(r, live_at=now)]
+
+    @app.get("/v1/claims/{run}", summary="live claims on a run")
+    async def claims(run: RunId) -> list[dict]:
+        now = clock.wall()
+        return [views.claim_json(c, now) for c in store.claims(run_arg(ingest, run), live_at=now)]
+
+    @app.get("/v1/publications", summary="publish jobs since the daemon started")
+    async def publications() -> list[dict]:
+        return [j.as_json() for j in node.publisher.publications.values()]
+
+    @app.get("/v1/publications/{run}", summary="one publish job")
+    async def publication(run: RunId) -> dict:
+        found = [j for r, j in node.publisher.publications.items() if r.startswith(run.lower())]
+        if len(found) != 1:
+            raise ApiError(404, f"no single run matching {run!r} was published by this node since it started")
+        return found[0].as_json()
+
+    @app.post("/v1/publish", summary="publish a run directory (token)")
+    async def publish(dir: Annotated[str, Query(min_length=1, max_length=4096, description="a run directory")]) -> dict:
+        return node.publisher.start_publish(Path(dir)).as_json()
+
+    @app.post("/v1/fetch/{run}", summary="fetch a step's files for a local replay (token)")
+    async def fetch(run: RunId, step: Step) -> dict:
+        run_id = run_arg(ingest, run)
+        k = step_arg(ingest, run_id, step)
         try:
-            work, _ = await node.auditor.run_files(ingest.manifests[run], int(step))
+            work, _ = await node.auditor.run_files(ingest.manifests[run_id], k)
         except RunFilesError as exc:
             raise ApiError(404, str(exc)) from None
-        return {"run": run.hex(), "step": int(step), "run_dir": str(work)}
+        return {"run": run_id.hex(), "step": k, "run_dir": str(work)}
 
-    async def cov(path, query):
-        run = run_of(path)
-        try:
-            redundancy = int(query.get("redundancy", node.config.redundancy))
-            return {**views.coverage_json(ingest.coverage(run, redundancy), ingest.manifests[run]),
-                    "evaluations": node.evaluator.status(ingest.manifests[run])}
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from exc
+    @app.post("/v1/reveal/{run}", summary="publish a replay witness after the audit (token)")
+    async def reveal(run: RunId, step: Step, witness: Witness) -> dict:
+        run_id = run_arg(ingest, run)
+        return await make_reveal(node.identity, ingest, p2p, run_id, step_arg(ingest, run_id, step),
+                                 bytes.fromhex(witness))
 
-    async def attestations(path, query):
-        run = run_of(path)
-        step = query.get("step")
-        if step is not None and not step.isdigit():
-            raise ApiError(400, "step must be a non-negative integer")
-        return [views.attestation_json(a, ms) for a, ms in store.attestations_received(run, int(step) if step else None)]
+    @app.get("/v1/events", summary="server-sent events: `change` whenever the node's statements, runs or peers change",
+             response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
+    async def events() -> StreamingResponse:
+        async def changes() -> AsyncIterator[str]:
+            last = None
+            while True:
+                now = (store.attestation_count(), len(ingest.manifests), len(p2p.connected_peers()), len(p2p.banned))
+                if now != last:
+                    yield f"event: change\ndata: {now[0]} attestations, {now[1]} runs, {now[2]} peers\n\n"
+                    last = now
+                await clock.sleep(EVENTS_POLL_S)
 
-    async def reveals(path, query):
-        return [views.reveal_json(r) for r in store.reveals(run_of(path))]
+        return StreamingResponse(changes(), media_type="text/event-stream", headers={"cache-control": "no-store"})
 
-    async def claims(path, query):
-        now = clock.wall()
-        chosen = [run_of(path)] if path else list(ingest.manifests)
-        return [views.claim_json(c, now) for run in chosen for c in store.claims(run, live_at=now)]
+    @app.post("/v1/doctor", summary="run the doctor's checks on this machine and node (token: it starts work)")
+    async def doctor() -> list[dict]:
+        checks = await trio.to_thread.run_sync(run_checks, node.config.data_dir, node.status())
+        return [c.as_json() for c in checks]
 
-    async def shutdown(path, query):
-        node.shutdown.set()
-        return {"shutting_down": True}
+    @app.get("/v1/leaderboard", summary="runs ranked by certified evaluation loss (docs/protocol.md §8.6)")
+    async def leaderboard() -> list[dict]:
+        return node.evaluator.leaderboard_json()
 
-    return [Route("GET", "/v1/status", status), Route("GET", "/v1/peers", peers), Route("GET", "/v1/runs", runs),
-            Route("GET", "/v1/coverage", cov), Route("GET", "/v1/attestations", attestations),
-            Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown),
-            Route("GET", "/v1/reveals", reveals), reveal_route(node.identity, ingest, p2p),
-            Route("POST", "/v1/publish", publish), Route("GET", "/v1/publications", publications),
-            Route("POST", "/v1/fetch", fetch), *node.evaluator.routes()]
+    @app.get("/v1/evaluations/{run}", summary="a run's evaluations: certified, disputed or unchecked, per state")
+    async def evaluations(run: RunId) -> list[dict]:
+        return node.evaluator.status(ingest.manifests[run_arg(ingest, run)])
+
+    @app.get("/v1/evals/{run}", summary="a run's signed eval statements (hex)")
+    async def evals(run: RunId) -> list[str]:
+        return [e.encoded.hex() for e in store.evals(run_arg(ingest, run))]
+
+    @app.post("/v1/eval", summary="submit a signed eval statement (token)")
+    async def submit_eval(statement: Annotated[str, Query(min_length=2, max_length=2 * MAX_EVAL_SIZE,
+                                                          pattern="^([0-9a-fA-F]{2})+$",
+                                                          description="the signed statement as hex")]) -> dict:
+        return {"digest": (await node.evaluator.submit(bytes.fromhex(statement))).digest.hex()}
+
+    @app.post("/v1/shutdown", summary="stop the daemon (token)")
+    async def shutdown() -> JSONResponse:
+        async def stop() -> None:
+            node.shutdown.set()
+
+        # set only once the answer is sent: stopping cancels the server, and the caller should hear back
+        return JSONResponse({"shutting_down": True}, background=BackgroundTask(stop))
+
+    mount_page(app)
+    cors(app, node.config.api_origins)
+    return ApiGuard(app, token=token, bound_host=split_hostport(node.config.api)[0], origins=node.config.api_origins)
 
 
-def reveal_route(identity: Identity, ingest: Ingest, gossip: Gossip) -> Route:
-    """``POST /v1/reveal/<run>?step=&witness=``: a trainer publishing W_step after the audit
-    (docs/run-format.md §5.2) — signed by this node, checked against the manifest, stored, gossiped."""
+def cors(app: FastAPI, origins: tuple[str, ...]) -> None:
+    """CORS headers for the origins the operator configured, and for no one else."""
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization"])
+
+
+async def make_reveal(identity: Identity, ingest: Ingest, gossip: Gossip, run: bytes, step: int,
+                      witness: bytes) -> dict:
+    """A trainer publishing W_step after the audit (docs/run-format.md §5.2): signed by this node,
+    checked against the manifest, stored, gossiped."""
     clock = ingest.clock
-
-    async def reveal(path, query):
-        run = run_arg(ingest, path[0] if path else "")
-        step, witness = query.get("step", ""), query.get("witness", "")
-        if not step.isdigit() or len(witness) != 64 or any(c not in "0123456789abcdef" for c in witness.lower()):
-            raise ApiError(400, "reveal needs ?step=<a step>&witness=<W_step as 64 hex digits>")
-        made = WitnessReveal.create(identity, run=run, step=int(step), witness=bytes.fromhex(witness),
-                                    issued_at=clock.wall())
-        verdict = validate_reveal(made.encoded, ingest.manifest, clock.wall())
-        if not verdict.accepted:
-            raise ApiError(400, f"not a valid reveal: {verdict.reason}")
-        if ingest.store.add_reveal(made):
-            ingest.revealed(made)
-        await gossip.publish(reveals_topic(run), made.encoded)
-        return views.reveal_json(made)
-
-    return Route("POST", "/v1/reveal", reveal)
+    made = WitnessReveal.create(identity, run=run, step=step, witness=witness, issued_at=clock.wall())
+    verdict = validate_reveal(made.encoded, ingest.manifest, clock.wall())
+    if not verdict.accepted:
+        raise ApiError(400, f"not a valid reveal: {verdict.reason}")
+    if ingest.store.add_reveal(made):
+        ingest.revealed(made)
+    await gossip.publish(reveals_topic(run), made.encoded)
+    return views.reveal_json(made)
 
 
-def metrics_routes(node: Components) -> list[Route]:
+def metrics_app(node: Components) -> FastAPI:
+    """Prometheus metrics, on their own address (off by default)."""
     registry = metrics_registry(node.stats, node.gauges)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
-    async def metrics(path, query):
-        return RawResponse("text/plain; version=0.0.4; charset=utf-8", render(registry))
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return [Route("GET", "/metrics", metrics)]
+    return app

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,22 @@ def _api(args: argparse.Namespace) -> str:
     return path.read_text().strip()
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The data dir's API token, which mutating routes need; ``None`` if this user cannot read it
+    (then only read-only commands work)."""
+    from .datadir import DataDirError, read_api_token
+
+    try:
+        return read_api_token(default_data_dir(args.data_dir))
+    except DataDirError:
+        return None
+
+
 def _call(args: argparse.Namespace, path: str, shape: answers.Shape, **kw) -> Any:
     """The API's answer to ``path``, checked to have ``shape`` (what the command then reads)."""
     from .client import call
 
-    return call(_api(args), path, shape=shape, **kw)
+    return call(_api(args), path, shape=shape, token=_token(args), **kw)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -90,6 +102,21 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     except KeyboardInterrupt:
         pass
     return CommandResult.nothing()
+
+
+def cmd_ui(args: argparse.Namespace) -> CommandResult:
+    """The web page's address. The token rides in the fragment, which a browser never sends to a
+    server, so the page can run the checks that need it; it opens a browser when there is a display."""
+    api = _api(args)
+    _call(args, "/v1/status", answers.STATUS, timeout=3)  # a running node, not a stale api.addr
+    token = _token(args)
+    url = f"http://{api}/" + (f"#token={token}" if token else "")
+    opened = False
+    if not args.no_open and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        import webbrowser
+
+        opened = webbrowser.open(url)
+    return CommandResult({"url": url, "opened": opened}, lambda o: o["url"])
 
 
 def cmd_status(args: argparse.Namespace) -> CommandResult:
@@ -188,7 +215,8 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
     phase = {JobState.CHECKING: 0, JobState.PROVIDING: blobs, JobState.ANNOUNCING: 2 * blobs,
              JobState.DONE: 2 * blobs, JobState.FAILED: 0}
     with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
-        job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]))
+        job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]),
+                      token=_token(args))
     return CommandResult(job, lambda j: "\n".join([
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",
@@ -287,7 +315,7 @@ def cmd_doctor(args: argparse.Namespace) -> CommandResult:
         status = None
     checks = run_checks(default_data_dir(args.data_dir), status, args.device)
     verdict = overall(checks)
-    out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
+    out = [c.as_json() for c in checks]
     out.append({"check": "overall", "level": verdict, "detail": "a refused GPU alone is a WARN: the CPU gives the same bits"})
     return CommandResult(out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]),
                          1 if verdict == "FAIL" else 0)
@@ -395,6 +423,9 @@ def parser() -> argparse.ArgumentParser:
     pb.set_defaults(func=cmd_publish)
 
     sub.add_parser("status", parents=[client], help="the daemon's status").set_defaults(func=cmd_status)
+    u = sub.add_parser("ui", parents=[client], help="the web page's URL (and open it in a browser when there is a display)")
+    u.add_argument("--no-open", action="store_true", help="only print the URL")
+    u.set_defaults(func=cmd_ui)
     sub.add_parser("peers", parents=[client], help="connected peers").set_defaults(func=cmd_peers)
     sub.add_parser("runs", parents=[client], help="runs the daemon knows").set_defaults(func=cmd_runs)
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from open1b.protocol import Open1bError
 
 from .answers import PUBLICATION, MalformedAnswer, Shape, checked
+from .config import is_loopback
 from .jobs import JobState
 
 
@@ -19,15 +20,22 @@ class ApiUnavailable(Open1bError):
     """The daemon's API could not be reached or answered with an error."""
 
 
-def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0, shape: Shape = None) -> Any:
+def call(api: str, path: str, *, method: str = "GET", timeout: float = 10.0, shape: Shape = None,
+         token: str | None = None) -> Any:
     """``api`` is ``HOST:PORT``; returns the decoded JSON body or raises :class:`ApiUnavailable`
-    (and, given a ``shape``, :class:`~.answers.MalformedAnswer` for a body of another shape)."""
-    body = _request(api, path, method, timeout)
+    (and, given a ``shape``, :class:`~.answers.MalformedAnswer` for a body of another shape).
+    ``token`` (the data dir's ``api.token``) is what mutating routes require, and every route of an
+    API off loopback; a read on loopback goes without it, so it is sent no further than needed."""
+    if method in ("GET", "HEAD") and is_loopback(api.rpartition(":")[0].strip("[]")):
+        token = None
+    body = _request(api, path, method, timeout, token)
     return body if shape is None else checked(body, shape, path.split("?")[0])
 
 
-def _request(api: str, path: str, method: str, timeout: float) -> Any:
-    request = urllib.request.Request(f"http://{api}{path}", method=method, data=b"" if method == "POST" else None)
+def _request(api: str, path: str, method: str, timeout: float, token: str | None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{api}{path}", method=method, data=b"" if method == "POST" else None,
+                                     headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
@@ -45,13 +53,14 @@ PUBLISH_POLL_S = 0.2
 
 
 def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job: None,
-            timeout: float = 24 * 3600.0) -> dict:
+            timeout: float = 24 * 3600.0, *, token: str | None) -> dict:
     """Ask the daemon at ``api`` to publish ``run_dir`` (docs/run-format.md §6) and follow the job
     until it is done; ``update`` sees every state. Raises :class:`ApiUnavailable` if the daemon
     refuses the manifest, and :class:`PublishFailed` if a file does not match it."""
     from urllib.parse import quote
 
-    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST", shape=PUBLICATION)
+    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST", shape=PUBLICATION,
+               token=token)
     deadline = time.monotonic() + timeout
     while True:
         if job["state"] not in tuple(JobState):
@@ -64,7 +73,7 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
         if time.monotonic() > deadline:
             raise PublishFailed(f"{job['dir']}: still {job['state']} after {timeout:.0f} s")
         time.sleep(PUBLISH_POLL_S)
-        job = call(api, f"/v1/publications/{job['run']}", shape=PUBLICATION)
+        job = call(api, f"/v1/publications/{job['run']}", shape=PUBLICATION, token=token)
 
 
 class PublishFailed(Open1bError):

@@ -8,6 +8,7 @@ fsync, rename) with mode 0600.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,19 @@ def split_hostport(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """Everything a daemon needs; ``data_dir`` is where it lives, the rest is config.toml."""
@@ -43,6 +57,9 @@ class NodeConfig:
     listen: str = "0.0.0.0:4701"
     api: str = "127.0.0.1:5701"
     metrics: str = ""  # HOST:PORT to serve Prometheus metrics on; empty = off
+    # Web origins (``http://host:port``) allowed to call the API from a browser, with CORS
+    # headers; empty = only the API's own page (docs/api.md).
+    api_origins: tuple[str, ...] = ()
     bootstrap: tuple[str, ...] = ()
     run_dirs: tuple[Path, ...] = ()
     audit: bool = True
@@ -77,6 +94,10 @@ class NodeConfig:
         split_hostport(self.api)
         if self.metrics:
             split_hostport(self.metrics)
+        for origin in self.api_origins:
+            scheme, _, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not rest or "/" in rest.rstrip("/"):
+                raise ConfigError(f"api_origins: expected http(s)://HOST[:PORT], got {origin!r}")
         if not 1 <= self.lease_s <= MAX_LEASE_SECONDS:
             raise ConfigError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
         if self.redundancy < 1:
@@ -116,7 +137,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
-    "publishers": ("publishers", list), "device": ("device", str),
+    "publishers": ("publishers", list), "device": ("device", str), "api_origins": ("api_origins", list),
 }
 
 

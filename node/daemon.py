@@ -7,7 +7,8 @@ and serves it in one nursery; the data path runs through the components in one d
   :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
 * :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
-* :mod:`.api_routes` — the local API (:mod:`.api`), and Prometheus metrics when configured.
+* :mod:`.api_routes` — the local API and web page (:mod:`.api`, :mod:`.web`), and Prometheus
+  metrics when configured.
 
 Time and randomness are parameters (``clock``, ``rng``), so tests drive a whole node on trio's
 ``MockClock``. A test harness reaches the daemon only through :class:`Harness`; the daemon
@@ -31,7 +32,7 @@ from open1b.protocol import Identity, Open1bError, RunManifest
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from .api import serve_api
-from .api_routes import Components, api_routes, metrics_routes
+from .api_routes import Components, api_app, metrics_app
 from .auditor import Auditor, Replayer, WorkerReplayer
 from .blobs import BLOB_PROTOCOL, BlobCache
 from .bulk import ADDRESS_PROTOCOL as BULK_ADDRESS_PROTOCOL
@@ -39,7 +40,7 @@ from .bulk import address_handler, serve_bulk
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
-from .datadir import DaemonLock, check_version
+from .datadir import DaemonLock, api_token, check_version
 from .evaluator import Evaluator
 from .files import write_atomic
 from .identity_file import load_or_create_identity
@@ -160,10 +161,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
                                                 allow=lambda peer: peer not in p2p.banned))
         p2p.set_stream_handler(BULK_ADDRESS_PROTOCOL, address_handler(bulk_port))
         api_host, api_port = split_hostport(config.api)
-        api_port = await nursery.start(serve_api, api_host, api_port, api_routes(node))
+        api_port = await nursery.start(serve_api, api_host, api_port, api_app(node, token=api_token(config.data_dir)))
         if config.metrics:
             metrics_host, metrics_port = split_hostport(config.metrics)
-            metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, metrics_routes(node))
+            metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, metrics_app(node))
             log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         write_atomic(addr_files[0], f"{api_host}:{api_port}\n".encode())
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())
@@ -198,8 +199,21 @@ def _checkpoint_of(auditor: Auditor):
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:
     """``open1b-node daemon``: serve on the real clock until the API is asked to shut down."""
-    async with open_daemon(config, clock=Clock(), rng=random.Random(), harness=harness) as daemon:
-        notify("READY=1")
-        await daemon.shutdown.wait()
-        log.info("shutting down")
-        notify("STOPPING=1")
+    try:
+        async with open_daemon(config, clock=Clock(), rng=random.Random(), harness=harness) as daemon:
+            notify("READY=1")
+            await daemon.shutdown.wait()
+            log.info("shutting down")
+            notify("STOPPING=1")
+    except BaseExceptionGroup as group:
+        # a daemon that cannot start (its API port taken) says why in one line, not in nested nurseries
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Open1bError):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]

@@ -6,12 +6,14 @@
     daemon.lock          held (flock) by the one daemon using the directory
     store.sqlite         the statement store (WAL)
     api.addr, p2p.addr   where the running daemon listens (written once listeners are up)
+    api.token            the local API's token (0600, created O_EXCL): mutating routes need it
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from .identity_file import key_path, load_or_create_identity
 LAYOUT_VERSION = "1"
 VERSION_FILE = "version"
 LOCK_FILE = "daemon.lock"
+TOKEN_FILE = "api.token"
+TOKEN_BYTES = 32
 
 
 class DataDirError(Open1bError):
@@ -48,11 +52,45 @@ def init_data_dir(data_dir: Path, config: NodeConfig | None = None) -> InitResul
     check_version(data_dir, create=True)
     had_key = key_path(data_dir).exists()
     identity = load_or_create_identity(data_dir)
+    api_token(data_dir)
     wrote = False
     if not (data_dir / CONFIG_FILE).exists():
         write_config(config or NodeConfig(data_dir=data_dir))
         wrote = True
     return InitResult(data_dir, identity.peer_id, not had_key, wrote)
+
+
+def api_token(data_dir: Path) -> str:
+    """The API token of ``data_dir``, created (0600, O_EXCL, never overwritten) if it has none.
+    Whoever can read it may act on the node: it is the operator's, like the key."""
+    path = Path(data_dir) / TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return read_api_token(data_dir)
+    token = secrets.token_hex(TOKEN_BYTES)
+    try:
+        os.write(fd, (token + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return token
+
+
+def read_api_token(data_dir: Path) -> str:
+    """The token a daemon of ``data_dir`` checks; :class:`DataDirError` when it is missing or not ours."""
+    path = Path(data_dir) / TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise DataDirError(f"cannot read the API token {path}: {exc.strerror}") from None
+    try:
+        token = os.read(fd, 2 * TOKEN_BYTES + 2).decode("ascii", errors="replace").strip()
+    finally:
+        os.close(fd)
+    if len(token) != 2 * TOKEN_BYTES or any(c not in "0123456789abcdef" for c in token):
+        raise DataDirError(f"{path} does not hold an API token (delete it and run `open1b-node init`)")
+    return token
 
 
 def check_version(data_dir: Path, *, create: bool = False) -> None:

@@ -27,6 +27,9 @@ class Check:
     level: str  # OK | WARN | FAIL
     detail: str
 
+    def as_json(self) -> dict:
+        return {"check": self.name, "level": self.level, "detail": self.detail}
+
 
 def _memory_gb() -> float | None:
     try:

@@ -23,7 +23,7 @@ from open1b.protocol import EvalStatement, Identity, Open1bError, RunManifest, T
 from open1b.protocol.evaluation import RESULT, eval_schedule, evaluations
 from open1b.protocol.validation import Verdict
 
-from .api import ApiError, Route
+from .api import ApiError
 from .evaluations import board, check_result, sign_results
 from .runs import why_not_auditable
 from .store import Store
@@ -166,31 +166,6 @@ class Evaluator:
         await self._emit(verdict.message)
         return verdict.message
 
-    def routes(self) -> list[Route]:
-        """``GET /v1/leaderboard``, ``GET /v1/evaluations/<run>`` (status per state),
-        ``GET /v1/evals/<run>`` (the signed statements, hex) and ``POST /v1/eval?statement=HEX``."""
-        def run_of(path: list[str]) -> RunManifest:
-            manifest = self._run(bytes.fromhex(path[0])) if path and len(path[0]) == 64 else None
-            if manifest is None:
-                raise ApiError(404, "unknown run (give its 64-hex-digit id)")
-            return manifest
-
-        async def leaderboard(path, query):
-            rows = board(self.store, policy=self.policy, redundancy=self.redundancy, now=self.now())
-            return [r.to_json() for r in rows]
-
-        async def run_evaluations(path, query):
-            return self.status(run_of(path))
-
-        async def statements(path, query):
-            return [e.encoded.hex() for e in self.store.evals(run_of(path).run_id)]
-
-        async def submit(path, query):
-            try:
-                data = bytes.fromhex(query.get("statement", ""))
-            except ValueError:
-                raise ApiError(400, "eval needs ?statement=<the signed statement as hex>") from None
-            return {"digest": (await self.submit(data)).digest.hex()}
-
-        return [Route("GET", "/v1/leaderboard", leaderboard), Route("GET", "/v1/evaluations", run_evaluations),
-                Route("GET", "/v1/evals", statements), Route("POST", "/v1/eval", submit)]
+    def leaderboard_json(self) -> list[dict]:
+        """The board this node's statements imply (docs/protocol.md §8.6), for ``/v1/leaderboard``."""
+        return [r.to_json() for r in board(self.store, policy=self.policy, redundancy=self.redundancy, now=self.now())]

@@ -18,7 +18,7 @@ def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
         "received_at_ms": received_ms,
         "digest": att.digest.hex(), "run": att.run.hex(), "step": att.step, "verdict": att.verdict,
         "pre_state": att.pre_state.hex(), "post_state": att.post_state.hex(), "signer": att.signer_peer_id,
-        "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware,
+        "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware, "device": att.device,
         "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
         "encoded": att.encoded.hex(),  # the signed statement itself: anyone can re-check it
     }

@@ -26,3 +26,10 @@ def test_the_corpus_ships_as_package_data():
     corpus = ROOT / "deterministic" / "corpus"
     shipped = {p.name for pattern in data["open1b.deterministic.corpus"] for p in corpus.glob(pattern)}
     assert {"cpython-3.11.7-docstrings.txt", "NOTICE"} <= shipped
+
+
+def test_every_asset_of_the_web_page_ships_as_package_data():
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    static = ROOT / "node" / "web" / "static"
+    shipped = {p for pattern in data["open1b.node.web"] for p in (ROOT / "node" / "web").glob(pattern)}
+    assert shipped == set(static.iterdir()) and (static / "index.html") in shipped

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..client import ApiUnavailable, call, publish
 from ..daemon import API_ADDR_FILE
-from ..datadir import init_data_dir
+from ..datadir import init_data_dir, read_api_token
 from .adversaries import ENV_SWITCH as DEVNET_ENV
 from .options import DevnetError
 
@@ -98,9 +98,15 @@ class Daemons:
     def api(self, index: int) -> str:
         return self.wait_file(index, API_ADDR_FILE)
 
+    def token(self, index: int) -> str:
+        """Node ``index``'s API token: its mutating routes need it, and every route off loopback
+        (the partition scenario's APIs listen on a management link)."""
+        return read_api_token(self.dirs[index])
+
     def publish(self, index: int) -> dict:
         """Publish the run directory through node ``index``'s API (what ``open1b-node publish`` does)."""
-        return publish(self.api(index), self.run_dir, timeout=START_TIMEOUT_S * 5)
+        return publish(self.api(index), self.run_dir, timeout=START_TIMEOUT_S * 5,
+                       token=self.token(index))
 
     def kill(self, index: int) -> None:
         """``kill -9``: no shutdown path runs, as in a crash or power cut of the process."""
@@ -111,7 +117,7 @@ class Daemons:
         for i, proc in enumerate(self.procs):
             if proc.poll() is None:
                 try:
-                    call(self.api(i), "/v1/shutdown", method="POST", timeout=2)
+                    call(self.api(i), "/v1/shutdown", method="POST", timeout=2, token=self.token(i))
                 except (ApiUnavailable, DevnetError):
                     proc.terminate()
         deadline = time.monotonic() + STOP_TIMEOUT_S

@@ -58,7 +58,8 @@ def run_plain(opts: DevnetOptions) -> dict:
                  f" observer ({job['bytes']} bytes in {job['steps'] + 2} blobs, {job['seconds']} s); auditors fetch from peers")
             if opts.eval_every:  # the trainer signs its results with the run's key; the observer gossips them
                 for result in trainer_results(run_dir, manifest, trainer, opts.tamper_eval):
-                    call(apis[observer], f"/v1/eval?statement={result.encoded.hex()}", method="POST")
+                    call(apis[observer], f"/v1/eval?statement={result.encoded.hex()}", method="POST",
+                         token=daemons.token(observer))
             cov = None
             deadline = started + opts.deadline_s
             with progress(f"devnet: steps with {opts.redundancy} attester(s), seen by the observer", opts.steps) as update:

@@ -37,7 +37,7 @@ def network(tmp_path_factory, tampered_run):
     observer = daemons.api(3)
     run_hex = manifest.run_id.hex()
     try:
-        rc, out, err = cli("publish", str(run_dir), "--api", observer, "--json")  # only the observer sees run_dir
+        rc, out, err = cli("publish", str(run_dir), "--data-dir", str(daemons.dirs[3]), "--json")  # only the observer sees run_dir
         assert rc == 0, err
         assert json.loads(out)["run"] == run_hex
         wait_for(lambda: call(observer, f"/v1/coverage/{run_hex}")["complete"], 90, what="coverage")

@@ -44,6 +44,7 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         daemons.start(0, audit=False, bootstrap=[])  # the publisher
         daemons.start(1, audit=True, bootstrap=[addrs[0]])  # an auditor with no run directory
         publisher, auditor = daemons.api(0), daemons.api(1)
+        token_of = ("--data-dir", str(daemons.dirs[0]))  # publishing needs the publisher's API token
 
         # refused before anything is accepted: a checkpoint whose bytes are not the manifest's
         forged = tmp_path / "forged"
@@ -51,18 +52,18 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         data = bytearray(checkpoint_path(forged, 3).read_bytes())
         data[-1] ^= 1
         checkpoint_path(forged, 3).write_bytes(bytes(data))
-        rc, _, err = cli("publish", str(forged), "--api", publisher)
+        rc, _, err = cli("publish", str(forged), "--api", publisher, *token_of)
         assert rc == 1 and "checkpoint 3" in err and "the manifest names" in err, err
         # ... a missing one
         checkpoint_path(forged, 3).write_bytes(checkpoint_path(run_dir, 3).read_bytes())
         checkpoint_path(forged, 4).unlink()
-        rc, _, err = cli("publish", str(forged), "--api", publisher)
+        rc, _, err = cli("publish", str(forged), "--api", publisher, *token_of)
         assert rc == 1 and "checkpoint 4: missing file" in err, err
         # ... a manifest that does not verify
         raw = bytearray((forged / MANIFEST_FILE).read_bytes())
         raw[-5] ^= 1
         (forged / MANIFEST_FILE).write_bytes(bytes(raw))
-        rc, _, err = cli("publish", str(forged), "--api", publisher)
+        rc, _, err = cli("publish", str(forged), "--api", publisher, *token_of)
         assert rc == 1 and "HTTP 400" in err, err
         # ... and no daemon to talk to
         rc, _, err = cli("publish", str(published), "--data-dir", str(tmp_path / "nobody"))
@@ -70,7 +71,7 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         status = call(publisher, "/v1/status")
         assert status["runs"] == [] and status["blobs"]["pinned"] == 0 and status["blobs"]["cache_bytes"] == 0
 
-        rc, out, err = cli("publish", str(published), "--api", publisher, "--json")
+        rc, out, err = cli("publish", str(published), "--api", publisher, *token_of, "--json")
         assert rc == 0, err
         job = json.loads(out)
         assert job["run"] == run_hex and job["state"] == "done" and job["gossiped"]

@@ -230,7 +230,7 @@ def test_the_reveal_route_signs_checks_stores_and_gossips_a_trainers_witness(tmp
     import pytest
 
     from open1b.node.api import ApiError
-    from open1b.node.api_routes import reveal_route
+    from open1b.node.api_routes import make_reveal
     from open1b.node.topics import reveals_topic
 
     from .fakes import FakeGossip, FrozenClock, make_ingest
@@ -238,17 +238,18 @@ def test_the_reveal_route_signs_checks_stores_and_gossips_a_trainers_witness(tmp
     gossip = FakeGossip()
     node = make_ingest(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), gossip=gossip, redundancy=1,
                        trusted_peers=(ident(COPIER).peer_id,))
-    handler = reveal_route(node.identity, node, gossip).handler
-    run = manifest.run_id.hex()
+
+    def reveal(step, witness):
+        return trio.run(make_reveal, node.identity, node, gossip, manifest.run_id, step, witness)
+
     lazy = _att(manifest, COPIER, 3, witness=b"\x04" * 32)
     node.ingest_attestation(lazy.encoded)
-    made = trio.run(handler, [run[:12]], {"step": "3", "witness": witness_of(3).hex()})
+    made = reveal(3, witness_of(3))
     assert made["step"] == 3 and made["revealer"] == node.identity.peer_id
     assert gossip.published[0][0] == reveals_topic(manifest.run_id)
     assert node.deficits.index(manifest.run_id).deficit(3) == 1  # the lazy match no longer fills step 3
-    for bad in ({"step": "3", "witness": witness_of(2).hex()}, {"step": "x", "witness": ""}):
-        with pytest.raises(ApiError):
-            trio.run(handler, [run], bad)
+    with pytest.raises(ApiError, match="not a valid reveal"):
+        reveal(3, witness_of(2))
 
 
 def test_cli_reveal_recomputes_a_witness_by_replay_and_posts_it(tampered_run, monkeypatch):

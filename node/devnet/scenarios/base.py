@@ -44,7 +44,7 @@ class Net:
         self._apis.pop(i, None)
 
     def get(self, i: int, path: str) -> Any:
-        return call(self.api(i), path)
+        return call(self.api(i), path, token=self.daemons.token(i))
 
     def coverage(self, i: int) -> dict:
         return self.get(i, f"/v1/coverage/{self.run}")
