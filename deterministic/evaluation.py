@@ -44,9 +44,9 @@ def eval_loss(state: TrainState, dataset: Dataset, *, backend=None) -> np.float3
     """The float32 evaluation loss of ``state`` on ``dataset`` (module doc)."""
     e, sample_len = dataset.n, dataset.sample_len
     batch = dataset.samples.astype(np.int32).reshape(1, e, 1, sample_len)
-    loss, _ = step_gradients(state, batch, Topology(ranks=1, micro_batches=e, micro_batch_size=1),
-                             backend or default_backend(state.config))
-    return np.float32(loss)
+    be = backend or default_backend(state.config)
+    loss, _ = step_gradients(state, batch, Topology(ranks=1, micro_batches=e, micro_batch_size=1), be)
+    return np.float32(be.download(loss)[0])  # a (1,) array on the backend (deterministic/step.py)
 
 
 def loss_bits(loss: np.float32) -> int:

@@ -64,11 +64,11 @@ def test_results_end_certified_and_the_observer_board_is_its_statements(eval_run
     trio.run(audit, nodes, manifest, run_dir)
     observer = nodes["observer"]
     assert [e["status"] for e in observer.status(manifest)] == ["certified", "certified"]
-    rows = trio.run(observer.routes()[0].handler, [], {})
+    rows = observer.leaderboard_json()  # what /v1/leaderboard answers
     implied = leaderboard([manifest], [], observer.store.evals(manifest.run_id), now=NOW, min_keys=2)
     assert rows == [r.to_json() for r in implied] and rows[0]["rank"] == 1
     for name in ("a1", "a2"):  # every node holds the same statements, so shows the same board
-        assert trio.run(nodes[name].routes()[0].handler, [], {}) == rows
+        assert nodes[name].leaderboard_json() == rows
 
 
 def test_a_tampered_result_ends_disputed(eval_run, tmp_path):
@@ -88,7 +88,7 @@ def test_a_tampered_result_ends_disputed(eval_run, tmp_path):
     trio.run(go)
     status = nodes["observer"].status(manifest)
     assert [e["status"] for e in status] == ["certified", "disputed"] and len(status[1]["dissenters"]) == 3
-    (row,) = trio.run(nodes["observer"].routes()[0].handler, [], {})
+    (row,) = nodes["observer"].leaderboard_json()
     assert row["rank"] is None and row["reason"] == "disputed evaluation"
 
 
