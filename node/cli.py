@@ -226,7 +226,11 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
 
 
 def cmd_replay(args: argparse.Namespace) -> CommandResult:
+    from open1b.deterministic.device import parse_device_spec
+
     from .progress import progress
+
+    parse_device_spec(args.device)  # a malformed --device is refused before any work
 
     run_dir = Path(args.run)
     if not run_dir.is_dir():  # a run id (or prefix) the node knows: it fetches the step's files
