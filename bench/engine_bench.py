@@ -1,6 +1,7 @@
 """Engine benchmarks (issue 3): every number is measured against a baseline in the same run.
 
     .venv/bin/python bench/engine_bench.py [--repeats 7] [--threads 2] [--quick]
+    .venv/bin/python bench/engine_bench.py --preset gpt-125m --repeats 1   # one large step and its memory
 
 * step: one ``small`` training step (forward, backward, clipping, AdamW) of the deterministic
   engine vs PyTorch eager float32 on the same model, batch, machine and thread count
@@ -55,14 +56,14 @@ def step_flops(config, topology) -> float:
     return 6.0 * matrices * tokens + attention
 
 
-def bench_step(repeats: int, threads: int) -> dict:
+def bench_step(repeats: int, threads: int, preset_name: str = "small") -> dict:
     import numpy as np
     import torch
 
     from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, torch_twin, train_step
     from open1b.deterministic.backend import cpu_backend
 
-    preset = PRESETS["small"]
+    preset = PRESETS[preset_name]
     config, topology = preset.config, preset.topology
     state = init_state(config, 0)
     batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
@@ -83,7 +84,7 @@ def bench_step(repeats: int, threads: int) -> dict:
     flops = step_flops(config, topology)
     ours_s, torch_s = statistics.median(ours), statistics.median(theirs)
     return {
-        "preset": "small", "params": config.n_params(), "tokens": topology.sequences * config.seq_len,
+        "preset": preset_name, "params": config.n_params(), "tokens": topology.sequences * config.seq_len,
         "threads": threads, "backend": be.name, "repeats": repeats,
         "ours_s": {"median": ours_s, "min": min(ours)}, "torch_s": {"median": torch_s, "min": min(theirs)},
         "ratio_vs_torch": ours_s / torch_s, "ratio_vs_torch_min": min(ours) / min(theirs),
@@ -144,7 +145,7 @@ be = cpu_backend({parallel})
 tiny = PRESETS["tiny"]  # compiles or loads every kernel with tiny arrays, before the measurement
 train_step(init_state(tiny.config, 0), batch_for_step(builtin_dataset(tiny.config), 0, 0, tiny.config, tiny.topology), tiny.topology,
            backend=be)
-p = PRESETS["small"]
+p = PRESETS[{preset!r}]
 state = init_state(p.config, 0)
 batch = batch_for_step(builtin_dataset(p.config), 0, 0, p.config, p.topology)
 with open("/proc/self/clear_refs", "w") as f:
@@ -172,18 +173,18 @@ def analytic_minimum(config, topology) -> dict:
             "total": 4 * params + activation_bytes(config, topology)}  # fmt: skip
 
 
-def bench_memory(threads: int) -> dict:
+def bench_memory(threads: int, preset: str = "small") -> dict:
     from open1b.deterministic import PRESETS
 
-    p = PRESETS["small"]
-    child = _MEMORY_CHILD.format(bench=str(Path(__file__).parent), parallel=threads > 1)
+    p = PRESETS[preset]
+    child = _MEMORY_CHILD.format(bench=str(Path(__file__).parent), parallel=threads > 1, preset=preset)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     minimum = analytic_minimum(p.config, p.topology)
     step_peak = got["peak"] - got["rest"]
     # The input state is resident before the step (it is "rest"); the analytic minimum counts it.
     input_state = 3 * minimum["params"]
-    return {"preset": "small", "peak_above_rest": step_peak, "input_state": input_state,
+    return {"preset": preset, "peak_above_rest": step_peak, "input_state": input_state,
             "peak_total": step_peak + input_state, "analytic_minimum": minimum,
             "ratio_vs_minimum": (step_peak + input_state) / minimum["total"]}  # fmt: skip
 
@@ -261,8 +262,18 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="skip the memory and compile measurements")
+    parser.add_argument("--preset", default="small",
+                        help="another preset measures only its step vs torch and the peak memory of one step "
+                             "(what a replay holds) against the analytic minimum, into step-<preset>.json")
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
+    if args.preset != "small":
+        one = {"step": bench_step(args.repeats, args.threads, args.preset), "memory": bench_memory(args.threads, args.preset),
+               "machine": {"cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}}  # fmt: skip
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"step-{args.preset}.json").write_text(json.dumps(one, indent=2) + "\n")
+        print(json.dumps(one, indent=2))
+        return 0
     results = {"step": bench_step(args.repeats, args.threads), "matmul": bench_matmul(args.repeats, args.threads)}
     if not args.quick:
         results["memory"] = bench_memory(args.threads)
