@@ -1,6 +1,7 @@
 """Engine benchmarks (issue 3): every number is measured against a baseline in the same run.
 
     .venv/bin/python bench/engine_bench.py [--repeats 7] [--threads 2] [--quick]
+    .venv/bin/python bench/engine_bench.py --preset gpt-125m   # one large step and its memory
 
 * step: one ``small`` training step (forward, backward, clipping, AdamW) of the deterministic
   engine vs PyTorch eager float32 on the same model, batch, machine and thread count
@@ -95,6 +96,37 @@ def bench_step(repeats: int, threads: int) -> dict:
     }  # fmt: skip
 
 
+def bench_large_step(preset_name: str) -> dict:
+    """One step of a large preset, ours vs torch eager on the same batch, each timed once by the
+    thread's CPU clock on one thread (the stable measure on a shared machine; a large step is
+    long enough that one sample is many scheduler quanta). Kernels are compiled by a ``tiny``
+    step first, outside the timed region."""
+    import torch
+
+    from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, torch_twin, train_step
+    from open1b.deterministic.backend import cpu_backend
+
+    tiny, preset = PRESETS["tiny"], PRESETS[preset_name]
+    be = cpu_backend(False)
+    train_step(init_state(tiny.config, 0), batch_for_step(builtin_dataset(tiny.config), 0, 0, tiny.config, tiny.topology),
+               tiny.topology, backend=be)  # fmt: skip
+    config, topology = preset.config, preset.topology
+    state = init_state(config, 0)
+    batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
+    torch.set_num_threads(1)
+    t = time.thread_time()
+    _, report = train_step(state, batch, topology, backend=be)
+    ours = time.thread_time() - t
+    tp = torch_twin.to_torch(state.params, torch.float32)
+    opt = torch_twin.optimizer(tp, config)
+    t = time.thread_time()
+    torch_twin.train_step(tp, opt, batch, config)
+    theirs = time.thread_time() - t
+    return {"preset": preset_name, "params": config.n_params(), "tokens": topology.sequences * config.seq_len,
+            "one_thread_cpu_s": {"ours": ours, "torch": theirs}, "ratio_vs_torch_one_thread_cpu_time": ours / theirs,
+            "ours_gflops_one_thread": step_flops(config, topology) / ours / 1e9, "loss": float(report.loss)}  # fmt: skip
+
+
 def bench_matmul(repeats: int, threads: int) -> list[dict]:
     import numpy as np
     import torch
@@ -144,7 +176,7 @@ be = cpu_backend({parallel})
 tiny = PRESETS["tiny"]  # compiles or loads every kernel with tiny arrays, before the measurement
 train_step(init_state(tiny.config, 0), batch_for_step(builtin_dataset(tiny.config), 0, 0, tiny.config, tiny.topology), tiny.topology,
            backend=be)
-p = PRESETS["small"]
+p = PRESETS[{preset!r}]
 state = init_state(p.config, 0)
 batch = batch_for_step(builtin_dataset(p.config), 0, 0, p.config, p.topology)
 with open("/proc/self/clear_refs", "w") as f:
@@ -172,18 +204,18 @@ def analytic_minimum(config, topology) -> dict:
             "total": 4 * params + activation_bytes(config, topology)}  # fmt: skip
 
 
-def bench_memory(threads: int) -> dict:
+def bench_memory(threads: int, preset: str = "small") -> dict:
     from open1b.deterministic import PRESETS
 
-    p = PRESETS["small"]
-    child = _MEMORY_CHILD.format(bench=str(Path(__file__).parent), parallel=threads > 1)
+    p = PRESETS[preset]
+    child = _MEMORY_CHILD.format(bench=str(Path(__file__).parent), parallel=threads > 1, preset=preset)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     minimum = analytic_minimum(p.config, p.topology)
     step_peak = got["peak"] - got["rest"]
     # The input state is resident before the step (it is "rest"); the analytic minimum counts it.
     input_state = 3 * minimum["params"]
-    return {"preset": "small", "peak_above_rest": step_peak, "input_state": input_state,
+    return {"preset": preset, "peak_above_rest": step_peak, "input_state": input_state,
             "peak_total": step_peak + input_state, "analytic_minimum": minimum,
             "ratio_vs_minimum": (step_peak + input_state) / minimum["total"]}  # fmt: skip
 
@@ -261,8 +293,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="skip the memory and compile measurements")
+    parser.add_argument("--preset", default="small",
+                        help="another preset measures only one step vs torch (1 thread, CPU time) and the peak "
+                             "memory of one step (what a replay holds) against the analytic minimum, into "
+                             "step-<preset>.json")
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
+    if args.preset != "small":
+        one = {"step": bench_large_step(args.preset), "memory": bench_memory(args.threads, args.preset),
+               "machine": {"cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}}  # fmt: skip
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"step-{args.preset}.json").write_text(json.dumps(one, indent=2) + "\n")
+        print(json.dumps(one, indent=2))
+        return 0
     results = {"step": bench_step(args.repeats, args.threads), "matmul": bench_matmul(args.repeats, args.threads)}
     if not args.quick:
         results["memory"] = bench_memory(args.threads)

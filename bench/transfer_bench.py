@@ -8,7 +8,7 @@ Writes bench/results/transfer.json and prints it. Sections:
   protocol as it is (/open1b/blob/1.0.0: 1 MiB request/response on one Noise+Yamux stream), by
   libp2p streams pushing 4 MiB frames (one stream, and four in parallel on the one connection),
   and by the bulk path (node/bulk.py) as a plain range download without verification;
-* checkpoint: a real checkpoint of a `gpt-125m`-sized state (step 0, ~1.5 GB) fetched by
+* checkpoint: a real checkpoint of a `gpt-125m`-sized state (step 0, ~1.0 GB) fetched by
   ``fetch_checkpoint`` from one provider process (every chunk checked against h_0, written to
   disk, the whole-file address checked), against a raw TCP copy of the same bytes; and the time
   from the call to the first verified chunk (the provider's chunk table computed beforehand, as a

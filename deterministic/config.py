@@ -127,9 +127,14 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(_gpt(256, 32, 64, 2, 4, lr=3e-3), Topology(ranks=2, micro_batches=2, micro_batch_size=2)),
     # ~10.8M parameters: benchmarks.
     "small": Preset(_gpt(256, 256, 384, 6, 6), Topology(ranks=1, micro_batches=1, micro_batch_size=4)),
-    # GPT-2 small and a ~1B model: shapes for memory and time estimates (bench/estimates.py).
-    "gpt-125m": Preset(_gpt(50304, 1024, 768, 12, 12, lr=6e-4), Topology(ranks=8, micro_batches=8, micro_batch_size=8)),
-    "gpt-1b": Preset(_gpt(50304, 2048, 2048, 18, 16, lr=3e-4), Topology(ranks=64, micro_batches=4, micro_batch_size=4)),
+    # GPT-2 small's body (d 768, 12 layers, 12 heads, context 1024) on the byte tokenizer that the
+    # data path uses (bytes/v1, vocab 256): 85.9M parameters, not 124M — GPT-2's 50,257-token BPE
+    # embedding is 38.6M of those, and a BPE would have to ship in the package and be committed by
+    # the manifest. The name keeps the shape's usual handle. 2 ranks x 1 sequence of 1024 tokens:
+    # one CPU step here takes about a minute (bench/gpt125m_devnet.py trains, publishes and audits it).
+    "gpt-125m": Preset(_gpt(256, 1024, 768, 12, 12, lr=6e-4), Topology(ranks=2, micro_batches=1, micro_batch_size=1)),
+    # A ~1B shape on the same byte vocabulary (0.91B parameters): memory and time estimates only.
+    "gpt-1b": Preset(_gpt(256, 2048, 2048, 18, 16, lr=3e-4), Topology(ranks=64, micro_batches=4, micro_batch_size=4)),
 }
 
 MANIFEST_PRESET_KEY = "preset"

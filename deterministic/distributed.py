@@ -140,13 +140,88 @@ def run_steps(
     after_step: StateEdit | None = None, backend=None,
 ) -> Iterator[Step]:  # fmt: skip
     """The trainer's one loop: :func:`local_steps` (on ``backend``, default the CPU's) when
-    ``world`` is 1, else :func:`distributed_steps` with ``world`` CPU processes. Both yield the
-    same bits."""
-    if world == 1:
+    ``world`` is 1; :func:`launched_steps` when a launcher started this process as one of
+    ``world`` ranks (:func:`launched_rank`); else :func:`distributed_steps`, which starts
+    ``world`` CPU processes here. All yield the same bits."""
+    launched = launched_rank()
+    if world == 1 and launched is None:
         return local_steps(state0, batch_fn, topology, steps, after_step=after_step, backend=backend)
     if backend is not None:
         raise ConfigError("data-parallel training (world > 1) runs on the CPU backend only")
+    if launched is not None:  # a launcher started every rank, here and on other machines
+        rank, launched_world = launched
+        if launched_world != world:
+            raise ConfigError(f"WORLD_SIZE {launched_world} does not match the {world} ranks asked for")
+        return launched_steps(state0, batch_fn, topology, steps, rank=rank, world=world, after_step=after_step)
     return distributed_steps(state0, batch_fn, topology, steps, world=world, after_step=after_step)
+
+
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What a ``torch.distributed`` launcher (``torchrun``, or a scheduler that follows its
+conventions) sets in every process it starts; ``LOCAL_WORLD_SIZE`` (ranks on this machine) is
+read too, to share the cores."""
+
+
+def launched_rank() -> tuple[int, int] | None:
+    """``(rank, world)`` when a launcher started this process (:data:`LAUNCH_ENV` set), else None;
+    :class:`.errors.ConfigError` when only some of the variables are set or they make no sense."""
+    present = [k for k in LAUNCH_ENV if k in os.environ]
+    if not present:
+        return None
+    if len(present) != len(LAUNCH_ENV):
+        raise ConfigError(f"a launched rank needs all of {', '.join(LAUNCH_ENV)}; set: {', '.join(present)}")
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError as exc:
+        raise ConfigError(f"RANK and WORLD_SIZE must be integers: {exc}") from exc
+    if not 0 <= rank < world:
+        raise ConfigError(f"RANK {rank} is not in [0, WORLD_SIZE {world})")
+    return rank, world
+
+
+def launched_steps(
+    state0: TrainState, batch_fn: BatchFn, topology: Topology, steps: int, *, rank: int, world: int,
+    after_step: StateEdit | None = None, exchange_timeout_s: float = EXCHANGE_TIMEOUT_S,
+) -> Generator[Step, None, None]:  # fmt: skip
+    """Rank ``rank`` of a run whose W processes a launcher started, on one machine or several
+    (``torchrun --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT`` on each): they meet
+    at ``MASTER_ADDR:MASTER_PORT`` (``init_method="env://"``) and each step is exactly
+    :func:`distributed_steps`' — the same exchange vector, all-gather and ascending-rank
+    reduction — so every rank yields the states of the one-process :func:`.step.train_step`.
+
+    Every rank computes ``state0`` and the batches itself (pure functions of the run's options),
+    so nothing but exchange vectors crosses the network, and no rank unpickles another's bytes.
+    At start-up the ranks all-gather their engine's :data:`.jit.SOURCE_DIGEST`: a machine running
+    other engine code is refused (:class:`.errors.DistributedError` naming it) before any step.
+    """
+    import numba
+    import torch
+    import torch.distributed as dist
+
+    if world != topology.ranks:
+        raise ConfigError(f"WORLD_SIZE {world} does not match the topology's {topology.ranks} ranks")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, (os.cpu_count() or 1) // max(1, local))))
+    me = _Rank(rank, world, state0.config, topology, batch_fn, after_step)
+    require_deterministic_machine(me.be)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=exchange_timeout_s))  # fmt: skip
+    try:
+        mine = torch.frombuffer(bytearray(bytes.fromhex(SOURCE_DIGEST)), dtype=torch.uint8)
+        engines = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(engines, mine)
+        for r, engine in enumerate(engines):
+            if bytes(engine.numpy()) != bytes(mine.numpy()):
+                raise DistributedError(f"rank {r} runs other engine source files than rank {rank} "
+                                       f"({bytes(engine.numpy()).hex()} vs {SOURCE_DIGEST})", rank=r)  # fmt: skip
+        state = state0
+        for _ in range(steps):
+            state, batch, report = me.step(state, me.all_gather)
+            yield state, batch, report
+    finally:
+        dist.destroy_process_group()
+        numba.set_num_threads(threads)
 
 
 def distributed_steps(

@@ -342,6 +342,7 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> CommandResult:
+    from open1b.deterministic.distributed import launched_rank
     from open1b.deterministic.trainer import publish_run
 
     from .datadir import init_data_dir
@@ -352,6 +353,7 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     init_data_dir(data_dir)
     options = {"preset": args.preset} if args.preset else {}
     several = bool(args.ranks and args.ranks > 1)
+    launched = launched_rank()
     if several and args.device.startswith("cuda"):
         raise Open1bError("--device cuda trains in one process: use it without --ranks (W > 1 ranks train on the CPU)")
     device = None if several else _device(args.device)
@@ -364,6 +366,8 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"], "device": device.device_class if device else "cpu (one process a rank)"}
+    if launched is not None:  # torchrun (or the like) started this process as one rank of several
+        out["launched_rank"] = launched[0]
     return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
 
 
@@ -373,7 +377,8 @@ def cmd_devnet(args: argparse.Namespace) -> CommandResult:
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
                          eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline,
                          seed=args.seed, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep,
-                         scenarios=tuple(dict.fromkeys(args.scenario)), device=args.device)
+                         scenarios=tuple(dict.fromkeys(args.scenario)), device=args.device,
+                         **({"preset": args.preset} if args.preset else {}))
     summary = run_devnet(opts)
     return CommandResult(summary, lambda result: render(result, opts),
                          0 if summary["ok" if opts.scenarios else "complete"] else 2)
@@ -497,6 +502,7 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
     n.add_argument("--nodes", type=int, default=3, help="auditor daemons (an observer is added)")
     n.add_argument("--steps", type=int, default=8)
+    n.add_argument("--preset", help="model preset (default: the engine's default; not with --scenario)")
     n.add_argument("--redundancy", type=int, default=1)
     n.add_argument("--tamper-step", type=int, help="forge the published state after this step")
     n.add_argument("--eval-every", type=int, default=0, metavar="V",

@@ -75,7 +75,9 @@ class Ingest:
         self.clock, self.stats = clock, stats
         self.manifests: dict[bytes, RunManifest] = {m.run_id: m for m in store.manifests()}
         self.runs_synced = 0  # manifests learned through the runs sync protocol
-        self.trust = config.trust(identity.public_key)
+        # Identity derives its public key from the seed on every read: once here, not per statement.
+        self.public_key = identity.public_key
+        self.trust = config.trust(self.public_key)
         self._publishers = frozenset(public_key_from_peer_id(p) for p in config.publishers)
         # Per run, the keys coverage flags (docs/protocol.md §8.1): the planner stops counting
         # their attestations too, so the steps they alone covered are replayed again.
@@ -87,7 +89,7 @@ class Ingest:
         self._topics: set[str] = set()
 
     def _indexes(self) -> RunIndexes:
-        return RunIndexes(self.identity.public_key, self.config.redundancy, self._load_run, self.clock.wall)
+        return RunIndexes(self.public_key, self.config.redundancy, self._load_run, self.clock.wall)
 
     def _load_run(self, run: bytes) -> tuple[int, list[Attestation], list[Claim]]:
         attestations = [a for a in self.store.attestations(run) if self.plans_with(a)]
@@ -214,15 +216,23 @@ class Ingest:
     def ingest_attestation(self, data: bytes, source: str | None = None) -> bool:
         """Validate and store one attestation from anywhere; True if it was new. ``source``: the
         peer a sync response came from — a provably invalid statement counts against it, as on gossip."""
-        verdict = validate_attestation(data, self.manifest, self.clock.wall())
-        if not verdict.accepted:
-            self._refused_in_sync(verdict, source)
-            return False
-        added = self.store.add_attestation(verdict.message)
-        if added:
-            self.stats.attestations_received += 1
-            self._stored(verdict.message)
-        return added
+        return self.ingest_attestations([data], source) == 1
+
+    def ingest_attestations(self, frames: list[bytes], source: str | None = None) -> int:
+        """Validate each of ``frames`` (the full strict decode and signature check, one by one),
+        then store the accepted ones in one transaction; how many were new."""
+        accepted = []
+        for data in frames:
+            verdict = validate_attestation(data, self.manifest, self.clock.wall())
+            if verdict.accepted:
+                accepted.append(verdict.message)
+            else:
+                self._refused_in_sync(verdict, source)
+        new = [att for att, added in zip(accepted, self.store.add_attestations(accepted)) if added]
+        self.stats.attestations_received += len(new)
+        for att in new:
+            self._stored(att)
+        return len(new)
 
     def add_own_attestation(self, att: Attestation) -> bool:
         """Store a statement this node signed (validated by construction); True if new."""
@@ -246,7 +256,7 @@ class Ingest:
         """Whether the planner counts ``att``: our own always (we never attest a step twice);
         others' when the trust policy counts the key, coverage has not flagged it and no held witness
         reveal disproves it (docs/protocol.md §8.2)."""
-        me = att.signer == self.identity.public_key
+        me = att.signer == self.public_key
         return me or (self.counts(att.run, att.signer) and not self.proof.disproves(att))
 
     def counts(self, run: bytes, key: bytes) -> bool:
@@ -278,16 +288,22 @@ class Ingest:
         self._stale.add(reveal.run)
         self.deficits = self._indexes()
 
-    def ingest_synced(self, data: bytes, source: str) -> bool:
-        """A sync frame: an attestation or a witness reveal, told apart by its kind."""
-        try:
-            value = decode_cbor(data, max_size=len(data))
-            kind = value.get("kind") if type(value) is dict else None
-        except Open1bError:
-            kind = None
-        if kind == WitnessReveal.KIND:
-            return self.ingest_reveal(data, source=source)
-        return self.ingest_attestation(data, source=source)
+    def ingest_synced(self, frames: list[bytes], source: str) -> int:
+        """A sync response: attestations and witness reveals, told apart by their kind; the
+        attestations are stored in one transaction (the order does not matter: what is judged
+        is a function of the set). How many were new."""
+        attestations, new = [], 0
+        for data in frames:
+            try:
+                value = decode_cbor(data, max_size=len(data))
+                kind = value.get("kind") if type(value) is dict else None
+            except Open1bError:
+                kind = None
+            if kind == WitnessReveal.KIND:
+                new += self.ingest_reveal(data, source=source)
+            else:
+                attestations.append(data)
+        return new + self.ingest_attestations(attestations, source=source)
 
     def seen_claim(self, claim: Claim) -> None:
         if claim.run in self.manifests:

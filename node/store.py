@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, WitnessReveal
 
@@ -76,10 +76,16 @@ class Store:
 
     # -- attestations ----------------------------------------------------------------------
     def add_attestation(self, att: Attestation) -> bool:
-        return self._insert(
-            "INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, self.now_ms()),
-        )
+        return self.add_attestations([att])[0]
+
+    def add_attestations(self, atts: Sequence[Attestation]) -> list[bool]:
+        """Store many statements in one transaction (one commit, where one each would cost a
+        commit each); which of them were new, in order."""
+        now = self.now_ms()
+        with self._db:
+            return [self._db.execute("INSERT OR IGNORE INTO attestations VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                     (att.digest, att.run, att.step, att.signer, att.verdict, att.encoded, now),
+                                     ).rowcount == 1 for att in atts]  # fmt: skip
 
     def attestations(self, run_id: bytes, step: int | None = None) -> list[Attestation]:
         return [att for att, _ in self.attestations_received(run_id, step)]

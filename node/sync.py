@@ -38,6 +38,7 @@ log = logging.getLogger("open1b.node.sync")
 SYNC_PROTOCOL = "/open1b/sync/1.0.0"
 MAX_SYNC_REQUEST = 256
 MAX_SYNC_STATEMENTS = 100_000
+SYNC_BATCH = 1024  # frames per ingest call (one store transaction each)
 SYNC_TIMEOUT_S = 10.0
 MAX_DIALLED_PEERS = 32
 DISCOVERY_EVERY_SYNC_ROUNDS = 10
@@ -54,10 +55,13 @@ async def serve_sync(stream: Stream, attestations_of: Callable[[bytes], list[Sig
     await stream.close()
 
 
-async def pull_attestations(p2p: P2P, peer_id: str, run: bytes, ingest: Callable[[bytes], bool]) -> int:
+async def pull_attestations(p2p: P2P, peer_id: str, run: bytes, ingest: Callable[[list[bytes]], int]) -> int:
     """Ask ``peer_id`` for its statements of ``run``; returns how many ``ingest`` found new. A frame
-    may hold either kind (a reveal is smaller than MAX_ATTESTATION_SIZE): ``ingest`` tells them apart."""
+    may hold either kind (a reveal is smaller than MAX_ATTESTATION_SIZE): ``ingest`` tells them apart.
+    Frames are handed over SYNC_BATCH at a time, so that ingest stores each batch in one
+    transaction while memory stays bounded."""
     stream = await p2p.open_stream(peer_id, SYNC_PROTOCOL)
+    frames: list[bytes] = []
     new = 0
     try:
         await stream.send(encode({"run": run}))
@@ -65,10 +69,13 @@ async def pull_attestations(p2p: P2P, peer_id: str, run: bytes, ingest: Callable
             frame = await stream.receive(MAX_ATTESTATION_SIZE)
             if not frame:
                 break
-            new += ingest(frame)
+            frames.append(frame)
+            if len(frames) == SYNC_BATCH:
+                new += ingest(frames)
+                frames = []
     finally:
         await stream.close()
-    return new
+    return new + ingest(frames)
 
 
 # -- manifests ---------------------------------------------------------------------------------
@@ -157,7 +164,7 @@ class Syncer:
             try:
                 with trio.fail_after(SYNC_TIMEOUT_S):
                     new += await pull_attestations(self.p2p, peer_id, run,
-                                                   lambda data: self.ingest.ingest_synced(data, source=peer_id))
+                                                   lambda frames: self.ingest.ingest_synced(frames, source=peer_id))
             except (NetworkError, trio.TooSlowError) as exc:
                 log.info("sync of run %s with %s failed: %s", run.hex()[:12], peer_id, exc)
         self.stats.synced += new

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from open1b.deterministic import PRESETS
 from open1b.deterministic.device import parse_device_spec
+from open1b.deterministic.trainer import DEFAULT_PRESET
 from open1b.protocol import Open1bError
 
 EVAL_DOCUMENTS = 8  # documents a devnet run with an evaluation schedule holds out (docs/run-format.md §9.1)
@@ -32,6 +34,7 @@ class DevnetOptions:
     keep: bool = False
     scenarios: tuple[str, ...] = ()
     device: str = "auto"  # where the trainer and every daemon's replay worker compute (``--device``)
+    preset: str = DEFAULT_PRESET  # the model the run trains (the scenarios train the default one)
 
     def __post_init__(self) -> None:
         unknown = set(self.scenarios) - set(SCENARIOS)
@@ -42,6 +45,10 @@ class DevnetOptions:
         if self.redundancy > self.nodes:
             raise ValueError(f"redundancy {self.redundancy} needs at least that many nodes (got {self.nodes})")
         parse_device_spec(self.device)  # DeviceSpecError (a ValueError) before anything starts
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+        if self.scenarios and self.preset != DEFAULT_PRESET:
+            raise ValueError(f"the scenarios train the {DEFAULT_PRESET!r} preset; --preset is for a plain devnet")
         if self.tamper_step is not None and not 0 <= self.tamper_step < self.steps:
             raise ValueError(f"--tamper-step must be in [0, {self.steps})")
         if self.eval_every < 0 or (self.tamper_eval is not None and not (

@@ -41,7 +41,8 @@ def run_plain(opts: DevnetOptions) -> dict:
         forged = f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""
         with progress(f"devnet: training and publishing a run{forged}", opts.steps) as update:
             trainer = Identity(os.urandom(32))
-            manifest = publish_run(run_dir, trainer, steps=opts.steps, seed=opts.seed, tamper_step=opts.tamper_step,
+            manifest = publish_run(run_dir, trainer, steps=opts.steps, seed=opts.seed, preset=opts.preset,
+                                   tamper_step=opts.tamper_step,
                                    eval_documents=EVAL_DOCUMENTS if opts.eval_every else 0,
                                    eval_every=opts.eval_every or 1, device=select_device_or_cpu(opts.device),
                                    progress=lambda done, total: update(done, ""))

@@ -37,6 +37,25 @@ def test_matmul_structure_changes_no_bit(backend, t):
     assert same_bits(backend.matmul(p, v, True, False, matmul.A_UPPER), matmul.matmul_reference(p, v, True, False))
 
 
+@pytest.mark.parametrize("rows", [4, 8])
+def test_every_register_tile_gives_the_same_bits(rows):
+    # The tile is chosen per instruction set (8 rows on AVX-512, 4 elsewhere); both compile and
+    # run on any x86 CPU, so both are checked here whatever this machine chooses.
+    kernel = matmul.MATMUL_BY_TILE[rows][False]
+    rng = np.random.default_rng(rows)
+    a, b = rand(rng, 2, 70, 100), rand(rng, 2, 33, 100)  # rows and columns not whole tiles
+    assert same_bits(kernel(a, b, True, True, matmul.DENSE), matmul.matmul_reference(a, b, True, True))
+    p, v = np.tril(rand(rng, 2, 45, 45)), rand(rng, 2, 45, 19)
+    assert same_bits(kernel(p, v, False, False, matmul.A_LOWER), matmul.matmul_reference(p, v))
+    assert same_bits(kernel(p, v, True, False, matmul.A_UPPER), matmul.matmul_reference(p, v, True, False))
+
+
+def test_tile_rows_follow_the_instruction_set():
+    assert matmul.tile_rows_for("+64bit,+avx2,+fma,+avx512f,+avx512bw") == 8
+    assert matmul.tile_rows_for("+64bit,+avx2,+fma,-avx512f") == 4
+    assert matmul.tile_rows_for("") == 4  # NUMBA_CPU_NAME=generic: no features at all
+
+
 def test_matmul_is_batch_invariant(backend):
     # Unlike BLAS: a row's result does not depend on the other rows (nothing depends on m).
     rng = np.random.default_rng(7)

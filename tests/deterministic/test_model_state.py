@@ -17,8 +17,9 @@ def test_presets_have_the_sizes_they_promise():
     sizes = {name: p.config.n_params() for name, p in PRESETS.items()}
     assert 90_000 <= sizes["tiny"] <= 150_000
     assert 9_000_000 <= sizes["small"] <= 12_000_000
-    assert 120_000_000 <= sizes["gpt-125m"] <= 130_000_000
-    assert 0.95e9 <= sizes["gpt-1b"] <= 1.1e9
+    assert sizes["gpt-125m"] == 85_936_896  # GPT-2 small's body on a 256-byte vocabulary
+    assert 0.9e9 <= sizes["gpt-1b"] <= 0.92e9
+    assert {p.config.vocab_size for p in PRESETS.values()} == {256}  # the byte tokenizer's, for every preset
     shapes = CONFIG.param_shapes()
     assert list(shapes)[:2] == ["wte", "wpe"] and list(shapes)[-1] == "ln_f"
     assert shapes["h1.attn_qkv"] == (64, 192) and shapes["h0.mlp_proj"] == (256, 64)

@@ -122,7 +122,7 @@ def test_reveal_gossip_and_sync_frames_store_only_valid_reveals(daemon, messages
         before = {r.digest for r in daemon.store.reveals(RUN.run_id)}
         outcome = daemon.validate_gossip_reveal("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
-        added = daemon.ingest_synced(raw, source="fuzz-peer")  # either kind, told apart by its own bytes
+        added = daemon.ingest_synced([raw], source="fuzz-peer")  # either kind, told apart by its own bytes
         after = {r.digest for r in daemon.store.reveals(RUN.run_id)}
         assert after == (before | {blake2b256(raw)} if added and outcome is Outcome.ACCEPT else before)
     for reveal in daemon.store.reveals(RUN.run_id):
@@ -158,7 +158,7 @@ def test_sync_client_validates_every_frame(daemon, frames):
     stream = FakeStream(frames + [b""])
     try:
         new = trio.run(pull_attestations, FakeP2P(stream), "fuzz-peer", RUN.run_id,
-                       lambda data: daemon.ingest_attestation(data))
+                       lambda frames: daemon.ingest_attestations(frames))
     except (TooLong, EOFError):
         new = 0
     assert 0 <= new <= len(frames)

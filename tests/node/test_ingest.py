@@ -115,3 +115,20 @@ def test_eval_statements_have_their_topic_validator_and_are_stored(tmp_path):
     trio.run(main, clock=MockClock(autojump_threshold=0))
     assert ingest.store.evals(run.run_id) == [result]
     assert ingest.validation["eval/reject/eval_state"] == 1 and ingest.validation["sync/reject/eval_state"] == 1
+
+
+def test_a_batch_stores_the_valid_frames_and_counts_each_bad_one_against_its_sender(tmp_path):
+    ingest = make_ingest(tmp_path / "node", MANIFEST, clock=Clock(wall_at_zero=T0), trusted_peers=(ident(1).peer_id,))
+    good = [att(1, 0), att(2, 1), att(3, 2)]
+    forged = bytearray(att(4, 3).encoded)
+    forged[-1] ^= 1  # the signature no longer verifies
+
+    async def main():
+        return ingest.ingest_attestations([good[0].encoded, bytes(forged), good[1].encoded, b"\xff", good[2].encoded,
+                                           good[0].encoded], source="peer")  # fmt: skip
+
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 3
+    assert {a.digest for a in ingest.store.attestations(MANIFEST.run_id)} == {a.digest for a in good}
+    assert ingest.stats.attestations_received == 3
+    assert sum(n for key, n in ingest.validation.items() if key.startswith("sync/reject/")) == 2
+    assert ingest.gossip.penalised == ["peer", "peer"]

@@ -165,7 +165,7 @@ def test_sync_serves_reveals_beside_attestations(manifest):
             return stream
 
     got: list[bytes] = []
-    new = trio.run(pull_attestations, _P2P(), "peer", manifest.run_id, lambda data: got.append(data) or True)
+    new = trio.run(pull_attestations, _P2P(), "peer", manifest.run_id, lambda frames: got.extend(frames) or len(frames))
     assert new == 2 and got == [att.encoded, reveal.encoded]
     assert witness_binding(manifest.run_id, 0, att.signer, reveal.witness) == att.witness
 
@@ -187,7 +187,7 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
     node.proof.replayed(manifest, 1, manifest.state_hashes[2], witness_of(1))  # as after our own replay
     honest = _att(manifest, HONEST, 1)
     copied = _copy(honest, COPIER)
-    assert node.ingest_synced(honest.encoded, source="peer") and node.ingest_synced(copied.encoded, source="peer")
+    assert node.ingest_synced([honest.encoded, copied.encoded], source="peer") == 2
     trio.run(node.publish_due_reveals)
     [(topic, data)] = gossip.published
     assert topic == reveals_topic(manifest.run_id) and WitnessReveal.decode(data).step == 1
@@ -205,7 +205,7 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
 
     # a reveal arriving by sync is judged like one on gossip: a wrong witness is the sender's fault
     bad = WitnessReveal.create(ident(HONEST), run=manifest.run_id, step=2, witness=witness_of(3), issued_at=NOW)
-    assert not node.ingest_synced(bad.encoded, source="liar") and gossip.penalised == ["liar"]
+    assert node.ingest_synced([bad.encoded], source="liar") == 0 and gossip.penalised == ["liar"]
     assert node.validation["sync/reject/witness"] == 1
     assert node.validate_gossip_reveal("someone", data).value == "accept"
     assert node.statements_for_sync(manifest.run_id)[-1].encoded == data  # served to late joiners

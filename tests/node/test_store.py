@@ -61,3 +61,12 @@ def test_kill_9_loses_no_committed_statement(tmp_path, manifest):
     proc.wait()
     kept = {a.digest.hex() for a in Store(tmp_path / "s.sqlite").attestations(manifest.run_id)}
     assert set(acked) <= kept
+
+
+def test_a_batch_is_stored_in_one_transaction_and_says_which_were_new(tmp_path, manifest):
+    store = Store(tmp_path / "s.sqlite")
+    atts = _atts(manifest)
+    assert store.add_attestation(atts[0])
+    assert store.add_attestations([atts[1], atts[0], atts[2], atts[1]]) == [True, False, True, False]
+    assert store.add_attestations([]) == []
+    assert {a.digest for a in store.attestations(manifest.run_id)} == {a.digest for a in atts[:3]}
