@@ -339,7 +339,7 @@ def test_every_api_command_renders_any_answer_or_says_in_one_line_that_it_is_mal
 
     argv, shape = data.draw(st.sampled_from(_api_commands()))
     answer = data.draw(_shaped(shape))
-    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout: answer)
+    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout, token: answer)
     for json_flag in ([], ["--json"]):
         rc, err = _run_cli([*argv, "--api", "127.0.0.1:1", *json_flag])
         _one_line_error_or_success(rc, err)
@@ -405,7 +405,7 @@ def test_publish_follows_any_job_answer_or_says_in_one_line_that_it_is_malformed
     final = data.draw(st.fixed_dictionaries({**{k: _shaped(v) for k, v in answers.PUBLICATION.items()},
                                              "state": st.sampled_from(["done", "failed"])}))
     answers_given = iter([first, final])
-    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout: next(answers_given, final))
+    monkeypatch_module.setattr(client, "_request", lambda api, path, method, timeout, token: next(answers_given, final))
     monkeypatch_module.setattr(client, "PUBLISH_POLL_S", 0)
     _one_line_error_or_success(*_run_cli(["publish", str(run_dir), "--api", "127.0.0.1:1"]))
 
