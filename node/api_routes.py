@@ -102,7 +102,7 @@ def api_routes(node: Components) -> list[Route]:
     async def publish(path, query):
         if not query.get("dir"):
             raise ApiError(400, "publish needs ?dir=<run directory>")
-        return node.publisher.start_publish(Path(query["dir"])).as_json()
+        return (await node.publisher.publish_dir(Path(query["dir"]))).as_json()
 
     async def publications(path, query):
         jobs = node.publisher.publications

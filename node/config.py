@@ -54,6 +54,9 @@ class NodeConfig:
     # Bound on the blob cache (checkpoints and samples fetched from peers); blobs this node
     # publishes are pinned and never evicted, so they may take it over the bound.
     blob_cache_bytes: int = 8 << 30
+    # Free space kept on the data dir's filesystem: imports and fetches that would eat into it
+    # fail at once (before a byte is written) instead of filling the disk under SQLite.
+    disk_reserve_bytes: int = 256 << 20
     # Whose attestations count (docs/protocol.md §8.1): by default only this node's own key and
     # the peers the operator lists, so keys nobody vouched for can neither inflate coverage nor
     # make the node skip steps they claim to have covered.
@@ -74,6 +77,8 @@ class NodeConfig:
             split_hostport(self.metrics)
         if not 1 <= self.lease_s <= MAX_LEASE_SECONDS:
             raise ConfigError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
+        if self.disk_reserve_bytes < 0:
+            raise ConfigError("disk_reserve_bytes must be at least 0")
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
         for addr in self.bootstrap:
@@ -107,8 +112,12 @@ _KEYS: dict[str, tuple[str, type]] = {
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
+    "disk_reserve_bytes": ("disk_reserve_bytes", int),
     "publishers": ("publishers", list),
 }
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list"}
 
 
 def load_config(data_dir: Path) -> NodeConfig:
@@ -131,7 +140,7 @@ def load_config(data_dir: Path) -> NodeConfig:
         if kind is float and type(value) is int:
             value = float(value)
         if type(value) is not kind:
-            raise ConfigError(f"{path}: node.{key} must be a {kind.__name__}")
+            raise ConfigError(f"{path}: node.{key} must be {_KIND_NAMES[kind]}")
         if kind is list:
             if not all(type(v) is str for v in value):
                 raise ConfigError(f"{path}: node.{key} must be a list of strings")

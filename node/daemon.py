@@ -117,7 +117,8 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
 async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: ReplayWorker, p2p: P2P,
                  local_runs: list, clock: Clock, rng: random.Random, harness: Harness | None) -> AsyncIterator[Daemon]:
     stats = NodeStats()
-    runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes))
+    runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes,
+                                                    reserve_bytes=config.disk_reserve_bytes))
     ingest = Ingest(identity, config, store, p2p, clock=clock, stats=stats)
     for run, manifest in ingest.manifests.items():
         if store.run_dir(run) is not None and why_not_auditable(manifest) is None:

@@ -63,7 +63,7 @@ def test_config_roundtrip_and_strictness(tmp_path):
     write_config(config)
     assert load_config(tmp_path) == config
     assert "redundancy = 3" in render_config(config)
-    for bad, message in [('[node]\nredundancy = "two"\n', "must be a int"), ('[node]\nredundnacy = 2\n', "unknown key"),
+    for bad, message in [('[node]\nredundancy = "two"\n', "must be an integer"), ('[node]\nredundnacy = 2\n', "unknown key"),
                          ('[other]\nx = 1\n', "unknown section"), ('[node]\nlisten = "nohostport"\n', "HOST:PORT"),
                          ('[node]\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "/p2p/"), ("[node\n", "config.toml")]:
         (tmp_path / "config.toml").write_text(bad)
