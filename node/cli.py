@@ -22,16 +22,20 @@ from .results import CommandResult
 
 
 def _api(args: argparse.Namespace) -> str:
+    from .config import split_hostport
+
     if args.api:
+        split_hostport(args.api)  # a malformed --api is the caller's error, said in one line
         return args.api
+    from .client import ApiUnavailable
     from .daemon import API_ADDR_FILE
+    from .files import FileRefused, read_bounded
 
     path = default_data_dir(args.data_dir) / API_ADDR_FILE
-    if not path.exists():
-        from .client import ApiUnavailable
-
-        raise ApiUnavailable(f"no running daemon found for {path.parent} (start one, or pass --api HOST:PORT)")
-    return path.read_text().strip()
+    try:
+        return read_bounded(path, 256).decode(errors="replace").strip()
+    except FileRefused:
+        raise ApiUnavailable(f"no running daemon found for {path.parent} (start one, or pass --api HOST:PORT)") from None
 
 
 def _call(args: argparse.Namespace, path: str, shape: answers.Shape, **kw) -> Any:
@@ -89,7 +93,19 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         trio.run(lambda: run_daemon(config, harness=harness))
     except KeyboardInterrupt:
         pass
+    except BaseExceptionGroup as group:  # a component failed to start: say why in one line
+        raise _first_cause(group) from None
     return CommandResult.nothing()
+
+
+def _first_cause(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf of an exception group that an operator can act on (a port in use, a full
+    disk, a refused file), else the group itself (a bug: its traceback is wanted)."""
+    for exc in group.exceptions:
+        leaf = _first_cause(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(leaf, (Open1bError, OSError)):
+            return leaf
+    return group
 
 
 def cmd_status(args: argparse.Namespace) -> CommandResult:
@@ -287,18 +303,43 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     from .identity_file import load_identity
     from .progress import progress
 
+    from open1b.deterministic.config import PRESETS
+
+    if args.preset and args.preset not in PRESETS:
+        raise Open1bError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+    out_dir = _fresh_run_dir(Path(args.out))
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     options = {"preset": args.preset} if args.preset else {}
     ranks = f" on {args.ranks} processes (torch.distributed, gloo)" if args.ranks and args.ranks > 1 else ""
     with progress(f"training {args.steps} steps into {args.out}{ranks}", args.steps) as update:
-        manifest = publish_run(Path(args.out), load_identity(data_dir), steps=args.steps, seed=args.seed,
+        manifest = publish_run(out_dir, load_identity(data_dir), steps=args.steps, seed=args.seed,
                                tamper_step=args.tamper_step, ranks=args.ranks,
                                progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"]}
     return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
+
+
+def _fresh_run_dir(out: Path) -> Path:
+    """``train --out``: a new directory, an empty one, or an earlier run directory, whose run files
+    are removed first (a shorter run must not leave the old run's later checkpoints behind).
+    Anything else is refused rather than mixed with a run."""
+    from open1b.deterministic.runfile import CHECKPOINT_DIR, MANIFEST_FILE, SAMPLES_FILE
+
+    if out.exists() and not out.is_dir():
+        raise Open1bError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MANIFEST_FILE).is_file():
+            raise Open1bError(f"--out {out} is a non-empty directory that holds no run; choose a new or empty one")
+        for path in [out / MANIFEST_FILE, out / SAMPLES_FILE, *(out / CHECKPOINT_DIR).glob("*.safetensors")]:
+            path.unlink(missing_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Open1bError(f"cannot create --out {out}: {exc.strerror}") from None
+    return out
 
 
 def cmd_devnet(args: argparse.Namespace) -> CommandResult:
@@ -429,8 +470,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(argv)  # a malformed command line: usage and exit code 2 (argparse)
     try:
         result = args.func(args)
     except Open1bError as exc:
@@ -439,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"open1b-node: invalid input: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a file or directory the caller named that the system refused
+        print(f"open1b-node: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     # The one place a result is rendered: as text, or as JSON with --json.
     if result.data is not None:
         print(json.dumps(result.data, indent=2) if getattr(args, "json", False) else result.render(result.data))

@@ -17,9 +17,10 @@ from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
 
-from .files import write_atomic
+from .files import FileRefused, read_bounded, write_atomic
 
 CONFIG_FILE = "config.toml"
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class ConfigError(Open1bError):
@@ -124,8 +125,10 @@ def load_config(data_dir: Path) -> NodeConfig:
     """Read ``config.toml`` (missing file = defaults)."""
     path = Path(data_dir) / CONFIG_FILE
     try:
-        raw = tomllib.loads(path.read_text()) if path.exists() else {}
-    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+        raw = tomllib.loads(read_bounded(path, MAX_CONFIG_BYTES, follow=True).decode()) if path.exists() else {}
+    except FileRefused as exc:
+        raise ConfigError(str(exc)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     section = raw.pop("node", {})
     if type(section) is not dict:

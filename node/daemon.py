@@ -34,12 +34,12 @@ from .blobs import BLOB_PROTOCOL, BlobCache
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
-from .datadir import DaemonLock, check_version
+from .datadir import DaemonLock, check_version, prepare_data_dir
 from .files import write_atomic
 from .identity_file import load_or_create_identity
 from .ingest import Ingest
 from .metrics import NodeStats
-from .p2p import P2P, open_p2p
+from .p2p import P2P, NetworkError, open_p2p
 from .publisher import Publisher, read_run_manifest
 from .runs import RunFiles, why_not_auditable
 from .store import Store
@@ -95,7 +95,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
                       harness: Harness | None = None) -> AsyncIterator[Daemon]:
     """Run a node for the duration of the block: its data dir locked, p2p listening, API served,
     every component serving. Leaving the block stops them all."""
-    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    prepare_data_dir(config.data_dir)
     check_version(config.data_dir, create=True)
     identity = load_or_create_identity(config.data_dir)
     with DaemonLock(config.data_dir):
@@ -146,10 +146,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)
         api_host, api_port = split_hostport(config.api)
-        api_port = await nursery.start(serve_api, api_host, api_port, api_routes(node))
+        api_port = await _start_server(nursery, "the API", config.api, api_routes(node))
         if config.metrics:
-            metrics_host, metrics_port = split_hostport(config.metrics)
-            metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, metrics_routes(node))
+            metrics_host, _ = split_hostport(config.metrics)
+            metrics_port = await _start_server(nursery, "metrics", config.metrics, metrics_routes(node))
             log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         write_atomic(addr_files[0], f"{api_host}:{api_port}\n".encode())
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())
@@ -166,6 +166,15 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
             nursery.cancel_scope.cancel()
     for path in addr_files:
         path.unlink(missing_ok=True)
+
+
+async def _start_server(nursery: trio.Nursery, what: str, address: str, routes: list) -> int:
+    """Serve ``routes`` on ``address``; the port bound, or one line saying why not (a port in use)."""
+    host, port = split_hostport(address)
+    try:
+        return await nursery.start(serve_api, host, port, routes)
+    except OSError as exc:
+        raise NetworkError(f"cannot serve {what} on {address}: {exc.strerror}") from None
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:
