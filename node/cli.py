@@ -73,7 +73,8 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     from .datadir import init_data_dir
     from .logs import setup_logging
 
-    setup_logging(args.log_level, json_lines=args.log_json, prefix=args.log_prefix)
+    setup_logging(args.log_level, json_lines=args.log_json, prefix=args.log_prefix,
+                  file=Path(args.log_file) if args.log_file else None)
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     base = load_config(data_dir)
@@ -106,6 +107,43 @@ def _first_cause(group: BaseExceptionGroup) -> BaseException:
         if isinstance(leaf, (Open1bError, OSError)):
             return leaf
     return group
+
+
+def cmd_stop(args: argparse.Namespace) -> CommandResult:
+    from .datadir import stop_daemon
+
+    data_dir = default_data_dir(args.data_dir)
+    pid = stop_daemon(data_dir, timeout_s=args.timeout)
+    return CommandResult({"data_dir": str(data_dir), "stopped": pid}, lambda o: f"stopped the daemon (pid {o['stopped']})")
+
+
+def cmd_restart(args: argparse.Namespace) -> CommandResult:
+    """Stop the data dir's daemon (if one runs) and start a new one in the background, configured
+    by config.toml alone (flags given to the old one are not known here), logging to a file."""
+    import subprocess
+    import time
+
+    from .daemon import API_ADDR_FILE
+    from .datadir import daemon_pid, stop_daemon
+
+    data_dir = default_data_dir(args.data_dir).resolve()
+    stopped = stop_daemon(data_dir, timeout_s=args.timeout) if daemon_pid(data_dir) is not None else None
+    log_file = Path(args.log_file or data_dir / "daemon.log").resolve()
+    proc = subprocess.Popen([sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
+                             "--log-file", str(log_file)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while not (data_dir / API_ADDR_FILE).exists():
+        if proc.poll() is not None:
+            raise Open1bError((proc.stderr.read().decode(errors="replace").strip() if proc.stderr else "")
+                              or f"the new daemon exited with code {proc.returncode}; see {log_file}")
+        if time.monotonic() > deadline:
+            raise Open1bError(f"the new daemon (pid {proc.pid}) has not started listening after "
+                              f"{args.timeout:.0f} s; see {log_file}")
+        time.sleep(0.1)
+    out = {"data_dir": str(data_dir), "stopped": stopped, "started": proc.pid, "log_file": str(log_file)}
+    return CommandResult(out, lambda o: (f"stopped pid {o['stopped']}; " if o["stopped"] else "")
+                         + f"started pid {o['started']}, logging to {o['log_file']}")
 
 
 def cmd_status(args: argparse.Namespace) -> CommandResult:
@@ -384,8 +422,9 @@ def parser() -> argparse.ArgumentParser:
                         "default: runs of any publisher)")
     # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
-    d.add_argument("--log-level", default="info")
+    d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
+    d.add_argument("--log-file", help="log to this file (rotated at 10 MiB, 5 kept) instead of stderr")
     d.add_argument("--log-prefix", default="", help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_daemon)
 
@@ -394,6 +433,15 @@ def parser() -> argparse.ArgumentParser:
                              " serves them to peers and gossips the manifest")
     pb.add_argument("dir", help="run directory (manifest.cbor, checkpoints/, samples.bin)")
     pb.set_defaults(func=cmd_publish)
+
+    for name, func, what in (("stop", cmd_stop, "stop the data dir's daemon cleanly (SIGTERM) and wait until it has"),
+                             ("restart", cmd_restart, "stop the data dir's daemon and start it again in the background"
+                                                      " (config.toml only; logs to --log-file, else DATA_DIR/daemon.log)")):
+        sp = sub.add_parser(name, parents=[reporting], help=what)
+        sp.add_argument("--timeout", type=_at_least_one, default=60, help="seconds to wait (default 60)")
+        if name == "restart":
+            sp.add_argument("--log-file", help="the new daemon's log file (default DATA_DIR/daemon.log)")
+        sp.set_defaults(func=func)
 
     sub.add_parser("status", parents=[client], help="the daemon's status").set_defaults(func=cmd_status)
     sub.add_parser("peers", parents=[client], help="connected peers").set_defaults(func=cmd_peers)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,9 +179,23 @@ async def _start_server(nursery: trio.Nursery, what: str, address: str, routes: 
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:
-    """``open1b-node daemon``: serve on the real clock until the API is asked to shut down."""
+    """``open1b-node daemon``: serve on the real clock until the API is asked to shut down or the
+    process gets SIGTERM or SIGINT (``open1b-node stop``, systemd, Ctrl-C); either way the
+    components stop cleanly and the address and lock files are removed."""
     async with open_daemon(config, clock=Clock(), rng=random.Random(), harness=harness) as daemon:
         notify("READY=1")
-        await daemon.shutdown.wait()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_shutdown_on_signal, daemon.shutdown)
+            await daemon.shutdown.wait()
+            nursery.cancel_scope.cancel()
         log.info("shutting down")
         notify("STOPPING=1")
+    log.info("stopped")
+
+
+async def _shutdown_on_signal(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s received: shutting down", signal.Signals(signum).name)
+            shutdown.set()
+            return

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,3 +153,44 @@ class DaemonLock:
             self.path.unlink(missing_ok=True)
             os.close(self._fd)
             self._fd = None
+
+
+def daemon_pid(data_dir: Path) -> int | None:
+    """The pid of the daemon holding ``data_dir``'s lock, or None when no daemon does."""
+    path = Path(data_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DataDirError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a daemon runs; it wrote its pid just after locking
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            if not text.isdigit():
+                raise DataDirError(f"a daemon holds {path} but has not written its pid yet; try again") from None
+            return int(text)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop_daemon(data_dir: Path, *, timeout_s: float = 60.0, poll_s: float = 0.1) -> int:
+    """Send SIGTERM to the daemon using ``data_dir`` and wait until it has released the lock (a
+    clean stop: components stopped, address and lock files removed). Returns its pid."""
+    pid = daemon_pid(data_dir)
+    if pid is None:
+        raise DataDirError(f"no running daemon found for {data_dir}")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise DataDirError(f"the daemon of {data_dir} (pid {pid}) is gone, yet its lock is held") from None
+    deadline = time.monotonic() + timeout_s
+    while daemon_pid(data_dir) is not None:
+        if time.monotonic() > deadline:
+            raise DataDirError(f"the daemon (pid {pid}) is still running {timeout_s:.0f} s after SIGTERM; "
+                               f"if it is stuck: kill -9 {pid}")
+        time.sleep(poll_s)
+    return pid

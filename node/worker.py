@@ -11,7 +11,10 @@ signs only what it has checked.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ import trio
 from open1b.protocol import Open1bError
 
 MAX_REPLY_BYTES = 4096
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ReplayFailed(Open1bError):
@@ -106,10 +110,23 @@ class ReplayWorker:
         self.kill()
 
 
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when the daemon that started it dies (even by
+    ``kill -9``): an orphaned worker would finish its replay for nobody (Linux PR_SET_PDEATHSIG)."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the broken pipe below still ends it
+        pass
+    if os.getppid() != parent:  # the daemon died before the request took effect
+        sys.exit(0)
+
+
 def _serve() -> int:
     from open1b.deterministic.replay import replay
     from open1b.deterministic.selfcheck import require_deterministic_machine
 
+    _die_with_parent()
     require_deterministic_machine()
     for line in sys.stdin:
         try:
@@ -119,8 +136,11 @@ def _serve() -> int:
                      "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
         except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the daemon is gone: nobody to answer
+            return 0
     return 0
 
 
