@@ -146,6 +146,35 @@ def cmd_restart(args: argparse.Namespace) -> CommandResult:
                          + f"started pid {o['started']}, logging to {o['log_file']}")
 
 
+def cmd_trust(args: argparse.Namespace) -> CommandResult:
+    """``trust add|remove|list``: the data dir's ``trusted_peers`` (config.toml), whose attestations
+    coverage counts. The daemon reads its config at start: ``restart`` applies a change."""
+    import dataclasses
+
+    from .config import load_config, write_config
+    from .datadir import check_version, daemon_pid
+
+    data_dir = default_data_dir(args.data_dir)
+    check_version(data_dir)
+    config = load_config(data_dir)
+    peers = list(config.trusted_peers)
+    if args.trust_command == "add":
+        peers += [p for p in dict.fromkeys(args.peer) if p not in peers]
+    elif args.trust_command == "remove":
+        unknown = [p for p in args.peer if p not in peers]
+        if unknown:
+            raise Open1bError(f"not trusted: {', '.join(unknown)}")
+        peers = [p for p in peers if p not in args.peer]
+    if peers != list(config.trusted_peers):
+        write_config(dataclasses.replace(config, trusted_peers=tuple(peers)))  # checked peer IDs, atomically
+    running = args.trust_command != "list" and peers != list(config.trusted_peers) and daemon_pid(data_dir) is not None
+    out = {"trust_policy": config.trust_policy, "trusted_peers": peers, "restart_needed": running}
+    return CommandResult(out, lambda o: "\n".join(
+        [f"trust policy {o['trust_policy']}: this node's own key and {len(o['trusted_peers'])} trusted peers"]
+        + [f"  {p}" for p in o["trusted_peers"]]
+        + (["the daemon is running: apply with `open1b-node restart`"] if o["restart_needed"] else [])))
+
+
 def cmd_status(args: argparse.Namespace) -> CommandResult:
     status = _call(args, "/v1/status", answers.STATUS)
     return CommandResult(status, lambda s: "\n".join([
@@ -182,6 +211,9 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
                 f" {'complete' if c['complete'] else 'incomplete'} at redundancy {c['redundancy']})")
         trust = (f"trust: {c['policy']['name']} ({len(c['policy']['roots'])} trusted keys, quorum "
                  f"{c['policy']['quorum']}); {len(c['untrusted'])} untrusted attesters not counted")
+        if c["untrusted"]:  # say which keys, and how an operator who knows them makes them count
+            trust += "".join(f"\n  untrusted {p}: to count it, `open1b-node trust add {p}` and restart"
+                             for p in c["untrusted"])
         flags = [f"flagged {f['signer']} at step {f['step']}: statement {f['statement'][:16]}… contradicts"
                  f" {f['conflicting'][:16]}…" if f.get("kind", "contradiction") == "contradiction" else
                  f"flagged {f['signer']} at step {f['step']} as a copier: statement {f['statement'][:16]}… binds"
@@ -481,6 +513,15 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", parents=[client], help="check this machine and node: OK / WARN / FAIL").set_defaults(
         func=cmd_doctor)
+
+    tr = sub.add_parser("trust", help="whose attestations coverage counts (config: trusted_peers)")
+    trsub = tr.add_subparsers(dest="trust_command", required=True)
+    for name, what in (("add", "count these peers' attestations"), ("remove", "stop counting them")):
+        ta = trsub.add_parser(name, parents=[reporting], help=what)
+        ta.add_argument("peer", nargs="+", metavar="PEER_ID")
+        ta.set_defaults(func=cmd_trust)
+    trsub.add_parser("list", parents=[reporting], help="the trust policy and trusted peers").set_defaults(
+        func=cmd_trust)
 
     k = sub.add_parser("key", help="the node key")
     ksub = k.add_subparsers(dest="key_command", required=True)

@@ -63,6 +63,10 @@ class NodeConfig:
     # make the node skip steps they claim to have covered.
     trust_policy: str = ALLOWLIST
     trusted_peers: tuple[str, ...] = ()
+    # Whether the planner counts attesters the policy does not (coverage never does): on, a step
+    # that keys outside the list have covered is not replayed again by every node; the price is
+    # that fresh keys can withhold this node's replays (never make a step look verified).
+    plan_with_untrusted: bool = True
     dispute_quorum: int = 2
     # Whose runs this node learns from the network and audits: empty = any publisher. A run costs
     # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names
@@ -112,6 +116,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
+    "plan_with_untrusted": ("plan_with_untrusted", bool),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
     "disk_reserve_bytes": ("disk_reserve_bytes", int),
     "publishers": ("publishers", list),

@@ -52,6 +52,30 @@ def _tcp_reachable(addr: str) -> bool:
         return False
 
 
+def _disk(data_dir: Path) -> list[Check]:
+    """Free space (against the config's reserve) and writability of the data dir: a read-only or
+    full disk is a FAIL, found here rather than by the daemon half-way through an import."""
+    probe = data_dir if data_dir.is_dir() else data_dir.parent
+    if not probe.is_dir():
+        return [Check("disk", "FAIL", f"{data_dir}: neither it nor its parent is a directory")]
+    try:
+        reserve = load_config(data_dir).disk_reserve_bytes if data_dir.is_dir() else 0
+    except ConfigError:
+        reserve = 0  # reported by the config check
+    free = shutil.disk_usage(probe).free
+    need = max(MIN_FREE_DISK_GB * 2**30, reserve)
+    checks = [Check("disk", "OK" if free >= need else "FAIL",
+                    f"{free / 2**30:.1f} GiB free at {probe} (needs {need / 2**30:.1f} GiB: the reserve, disk_reserve_bytes)")]
+    target = probe / f".doctor-probe.{os.getpid()}"
+    try:
+        target.write_bytes(b"probe")
+        target.unlink()
+        checks.append(Check("writable", "OK", f"{probe} is writable"))
+    except OSError as exc:
+        checks.append(Check("writable", "FAIL", f"{probe} is not writable: {exc.strerror}"))
+    return checks
+
+
 def run_checks(data_dir: Path, api_status: dict | None) -> list[Check]:
     checks = [
         Check("python", "OK" if sys.version_info >= (3, 11) else "FAIL", platform.python_version()),
@@ -63,9 +87,7 @@ def run_checks(data_dir: Path, api_status: dict | None) -> list[Check]:
         checks.append(Check("memory", "WARN", "cannot read /proc/meminfo"))
     else:
         checks.append(Check("memory", "OK" if mem >= MIN_MEMORY_GB else "FAIL", f"{mem:.1f} GiB available"))
-    probe = data_dir if data_dir.exists() else data_dir.parent
-    free = shutil.disk_usage(probe).free / 2**30 if probe.exists() else 0.0
-    checks.append(Check("disk", "OK" if free >= MIN_FREE_DISK_GB else "FAIL", f"{free:.1f} GiB free at {probe}"))
+    checks += _disk(data_dir)
     try:
         from open1b.deterministic.selfcheck import run_selfchecks
 

@@ -237,10 +237,15 @@ class Ingest:
 
     def plans_with(self, att: Attestation) -> bool:
         """Whether the planner counts ``att``: our own always (we never attest a step twice);
-        others' when the trust policy counts the key, coverage has not flagged it and no held witness
-        reveal disproves it (docs/protocol.md §8.2)."""
-        me = att.signer == self.identity.public_key
-        return me or (self.counts(att.run, att.signer) and not self.proof.disproves(att))
+        others' when coverage has not flagged the key, no held witness reveal disproves it, and
+        the trust policy counts the key — or, with ``plan_with_untrusted`` (the default), it is a
+        key the policy does not count: a step complete but for trust is not replayed again (it
+        would be, by every node, forever); coverage still does not count it (docs/reliability.md)."""
+        if att.signer == self.identity.public_key:
+            return True
+        if att.signer in self.flagged.get(att.run, ()) or self.proof.disproves(att):
+            return False
+        return self.trust.trusts(att.signer) or self.config.plan_with_untrusted
 
     def counts(self, run: bytes, key: bytes) -> bool:
         return self.trust.trusts(key) and key not in self.flagged.get(run, ())
