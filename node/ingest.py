@@ -100,6 +100,7 @@ class Ingest:
     async def join_known_runs(self) -> None:
         for run in list(self.manifests):
             await self._join_run_topics(run)
+            self._stale.add(run)  # judged once at start: flags and the per-run metrics
 
     async def add_run(self, manifest: RunManifest, run_dir: Path | None) -> None:
         self.store.add_manifest(manifest, run_dir)
@@ -304,7 +305,9 @@ class Ingest:
         changed = False
         for run in list(self._stale):
             self._stale.discard(run)
-            flagged = frozenset(public_key_from_peer_id(f.signer) for f in self.coverage(run).flagged)
+            cov = self.coverage(run)
+            self.stats.run_steps[run.hex()] = dict(Counter(s.status for s in cov.steps))
+            flagged = frozenset(public_key_from_peer_id(f.signer) for f in cov.flagged)
             if flagged != self.flagged.get(run, frozenset()):
                 log.warning("run %s: flagged keys now %s", run.hex()[:12],
                             sorted(peer_id_from_public_key(k) for k in flagged) or "none")

@@ -127,3 +127,16 @@ def test_trust_config_keys(tmp_path):
         (tmp_path / "config.toml").write_text(f"[node]\n{bad}\n")
         with pytest.raises(ConfigError):
             load_config(tmp_path)
+
+
+def test_per_run_step_metrics_follow_coverage(tmp_path):
+    from open1b.node.metrics import Gauges, metrics_registry, render
+
+    node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3))
+    for a in (att(1, 0), att(2, 1), att(3, 1, match=False), att(2, 2, match=False), att(3, 2, match=False)):
+        node.ingest_attestation(a.encoded)
+    node.refresh_flags()
+    text = render(metrics_registry(node.stats, lambda: Gauges(0, 0, 0, 1))).decode()
+    run = MANIFEST.run_id.hex()
+    for status, n in (("verified", 1), ("disputed", 1), ("refuted", 1)):
+        assert f'open1b_run_steps{{run="{run}",status="{status}"}} {n}.0' in text, text
