@@ -195,9 +195,10 @@ def cmd_peers(args: argparse.Namespace) -> CommandResult:
 
 def cmd_runs(args: argparse.Namespace) -> CommandResult:
     runs = _call(args, "/v1/runs", answers.RUNS)
-    return CommandResult(runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
-                                        + [[r["run"], str(r["steps"]), r["engine"], "yes" if r["run_dir"] else "no"]
-                                           for r in rs]))
+    # AUDITABLE is the JSON's `auditable`: this node can replay the run (its engine, its sizes)
+    return CommandResult(runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "AUDITABLE"]]
+                                        + [[r["run"], str(r["steps"]), r["engine"],
+                                            "yes" if r.get("auditable", bool(r["run_dir"])) else "no"] for r in rs]))
 
 
 def cmd_coverage(args: argparse.Namespace) -> CommandResult:
@@ -263,7 +264,7 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",
         f"providing  {j['provided']} blobs in the DHT",
-        f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (too large for gossip)'}",
+        f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (' + j['note'] + ')'}",
         f"took       {j['seconds']} s"]))
 
 

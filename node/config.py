@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiaddr import Multiaddr
+
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
@@ -32,6 +34,21 @@ def split_hostport(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"expected HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+def _check_peer_addr(addr: str) -> None:
+    """A bootstrap address the daemon can dial: a multiaddr with a TCP port and a valid peer ID
+    (refused at start, from the command line or config.toml alike, not retried forever)."""
+    try:
+        parsed = Multiaddr(addr)
+        parsed.value_for_protocol("tcp")
+        peer = parsed.value_for_protocol("p2p")
+    except Exception as exc:  # multiaddr raises a zoo of types for malformed input
+        raise ConfigError(f"bootstrap address {addr!r} is not /ip4/HOST/tcp/PORT/p2p/PEER_ID: {exc}") from None
+    try:
+        public_key_from_peer_id(peer)
+    except Open1bError as exc:
+        raise ConfigError(f"bootstrap address {addr!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -87,8 +104,7 @@ class NodeConfig:
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
         for addr in self.bootstrap:
-            if "/p2p/" not in addr:
-                raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer id>")
+            _check_peer_addr(addr)
         if self.trust_policy not in (OPEN, ALLOWLIST):
             raise ConfigError(f"trust_policy must be {OPEN!r} or {ALLOWLIST!r}")
         if self.dispute_quorum != 0 and self.dispute_quorum < 2:

@@ -35,7 +35,9 @@ class DataDirError(Open1bError):
 
 
 def default_data_dir(value: str | None = None) -> Path:
-    return Path(value or os.environ.get("OPEN1B_PATH") or Path.home() / ".open1b").expanduser()
+    """``--data-dir``, else ``$OPEN1B_PATH``, else ``~/.open1b``; absolute, so that paths the daemon
+    hands out (``replay RUN_ID``'s working directory) work from any directory."""
+    return Path(value or os.environ.get("OPEN1B_PATH") or Path.home() / ".open1b").expanduser().absolute()
 
 
 @dataclass(frozen=True)

@@ -127,23 +127,28 @@ class Publisher:
             job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress)
             await self.ingest.add_run(manifest, run_dir)
             job.state, job.done = JobState.PROVIDING, 0
-            await self.bootstrapped.wait()
+            if not self.bootstrapped.is_set():  # a hint, not a hang: unreachable bootstrap peers are retried
+                job.note = "waiting to reach a bootstrap peer (see `open1b-node doctor`)"
+                await self.bootstrapped.wait()
             blobs = run_blobs(manifest)
             for i, blob in enumerate(blobs):
                 progress(i, len(blobs), f"providing {blob.name}")
                 job.provided += bool(await self.p2p.provide(provider_key(blob.digest)))
             job.state = JobState.ANNOUNCING
             progress(len(blobs), len(blobs), "gossiping the manifest")
-            job.gossiped = await self._announce(manifest)
-            job.state, job.note, job.seconds = JobState.DONE, "", round(self.clock.now() - started, 3)
+            job.gossiped, why_not = await self._announce(manifest)
+            job.state, job.note, job.seconds = JobState.DONE, why_not, round(self.clock.now() - started, 3)
             log.info("published run %s: %d blobs provided, manifest %s", job.run[:16], job.provided,
-                     "gossiped" if job.gossiped else "left to sync (too large for gossip)")
+                     "gossiped" if job.gossiped else f"left to sync ({why_not})")
         except (Open1bError, OSError) as exc:
             job.state, job.error, job.seconds = JobState.FAILED, str(exc), round(self.clock.now() - started, 3)
             log.warning("publishing %s failed: %s", run_dir, exc)
 
-    async def _announce(self, manifest: RunManifest) -> bool:
+    async def _announce(self, manifest: RunManifest) -> tuple[bool, str]:
+        """Gossip the manifest: (True, "") if it went to at least one peer, else (False, why)."""
         if len(manifest.encoded) > MAX_GOSSIP_MANIFEST:
-            return False
+            return False, "too large for gossip"
+        if not self.p2p.connected_peers():
+            return False, "no peers connected yet: peers get it by sync when they connect"
         await self.p2p.publish(RUNS_TOPIC, manifest.encoded)
-        return True
+        return True, ""
