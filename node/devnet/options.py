@@ -16,12 +16,12 @@ class DevnetError(Open1bError):
     """The devnet could not be brought up or torn down."""
 
 
-@dataclass(frozen=True)
 MAX_NODES = 32
 MAX_STEPS = 1024
 MAX_DEADLINE_S = 24 * 3600.0
 
 
+@dataclass(frozen=True)
 class DevnetOptions:
     nodes: int = 3
     steps: int = 8
