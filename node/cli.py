@@ -337,15 +337,20 @@ def cmd_samples(args: argparse.Namespace) -> CommandResult:
     return CommandResult(out, render)
 
 
+MAX_DOCTOR_RUNS = 16  # runs whose trust doctor explains
+
+
 def cmd_doctor(args: argparse.Namespace) -> CommandResult:
     from .client import ApiUnavailable
     from .doctor import run_checks
 
     try:
         status = _call(args, "/v1/status", answers.STATUS, timeout=3)
+        coverages = [_call(args, f"/v1/coverage/{run}", answers.COVERAGE, timeout=10)
+                     for run in status["runs"][:MAX_DOCTOR_RUNS]]
     except ApiUnavailable:
-        status = None
-    checks = run_checks(default_data_dir(args.data_dir), status)
+        status, coverages = None, []
+    checks = run_checks(default_data_dir(args.data_dir), status, coverages)
     out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
     return CommandResult(out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]),
                          1 if any(c.level == "FAIL" for c in checks) else 0)

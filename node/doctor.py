@@ -11,6 +11,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .config import ConfigError, load_config
 from .identity_file import key_path
@@ -55,6 +56,8 @@ def _tcp_reachable(addr: str) -> bool:
 def _disk(data_dir: Path) -> list[Check]:
     """Free space (against the config's reserve) and writability of the data dir: a read-only or
     full disk is a FAIL, found here rather than by the daemon half-way through an import."""
+    if os.path.lexists(data_dir) and not data_dir.is_dir():
+        return [Check("disk", "FAIL", f"data dir {data_dir} is not a directory")]
     probe = data_dir if data_dir.is_dir() else data_dir.parent
     if not probe.is_dir():
         return [Check("disk", "FAIL", f"{data_dir}: neither it nor its parent is a directory")]
@@ -76,7 +79,18 @@ def _disk(data_dir: Path) -> list[Check]:
     return checks
 
 
-def run_checks(data_dir: Path, api_status: dict | None) -> list[Check]:
+def _trust(coverage: dict) -> Check:
+    """Why a run's coverage may not complete: attesters this node's policy does not count."""
+    untrusted = coverage["untrusted"]
+    run = coverage["run"][:16]
+    if not untrusted:
+        return Check("trust", "OK", f"run {run}: every attester is counted")
+    shown = " ".join(untrusted[:3]) + (" …" if len(untrusted) > 3 else "")
+    return Check("trust", "WARN", f"run {run}: {len(untrusted)} untrusted attesters not counted; if you run or know "
+                                  f"them: open1b-node trust add {shown} (then restart)")
+
+
+def run_checks(data_dir: Path, api_status: dict | None, coverages: Sequence[dict] = ()) -> list[Check]:
     checks = [
         Check("python", "OK" if sys.version_info >= (3, 11) else "FAIL", platform.python_version()),
         Check("cpu", "OK", f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}"),
@@ -115,4 +129,5 @@ def run_checks(data_dir: Path, api_status: dict | None) -> list[Check]:
         n = len(api_status["peers"])
         checks.append(Check("daemon", "OK", f"running as {api_status['peer_id']}"))
         checks.append(Check("peers", "OK" if n else "WARN", f"{n} connected"))
+    checks += [_trust(c) for c in coverages]
     return checks

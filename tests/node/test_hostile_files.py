@@ -198,3 +198,19 @@ def test_store_on_a_full_disk_degrades_to_read_only(small_tmpfs):
     store.add_replay_witness(run, 1000, bytes(32))
     assert not store.full and 1000 in store.replay_witnesses(run)
     store.close()
+
+
+def test_doctor_fails_a_read_only_data_dir_and_explains_untrusted_attesters(tmp_path):
+    from open1b.node.doctor import run_checks
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode == 0
+    try:
+        coverage = {"run": "ab" * 32, "untrusted": ["12D3KooWpeer"]}
+        checks = {c.name: c for c in run_checks(ro, None, [coverage])}
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+    assert checks["writable"].level == "FAIL" and "not writable" in checks["writable"].detail
+    assert checks["disk"].level == "FAIL"  # 1 MiB free: below the minimum
+    assert checks["trust"].level == "WARN" and "open1b-node trust add 12D3KooWpeer" in checks["trust"].detail
