@@ -37,6 +37,8 @@ class DataDirError(Open1bError):
 def default_data_dir(value: str | None = None) -> Path:
     """``--data-dir``, else ``$OPEN1B_PATH``, else ``~/.open1b``; absolute, so that paths the daemon
     hands out (``replay RUN_ID``'s working directory) work from any directory."""
+    if value is not None and not value.strip():  # not "the default": an empty --data-dir is a mistake
+        raise DataDirError("--data-dir is empty")
     return Path(value or os.environ.get("OPEN1B_PATH") or Path.home() / ".open1b").expanduser().absolute()
 
 

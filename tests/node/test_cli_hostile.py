@@ -107,13 +107,14 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
     }
 
 
-def test_every_command_refuses_hostile_arguments_in_one_line(hostile):
+def test_every_command_refuses_hostile_arguments_in_one_line(hostile, monkeypatch):
     root, busy = hostile
+    monkeypatch.setenv("OPEN1B_PATH", str(root / "default-data-dir"))  # never the real ~/.open1b
+    monkeypatch.chdir(root)
     table = cases(busy)
     commands = set(next(a for a in parser()._actions if a.dest == "command").choices)
     assert commands <= set(table), f"commands without hostile cases: {sorted(commands - set(table))}"
     failures = []
-    os.chdir(root)
     for command in sorted(commands):
         for args in table[command]:
             try:

@@ -109,3 +109,25 @@ def test_key_show_creates_nothing_and_a_loose_key_is_refused(tmp_path):
     (node / "keystore").chmod(0o777)
     rc, _, err = cli("daemon", "--data-dir", str(node), "--listen", "127.0.0.1:0", "--api", "127.0.0.1:0")
     assert rc == 1 and "chmod 700" in err, err
+
+
+def test_train_out_over_an_old_run_clears_its_files_and_refuses_other_directories(tmp_path):
+    from open1b.deterministic.runfile import MANIFEST_FILE, checkpoint_path
+    from open1b.node.cli import _fresh_run_dir
+    from open1b.protocol import Open1bError
+
+    old = tmp_path / "old-run"
+    for k in range(5):
+        checkpoint_path(old, k).parent.mkdir(parents=True, exist_ok=True)
+        checkpoint_path(old, k).write_bytes(b"stale")
+    (old / MANIFEST_FILE).write_bytes(b"old manifest")
+    (old / "notes.txt").write_text("the operator's own file")
+    assert _fresh_run_dir(old) == old
+    assert not any(checkpoint_path(old, k).exists() for k in range(5)) and not (old / MANIFEST_FILE).exists()
+    assert (old / "notes.txt").exists()  # only run files are removed
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"x")
+    with pytest.raises(Open1bError, match="holds no run"):
+        _fresh_run_dir(other)
+    assert (other / "cat.jpg").exists()
