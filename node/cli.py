@@ -373,13 +373,12 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> CommandResult:
+    from open1b.deterministic.config import PRESETS
     from open1b.deterministic.trainer import publish_run
 
     from .datadir import init_data_dir
     from .identity_file import load_identity
     from .progress import progress
-
-    from open1b.deterministic.config import PRESETS
 
     if args.preset and args.preset not in PRESETS:
         raise Open1bError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}")
