@@ -25,6 +25,7 @@ from pathlib import Path
 
 import nacl.signing
 import trio
+from transfer_bench import libp2p_blob_copy, raw_tcp_copy
 
 from open1b.deterministic.trainer import publish_run
 from open1b.node.client import call
@@ -40,7 +41,6 @@ from open1b.node.topics import attestations_topic
 from open1b.protocol import Attestation, Identity, RunManifest, signing
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.witness import witness_binding
-from transfer_bench import libp2p_blob_copy, raw_tcp_copy
 
 RESULTS = Path(__file__).parent / "results" / "node.json"
 

@@ -19,7 +19,10 @@ How the pieces fit:
   ``open1b/data/v2`` order); :mod:`.samples` — :class:`Dataset`, its Merkle commitment and the
   samples file; :mod:`.provenance` — which samples a step used, with proofs; :mod:`.trainer`,
   :mod:`.replay`, :mod:`.runfile` — publishing and replaying runs;
-* :mod:`.selfcheck` — probes that refuse a process that would compute other bits.
+* :mod:`.selfcheck` — probes that refuse a process that would compute other bits (:mod:`.probes`
+  runs their arithmetic on each backend); :mod:`.device` — :func:`select_device` (``auto``,
+  ``cpu``, ``cuda[:N]``): a self-checked device, its class for attestations, and the backend a
+  model runs on there; :mod:`.microbatch` — a step's batch packed for one upload.
 
 Guarantee: for equal (state, batch, topology) bits, :func:`train_step` returns equal state bits
 on every backend and on any x86-64/ARM CPU or NVIDIA GPU whose process passes
@@ -30,7 +33,11 @@ a process whose FPU flags change after the check, or to steps with a non-finite 
 
 from .config import PRESETS, GPTConfig, Preset, Topology
 from .data import batch_for_step, builtin_dataset, step_sample_indices, tokenize
-from .errors import BatchFormatError, ConfigError, DeterminismError, NonFiniteError, StateFormatError
+from .device import DeviceChoice, select_device
+from .errors import (
+    BatchFormatError, ConfigError, DeterminismError, DeviceError, DeviceSpecError, DeviceUnavailableError,
+    NonFiniteError, StateFormatError,
+)  # fmt: skip
 from .samples import Dataset, read_samples, write_samples
 from .selfcheck import CheckResult, require_deterministic_machine, run_selfchecks
 from .state import TrainState, init_state
@@ -43,6 +50,10 @@ __all__ = [
     "ConfigError",
     "Dataset",
     "DeterminismError",
+    "DeviceChoice",
+    "DeviceError",
+    "DeviceSpecError",
+    "DeviceUnavailableError",
     "GPTConfig",
     "NonFiniteError",
     "Preset",
@@ -56,6 +67,7 @@ __all__ = [
     "read_samples",
     "require_deterministic_machine",
     "run_selfchecks",
+    "select_device",
     "step_sample_indices",
     "tokenize",
     "train_step",

@@ -13,8 +13,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import replace
+from typing import Callable
+
 from . import activation, attention, embedding, loss, matmul, norm, optimizer, reduction
-from .reduction import pairwise_tree
+from .microbatch import MicroBatch, micro_batches, pack_batch
+from .probes import probe_cpu
+from .reduction import fixed_sum, pairwise_tree
+from .state import TrainState
+from .witness import StepScalars, witness_async
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 class CpuBackend:
@@ -54,18 +66,63 @@ class CpuBackend:
         """``Σ fmul(x, x)`` over the flat array in the fixed order."""
         return pairwise_tree(self._chunk_sums(x.reshape(-1), True))
 
+    def loss_and_grad(self, logits: np.ndarray, targets: np.ndarray, inv_n: np.float32):
+        """``(mean loss share as a (1,) array, dlogits)`` (see :mod:`.loss`)."""
+        loss_share, dlogits = self._cross_entropy(logits, targets, inv_n)
+        return np.array([loss_share], np.float32), dlogits  # numba returns a float32 scalar as a Python float
+
     def cross_entropy(self, logits: np.ndarray, targets: np.ndarray, inv_n: np.float32):
         """``(mean loss share, dlogits)`` (see :mod:`.loss`)."""
-        loss_share, dlogits = self._cross_entropy(logits, targets, inv_n)
-        return np.float32(loss_share), dlogits  # numba returns a float32 scalar as a Python float
+        loss_share, dlogits = self.loss_and_grad(logits, targets, inv_n)
+        return np.float32(loss_share[0]), dlogits
 
     def scatter_add(self, dwte: np.ndarray, dx: np.ndarray, tokens: np.ndarray) -> None:
         """``dwte[tokens[p]] += dx[p]`` in ascending p, in place."""
-        order, starts = embedding.positions_by_token(tokens, dwte.shape[0])
+        self.scatter_add_sorted(dwte, dx, *embedding.positions_by_token(tokens, dwte.shape[0]))
+
+    def scatter_add_sorted(self, dwte, dx, order, starts) -> None:
+        """:meth:`scatter_add` given the tokens' counting sort (:func:`.embedding.positions_by_token`)."""
         self._scatter_add(dwte, dx, order, starts)
 
     def adamw(self, p, g, m, v, scalars: optimizer.AdamWScalars):
         return self._adamw(p, g, m, v, *scalars.args())
+
+    # ---- whole-step pieces (the CUDA backend keeps them on the device) -----------------
+
+    def micro_batches(self, batch: np.ndarray, vocab_size: int) -> list[list[MicroBatch]]:
+        """Every micro-batch of a step's ``batch``, ready for :func:`.gpt.forward_backward`."""
+        return micro_batches(*pack_batch(batch, vocab_size))
+
+    def load_state(self, state: TrainState) -> tuple[dict, dict, dict]:
+        """The state's parameters and moments as backend arrays."""
+        return state.params, state.m, state.v
+
+    def clip_norm(self, grads: list, max_norm: np.float32) -> np.ndarray:
+        """``[global gradient norm, clipping coefficient]`` (:mod:`.optimizer`): each tensor's
+        sum of squares, then their sum, in the fixed orders."""
+        norm = np.sqrt(fixed_sum(np.array([self.sumsq(g) for g in grads], np.float32)))
+        return np.array([norm, optimizer.clip_coefficient(norm, max_norm)], np.float32)
+
+    def start_witness(self, loss, grads: dict, order: list[str], clip) -> Callable[[], StepScalars]:
+        """Start hashing the replay witness of (``loss``, ``grads``) in the background; the
+        returned function gives the step's :class:`.witness.StepScalars` (on a device backend it
+        waits for them, so call it after launching the update)."""
+        done = witness_async(np.float32(loss[0]), grads, order, np.float32(clip[0]), np.float32(clip[1]))
+        return lambda: done
+
+    def adamw_all(self, params: dict, grads: dict, m: dict, v: dict, scalars: dict, clip):
+        """AdamW of every parameter with coefficient ``clip[1]``; the result is for :meth:`to_state`."""
+        out = {name: self.adamw(params[name], grads[name], m[name], v[name], replace(scalars[name], coef=clip[1]))
+               for name in params}  # fmt: skip
+        return tuple({name: read_only(arrays[i]) for name, arrays in out.items()} for i in range(3))
+
+    def to_state(self, config, updated, step: int, beta1_pow, beta2_pow) -> TrainState:
+        """The :class:`TrainState` of :meth:`adamw_all`'s result."""
+        return TrainState(config, *updated, step, beta1_pow, beta2_pow)
+
+    def probe(self, x: np.ndarray) -> np.ndarray:
+        """:func:`.probes.probe_row` on this target (host array in and out)."""
+        return probe_cpu(x)
 
 
 PARALLEL_MIN_PARAMS = 1_000_000

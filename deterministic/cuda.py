@@ -7,10 +7,16 @@ Importing this module binds the primitives to CUDA — ``fadd``/``fsub``/``fmul`
 ``expf``, ``adamw_element``, …) are then the very functions the CPU kernels inline; only the
 drivers below (which thread does which row) are CUDA-specific.
 
-Schedules: one thread per output row or element; the matmul gives each thread one output and
-stages 16-row/16-column tiles of A and B in shared memory one ``K_CHUNK`` at a time, so a
-thread's chunk fold and streaming tree are exactly those of :mod:`.reduction`. Block and grid
-sizes decide only *which* thread computes an output, never the order of its sum.
+Schedules: one thread per output row or element; the matmul is register-blocked (each thread a
+4 x 4 tile of outputs of a 64 x 64 block tile, A and B staged in double-buffered shared memory
+one ``K_CHUNK`` at a time), and each output's chunk fold and streaming tree are exactly those
+of :mod:`.reduction`. Block and grid sizes decide only *which* thread computes an output, never
+the order of its sum.
+
+A whole step stays on the device (:meth:`CudaBackend.load_state` … :meth:`CudaBackend.to_state`,
+used by :mod:`.step`): the state lives in immutable device arenas (:class:`StateArena`) that a
+:class:`TrainState` reads back lazily (:class:`DeviceTensors`), the batch goes up once, and the
+gradients with the loss and clip scalars come down once, asynchronously, for the witness.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, process-wide) the kernels run as Python
 on the CPU and the bodies run as their numpy emulation; the tests use it at tiny sizes to check
@@ -20,6 +26,9 @@ the drivers' logic bit for bit against the CPU backend.
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import Future
 
 import numpy as np
 from numba import cuda, float32
@@ -28,23 +37,25 @@ from numba.cuda.core import config as cuda_config
 from . import primitives
 from .activation import gelu, gelu_backward
 from .attention import causal_softmax_backward_row, causal_softmax_row, merge_heads_row, split_heads_row
-from .embedding import embed_row, positions_by_token, scatter_add_row
+from .embedding import embed_row, positions_by_token, scatter_add_element
 from .jit import DEVICE_FUNCTIONS
 from .loss import cross_entropy_row
-from .matmul import CAUSAL_OUTPUT, DENSE
+from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT, DENSE
 from .norm import rmsnorm_backward_row, rmsnorm_forward_row
-from .optimizer import AdamWScalars, adamw_element
-from .primitives import fadd, ffma
+from .microbatch import micro_batches, pack_batch
+from .optimizer import CLIP_EPS, AdamWScalars, adamw_element
+from .primitives import fadd, fdiv, ffma, fmul, fsqrt
+from .probes import PROBE_OUTPUTS, probe_row
 from .reduction import (
-    K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, fixed_sum, pairwise_tree, stack_push, stack_total,
+    K_CHUNK, STACK_DEPTH, ZERO, chunk_sum, column_sum, pairwise_tree, row_sum, stack_push, stack_total,
 )  # fmt: skip
+from .state import TrainState
+from .witness import StepScalars, witness_async
 
 SIMULATED = bool(cuda_config.ENABLE_CUDASIM)
 
 # Schedules only, no effect on results. The simulator runs every thread as a Python thread, so
 # it gets small blocks (which also shows that the block shape does not change any bit).
-TILE = 8 if SIMULATED else 16
-"""Outputs per block edge of the matmul; divides ``K_CHUNK``."""
 THREADS = 32 if SIMULATED else 128
 """Threads per block of the row and element kernels."""
 
@@ -126,35 +137,188 @@ if not SIMULATED:
 # ---- kernels: which thread computes what ------------------------------------------------------
 
 
+# The matmul's register blocking (schedule constants: they choose which thread computes which
+# outputs and when tiles are staged, never the order of any output's sum).
+MM_TM = 2 if SIMULATED else 4
+"""Output rows per thread."""
+MM_TN = 2 if SIMULATED else 4
+"""Output columns per thread."""
+MM_TY = 2 if SIMULATED else 16
+"""Thread rows per block."""
+MM_TX = 2 if SIMULATED else 16
+"""Thread columns per block."""
+MM_BM, MM_BN = MM_TM * MM_TY, MM_TN * MM_TX
+MM_THREADS = MM_TX * MM_TY
+MM_OUTS = MM_TM * MM_TN
+A_LOADS = MM_BM * K_CHUNK // MM_THREADS
+"""Elements of A's tile each thread stages per chunk."""
+B_LOADS = MM_BN * K_CHUNK // MM_THREADS
+PAD = 1
+"""Shared tiles are (K_CHUNK, edge + PAD): staging stores walk the K axis with a stride of
+edge + 1 words, which touches 32 different banks."""
+A_TILE = (2, K_CHUNK, MM_BM + PAD)
+B_TILE = (2, K_CHUNK, MM_BN + PAD)
+MM_MAX_CHUNKS = 2**24
+"""Chunks of K a matmul may have (K < 2**29): bounds the per-thread tree stack (numba zeroes a
+local array at kernel start, so it is sized to what can occur, not to STACK_DEPTH)."""
+UPPER_LEVELS = (25 - 2, MM_OUTS)
+"""Tree levels 2 … 24 (2**24 chunks push at most to level 24)."""
+
+
+@cuda.jit(device=True)
+def _fetch(src, bi, first, extent, k0, k, along_x, t, regs, loads, width):
+    """Load this thread's share of the (K_CHUNK x width) tile of ``src`` at chunk ``k0`` and
+    columns ``first…`` into ``regs``, zero past ``extent`` or ``k`` (exact: see the kernel doc).
+    ``along_x``: ``src`` is (batch, K, X) (consecutive threads walk X), else (batch, X, K)."""
+    for q in range(loads):
+        e = t + MM_THREADS * q
+        x, c = (e % width, e // width) if along_x else (e // K_CHUNK, e % K_CHUNK)
+        regs[q] = ZERO
+        if first + x < extent and k0 + c < k:
+            regs[q] = src[bi, k0 + c, first + x] if along_x else src[bi, first + x, k0 + c]
+
+
+@cuda.jit(device=True)
+def _stage(tile, buf, along_x, t, regs, loads, width):
+    """Store :func:`_fetch`'s registers into shared ``tile[buf]`` as (K_CHUNK, width)."""
+    for q in range(loads):
+        e = t + MM_THREADS * q
+        x, c = (e % width, e // width) if along_x else (e // K_CHUNK, e % K_CHUNK)
+        tile[buf, c, x] = regs[q]
+
+
+@cuda.jit(device=True)
+def _push(acc, r0, r1, upper, count):
+    """:func:`.reduction.stack_push` of every output's chunk sum ``acc[o]`` at once. The tree's
+    two lowest levels (touched by every chunk and every other chunk) live in registers ``r0``
+    and ``r1``; higher levels in ``upper``, touched once per four chunks."""
+    if count & 1 == 0:
+        for o in range(MM_OUTS):
+            r0[o] = acc[o]
+    else:
+        for o in range(MM_OUTS):
+            acc[o] = fadd(r0[o], acc[o])
+        if count & 2 == 0:
+            for o in range(MM_OUTS):
+                r1[o] = acc[o]
+        else:
+            for o in range(MM_OUTS):
+                acc[o] = fadd(r1[o], acc[o])
+            level = 2
+            while (count >> level) & 1:
+                for o in range(MM_OUTS):
+                    acc[o] = fadd(upper[level - 2, o], acc[o])
+                level += 1
+            for o in range(MM_OUTS):
+                upper[level - 2, o] = acc[o]
+    return count + 1
+
+
+@cuda.jit(device=True)
+def _total(acc, r0, r1, upper, count):
+    """:func:`.reduction.stack_total` of every output into ``acc``: waiting blocks, smallest first."""
+    seen = False
+    if count & 1:
+        for o in range(MM_OUTS):
+            acc[o] = r0[o]
+        seen = True
+    if count & 2:
+        for o in range(MM_OUTS):
+            acc[o] = fadd(r1[o], acc[o]) if seen else r1[o]
+        seen = True
+    level = 2
+    while (count >> level) != 0:
+        if (count >> level) & 1:
+            for o in range(MM_OUTS):
+                acc[o] = fadd(upper[level - 2, o], acc[o]) if seen else upper[level - 2, o]
+            seen = True
+        level += 1
+    if not seen:
+        for o in range(MM_OUTS):
+            acc[o] = ZERO
+
+
 @cuda.jit
 def matmul_kernel(a, b, out, trans_a, trans_b, structure):
+    """Register-blocked ``out[bi] = op(a[bi]) @ op(b[bi])``: a block computes MM_BM x MM_BN
+    outputs, each thread MM_TM x MM_TN of them (rows ``ty + MM_TY·i``, columns ``tx + MM_TX·j``,
+    so a warp's shared reads are broadcasts or consecutive words).
+
+    Why the bits are the spec's: every output keeps its own accumulator and its own tree. Chunk
+    c of K is staged (A and B tiles, double-buffered: chunk c + 1 is read from global memory
+    into registers while chunk c is computed) and folded ``acc = ffma(a, b, acc)`` from +0.0 in
+    ascending k up to K, then pushed into the output's streaming tree (:func:`_push`); staged
+    positions past M or N are +0.0 and never stored. The structure flags
+    skip only work whose result is known: tiles wholly above the diagonal (CAUSAL_OUTPUT), chunks
+    of A wholly zero after a tile's last row (A_LOWER: trailing zero chunks do not change the
+    tree) or before its first row (A_UPPER: their sum, +0.0, is still pushed)."""
     m, n = out.shape[1], out.shape[2]
     k = a.shape[1] if trans_a else a.shape[2]
     bi = cuda.blockIdx.z
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    i0, j0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
-    a_tile = cuda.shared.array((TILE, K_CHUNK), float32)
-    b_tile = cuda.shared.array((K_CHUNK, TILE), float32)
-    stack = cuda.local.array(STACK_DEPTH, float32)
+    t = ty * MM_TX + tx
+    row0, col0 = cuda.blockIdx.y * MM_BM, cuda.blockIdx.x * MM_BN
+    if structure == CAUSAL_OUTPUT and col0 > row0 + MM_BM - 1:  # the whole tile is above the diagonal
+        for i in range(MM_TM):
+            for j in range(MM_TN):
+                if row0 + ty + MM_TY * i < m and col0 + tx + MM_TX * j < n:
+                    out[bi, row0 + ty + MM_TY * i, col0 + tx + MM_TX * j] = ZERO
+        return
+    a_tile = cuda.shared.array(A_TILE, float32)
+    b_tile = cuda.shared.array(B_TILE, float32)
+    a_regs = cuda.local.array(A_LOADS, float32)
+    b_regs = cuda.local.array(B_LOADS, float32)
+    a_frag = cuda.local.array(MM_TM, float32)
+    b_frag = cuda.local.array(MM_TN, float32)
+    acc = cuda.local.array(MM_OUTS, float32)
+    r0 = cuda.local.array(MM_OUTS, float32)
+    r1 = cuda.local.array(MM_OUTS, float32)
+    upper = cuda.local.array(UPPER_LEVELS, float32)
+    chunks = (k + K_CHUNK - 1) // K_CHUNK
+    first, end = 0, chunks
+    if structure == A_LOWER:
+        end = min(chunks, (row0 + MM_BM - 1) // K_CHUNK + 1)
+    elif structure == A_UPPER:
+        first = min(chunks, row0 // K_CHUNK)
     count = 0
-    for k0 in range(0, k, K_CHUNK):
-        for half in range(K_CHUNK // TILE):  # each thread stages K_CHUNK // TILE elements of each tile
-            ka, kb = k0 + tx + half * TILE, k0 + ty + half * TILE
-            a_tile[ty, tx + half * TILE] = ZERO
-            if i0 + ty < m and ka < k:
-                a_tile[ty, tx + half * TILE] = a[bi, ka, i0 + ty] if trans_a else a[bi, i0 + ty, ka]
-            b_tile[ty + half * TILE, tx] = ZERO
-            if j0 + tx < n and kb < k:
-                b_tile[ty + half * TILE, tx] = b[bi, j0 + tx, kb] if trans_b else b[bi, kb, j0 + tx]
+    for c in range(first):
+        for o in range(MM_OUTS):
+            acc[o] = ZERO
+        count = _push(acc, r0, r1, upper, count)
+    if first < end:
+        _fetch(a, bi, row0, m, first * K_CHUNK, k, trans_a, t, a_regs, A_LOADS, MM_BM)
+        _fetch(b, bi, col0, n, first * K_CHUNK, k, not trans_b, t, b_regs, B_LOADS, MM_BN)
+        _stage(a_tile, 0, trans_a, t, a_regs, A_LOADS, MM_BM)
+        _stage(b_tile, 0, not trans_b, t, b_regs, B_LOADS, MM_BN)
         cuda.syncthreads()
-        s = ZERO
-        for kk in range(min(K_CHUNK, k - k0)):
-            s = ffma(a_tile[ty, kk], b_tile[kk, tx], s)
-        count = stack_push(stack, count, s)
+    for c in range(first, end):
+        buf = (c - first) & 1
+        more = c + 1 < end
+        if more:
+            _fetch(a, bi, row0, m, (c + 1) * K_CHUNK, k, trans_a, t, a_regs, A_LOADS, MM_BM)
+            _fetch(b, bi, col0, n, (c + 1) * K_CHUNK, k, not trans_b, t, b_regs, B_LOADS, MM_BN)
+        for o in range(MM_OUTS):
+            acc[o] = ZERO
+        for kk in range(min(K_CHUNK, k - c * K_CHUNK)):
+            for i in range(MM_TM):
+                a_frag[i] = a_tile[buf, kk, ty + MM_TY * i]
+            for j in range(MM_TN):
+                b_frag[j] = b_tile[buf, kk, tx + MM_TX * j]
+            for i in range(MM_TM):
+                for j in range(MM_TN):
+                    acc[i * MM_TN + j] = ffma(a_frag[i], b_frag[j], acc[i * MM_TN + j])
+        if more:
+            _stage(a_tile, 1 - buf, trans_a, t, a_regs, A_LOADS, MM_BM)
+            _stage(b_tile, 1 - buf, not trans_b, t, b_regs, B_LOADS, MM_BN)
+        count = _push(acc, r0, r1, upper, count)
         cuda.syncthreads()
-    if i0 + ty < m and j0 + tx < n:
-        above = structure == CAUSAL_OUTPUT and j0 + tx > i0 + ty
-        out[bi, i0 + ty, j0 + tx] = ZERO if above else stack_total(stack, count)
+    _total(acc, r0, r1, upper, count)
+    for i in range(MM_TM):
+        for j in range(MM_TN):
+            row, col = row0 + ty + MM_TY * i, col0 + tx + MM_TX * j
+            if row < m and col < n:
+                above = structure == CAUSAL_OUTPUT and col > row
+                out[bi, row, col] = ZERO if above else acc[i * MM_TN + j]
 
 
 @cuda.jit
@@ -166,9 +330,9 @@ def embed_kernel(wte, wpe, tokens, x):
 
 @cuda.jit
 def scatter_add_kernel(dwte, dx, order, starts):
-    token = cuda.grid(1)
-    if token < dwte.shape[0]:
-        scatter_add_row(dwte, dx, order, starts, token)
+    i = cuda.grid(1)  # one thread per (token, column): each walks its token's positions in order
+    if i < dwte.shape[0] * dwte.shape[1]:
+        scatter_add_element(dwte, dx, order, starts, i // dwte.shape[1], i % dwte.shape[1])
 
 
 @cuda.jit
@@ -204,6 +368,13 @@ def add_kernel(a, b, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = fadd(a[i], b[i])
+
+
+@cuda.jit
+def zero_kernel(out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = ZERO
 
 
 @cuda.jit
@@ -264,10 +435,52 @@ def cross_entropy_kernel(logits, targets, inv_n, dlogits, row_loss):
 
 
 @cuda.jit
+def loss_kernel(row_loss, inv_n, out):
+    if cuda.grid(1) == 0:  # the same fold as the CPU kernel's: fmul(row_sum(row_loss), inv_n)
+        out[0] = fmul(row_sum(row_loss, cuda.local.array(STACK_DEPTH, float32)), inv_n)
+
+
+_ONE = np.float32(1)
+
+
+@cuda.jit
+def clip_kernel(partials, bounds, max_norm, clip_eps, sums, out):
+    """``out = [norm, coef]`` from every tensor's chunk sums of squares (tensor t's are
+    ``partials[bounds[t]:bounds[t + 1]]``): each tensor's tree, the fixed-order sum over tensors,
+    ``fsqrt``, then ``min(1, max_norm / (norm + eps))`` — :meth:`.backend.CpuBackend.clip_norm`'s
+    operations, in one thread (a few thousand adds)."""
+    if cuda.grid(1) == 0:
+        stack = cuda.local.array(STACK_DEPTH, float32)
+        for t in range(sums.shape[0]):
+            count = 0
+            for c in range(bounds[t], bounds[t + 1]):
+                count = stack_push(stack, count, partials[c])
+            sums[t] = stack_total(stack, count)
+        norm = fsqrt(row_sum(sums, stack))
+        coef = fdiv(max_norm, fadd(norm, clip_eps))
+        out[0] = norm
+        out[1] = coef if coef < _ONE else _ONE  # Python's min(1, coef): 1 unless coef < 1
+
+
+@cuda.jit
+def adamw_clip_kernel(p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps, clip):
+    i = cuda.grid(1)
+    if i < p.shape[0]:
+        adamw_element(p, g, m, v, p_out, m_out, v_out, i, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps,
+                      clip[1])  # fmt: skip
+
+
+@cuda.jit
 def adamw_kernel(p, g, m, v, p_out, m_out, v_out, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps, coef):
     i = cuda.grid(1)
     if i < p.shape[0]:
         adamw_element(p, g, m, v, p_out, m_out, v_out, i, b1, omb1, b2, omb2, decay, step_size, sqrt_bias2, eps, coef)
+
+
+@cuda.jit
+def probe_kernel(x, out):
+    if cuda.grid(1) == 0:
+        probe_row(x, out)
 
 
 # ---- the backend ------------------------------------------------------------------------------
@@ -282,17 +495,47 @@ class CudaBackend:
 
     name = "cuda-simulator" if SIMULATED else "cuda"
 
+    def __init__(self, device: int = 0) -> None:
+        # numba keeps the current context per thread: this backend is used from this thread.
+        self.device = cuda.select_device(device) if not SIMULATED else cuda.get_current_device()
+        self.index = device
+        self.compute_capability = tuple(self.device.compute_capability)
+        self._uploaded: tuple[weakref.ref, StateArena] | None = None
+        self._slots: list[np.ndarray] = []
+        self._slot_users: dict[int, Future] = {}
+        self._chunk_bounds: dict[tuple, tuple] = {}
+        self.live_bytes = self.peak_bytes = 0  # device memory this backend allocated (not numba's caches)
+
     def upload(self, a: np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a))
+        return self._count(cuda.to_device(np.ascontiguousarray(a)))
 
     def download(self, a) -> np.ndarray:
         return a.copy_to_host()
 
     def empty(self, shape):
-        return cuda.device_array(shape, np.float32)
+        return self._count(cuda.device_array(shape, np.float32))
+
+    def _count(self, array):
+        """Account ``array``'s bytes as live until its memory (shared by every view) is freed."""
+        memory = getattr(array, "gpu_data", None)  # the simulator's arrays have none
+        if memory is not None:
+            self.live_bytes += array.nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            weakref.finalize(memory, self._release, array.nbytes)
+        return array
+
+    def _release(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+    def reset_peak(self) -> int:
+        """Start a new peak of this backend's live device bytes (:attr:`peak_bytes`) from now."""
+        self.peak_bytes = self.live_bytes
+        return self.live_bytes
 
     def zeros(self, shape):
-        return cuda.to_device(np.zeros(shape, np.float32))
+        out = self.empty((math.prod(shape),))
+        zero_kernel[_blocks(out.shape[0]), THREADS](out)  # no host buffer, no transfer
+        return out.reshape(*shape)
 
     def matmul(self, a, b, trans_a: bool = False, trans_b: bool = False, structure: int = DENSE):
         # The zeros named by A_LOWER/A_UPPER are simply computed here (the same bits).
@@ -300,9 +543,11 @@ class CudaBackend:
             return self.matmul(a.reshape(1, *a.shape), b.reshape(1, *b.shape), trans_a, trans_b, structure).reshape(
                 *self._mm_shape(a.shape, b.shape, trans_a, trans_b))
         m, n = self._mm_shape(a.shape[1:], b.shape[1:], trans_a, trans_b)
+        if (a.shape[1] if trans_a else a.shape[2]) > MM_MAX_CHUNKS * K_CHUNK:
+            raise ValueError(f"matmul: K over {MM_MAX_CHUNKS * K_CHUNK} is not supported on CUDA")
         out = self.empty((a.shape[0], m, n))
-        grid = (math.ceil(n / TILE), math.ceil(m / TILE), a.shape[0])
-        matmul_kernel[grid, (TILE, TILE)](a, b, out, trans_a, trans_b, structure)
+        grid = (math.ceil(n / MM_BN), math.ceil(m / MM_BM), a.shape[0])
+        matmul_kernel[grid, (MM_TX, MM_TY)](a, b, out, trans_a, trans_b, structure)
         return out
 
     @staticmethod
@@ -316,7 +561,10 @@ class CudaBackend:
 
     def scatter_add(self, dwte, dx, tokens: np.ndarray) -> None:
         order, starts = positions_by_token(tokens, dwte.shape[0])
-        scatter_add_kernel[_blocks(dwte.shape[0]), THREADS](dwte, dx, cuda.to_device(order), cuda.to_device(starts))
+        self.scatter_add_sorted(dwte, dx, self.upload(order), self.upload(starts))
+
+    def scatter_add_sorted(self, dwte, dx, order, starts) -> None:
+        scatter_add_kernel[_blocks(dwte.shape[0] * dwte.shape[1]), THREADS](dwte, dx, order, starts)
 
     def rmsnorm(self, x, g, eps):
         y, rstd = self.empty(x.shape), self.empty((x.shape[0],))
@@ -390,10 +638,20 @@ class CudaBackend:
         softmax_backward_kernel[_blocks(p.shape[0] * p.shape[1]), THREADS](p, dp, scale, ds)
         return ds
 
-    def cross_entropy(self, logits, targets, inv_n):
-        dlogits, row_loss = self.empty(logits.shape), self.empty((logits.shape[0],))
+    def loss_and_grad(self, logits, targets, inv_n):
+        dlogits, row_loss, loss = self.empty(logits.shape), self.empty((logits.shape[0],)), self.empty((1,))
         cross_entropy_kernel[_blocks(logits.shape[0]), THREADS](logits, targets, inv_n, dlogits, row_loss)
-        return np.float32(fixed_sum(self.download(row_loss)) * inv_n), dlogits
+        loss_kernel[1, 1](row_loss, inv_n, loss)
+        return loss, dlogits
+
+    def cross_entropy(self, logits, targets, inv_n):
+        loss, dlogits = self.loss_and_grad(logits, targets, inv_n)
+        return np.float32(self.download(loss)[0]), dlogits
+
+    def probe(self, x: np.ndarray) -> np.ndarray:
+        out = self.empty((PROBE_OUTPUTS,))
+        probe_kernel[1, 1](self.upload(x), out)
+        return self.download(out)
 
     def adamw(self, p, g, m, v, scalars: AdamWScalars):
         shape, n = p.shape, math.prod(p.shape)
@@ -401,3 +659,147 @@ class CudaBackend:
         adamw_kernel[_blocks(n), THREADS](p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), *outs,
                                           *scalars.args())  # fmt: skip
         return tuple(o.reshape(*shape) for o in outs)
+
+    # ---- whole-step pieces: the state stays here, one upload per batch, one download per step
+
+    def micro_batches(self, batch: np.ndarray, vocab_size: int):
+        packed, layout = pack_batch(batch, vocab_size)
+        return micro_batches(self.upload(packed), layout)  # the whole step's tokens in one transfer
+
+    def load_state(self, state: TrainState):
+        """The state's arrays on this device: a state this backend produced is already here (its
+        arena); another is uploaded as one packed transfer (and kept for the rest of its step)."""
+        if isinstance(state.params, DeviceTensors) and state.params.arena.backend is self:
+            return state.params.arena.device_views()
+        cached = self._uploaded
+        if cached is not None and cached[0]() is state:
+            return cached[1].device_views()
+        arena = StateArena.upload(self, state)
+        self._uploaded = (weakref.ref(state), arena)
+        return arena.device_views()
+
+    def clip_norm(self, grads: list, max_norm: np.float32):
+        sizes = tuple(math.prod(g.shape) for g in grads)
+        if sizes not in self._chunk_bounds:  # a model's shapes: uploaded once, not once per step
+            chunks = [max(1, math.ceil(n / K_CHUNK)) for n in sizes]
+            bounds = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+            self._chunk_bounds = {sizes: (bounds, self.upload(bounds))}
+        bounds, device_bounds = self._chunk_bounds[sizes]
+        partials = self.empty((int(bounds[-1]),))
+        for g, lo, hi in zip(grads, bounds[:-1].tolist(), bounds[1:].tolist()):
+            chunk_sums_kernel[_blocks(hi - lo), THREADS](g.reshape(-1), True, partials[lo:hi])
+        clip = self.empty((2,))
+        clip_kernel[1, 1](partials, device_bounds, max_norm, CLIP_EPS, self.empty((len(grads),)), clip)
+        return clip
+
+    def start_witness(self, loss, grads: dict, order: list[str], clip):
+        """Gather the loss, [norm, coef] and the gradients into one device buffer, and start its
+        one asynchronous copy into a pinned host slot; the returned function waits for it (the
+        update kernels launched meanwhile keep the device busy) and hashes in the background."""
+        sizes = [math.prod(grads[n].shape) for n in order]
+        staging = self.empty((3 + sum(sizes),))
+        staging[0:1].copy_to_device(loss)
+        staging[1:3].copy_to_device(clip)
+        offset = 3
+        for name, size in zip(order, sizes):
+            staging[offset:offset + size].copy_to_device(grads[name].reshape(-1))
+            offset += size
+        slot = self._free_slot(staging.shape[0])
+        stream = cuda.default_stream()
+        staging.copy_to_host(slot, stream=stream)
+        copied = cuda.event()
+        copied.record(stream)
+
+        def finish() -> StepScalars:
+            copied.synchronize()
+            views, offset = {}, 3
+            for name, size in zip(order, sizes):
+                views[name] = slot[offset:offset + size].reshape(grads[name].shape)
+                offset += size
+            done = witness_async(slot[0], views, order, slot[1], slot[2])
+            self._slot_users[id(slot)] = done.witness
+            return done
+
+        return finish
+
+    def _free_slot(self, size: int) -> np.ndarray:
+        """A pinned host buffer of ``size`` floats that no witness is still being hashed from
+        (two alternate, so one step's hash overlaps the next step)."""
+        self._slots = [s for s in self._slots if s.shape[0] == size] or [cuda.pinned_array(size, np.float32)
+                                                                         for _ in range(2)]  # fmt: skip
+        self._slots.append(slot := self._slots.pop(0))
+        if (user := self._slot_users.pop(id(slot), None)) is not None:
+            user.result()
+        return slot
+
+    def adamw_all(self, params: dict, grads: dict, m: dict, v: dict, scalars: dict, clip):
+        """Every parameter's update into a new state arena (the old one stays valid for whoever
+        still holds the old state)."""
+        arena = StateArena(self, {name: p.shape for name, p in params.items()}, self.empty((3 * sum(
+            math.prod(p.shape) for p in params.values()),)))  # fmt: skip
+        new_p, new_m, new_v = arena.device_views()
+        for name in params:
+            n = math.prod(params[name].shape)
+            flat = [a.reshape(-1) for a in (params[name], grads[name], m[name], v[name], new_p[name], new_m[name],
+                                            new_v[name])]  # fmt: skip
+            adamw_clip_kernel[_blocks(n), THREADS](*flat, *scalars[name].update_args(), clip)
+        return arena
+
+    def to_state(self, config, arena: StateArena, step: int, beta1_pow, beta2_pow) -> TrainState:
+        return TrainState(config, *(DeviceTensors(arena, group) for group in range(3)), step, beta1_pow, beta2_pow)
+
+
+class StateArena:
+    """A state's parameters and moments in one device buffer (all parameters, then all first
+    moments, then all second moments, each in parameter order), immutable once written. Its host
+    copy is made on first request, in one transfer."""
+
+    def __init__(self, backend: CudaBackend, shapes: dict, flat) -> None:
+        self.backend, self.shapes, self.flat = backend, shapes, flat
+        self._host: tuple[dict, dict, dict] | None = None
+
+    @classmethod
+    def upload(cls, backend: CudaBackend, state: TrainState) -> StateArena:
+        shapes = {name: tuple(a.shape) for name, a in state.params.items()}
+        host = np.concatenate([np.asarray(group[name], np.float32).reshape(-1)
+                               for group in (state.params, state.m, state.v) for name in shapes])  # fmt: skip
+        return cls(backend, shapes, backend.upload(host))
+
+    def _split(self, flat) -> tuple[dict, dict, dict]:
+        groups, offset = ({}, {}, {}), 0
+        for group in groups:
+            for name, shape in self.shapes.items():
+                n = math.prod(shape)
+                group[name] = flat[offset:offset + n].reshape(*shape)
+                offset += n
+        return groups
+
+    def device_views(self) -> tuple[dict, dict, dict]:
+        return self._split(self.flat)
+
+    def host_views(self) -> tuple[dict, dict, dict]:
+        if self._host is None:
+            host = self.backend.download(self.flat)
+            host.flags.writeable = False
+            self._host = self._split(host)
+        return self._host
+
+
+class DeviceTensors(Mapping):
+    """One group (params, m or v) of a :class:`StateArena` as the read-only host arrays a
+    :class:`TrainState` holds; the whole arena is downloaded, once, when one is first read."""
+
+    def __init__(self, arena: StateArena, group: int) -> None:
+        self.arena, self.group = arena, group
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arena.host_views()[self.group][name]
+
+    def __iter__(self):
+        return iter(self.arena.shapes)
+
+    def __len__(self) -> int:
+        return len(self.arena.shapes)
+
+    def __reduce__(self):  # pickles as the plain dict it stands for
+        return dict, (dict(self.items()),)

@@ -3,7 +3,8 @@
 
 A replayer derives the batch of step k from the run's committed samples (:mod:`.samples`)
 instead of receiving it: row j of micro-batch μ of rank r holds sample
-``sample_index(seed, k, r, μ, j, N)``, a counter-based rule written out below — not a NumPy or
+``sample_index(seed, k, r, μ, j, N)``, a counter-based rule (:mod:`open1b.protocol.data_order`,
+where a data proof's verifier finds it) — not a NumPy or
 torch random stream, whose output may change between versions.
 """
 
@@ -15,22 +16,20 @@ from importlib import resources
 
 import numpy as np
 
+from open1b.protocol.data_order import DATA_ORDER, sample_index  # noqa: F401 (re-exported: proofs re-derive draws too)
+
 from .config import GPTConfig, Topology
+from .documents import CorpusSplit
 from .errors import BatchFormatError, ConfigError, DeterminismError
 from .samples import Dataset, cut_samples
 
 TOKENIZER = "bytes/v1"
 TOKENIZER_VOCAB = 256
-DATA_ORDER = "open1b/data/v2"
-_ORDER_TAG = b"open1b/data/v2\x00"
 
 BUILTIN_CORPUS = "cpython-3.11.7-docstrings"
 BUILTIN_CORPUS_FILE = "cpython-3.11.7-docstrings.txt"
 BUILTIN_CORPUS_DIGEST = bytes.fromhex("912d4a58d163746b41f41015ece09d75252bbb4a53378c9bc191b7ef362d1f49")
 """B2 of the shipped corpus file (made by ``corpus/build.py``), checked on every load."""
-
-_U64 = 1 << 64
-_U32 = 1 << 32
 
 
 def encode(text: str) -> np.ndarray:
@@ -54,32 +53,37 @@ def builtin_corpus_bytes() -> bytes:
 
 
 @functools.cache
-def _builtin_dataset(sample_len: int) -> Dataset:
-    tokens = np.frombuffer(builtin_corpus_bytes(), dtype=np.uint8)  # bytes/v1 of UTF-8 text is its bytes
+def builtin_split(held_out: int = 0) -> CorpusSplit:
+    """The shipped corpus with its last ``held_out`` documents held out for evaluation."""
+    return CorpusSplit.of(builtin_corpus_bytes(), held_out)
+
+
+@functools.cache
+def _builtin_dataset(sample_len: int, held_out: int, evaluation: bool) -> Dataset:
+    split = builtin_split(held_out)
+    stream = split.evaluation if evaluation else split.train
+    tokens = np.frombuffer(stream, dtype=np.uint8)  # bytes/v1 of UTF-8 text is its bytes
     return Dataset.from_samples(cut_samples(tokens, sample_len), TOKENIZER_VOCAB)
 
 
-def builtin_dataset(config: GPTConfig) -> Dataset:
-    """The shipped corpus cut into samples of ``config.seq_len + 1`` tokens (cached per length)."""
+def _check_vocab(config: GPTConfig) -> None:
     if config.vocab_size < TOKENIZER_VOCAB:
         raise ConfigError(f"{TOKENIZER} needs vocab_size >= {TOKENIZER_VOCAB}, the config has {config.vocab_size}")
-    return _builtin_dataset(config.seq_len + 1)
 
 
-def sample_index(seed: int, step: int, rank: int, micro_batch: int, row: int, n_samples: int) -> int:
-    """The sample of row ``row`` of micro-batch ``micro_batch`` of rank ``rank`` in step ``step``::
+def builtin_dataset(config: GPTConfig, held_out: int = 0) -> Dataset:
+    """The training samples: the shipped corpus, less its last ``held_out`` documents, cut into
+    samples of ``config.seq_len + 1`` tokens (cached)."""
+    _check_vocab(config)
+    return _builtin_dataset(config.seq_len + 1, held_out, False)
 
-        i = u64le(B2("open1b/data/v2\\0" ‖ u64le(seed) ‖ u64le(step) ‖ u32le(rank)
-                     ‖ u32le(micro_batch) ‖ u32le(row))[0:8]) mod N
 
-    Rows draw with replacement; the modulo bias is below N / 2^64 (2^-49 for the shipped corpus).
-    """
-    if not (0 <= seed < _U64 and 0 <= step < _U64 and 0 <= rank < _U32 and 0 <= micro_batch < _U32
-            and 0 <= row < _U32 and n_samples >= 1):  # fmt: skip
-        raise ValueError("seed/step must fit u64, rank/micro_batch/row u32, and N >= 1")
-    msg = (_ORDER_TAG + seed.to_bytes(8, "little") + step.to_bytes(8, "little") + rank.to_bytes(4, "little")
-           + micro_batch.to_bytes(4, "little") + row.to_bytes(4, "little"))  # fmt: skip
-    return int.from_bytes(hashlib.blake2b(msg, digest_size=32).digest()[:8], "little") % n_samples
+def builtin_eval_dataset(config: GPTConfig, held_out: int) -> Dataset:
+    """The evaluation samples: the last ``held_out`` (≥ 1) documents cut the same way."""
+    _check_vocab(config)
+    if held_out < 1:
+        raise ConfigError("an evaluation set needs at least one held-out document")
+    return _builtin_dataset(config.seq_len + 1, held_out, True)
 
 
 def step_sample_indices(seed: int, step: int, topology: Topology, n_samples: int) -> np.ndarray:

@@ -137,12 +137,15 @@ def local_steps(
 
 def run_steps(
     state0: TrainState, batch_fn: BatchFn, topology: Topology, steps: int, *, world: int = 1,
-    after_step: StateEdit | None = None,
+    after_step: StateEdit | None = None, backend=None,
 ) -> Iterator[Step]:  # fmt: skip
-    """The trainer's one loop: :func:`local_steps` when ``world`` is 1, else
-    :func:`distributed_steps` with ``world`` processes. Both yield the same bits."""
+    """The trainer's one loop: :func:`local_steps` (on ``backend``, default the CPU's) when
+    ``world`` is 1, else :func:`distributed_steps` with ``world`` CPU processes. Both yield the
+    same bits."""
     if world == 1:
-        return local_steps(state0, batch_fn, topology, steps, after_step=after_step)
+        return local_steps(state0, batch_fn, topology, steps, after_step=after_step, backend=backend)
+    if backend is not None:
+        raise ConfigError("data-parallel training (world > 1) runs on the CPU backend only")
     return distributed_steps(state0, batch_fn, topology, steps, world=world, after_step=after_step)
 
 
@@ -296,7 +299,7 @@ def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts) -> Ge
             dist.destroy_process_group()
         numba.set_num_threads(threads)
         handoff.cleanup()
-        del store  # the last reference: closes the store's server
+        store = None  # drop the last reference (the exchange closure shares this cell): closes the store's server
 
 
 def _write_handoff(folder: Path, state0: TrainState, topology, batch_fn, after_step, steps, timeouts) -> None:

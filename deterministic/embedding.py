@@ -42,11 +42,16 @@ def embed_row(wte, wpe, tokens, x, r):
 
 
 @device
-def scatter_add_row(dwte, dx, order, starts, token):
+def scatter_add_element(dwte, dx, order, starts, token, c):
+    """``dwte[token, c]`` plus column c of token's positions, in ascending position order."""
     for idx in range(starts[token], starts[token + 1]):
-        p = order[idx]
-        for c in range(dwte.shape[1]):
-            dwte[token, c] = fadd(dwte[token, c], dx[p, c])
+        dwte[token, c] = fadd(dwte[token, c], dx[order[idx], c])
+
+
+@device
+def scatter_add_row(dwte, dx, order, starts, token):
+    for c in range(dwte.shape[1]):
+        scatter_add_element(dwte, dx, order, starts, token, c)
 
 
 def _build(rows, parallel):

@@ -63,3 +63,16 @@ class DistributedError(Open1bError):
         super().__init__(message)
         self.rank = rank
         self.detail = detail
+
+
+class DeviceError(Open1bError):
+    """A ``--device`` choice that cannot be honoured (see the two subclasses)."""
+
+
+class DeviceSpecError(DeviceError, ValueError):
+    """A device spec that is not ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (the caller's mistake)."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """An explicitly named device that this machine lacks, or that failed the self-checks (the
+    machine's fault: it would compute other bits, so it is refused rather than used)."""

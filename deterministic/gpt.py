@@ -26,25 +26,24 @@ import numpy as np
 from .attention import attention_scale
 from .config import GPTConfig
 from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT
+from .microbatch import MicroBatch
 
 
 def _layer_names(layer: int) -> tuple[str, ...]:
     return tuple(f"h{layer}.{p}" for p in ("ln1", "attn_qkv", "attn_out", "ln2", "mlp_fc", "mlp_proj"))
 
 
-def forward_backward(params: dict, tokens: np.ndarray, inv_n: np.float32, config: GPTConfig, be):
-    """``(loss, grads)`` of one micro-batch: ``tokens`` int32 (b, T + 1) (inputs ``[:, :-1]``,
-    targets ``[:, 1:]``); the loss and every gradient already scaled by ``inv_n`` (one over the
+def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config: GPTConfig, be):
+    """``(loss, grads)`` of one micro-batch (:class:`.microbatch.MicroBatch`, on the backend);
+    the loss (a (1,) backend array) and every gradient already scaled by ``inv_n`` (one over the
     *step's* number of target tokens). ``params`` and the results are backend arrays."""
     seq_len, heads, d = config.seq_len, config.n_heads, config.d_model
     eps = config.hyper32()["norm_eps"]
     scale = attention_scale(config.head_dim)
-    inputs = np.ascontiguousarray(tokens[:, :-1]).reshape(-1)
-    targets = np.ascontiguousarray(tokens[:, 1:]).reshape(-1)
-    rows = inputs.shape[0]
+    rows = micro.rows
 
     # ---- forward -------------------------------------------------------------------------
-    x = be.embed(params["wte"], params["wpe"], be.upload(inputs))
+    x = be.embed(params["wte"], params["wpe"], micro.inputs)
     saved = []
     for layer in range(config.n_layers):
         ln1, w_qkv, w_out, ln2, w_fc, w_proj = (params[n] for n in _layer_names(layer))
@@ -62,7 +61,7 @@ def forward_backward(params: dict, tokens: np.ndarray, inv_n: np.float32, config
         x = x_out
     xf, rstd_f = be.rmsnorm(x, params["ln_f"], eps)
     logits = be.matmul(xf, params["wte"], False, True)
-    loss, dlogits = be.cross_entropy(logits, be.upload(targets), inv_n)
+    loss, dlogits = be.loss_and_grad(logits, micro.targets, inv_n)
 
     # ---- backward ------------------------------------------------------------------------
     grads = {}
@@ -90,7 +89,7 @@ def forward_backward(params: dict, tokens: np.ndarray, inv_n: np.float32, config
         grads[names[1]] = be.matmul(h, dqkv, True, False)
         dx, dg = be.rmsnorm_backward(x_in, ln1, rstd1, be.matmul(dqkv, w_qkv, False, True), dx)
         grads[names[0]] = be.sum_rows(dg)
-    be.scatter_add(d_wte, dx, inputs)
+    be.scatter_add_sorted(d_wte, dx, micro.order, micro.starts)
     grads["wte"] = d_wte
     grads["wpe"] = be.sum_rows(dx.reshape(rows // seq_len, seq_len * d)).reshape(seq_len, d)
     return loss, {name: grads[name] for name in config.param_shapes()}

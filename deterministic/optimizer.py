@@ -46,10 +46,11 @@ class AdamWScalars:
     step_size: np.float32
     sqrt_bias2: np.float32
     eps: np.float32
-    coef: np.float32
+    coef: np.float32 | None = None
+    """The clipping coefficient; None where a backend supplies it from the device (:meth:`update_args`)."""
 
     @classmethod
-    def for_step(cls, *, lr, beta1, beta2, eps, weight_decay, beta1_pow, beta2_pow, coef) -> AdamWScalars:
+    def for_step(cls, *, lr, beta1, beta2, eps, weight_decay, beta1_pow, beta2_pow, coef=None) -> AdamWScalars:
         one = _F(1)
         return cls(
             beta1=beta1, one_minus_beta1=one - beta1, beta2=beta2, one_minus_beta2=one - beta2,
@@ -57,9 +58,15 @@ class AdamWScalars:
             eps=eps, coef=coef,
         )  # fmt: skip
 
-    def args(self) -> tuple[np.float32, ...]:
+    def update_args(self) -> tuple[np.float32, ...]:
+        """Every coefficient but ``coef``, in the kernels' argument order."""
         return (self.beta1, self.one_minus_beta1, self.beta2, self.one_minus_beta2, self.decay, self.step_size,
-                self.sqrt_bias2, self.eps, self.coef)  # fmt: skip
+                self.sqrt_bias2, self.eps)  # fmt: skip
+
+    def args(self) -> tuple[np.float32, ...]:
+        if self.coef is None:
+            raise ValueError("AdamWScalars.args() needs the clipping coefficient")
+        return (*self.update_args(), self.coef)
 
 
 def clip_coefficient(norm: np.float32, max_norm: np.float32) -> np.float32:

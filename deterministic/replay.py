@@ -21,6 +21,7 @@ from open1b.protocol import RunManifest
 
 from .backend import default_backend
 from .data import DATA_ORDER, TOKENIZER, batch_for_step
+from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import load_run_samples
 from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest
@@ -65,8 +66,10 @@ def _samples(run_dir: Path, manifest: RunManifest) -> Dataset:
     return _DATASETS[key]
 
 
-def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> ReplayResult:
-    """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step``."""
+def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
+           device: DeviceChoice | None = None) -> ReplayResult:
+    """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step`` on ``device``
+    (:func:`.device.select_device`, whose self-checks it trusts; default: the CPU, checked here)."""
     run_dir = Path(run_dir)
     manifest = manifest or read_manifest(run_dir)
     check_engine(manifest)
@@ -77,7 +80,11 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> Rep
         raise RunFormatError(f"run's data rules {dict(manifest.data)} are not this engine's "
                              f"({DATA_ORDER}, {TOKENIZER}, {SCHEDULE})")
     config, topology = config_of(manifest)
-    require_deterministic_machine(default_backend(config))
+    if device is None:
+        backend = default_backend(config)
+        require_deterministic_machine(backend)
+    else:
+        backend = device.backend_for(config)
     started = time.perf_counter()
     dataset = _samples(run_dir, manifest)
     state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
@@ -89,7 +96,7 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None) -> Rep
     if recomputed != manifest.state_hashes[step]:
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
-    new_state, report = train_step(state, batch, topology)
+    new_state, report = train_step(state, batch, topology, backend=backend)
     post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,

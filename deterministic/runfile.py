@@ -19,7 +19,7 @@ import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from open1b.protocol import RUN_FORMAT, Identity, RunManifest, TensorBytes, batch_digest, genesis, state_hash
+from open1b.protocol import RUN_FORMAT, Identity, RunManifest, TensorBytes, batch_digest, encode, genesis, state_hash
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.messages import MAX_MANIFEST_SIZE
 from open1b.protocol.witness import witness_commitment
@@ -29,12 +29,15 @@ from .errors import CheckpointMismatchError, RunFormatError
 from .state import TrainState
 
 ENGINE = "open1b-gpt"
-ENGINE_VERSION = "0.3.0"
+ENGINE_VERSION = "0.4.0"  # 0.4: documents and the evaluation set in the data map (run-format §8, §9)
 SCHEDULE = "constant"  # the learning rate of every step is config.lr
 
 MANIFEST_FILE = "manifest.cbor"
 CHECKPOINT_DIR = "checkpoints"
 SAMPLES_FILE = "samples.bin"
+EVALUATIONS_FILE = "evaluations.cbor"
+"""The trainer's evaluation results, a CBOR list of [state k, float32 loss bits]: not part of the manifest (the
+manifest commits to the schedule and the set; results are signed as ``eval`` statements)."""
 CHECKPOINT_METADATA_KEY = "open1b_checkpoint_step"
 CHECKPOINT_HEADER_SLACK = 1 << 20
 """Bytes allowed for a checkpoint's safetensors header beyond its tensors' data."""
@@ -114,6 +117,7 @@ class RunWriter:
         self.hashes: list[bytes] = []
         self.checkpoints: list[bytes] = []
         self.witnesses: list[bytes] = []
+        self.evaluations: dict[int, int] = {}
 
     def start(self, state: TrainState) -> None:
         self.hashes.append(next_state_hash(genesis_hash(self.fields), state, None))
@@ -125,11 +129,17 @@ class RunWriter:
         self.checkpoints.append(save_checkpoint(self.run_dir, state))
         self.witnesses.append(witness_commitment(witness))
 
+    def record_evaluation(self, k: int, loss_bits: int) -> None:
+        """The evaluation loss (float32 bits) of state ``k``, an entry of the run's schedule."""
+        self.evaluations[k] = loss_bits
+
     def finish(self, identity: Identity, created_at: int) -> RunManifest:
         manifest = RunManifest.create(
             identity, **self.fields, steps=len(self.witnesses), state_hashes=self.hashes,
             checkpoints=self.checkpoints, witnesses=self.witnesses, created_at=created_at,
         )
+        if self.evaluations:
+            write_atomic(self.run_dir / EVALUATIONS_FILE, encode(sorted(self.evaluations.items())))
         write_atomic(self.run_dir / MANIFEST_FILE, manifest.encoded)
         return manifest
 

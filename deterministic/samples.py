@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from open1b.protocol.documents import sample_digest as _protocol_sample_digest
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import merkle_proof, merkle_root, verify_merkle_proof
 
@@ -42,7 +43,6 @@ from .runfile import write_atomic
 
 SAMPLES_MAGIC = b"OPEN1BSM"
 SAMPLES_VERSION = 1
-SAMPLE_TAG = b"open1b/sample/v1\x00"
 _HEADER = struct.Struct("<8sHBBIIQI")
 HEADER_SIZE = _HEADER.size  # 32
 MAX_SAMPLES_BYTES = 1 << 26
@@ -60,7 +60,7 @@ def token_width(vocab_size: int) -> int:
 
 def sample_digest(tokens: np.ndarray) -> bytes:
     """s_i of one sample (an array of the file's token dtype)."""
-    return blake2b256(SAMPLE_TAG, bytes([tokens.dtype.itemsize]), tokens.tobytes())
+    return _protocol_sample_digest(tokens.tobytes(), tokens.dtype.itemsize)
 
 
 def cut_samples(tokens: np.ndarray, sample_len: int) -> np.ndarray:

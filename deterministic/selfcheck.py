@@ -1,7 +1,8 @@
 """Start-up probes: does *this process* compute float32 the way the spec requires?
 
 Each probe runs compiled code whose exact answer is known and differs when the process
-misbehaves. They catch the failures seen in practice:
+misbehaves, on the backend being checked (the CPU, or a GPU through :mod:`.probes`' one-thread
+kernel and the known-answer step on the device). They catch the failures seen in practice:
 
 * **fusion** — ``a*b + c`` contracted into one fma (rounds once instead of twice);
 * **flush-to-zero** — subnormal results replaced by zero, and **denormals-are-zero** —
@@ -28,13 +29,9 @@ from .config import GPTConfig, Topology
 from .errors import DeterminismError
 from .jit import CPU_OPTIONS
 from .mathf import expf, logf
-from .primitives import fadd, fmul
+from .probes import PROBE_INPUTS
 
 _F = np.float32
-FUSION_A = _F(1 + 2.0**-12)
-FUSION_C = _F(-(1 + 2.0**-11))
-"""``a*a + c``: a*a = 1 + 2**-11 + 2**-24 rounds to 1 + 2**-11, so the unfused result is 0;
-a fused multiply-add keeps the 2**-24."""
 
 KNOWN_ANSWER_CONFIG = GPTConfig(
     vocab_size=32, seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=64, norm_eps=1e-5, init_std=0.5,
@@ -51,16 +48,6 @@ class CheckResult:
     name: str
     ok: bool
     detail: str
-
-
-@njit(**CPU_OPTIONS)
-def fusion_probe(a, b, c):
-    return fadd(fmul(a, b), c)
-
-
-@njit(**CPU_OPTIONS)
-def multiply_probe(a, b):
-    return fmul(a, b)
 
 
 @njit(**CPU_OPTIONS)
@@ -107,25 +94,20 @@ def known_answer_state(backend=None):
     return state
 
 
-def _check_fusion() -> CheckResult:
-    got = _F(fusion_probe(FUSION_A, FUSION_A, FUSION_C))
+def _check_fusion(probed: np.ndarray) -> CheckResult:
+    got = probed[0]
     detail = f"a*b+c = {float(got)!r}, expected 0.0 (fused gives 2**-24)"
     return CheckResult("no-fma-contraction", bool(got == 0), detail)
 
 
-def _check_subnormals() -> CheckResult:
-    made = _F(multiply_probe(_F(1e-38), _F(1e-3)))  # normal inputs, subnormal result: FTZ gives 0
-    tiny = np.uint32(0x00000001).view(np.float32)
-    read = _F(multiply_probe(tiny, _F(2.0**24)))  # subnormal input: DAZ gives 0
+def _check_subnormals(probed: np.ndarray) -> CheckResult:
+    made, read = probed[1], probed[2]  # normal inputs, subnormal result (FTZ gives 0); subnormal input (DAZ gives 0)
     ok = 0 < made < np.finfo(np.float32).smallest_normal and read == _F(2.0**-125)
     detail = f"1e-38 * 1e-3 = {float(made)!r} (expected a subnormal), 2**-149 * 2**24 = {float(read)!r}"
     return CheckResult("gradual-underflow", bool(ok), detail)
 
 
-def _check_promotion(backend) -> CheckResult:
-    from .backend import default_backend
-
-    be = backend or default_backend(KNOWN_ANSWER_CONFIG)
+def _check_promotion(be) -> CheckResult:
     got = _F(promotion_probe(_F(1.0), _F(2.0**-30)))
     x = np.ones((2, 3), np.float32)
     dtypes = {"matmul": str(be.download(be.matmul(be.upload(x), be.upload(x), False, True)).dtype)}
@@ -138,9 +120,8 @@ def _check_promotion(backend) -> CheckResult:
     return CheckResult("float32-arithmetic", bool(ok), detail)
 
 
-def _check_transcendentals() -> CheckResult:
-    e1 = int(_F(exp_probe(_F(1.0))).view(np.uint32))
-    l3 = int(_F(log_probe(_F(3.0))).view(np.uint32))
+def _check_transcendentals(probed: np.ndarray) -> CheckResult:
+    e1, l3 = (int(_F(x).view(np.uint32)) for x in probed[3:5])
     ok = e1 == 0x402DF854 and l3 == 0x3F8C9F54
     return CheckResult("expf-logf-known-answers", ok, f"expf(1) = {e1:#010x}, logf(3) = {l3:#010x}")
 
@@ -152,11 +133,16 @@ def _check_known_answer(backend) -> CheckResult:
 
 
 def run_selfchecks(backend=None) -> list[CheckResult]:
-    """Run every probe in this thread and return their results (never raises on failure).
-    ``backend`` (default: the CPU backend of the known-answer model) is the one whose kernels
-    the step checks run on."""
-    return [_check_fusion(), _check_subnormals(), _check_transcendentals(), _check_promotion(backend),
-            _check_known_answer(backend)]  # fmt: skip
+    """Run every probe and return their results (never raises on failure). ``backend``
+    (default: the CPU backend of the known-answer model) is the one whose kernels the probes
+    and the known-answer step run on; the float64-promotion probe also checks this thread's
+    CPU code (compiled return types), which every backend's host side relies on."""
+    from .backend import default_backend
+
+    be = backend or default_backend(KNOWN_ANSWER_CONFIG)
+    probed = np.asarray(be.probe(PROBE_INPUTS), np.float32)
+    return [_check_fusion(probed), _check_subnormals(probed), _check_transcendentals(probed), _check_promotion(be),
+            _check_known_answer(be)]  # fmt: skip
 
 
 def require_deterministic_machine(backend=None) -> None:

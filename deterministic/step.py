@@ -26,7 +26,8 @@ payloads are not portable, so such a state could never be verified.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -35,24 +36,44 @@ from .backend import default_backend
 from .config import GPTConfig, Topology
 from .errors import BatchFormatError, NonFiniteError
 from .gpt import forward_backward
-from .optimizer import AdamWScalars, clip_coefficient
-from .reduction import RANK_GROUP, fixed_sum
+from .optimizer import AdamWScalars
+from .reduction import RANK_GROUP
 from .state import TrainState
-from .witness import replay_witness
 
 LOSS_KEY = "loss"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StepReport:
     """What a step observed: the exact float32 mean loss *before* the update, the global
     gradient norm, the clipping coefficient applied, and the replay witness W_k
-    (:mod:`.witness`), which only a replay of the step's forward and backward yields."""
+    (:mod:`.witness`), which only a replay of the step's forward and backward yields.
+
+    The witness is hashed in the background while the step finishes; reading :attr:`witness`
+    waits for it (pickling a report resolves it)."""
 
     loss: np.float32
     grad_norm: np.float32
     clip_coef: np.float32
-    witness: bytes
+    pending_witness: Future | bytes = field(repr=False)
+
+    @property
+    def witness(self) -> bytes:
+        w = self.pending_witness
+        return w if isinstance(w, bytes) else w.result()
+
+    def __reduce__(self):
+        return StepReport, (self.loss, self.grad_norm, self.clip_coef, self.witness)
+
+    def _bits(self) -> tuple:
+        return (np.float32(self.loss).tobytes(), np.float32(self.grad_norm).tobytes(),
+                np.float32(self.clip_coef).tobytes(), self.witness)  # fmt: skip
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, StepReport) and self._bits() == other._bits()
+
+    def __hash__(self) -> int:
+        return hash(self._bits())
 
 
 def check_batch(batch: np.ndarray, config: GPTConfig, topology: Topology) -> None:
@@ -112,21 +133,16 @@ class _GroupedTree:
         return total
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
-
-
 def _inv_tokens(config: GPTConfig, topology: Topology) -> np.float32:
     """One over the step's target-token count (all ranks together): every micro-batch's scale."""
     return np.float32(1) / np.float32(topology.sequences * config.seq_len)
 
 
-def _rank_term(params: dict, share: np.ndarray, inv_n: np.float32, config: GPTConfig, be) -> dict:
-    micro = _GroupedTree(share.shape[0], be.add, be.plus_zero)  # one group: a plain fold from +0.0
-    for mb in range(share.shape[0]):
-        loss, grads = forward_backward(params, share[mb], inv_n, config, be)
-        grads[LOSS_KEY] = be.upload(np.array([loss], np.float32))
+def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be) -> dict:
+    micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
+    for mb in micros:
+        loss, grads = forward_backward(params, mb, inv_n, config, be)
+        grads[LOSS_KEY] = loss
         micro.push(grads)
     return micro.total()
 
@@ -142,13 +158,15 @@ def rank_gradients(state: TrainState, share: np.ndarray, topology: Topology, be)
     Raises :class:`BatchFormatError` unless ``share`` is one rank's share of such a batch.
     """
     check_batch(share[None] if isinstance(share, np.ndarray) else share, state.config, replace(topology, ranks=1))
-    params = {k: be.upload(a) for k, a in state.params.items()}
-    return _rank_term(params, share, _inv_tokens(state.config, topology), state.config, be)
+    params, _, _ = be.load_state(state)
+    micros = be.micro_batches(share[None], state.config.vocab_size)[0]
+    return _rank_term(params, micros, _inv_tokens(state.config, topology), state.config, be)
 
 
-def reduce_ranks(terms: Iterable[dict], be) -> tuple[np.float32, dict]:
-    """The step's mean loss and summed gradients from the rank terms (:func:`rank_gradients`)
-    given in ascending rank order, summed in the cross-rank order (step 2 of the module doc).
+def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:
+    """The step's mean loss (a (1,) backend array) and summed gradients from the rank terms
+    (:func:`rank_gradients`) given in ascending rank order, summed in the cross-rank order
+    (step 2 of the module doc).
 
     Consumes ``terms`` as it goes and keeps O(log W) partial sums, so a generator of terms
     never holds every rank's gradients at once. The bits depend on the terms' bits and their
@@ -160,50 +178,56 @@ def reduce_ranks(terms: Iterable[dict], be) -> tuple[np.float32, dict]:
     if tree.count == 0 and tree.acc is None:
         raise ValueError("reduce_ranks needs at least one rank term")
     summed = tree.total()
-    return np.float32(be.download(summed.pop(LOSS_KEY))[0]), summed
+    return summed.pop(LOSS_KEY), summed
 
 
-def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be) -> tuple[np.float32, dict]:
+def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be) -> tuple[object, dict]:
     """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
-    every rank's term computed here, one after the other, and reduced as they come."""
+    every rank's term computed here, one after the other, and reduced as they come. The batch
+    goes to the backend once (:meth:`micro_batches`), the parameters not at all when they are
+    already there (:meth:`load_state`)."""
     config = state.config
     inv_n = _inv_tokens(config, topology)
-    params = {k: be.upload(a) for k, a in state.params.items()}
-    terms = (_rank_term(params, batch[rank], inv_n, config, be) for rank in range(topology.ranks))
+    params, _, _ = be.load_state(state)
+    micros = be.micro_batches(batch, config.vocab_size)
+    terms = (_rank_term(params, micros[rank], inv_n, config, be) for rank in range(topology.ranks))
     return reduce_ranks(terms, be)
 
 
-def finish_step(state: TrainState, loss: np.float32, grads: dict, be) -> tuple[TrainState, StepReport]:
-    """The rest of a step once its mean ``loss`` and summed, pre-clip ``grads`` (backend arrays,
-    from :func:`reduce_ranks`) are known: the global gradient norm, the clipping coefficient,
-    the replay witness, one AdamW update of every parameter, and the :class:`StepReport`.
+def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, StepReport]:
+    """The rest of a step once its mean ``loss`` ((1,) backend array) and summed, pre-clip
+    ``grads`` (backend arrays, from :func:`reduce_ranks`) are known: the global gradient norm,
+    the clipping coefficient, the replay witness, one AdamW update of every parameter, and the
+    :class:`StepReport`.
 
     The one place a report is built, so the one-process step and every rank of the distributed
-    trainer derive the same witness from the same bits. Raises :class:`NonFiniteError` as
-    :func:`train_step` does.
+    trainer derive the same witness from the same bits. On a device backend everything up to
+    the witness's bytes stays on the device: the gradients and the step's three scalars come to
+    the host in one transfer, which the update kernels overlap, and are hashed in the
+    background. Raises :class:`NonFiniteError` as :func:`train_step` does.
     """
     config = state.config
     hp = config.hyper32()
-    norm = np.sqrt(fixed_sum(np.array([be.sumsq(grads[name]) for name in config.param_shapes()], np.float32)))
-    if not (np.isfinite(loss) and np.isfinite(norm)):
-        raise NonFiniteError(f"step {state.step}: loss {loss}, gradient norm {norm}")
-    coef = clip_coefficient(norm, hp["grad_clip"])
     order = list(config.param_shapes())
-    witness = replay_witness(loss, {name: be.download(grads[name]) for name in order}, order)
+    clip = be.clip_norm([grads[name] for name in order], hp["grad_clip"])
+    scalars_of = be.start_witness(loss, grads, order, clip)
     beta1_pow = np.float32(state.beta1_pow * hp["beta1"])  # beta1**(step+1), one rounding per step
     beta2_pow = np.float32(state.beta2_pow * hp["beta2"])
-    new_p, new_m, new_v = {}, {}, {}
-    for name, shape in config.param_shapes().items():
-        scalars = AdamWScalars.for_step(
+    scalars = {
+        name: AdamWScalars.for_step(
             lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], eps=hp["eps"],
             weight_decay=hp["weight_decay"] if len(shape) >= 2 else np.float32(0),
-            beta1_pow=beta1_pow, beta2_pow=beta2_pow, coef=coef,
-        )  # fmt: skip
-        p, m, v = be.adamw(be.upload(state.params[name]), grads[name], be.upload(state.m[name]),
-                           be.upload(state.v[name]), scalars)  # fmt: skip
-        new_p[name], new_m[name], new_v[name] = (_read_only(be.download(a)) for a in (p, m, v))
-    new_state = TrainState(config, new_p, new_m, new_v, state.step + 1, beta1_pow, beta2_pow)
-    return new_state, StepReport(loss=loss, grad_norm=np.float32(norm), clip_coef=coef, witness=witness)
+            beta1_pow=beta1_pow, beta2_pow=beta2_pow,
+        )
+        for name, shape in config.param_shapes().items()
+    }  # fmt: skip
+    params, m, v = be.load_state(state)
+    updated = be.adamw_all(params, grads, m, v, scalars, clip)
+    done = scalars_of()
+    if not (np.isfinite(done.loss) and np.isfinite(done.grad_norm)):
+        raise NonFiniteError(f"step {state.step}: loss {done.loss}, gradient norm {done.grad_norm}")
+    new_state = be.to_state(config, updated, state.step + 1, beta1_pow, beta2_pow)
+    return new_state, StepReport(done.loss, done.grad_norm, done.clip_coef, done.witness)
 
 
 def train_step(

@@ -22,8 +22,13 @@ import numpy as np
 from open1b.protocol import Identity, RunManifest
 
 from .config import PRESETS, GPTConfig, Topology, from_manifest_model, to_manifest_model
-from .data import BUILTIN_CORPUS, DATA_ORDER, TOKENIZER, batch_for_step, builtin_dataset
+from .data import (
+    BUILTIN_CORPUS, DATA_ORDER, TOKENIZER, batch_for_step, builtin_dataset, builtin_eval_dataset, builtin_split,
+)
+from .documents import KEY_EVAL_DOCUMENTS, Documents
+from .device import DeviceChoice
 from .distributed import run_steps
+from .evaluation import eval_fields, eval_loss, eval_schedule, loss_bits
 from .provenance import write_run_samples
 from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, RunWriter
 from .state import TrainState, init_state
@@ -41,16 +46,21 @@ def flip_weight_bit(state: TrainState) -> TrainState:
     return replace(state, params={**state.params, "wte": wte})
 
 
-def run_fields(preset: str, seed: int, samples: dict, topology: Topology | None = None) -> dict:
+def run_fields(preset: str, seed: int, samples: dict, topology: Topology | None = None, *,
+               evaluation: dict | None = None) -> dict:
     """The manifest's run parameters for ``preset`` trained from ``seed`` on the built-in corpus;
     ``samples`` are the fields committing to the run's samples file (:func:`.provenance.write_run_samples`).
-    ``topology`` (default: the preset's) is the one the run trains with."""
+    ``topology`` (default: the preset's) is the one the run trains with; ``evaluation`` the keys
+    of its evaluation set and schedule (:func:`.evaluation.eval_fields`), whose held-out documents
+    are then left out of the training documents."""
     config, topology = PRESETS[preset].config, topology or PRESETS[preset].topology
+    held_out = (evaluation or {}).get(KEY_EVAL_DOCUMENTS, 0)
     return {
         "engine": ENGINE,
         "engine_version": ENGINE_VERSION,
         "model": to_manifest_model(preset, config, topology),
-        "data": {"corpus": BUILTIN_CORPUS, "tokenizer": TOKENIZER, "order": DATA_ORDER, "schedule": SCHEDULE},
+        "data": {"corpus": BUILTIN_CORPUS, "tokenizer": TOKENIZER, "order": DATA_ORDER, "schedule": SCHEDULE,
+                 **Documents.of(builtin_split(held_out).train).data_fields(), **(evaluation or {})},
         "seed": seed,
         **samples,
     }
@@ -66,6 +76,9 @@ def publish_run(
     tamper_step: int | None = None,
     progress: Progress | None = None,
     ranks: int | None = None,
+    device: DeviceChoice | None = None,
+    eval_documents: int = 0,
+    eval_every: int = 0,
 ) -> RunManifest:
     """Train ``steps`` steps of ``preset`` (its model and topology) and write the run directory
     ``out_dir``; returns the signed manifest.
@@ -73,7 +86,12 @@ def publish_run(
     ``ranks`` W replaces the preset topology's ``ranks`` and trains with W processes
     (:func:`.distributed.distributed_steps`; W = 1: this process alone). Without it, this
     process computes every rank of the preset's topology. Either way the run's bits are those of
-    one-process :func:`train_step` calls on its topology."""
+    one-process :func:`train_step` calls on its topology. ``device`` (:func:`.device.select_device`;
+    default: the CPU) is where this process computes, with ``ranks`` unset or 1 only.
+
+    ``eval_documents`` H ≥ 1 holds out the corpus's last H documents as the evaluation set and
+    evaluates every ``eval_every``-th state on it (docs/run-format.md §9); the losses go to
+    ``RUN/evaluations.cbor`` for the publisher to sign."""
     if steps < 1:
         raise ValueError("a run needs at least one step")
     if tamper_step is not None and not 0 <= tamper_step < steps:
@@ -81,17 +99,27 @@ def publish_run(
     config, topology = PRESETS[preset].config, PRESETS[preset].topology
     if ranks is not None:
         topology = replace(topology, ranks=ranks)
-    dataset = builtin_dataset(config)
-    writer = RunWriter(Path(out_dir), run_fields(preset, seed, write_run_samples(Path(out_dir), dataset), topology))
+    dataset = builtin_dataset(config, eval_documents)
+    evaluation, schedule, eval_set = None, [], None
+    if eval_documents:
+        eval_set = builtin_eval_dataset(config, eval_documents)
+        evaluation, schedule = eval_fields(eval_set, eval_documents, eval_every), eval_schedule(steps, eval_every)
+        if not schedule:
+            raise ValueError(f"eval_every {eval_every} schedules no state of a {steps}-step run")
+    writer = RunWriter(Path(out_dir), run_fields(preset, seed, write_run_samples(Path(out_dir), dataset), topology,
+                                                 evaluation=evaluation))
     state = init_state(config, seed)
     writer.start(state)
     # Picklable (module-level functions and partials): with W > 1 they run in every rank's process.
     batch_fn = functools.partial(batch_for_step, dataset, seed, config=config, topology=topology)
     forge = functools.partial(_forge_after, tamper_step) if tamper_step is not None else None
-    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge)
+    backend = device.backend_for(config) if device is not None else None
+    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge, backend=backend)
     with contextlib.closing(trained):  # a failure below ends the worker processes at once
         for k, (state, batch, report) in enumerate(trained):
             writer.record(state, batch, report.witness)
+            if state.step in schedule:
+                writer.record_evaluation(state.step, loss_bits(eval_loss(state, eval_set)))
             if progress:
                 progress(k + 1, steps)
     return writer.finish(identity, created_at=int(time.time()))

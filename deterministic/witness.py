@@ -13,7 +13,11 @@ its signer's key (docs/run-format.md §5) and the trainer commits to W_k in the 
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -30,3 +34,37 @@ def replay_witness(loss: np.float32, grads: Mapping[str, np.ndarray], order: lis
         h.update(struct.pack("<H", len(encoded)) + encoded)
         h.update(np.ascontiguousarray(grads[name], dtype="<f4").tobytes())
     return h.digest()
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    """A step's host-side results: its mean loss, gradient norm and clipping coefficient, and
+    its witness W_k as it is being hashed (``witness.result()`` waits for the digest)."""
+
+    loss: np.float32
+    grad_norm: np.float32
+    clip_coef: np.float32
+    witness: Future
+
+
+_POOL: dict[int, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _hasher() -> ThreadPoolExecutor:
+    # One per process, made on first use: a forked child inherits its parent's executor without
+    # its thread (work submitted there would never run), so it gets its own.
+    with _POOL_LOCK:
+        pid = os.getpid()
+        if pid not in _POOL:
+            _POOL.clear()
+            _POOL[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="open1b-witness")
+        return _POOL[pid]
+
+
+def witness_async(loss: np.float32, grads: Mapping[str, np.ndarray], order: list[str], grad_norm: np.float32,
+                  clip_coef: np.float32) -> StepScalars:
+    """:func:`replay_witness` hashed on a background thread (hashlib releases the GIL on large
+    buffers, so it overlaps the step's remaining kernels). ``grads`` must not change until
+    ``witness`` is done."""
+    return StepScalars(loss, grad_norm, clip_coef, _hasher().submit(replay_witness, loss, grads, order))

@@ -26,7 +26,8 @@ MAYBE_INT = (int, type(None))
 STATUS = {"peer_id": PEER_ID, "addrs": [str], "peers": [PEER_ID], "peers_banned": COUNT, "runs": [HEX],
           "attestations_stored": COUNT, "replays": COUNT, "replay_failures": COUNT, "claims_won": COUNT,
           "claims_lost": COUNT, "gossip_rejected": COUNT, "gossip_ignored": COUNT, "synced": COUNT, "audit": bool,
-          "replaying_step": MAYBE_INT}
+          "replaying_step": MAYBE_INT,
+          "device": {"requested": str, "class": (str, type(None)), "reason": str}}
 PEERS = [{"peer_id": PEER_ID, "addrs": [str], "rejected": COUNT}]
 RUNS = [{"run": HEX, "steps": COUNT, "engine": str, "run_dir": (str, type(None))}]
 COVERAGE = {"run": HEX, "steps": COUNT, "redundancy": COUNT, "verified_steps": COUNT, "disputed_steps": [int],
@@ -37,6 +38,9 @@ COVERAGE = {"run": HEX, "steps": COUNT, "redundancy": COUNT, "verified_steps": C
             "untrusted": [PEER_ID],
             "per_step": [{"step": int, "status": str, "auditors": [PEER_ID], "dissenters": [PEER_ID],
                           "claimants": [PEER_ID]}]}
+LEADERBOARD = [{"run": HEX, "eval_set": HEX, "rank": MAYBE_INT, "loss": (float, type(None)), "eval_state": MAYBE_INT,
+                "evaluations": {"certified": COUNT, "disputed": COUNT, "unchecked": COUNT}, "replayed": (float, int),
+                "disputed_steps": COUNT, "devices": [str], "reason": str}]
 CLAIMS = [{"run": HEX, "step": int, "slot": int, "claimant": PEER_ID, "expires_in_s": int}]
 ATTESTATIONS = [{"step": int, "verdict": str, "signer": PEER_ID, "engine": str, "hardware": str, "elapsed_ms": int}]
 PUBLICATION = {"run": HEX, "steps": COUNT, "dir": str, "state": str, "done": COUNT, "note": str, "bytes": COUNT,

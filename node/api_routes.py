@@ -1,4 +1,5 @@
-"""The local API's routes (served by :mod:`.api`): status, peers, runs, coverage, statements and
+"""The local API's routes (served by :mod:`.api`): status, peers, runs, coverage, statements,
+evaluations and the leaderboard (:mod:`.evaluator`'s routes) and
 claims to read; publish, fetch, reveal and shutdown to act. Each handler reads the components it
 was given and renders with :mod:`.views`; bad requests raise :class:`~.api.ApiError`."""
 
@@ -16,12 +17,14 @@ from . import views
 from .api import ApiError, RawResponse, Route
 from .auditor import Auditor
 from .config import NodeConfig
+from .evaluator import Evaluator
 from .ingest import Gossip, Ingest
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import P2P
 from .publisher import Publisher
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .topics import reveals_topic
+from .worker import ReplayWorker
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class Components:
     auditor: Auditor
     runfiles: RunFiles
     stats: NodeStats
+    worker: ReplayWorker
     shutdown: trio.Event
+    evaluator: Evaluator
 
     def gauges(self) -> Gauges:
         f, cache = self.runfiles.stats, self.runfiles.cache
@@ -52,6 +57,8 @@ class Components:
             "runs": [r.hex() for r in ingest.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,
+            "device": {"requested": self.worker.device_spec, "class": self.worker.device,
+                       "reason": self.worker.device_reason},
             "claims_lost": s.claims_lost, "gossip_rejected": s.gossip_count("reject"),
             "gossip_ignored": s.gossip_count("ignore"), "synced": s.synced, "peers_banned": g.peers_banned,
             "replaying_step": s.busy_step, "replayed": s.replayed,
@@ -64,7 +71,8 @@ class Components:
 
     def blob_status(self) -> dict:
         f, cache = self.runfiles.stats, self.runfiles.cache
-        return {"fetched": f.fetched, "fetched_bytes": f.fetched_bytes, "fetch_failures": f.failed,
+        return {"fetched": f.fetched, "bulk_fetched": f.bulk_fetched, "fetched_bytes": f.fetched_bytes,
+                "fetch_failures": f.failed,
                 "bad_providers": f.bad_providers, "served_bytes": cache.served_bytes,
                 "cache_bytes": cache.used_bytes(), "cache_limit": cache.max_bytes, "pinned": len(cache.pinned),
                 "fetching": {name: {"done": d, "total": t} for name, (d, t) in f.in_flight.items()}}
@@ -128,7 +136,8 @@ def api_routes(node: Components) -> list[Route]:
         run = run_of(path)
         try:
             redundancy = int(query.get("redundancy", node.config.redundancy))
-            return views.coverage_json(ingest.coverage(run, redundancy), ingest.manifests[run])
+            return {**views.coverage_json(ingest.coverage(run, redundancy), ingest.manifests[run]),
+                    "evaluations": node.evaluator.status(ingest.manifests[run])}
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
 
@@ -156,7 +165,7 @@ def api_routes(node: Components) -> list[Route]:
             Route("GET", "/v1/claims", claims), Route("POST", "/v1/shutdown", shutdown),
             Route("GET", "/v1/reveals", reveals), reveal_route(node.identity, ingest, p2p),
             Route("POST", "/v1/publish", publish), Route("GET", "/v1/publications", publications),
-            Route("POST", "/v1/fetch", fetch)]
+            Route("POST", "/v1/fetch", fetch), *node.evaluator.routes()]
 
 
 def reveal_route(identity: Identity, ingest: Ingest, gossip: Gossip) -> Route:

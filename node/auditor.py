@@ -5,7 +5,8 @@
    whose replay failed here, or whose files are in back-off;
 2. claim: take a redundancy slot through the DHT (:class:`~.claim_records.ClaimAgent`), held for
    as long as fetching and replaying take;
-3. fetch: checkpoint k and the samples file from providers, verified against the manifest
+3. fetch: the samples file, then checkpoint k (over the bulk path when a provider serves it
+   there, each chunk checked against h_k), from providers, verified against the manifest
    (:class:`~.runs.RunFiles`), and announce what we now hold;
 4. replay: through a :class:`Replayer` — the worker process (:class:`WorkerReplayer`), or what a
    test harness puts in its place;
@@ -22,7 +23,6 @@ from typing import Protocol
 
 import trio
 
-from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, Identity, RunManifest
 from open1b.protocol.witness import witness_binding
 
@@ -35,6 +35,7 @@ from .metrics import NodeStats
 from .p2p import P2P, NetworkError
 from .runs import (
     FIND_PROVIDERS_TIMEOUT_S,
+    BulkFetch,
     RunBlob,
     RunFiles,
     RunFilesError,
@@ -80,7 +81,6 @@ class Auditor:
         self.runfiles, self.p2p, self.replayer = runfiles, p2p, replayer
         self.bootstrapped, self.clock, self.stats = bootstrapped, clock, stats
         self.hardware = hardware_description()
-        self.device = cpu_device_class()  # what replays here, attested with each result (docs/protocol.md)
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
         self._nursery: trio.Nursery | None = None
@@ -165,16 +165,21 @@ class Auditor:
             log.warning("replay of step %d failed: %s", step, failure)
             return
         self.stats.record_replay(self.clock.now() - started)
+        self.stats.replay_device = result.device
         self.stats.replayed.append((manifest.run_id.hex(), step))
         await self._attest(manifest, step, result)
 
     # -- 3. fetch ------------------------------------------------------------------------------
     async def run_files(self, manifest: RunManifest, step: int) -> tuple[Path, list[RunBlob]]:
         """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working directory."""
-        blobs = [samples_blob(manifest), checkpoint_blob(manifest, step)]
-        for blob in blobs:
-            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
-        return self.runfiles.assemble(manifest, blobs), blobs
+        samples, checkpoint = samples_blob(manifest), checkpoint_blob(manifest, step)
+        await self.runfiles.fetch(self.p2p, samples, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
+        # the samples first: the bulk path checks the checkpoint's chunks against h_k, whose
+        # preimage includes the batch step k-1 consumed, recomputed from them
+        self.runfiles.assemble(manifest, [samples])
+        await self.runfiles.fetch(self.p2p, checkpoint, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
+                                  bulk=BulkFetch(self.identity, manifest, step))
+        return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
 
     def _provide_soon(self, key: str) -> None:
         """Announce a blob we now hold without holding up the replay that fetched it (a DHT
@@ -201,7 +206,7 @@ class Auditor:
             self.identity, run=manifest.run_id, step=step, pre_state=result.pre_state,
             post_state=result.post_state, verdict=MATCH if result.post_state == expected else MISMATCH,
             engine=manifest.engine, engine_version=manifest.engine_version, hardware=self.hardware,
-            device=self.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
+            device=result.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
             witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
         )
         self.ingest.add_own_attestation(att)

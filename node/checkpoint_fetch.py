@@ -5,8 +5,8 @@ chunk on arrival against the published h_k (docs/run-format.md §6.6).
    prove its peer ID, is left out (not blamed).
 2. From the first provider that holds the blob: the file's header, checked against the model's
    layout (:func:`.chunk_table.check_layout`), and its chunk table, checked against h_k
-   (:meth:`.chunk_table.Expectation.check_table`). A provider whose header or table fails is
-   blamed and the next one is asked.
+   (:meth:`.chunk_table.Expectation.check_table`). A provider whose header or table fails is left
+   out, not blamed (see :class:`_Unproven`), and the next one is asked.
 3. Chunks are handed out in file order to whichever session has room in its window (8 requests in
    flight), so a faster provider takes more of them. Each chunk is hashed on arrival and compared
    with its table entry; a provider that sends one wrong chunk is blamed and cut off at that chunk,
@@ -43,8 +43,17 @@ from open1b.protocol.hashing import DIGEST_SIZE
 
 from .blobs import BlobCache, BlobError, BlobMismatch
 from .bulk import NOT_FOUND, OK, OP_RANGE, OP_TABLE, BulkError, BulkPeer, Channel, open_channel, request, response
-from .chunk_table import HEADER_PREFIX, ChunkTableError, Expectation, Layout, chunk_digest, check_layout, \
-    fast_blake2b, header_length, parse_layout
+from .chunk_table import (
+    HEADER_PREFIX,
+    ChunkTableError,
+    Expectation,
+    Layout,
+    check_layout,
+    chunk_digest,
+    fast_blake2b,
+    header_length,
+    parse_layout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -198,13 +207,21 @@ class _Blame(Exception):
     """The provider sent what contradicts the manifest (h_k, the address or the size bound)."""
 
 
+class _Unproven(Exception):
+    """The provider's header or chunk table does not prove the published h_k. Not blamed: an
+    honest provider of a file that the publisher itself misdescribed (one whose bytes are not state
+    h_k) sends exactly this, and such a file can reach honest nodes over the libp2p path, which
+    checks the address alone. The provider is left out; the address check there judges it."""
+
+
 class _ResumedMismatch(Exception):
     """A file partly resumed from an earlier fetch did not hash to its address: nobody to blame."""
 
 
 async def _header_and_table(channel: Channel, expect: Expectation, timeout_s: float) -> tuple[bytes, Layout, bytes] | None:
     """The provider's header and chunk table, checked; None if it does not hold the blob.
-    Raises :class:`_Blame` when what it sent contradicts the manifest."""
+    Raises :class:`_Blame` when what it sent contradicts the manifest, :class:`_Unproven` when its
+    header or table does not prove h_k."""
     with trio.fail_after(timeout_s):
         await request(channel, OP_RANGE, expect.address, 0, HEADER_PREFIX)
         status, size, prefix = await response(channel, HEADER_PREFIX)
@@ -233,7 +250,7 @@ async def _header_and_table(channel: Channel, expect: Expectation, timeout_s: fl
                 raise _Blame(f"the blob's size changed from {size} to {again}")
             expect.check_table(layout, bytes(table))
         except ChunkTableError as exc:
-            raise _Blame(str(exc)) from None
+            raise _Unproven(str(exc)) from None
     return header, layout, bytes(table)
 
 
@@ -347,7 +364,7 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
                 first = await _header_and_table(channel, expect, timeout_s)
             except _Blame as exc:
                 blame(channel.peer_id, str(exc))
-            except (BulkError, trio.TooSlowError) as exc:
+            except (_Unproven, BulkError, trio.TooSlowError) as exc:
                 errors.append(f"{channel.peer_id}: {exc}")
             if first is not None:
                 header_peer = channel.peer_id

@@ -32,8 +32,13 @@ import nacl.hashlib
 from open1b.deterministic.config import GPTConfig, from_manifest_model
 from open1b.deterministic.data import batch_for_step
 from open1b.deterministic.runfile import (
-    CHECKPOINT_HEADER_SLACK, CHECKPOINT_METADATA_KEY, genesis_hash, lr_bits, max_checkpoint_bytes,
-    state_tensor_bytes, step_batch_digest,
+    CHECKPOINT_HEADER_SLACK,
+    CHECKPOINT_METADATA_KEY,
+    genesis_hash,
+    lr_bits,
+    max_checkpoint_bytes,
+    state_tensor_bytes,
+    step_batch_digest,
 )
 from open1b.deterministic.samples import Dataset
 from open1b.deterministic.state import TrainState

@@ -83,7 +83,7 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
-        behaviour=args.behaviour,
+        behaviour=args.behaviour, device=args.device,
     )
     harness = None
     if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
@@ -184,7 +184,14 @@ def cmd_status(args: argparse.Namespace) -> CommandResult:
         f"replays    {s['replays']} ({s['replay_failures']} failed), claims won {s['claims_won']} / lost {s['claims_lost']}",
         f"gossip     {s['gossip_rejected']} rejected, {s['gossip_ignored']} ignored; {s['synced']} pulled by sync",
         f"auditing   {'yes' if s['audit'] else 'no (observer)'}"
-        + (f", replaying step {s['replaying_step']}" if s['replaying_step'] is not None else "")]))
+        + (f", replaying step {s['replaying_step']}" if s['replaying_step'] is not None else ""),
+        f"device     {_device_line(s['device'])}"]))
+
+
+def _device_line(device: dict) -> str:
+    if device["class"] is None:
+        return f"{device['requested']} (the replay worker has not started)"
+    return f"{device['class']}: {device['reason']}"
 
 
 def cmd_peers(args: argparse.Namespace) -> CommandResult:
@@ -223,9 +230,18 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
         rows = [["STEP", "STATUS", "MATCH", "MISMATCH", "CLAIMED BY"]] + [
             [str(s["step"]), s["status"], str(len(s["auditors"])), str(len(s["dissenters"])),
              ", ".join(p[-8:] for p in s["claimants"]) or "-"] for s in c["per_step"]]
-        return "\n".join([head, trust, *flags, _table(rows)])
+        evals = [["STATE", "EVALUATION", "LOSS BITS", "MATCH", "MISMATCH"]] + [
+            [str(e["state"]), e["status"], f"{e['loss_bits']:08x}" if e["loss_bits"] is not None else "-",
+             str(len(e["checkers"])), str(len(e["dissenters"]))] for e in c.get("evaluations", [])]
+        return "\n".join([head, trust, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
     return CommandResult(cov, render)
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> CommandResult:
+    from .evaluations import render_board
+
+    return CommandResult(_call(args, "/v1/leaderboard", answers.LEADERBOARD), render_board)
 
 
 def cmd_claims(args: argparse.Namespace) -> CommandResult:
@@ -284,13 +300,24 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
     from open1b.deterministic.replay import replay
 
     with progress(f"replaying step {args.step}", 1) as update:
-        update(0, "loading, checking the checkpoint, replaying")
-        result = replay(run_dir, args.step)
+        update(0, f"choosing the device ({args.device}) and running its self-checks")
+        device = _device(args.device)
+        update(0, f"on {device.device_class}: loading, checking the checkpoint, replaying")
+        result = replay(run_dir, args.step, device=device)
         update(1, "done")
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
-           "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4)}
+           "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4),
+           "device": device.device_class, "device_reason": device.reason}
     return CommandResult(out, lambda o: "\n".join(f"{k:<22}{v}" for k, v in o.items()), 0 if result.match else 2)
+
+
+def _device(spec: str):
+    """The device a command computes on (``--device``): a GPU that is missing or fails the
+    self-checks gives the CPU, which computes the same bits; the reason says so."""
+    from open1b.deterministic.device import select_device_or_cpu
+
+    return select_device_or_cpu(spec)
 
 
 def cmd_reveal(args: argparse.Namespace) -> CommandResult:
@@ -342,7 +369,7 @@ MAX_DOCTOR_RUNS = 16  # runs whose trust doctor explains
 
 def cmd_doctor(args: argparse.Namespace) -> CommandResult:
     from .client import ApiUnavailable
-    from .doctor import run_checks
+    from .doctor import overall, run_checks
 
     try:
         status = _call(args, "/v1/status", answers.STATUS, timeout=3)
@@ -350,10 +377,12 @@ def cmd_doctor(args: argparse.Namespace) -> CommandResult:
                      for run in status["runs"][:MAX_DOCTOR_RUNS]]
     except ApiUnavailable:
         status, coverages = None, []
-    checks = run_checks(default_data_dir(args.data_dir), status, coverages)
+    checks = run_checks(default_data_dir(args.data_dir), status, args.device, coverages)
+    verdict = overall(checks)
     out = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
+    out.append({"check": "overall", "level": verdict, "detail": "a refused GPU alone is a WARN: the CPU gives the same bits"})
     return CommandResult(out, lambda xs: _table([[x["level"], x["check"], x["detail"]] for x in xs]),
-                         1 if any(c.level == "FAIL" for c in checks) else 0)
+                         1 if verdict == "FAIL" else 0)
 
 
 def cmd_key_show(args: argparse.Namespace) -> CommandResult:
@@ -386,14 +415,19 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     options = {"preset": args.preset} if args.preset else {}
-    ranks = f" on {args.ranks} processes (torch.distributed, gloo)" if args.ranks and args.ranks > 1 else ""
+    several = bool(args.ranks and args.ranks > 1)
+    if several and args.device.startswith("cuda"):
+        raise Open1bError("--device cuda trains in one process: use it without --ranks (W > 1 ranks train on the CPU)")
+    device = None if several else _device(args.device)
+    ranks = f" on {args.ranks} processes (torch.distributed, gloo)" if several else f" on {device.device_class}"
     with progress(f"training {args.steps} steps into {args.out}{ranks}", args.steps) as update:
         manifest = publish_run(out_dir, load_identity(data_dir), steps=args.steps, seed=args.seed,
-                               tamper_step=args.tamper_step, ranks=args.ranks,
+                               tamper_step=args.tamper_step, ranks=args.ranks, device=device,
+                               eval_documents=args.eval_documents, eval_every=args.eval_every,
                                progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
-           "ranks": manifest.model["ranks"]}
+           "ranks": manifest.model["ranks"], "device": device.device_class if device else "cpu (one process a rank)"}
     return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
 
 
@@ -421,14 +455,19 @@ def cmd_devnet(args: argparse.Namespace) -> CommandResult:
     from .devnet import DevnetOptions, render, run_devnet
 
     opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
-                         deadline_s=args.deadline, seed=args.seed, workdir=Path(args.workdir) if args.workdir else None,
-                         keep=args.keep, scenarios=tuple(dict.fromkeys(args.scenario)))
+                         eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline,
+                         seed=args.seed, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep,
+                         scenarios=tuple(dict.fromkeys(args.scenario)), device=args.device)
     summary = run_devnet(opts)
     return CommandResult(summary, lambda result: render(result, opts),
                          0 if summary["ok" if opts.scenarios else "complete"] else 2)
 
 
 # -- parser ----------------------------------------------------------------------------------
+DEVICE_HELP = ("where to compute: auto (a CUDA device that passes the self-checks, else the CPU), cpu, cuda or "
+               "cuda:N; a GPU that is missing or fails the self-checks falls back to the CPU, which gives the same bits")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="open1b-node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
@@ -458,6 +497,7 @@ def parser() -> argparse.ArgumentParser:
                    help="audit only runs this peer published (repeatable; adds to config: publishers; "
                         "default: runs of any publisher)")
     # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
+    d.add_argument("--device", help=DEVICE_HELP + " (config: device)")
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
@@ -489,6 +529,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--redundancy", type=int, help="target to judge completeness by (default: the node's)")
     c.set_defaults(func=cmd_coverage)
 
+    sub.add_parser("leaderboard", parents=[client],
+                   help="runs ranked by certified evaluation loss, from the node's signed statements").set_defaults(
+        func=cmd_leaderboard)
+
     cl = sub.add_parser("claims", parents=[client], help="live claims the daemon knows")
     cl.add_argument("run", nargs="?", help="only this run")
     cl.set_defaults(func=cmd_claims)
@@ -501,6 +545,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", parents=[client], help="replay one step locally: match (0) or mismatch (2)")
     r.add_argument("run", help="a run directory, or a run id the daemon knows")
     r.add_argument("--step", type=int, required=True)
+    r.add_argument("--device", default="auto", help=DEVICE_HELP)
     r.set_defaults(func=cmd_replay)
 
     rv = sub.add_parser("reveal", parents=[client],
@@ -516,8 +561,9 @@ def parser() -> argparse.ArgumentParser:
     sm.add_argument("--rank", type=int, help="only this rank's rows")
     sm.set_defaults(func=cmd_samples)
 
-    sub.add_parser("doctor", parents=[client], help="check this machine and node: OK / WARN / FAIL").set_defaults(
-        func=cmd_doctor)
+    dr = sub.add_parser("doctor", parents=[client], help="check this machine and node: OK / WARN / FAIL")
+    dr.add_argument("--device", help="the device to check the GPU lines for (default: config's device, else auto)")
+    dr.set_defaults(func=cmd_doctor)
 
     tr = sub.add_parser("trust", help="whose attestations coverage counts (config: trusted_peers)")
     trsub = tr.add_subparsers(dest="trust_command", required=True)
@@ -542,6 +588,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--ranks", type=_at_least_one, metavar="W",
                    help="data-parallel ranks: W > 1 trains in W processes (torch.distributed, gloo); "
                         "default: the preset's topology, in one process")
+    t.add_argument("--device", default="auto", help=DEVICE_HELP)
+    t.add_argument("--eval-documents", type=int, default=0, metavar="H",
+                   help="hold out the corpus's last H documents as a committed evaluation set (docs/run-format.md §9)")
+    t.add_argument("--eval-every", type=_at_least_one, default=1, metavar="V", help="evaluate every V-th state")
     t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
@@ -549,6 +599,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--steps", type=int, default=8)
     n.add_argument("--redundancy", type=int, default=1)
     n.add_argument("--tamper-step", type=int, help="forge the published state after this step")
+    n.add_argument("--eval-every", type=int, default=0, metavar="V",
+                   help="commit a held-out evaluation set and evaluate every V-th state (0: no evaluation)")
+    n.add_argument("--tamper-eval", type=int, metavar="K", help="the trainer publishes a false loss for state K")
     n.add_argument("--deadline", type=float, default=150.0, help="seconds before giving up")
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
@@ -557,10 +610,13 @@ def parser() -> argparse.ArgumentParser:
                    help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
                         " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner"
                         " (docs/reliability.md)")
+    n.add_argument("--device", default="auto", help=DEVICE_HELP + " (the trainer's and every daemon's)")
     n.set_defaults(func=cmd_devnet)
 
     from .verify_handoff import add_parser as add_verify_handoff  # Open-1B v3 hand-off check
     add_verify_handoff(sub, parents=[reporting])
+    from .data_command import add_parser as add_data  # data inclusion and exclusion proofs
+    add_data(sub, parents=[reporting])
     return p
 
 

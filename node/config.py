@@ -15,6 +15,8 @@ from typing import Any
 
 from multiaddr import Multiaddr
 
+from open1b.deterministic.device import parse_device_spec
+from open1b.deterministic.errors import DeviceSpecError
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
@@ -65,6 +67,9 @@ class NodeConfig:
     redundancy: int = 2
     lease_s: int = 120
     replay_timeout_s: float = 3600.0
+    # Where the replay worker computes: auto (a CUDA device that passes the self-checks, else the
+    # CPU), cpu, cuda or cuda:N. A GPU that is missing or fails a check falls back to the CPU.
+    device: str = "auto"
     sync_interval_s: float = 2.0
     idle_poll_s: float = 0.5
     heartbeat_s: float = 1.0
@@ -103,6 +108,10 @@ class NodeConfig:
             raise ConfigError("disk_reserve_bytes must be at least 0")
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
+        try:
+            parse_device_spec(self.device)
+        except DeviceSpecError as exc:
+            raise ConfigError(str(exc)) from None
         for addr in self.bootstrap:
             _check_peer_addr(addr)
         if self.trust_policy not in (OPEN, ALLOWLIST):
@@ -135,7 +144,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "plan_with_untrusted": ("plan_with_untrusted", bool),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
     "disk_reserve_bytes": ("disk_reserve_bytes", int),
-    "publishers": ("publishers", list),
+    "publishers": ("publishers", list), "device": ("device", str),
 }
 
 

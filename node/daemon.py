@@ -6,6 +6,7 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.auditor` — plan (:mod:`.planner`) → claim (:mod:`.claim_records`) → fetch (:mod:`.runs`,
   :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
+* :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
 * :mod:`.api_routes` — the local API (:mod:`.api`), and Prometheus metrics when configured.
 
 Time and randomness are parameters (``clock``, ``rng``), so tests drive a whole node on trio's
@@ -20,22 +21,27 @@ import random
 import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import AsyncIterator, Protocol
 
 import trio
 
-from open1b.protocol import Identity
+from open1b.deterministic.device import cpu_device_class
+from open1b.protocol import Identity, Open1bError, RunManifest
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from .api import serve_api
 from .api_routes import Components, api_routes, metrics_routes
 from .auditor import Auditor, Replayer, WorkerReplayer
 from .blobs import BLOB_PROTOCOL, BlobCache
+from .bulk import ADDRESS_PROTOCOL as BULK_ADDRESS_PROTOCOL
+from .bulk import address_handler, serve_bulk
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, check_version, prepare_data_dir
+from .evaluator import Evaluator
 from .files import write_atomic
 from .identity_file import load_or_create_identity
 from .ingest import Ingest
@@ -101,7 +107,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
     identity = load_or_create_identity(config.data_dir)
     with DaemonLock(config.data_dir):
         store = Store(config.data_dir / STORE_FILE, now_ms=clock.wall_ms)
-        worker = ReplayWorker()
+        worker = ReplayWorker(config.device)
         try:
             # an operator's local runs (--run): a bad manifest stops the daemon before it listens
             local_runs = [(d, read_run_manifest(d, clock.wall())) for d in (Path(r).resolve() for r in config.run_dirs)]
@@ -138,14 +144,23 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         replayer = harness.replayer(replayer)
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats)
+    evaluator = Evaluator(store, identity, publish=p2p.publish, checkpoint=_checkpoint_of(auditor), now=clock.wall,
+                          device=cpu_device_class(), policy=ingest.trust, redundancy=config.redundancy,
+                          sleep=clock.sleep)
     shutdown = trio.Event()
-    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, shutdown)
+    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown, evaluator)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(publisher.serve_publisher)
         await nursery.start(auditor.serve_auditor)
+        if config.audit:  # the worker chooses and self-checks its device now, so status shows it
+            nursery.start_soon(partial(worker.start, timeout_s=config.replay_timeout_s))
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)
+        # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).
+        bulk_port = await nursery.start(partial(serve_bulk, runfiles.cache, identity, split_hostport(config.listen)[0], 0,
+                                                allow=lambda peer: peer not in p2p.banned))
+        p2p.set_stream_handler(BULK_ADDRESS_PROTOCOL, address_handler(bulk_port))
         api_host, api_port = split_hostport(config.api)
         api_port = await _start_server(nursery, "the API", config.api, api_routes(node))
         if config.metrics:
@@ -157,6 +172,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
         await nursery.start(syncer.serve_syncer)
         await nursery.start(ingest.serve_judgements)
+        await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either
         daemon = Daemon(identity, config, clock, p2p, store, ingest, publisher, auditor, syncer, runfiles, stats,
                         shutdown, api_port)
         if harness is not None:
@@ -176,6 +192,19 @@ async def _start_server(nursery: trio.Nursery, what: str, address: str, routes: 
         return await nursery.start(serve_api, host, port, routes)
     except OSError as exc:
         raise NetworkError(f"cannot serve {what} on {address}: {exc.strerror}") from None
+
+
+def _checkpoint_of(auditor: Auditor):
+    """The evaluator's way to a checkpoint: fetched and assembled as for a replay of that step,
+    None while that fails (the evaluator tries again next round)."""
+    async def checkpoint(manifest: RunManifest, state: int) -> Path | None:
+        try:
+            run_dir, _ = await auditor.run_files(manifest, state)
+        except (Open1bError, OSError) as exc:
+            log.info("evaluation of state %d of %s waits: %s", state, manifest.run_id.hex()[:16], exc)
+            return None
+        return run_dir
+    return checkpoint
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:

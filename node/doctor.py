@@ -1,5 +1,7 @@
 """``open1b-node doctor``: can this machine audit, and is its node healthy? Each check says
-OK, WARN or FAIL with a reason, like the incumbent's client; any FAIL makes the exit code 1."""
+OK, WARN or FAIL with a reason, like the incumbent's client; any FAIL makes the exit code 1 —
+except a GPU that fails its self-checks: the node then replays on the CPU, which gives the same
+bits, so that FAIL makes the overall verdict WARN."""
 
 from __future__ import annotations
 
@@ -37,10 +39,41 @@ def _memory_gb() -> float | None:
     return None
 
 
-def _gpu() -> Check:
-    if shutil.which("nvidia-smi") is None:
-        return Check("gpu", "WARN", "no NVIDIA GPU found: this node replays on the CPU")
-    return Check("gpu", "OK", "nvidia-smi present (CUDA replay comes with the GPT engine)")
+GPU_CHECK = "gpu"
+
+
+def _gpu(spec: str) -> list[Check]:
+    """One line per CUDA device, each self-checked on the device itself (the probes run by its own
+    kernels, and the known-answer step, whose hash must be the CPU's pinned one)."""
+    from open1b.deterministic.device import cuda_device_count, parse_device_spec, probe_cuda_device
+
+    kind, index = parse_device_spec(spec)
+    if kind == "cpu":
+        return [Check(GPU_CHECK, "OK", "not used (device cpu)")]
+    count, why_none = cuda_device_count()
+    if count == 0:
+        level = "WARN" if kind == "cuda" else "OK"
+        return [Check(GPU_CHECK, level, f"{why_none}: this node replays on the CPU (device {spec})")]
+    checks = []
+    for i in range(count) if index is None else [index]:
+        if i >= count:
+            checks.append(Check(GPU_CHECK, "WARN", f"cuda:{i} is not here ({count} device(s)): replays on the CPU"))
+            continue
+        probe = probe_cuda_device(i)
+        if probe.ok:
+            checks.append(Check(GPU_CHECK, "OK", f"cuda:{i} ({probe.device_class}) passed the self-checks: "
+                                + ", ".join(c.name for c in probe.checks)))
+        else:
+            checks.append(Check(GPU_CHECK, "FAIL", f"cuda:{i} ({probe.device_class}) is refused, it would compute "
+                                f"other bits ({probe.failures()}); the node replays on the CPU instead"))
+    return checks
+
+
+def overall(checks: list[Check]) -> str:
+    """FAIL if anything but a GPU fails (a refused GPU leaves the CPU, with the same bits: WARN)."""
+    if any(c.level == "FAIL" and c.name != GPU_CHECK for c in checks):
+        return "FAIL"
+    return "WARN" if any(c.level != "OK" for c in checks) else "OK"
 
 
 def _tcp_reachable(addr: str) -> bool:
@@ -90,12 +123,20 @@ def _trust(coverage: dict) -> Check:
                                   f"them: open1b-node trust add {shown} (then restart)")
 
 
-def run_checks(data_dir: Path, api_status: dict | None, coverages: Sequence[dict] = ()) -> list[Check]:
+def run_checks(data_dir: Path, api_status: dict | None, device: str | None = None,
+               coverages: Sequence[dict] = ()) -> list[Check]:
+    """Every check; ``device`` is what to check the GPU lines against (default: the config's);
+    ``coverages``: the running daemon's coverage of its runs, whose untrusted attesters are explained."""
     checks = [
         Check("python", "OK" if sys.version_info >= (3, 11) else "FAIL", platform.python_version()),
         Check("cpu", "OK", f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}"),
-        _gpu(),
     ]
+    if device is None:
+        try:
+            device = load_config(data_dir).device
+        except ConfigError:
+            device = "auto"  # the config line below says what is wrong with it
+    checks += _gpu(device)
     mem = _memory_gb()
     if mem is None:
         checks.append(Check("memory", "WARN", "cannot read /proc/meminfo"))
@@ -128,6 +169,9 @@ def run_checks(data_dir: Path, api_status: dict | None, coverages: Sequence[dict
     else:
         n = len(api_status["peers"])
         checks.append(Check("daemon", "OK", f"running as {api_status['peer_id']}"))
+        d = api_status["device"]
+        checks.append(Check("replay device", "OK", f"{d['class']}: {d['reason']}" if d["class"]
+                            else f"{d['requested']} (the replay worker has not started yet)"))
         checks.append(Check("peers", "OK" if n else "WARN", f"{n} connected"))
     checks += [_trust(c) for c in coverages]
     return checks

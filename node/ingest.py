@@ -37,7 +37,7 @@ from open1b.protocol import (
 )
 from open1b.protocol.codec import decode as decode_cbor
 from open1b.protocol.errors import UnjudgeableError
-from open1b.protocol.validation import Verdict, validate_reveal
+from open1b.protocol.validation import Verdict, validate_eval, validate_reveal
 from open1b.protocol.witness import WitnessReveal
 
 from .clock import Clock
@@ -48,7 +48,7 @@ from .p2p import GossipHandler, GossipValidator
 from .replay_proof import ReplayProof
 from .runs import why_not_auditable
 from .store import Store
-from .topics import attestations_topic, claims_topic, reveals_topic
+from .topics import attestations_topic, claims_topic, evals_topic, reveals_topic
 
 log = logging.getLogger("open1b.node.ingest")
 
@@ -112,6 +112,7 @@ class Ingest:
             (attestations_topic(run), self.validate_gossip_attestation, self._on_attestation),
             (claims_topic(run), self.validate_gossip_claim, self._on_claim),
             (reveals_topic(run), self.validate_gossip_reveal, self._on_reveal),
+            (evals_topic(run), self.validate_gossip_eval, self._on_eval),
         ):
             if topic in self._topics:
                 continue
@@ -175,6 +176,9 @@ class Ingest:
     def validate_gossip_reveal(self, author: str, data: bytes) -> Outcome:
         return self._judged("reveal", validate_reveal(data, self.manifest, self.clock.wall()))
 
+    def validate_gossip_eval(self, author: str, data: bytes) -> Outcome:
+        return self._judged("eval", validate_eval(data, self.manifest, self.clock.wall()))
+
     def _count_refusal(self, kind: str, verdict: Verdict) -> None:
         if not verdict.accepted:
             self.validation[f"{kind}/{verdict.outcome.value}/{verdict.code}"] += 1
@@ -203,6 +207,9 @@ class Ingest:
 
     async def _on_reveal(self, author: str, data: bytes) -> None:
         self.ingest_reveal(data)
+
+    async def _on_eval(self, author: str, data: bytes) -> None:
+        self.ingest_eval(data)
 
     # -- statements ----------------------------------------------------------------------------
     def ingest_attestation(self, data: bytes, source: str | None = None) -> bool:
@@ -261,6 +268,14 @@ class Ingest:
         if added:
             self.revealed(verdict.message)
         return added
+
+    def ingest_eval(self, data: bytes, source: str | None = None) -> bool:
+        """Validate and store one ``eval`` statement; True if it was new (node/evaluator.py acts on it)."""
+        verdict = validate_eval(data, self.manifest, self.clock.wall())
+        if not verdict.accepted:
+            self._refused_in_sync(verdict, source)
+            return False
+        return self.store.add_eval(verdict.message)
 
     def revealed(self, reveal: WitnessReveal) -> None:
         """A new reveal: coverage may flag a copier now, and the planner stops counting the matches

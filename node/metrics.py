@@ -50,6 +50,7 @@ class NodeStats:
     attestations_received: int = 0
     synced: int = 0
     busy_step: int | None = None
+    replay_device: str | None = None  # the class of the device the last replay ran on
     # run hex -> status -> steps, as this node's coverage last judged the run (ingest.refresh_flags)
     run_steps: dict[str, dict[str, int]] = field(default_factory=dict)
     replayed: list[tuple[str, int]] = field(default_factory=list)

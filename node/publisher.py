@@ -125,6 +125,7 @@ class Publisher:
         try:
             log.info("publishing run %s from %s: checking %d files", job.run[:16], run_dir, manifest.steps + 2)
             job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress)
+            self._nursery.start_soon(self._warm_chunk_tables, manifest)
             await self.ingest.add_run(manifest, run_dir)
             job.state, job.done = JobState.PROVIDING, 0
             if not self.bootstrapped.is_set():  # a hint, not a hang: unreachable bootstrap peers are retried
@@ -143,6 +144,16 @@ class Publisher:
         except (Open1bError, OSError) as exc:
             job.state, job.error, job.seconds = JobState.FAILED, str(exc), round(self.clock.now() - started, 3)
             log.warning("publishing %s failed: %s", run_dir, exc)
+
+    async def _warm_chunk_tables(self, manifest: RunManifest) -> None:
+        """Compute every checkpoint's chunk table now, in the background, so that the first
+        auditor to fetch one over the bulk path does not wait for the whole file to be hashed
+        (docs/run-format.md §6.6; 2 s for a `gpt-125m` checkpoint)."""
+        for digest in manifest.checkpoints:
+            try:
+                await self.runfiles.cache.chunk_table(digest)
+            except (Open1bError, OSError) as exc:  # evicted, or not a checkpoint: served without a table
+                log.warning("chunk table of checkpoint %s: %s", digest.hex()[:12], exc)
 
     async def _announce(self, manifest: RunManifest) -> tuple[bool, str]:
         """Gossip the manifest: (True, "") if it went to at least one peer, else (False, why)."""

@@ -9,7 +9,10 @@ publisher, fetched from peers by everyone else, always through the blob cache.
   are pinned (never evicted: the publisher serves them).
 * :meth:`RunFiles.fetch` is auditing: connected peers are asked first, then the providers that
   DHT provider records name; the blob layer resumes and verifies the download against the
-  manifest's address, and the node then provides the blob itself.
+  manifest's address, and the node then provides the blob itself. A checkpoint goes over the
+  bulk path first (:mod:`.checkpoint_fetch`: authenticated TCP sessions to several providers at
+  once, every 1 MiB chunk checked against h_k on arrival), and over the libp2p blob stream only
+  when no provider serves it there (docs/run-format.md §6.6).
 * :meth:`RunFiles.assemble` builds ``<data dir>/runs/<run hex>/`` — ``manifest.cbor``,
   ``samples.bin``, ``checkpoints/<k:08d>.safetensors`` — as hard links into the cache, and hands
   that to the replay worker, which re-verifies the checkpoint's address and state hash.
@@ -28,6 +31,7 @@ from typing import Callable
 import trio
 
 from open1b.deterministic.config import from_manifest_model
+from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import (
     CHECKPOINT_DIR,
     ENGINE,
@@ -36,9 +40,12 @@ from open1b.deterministic.runfile import (
     SAMPLES_FILE,
     max_checkpoint_bytes,
 )
-from open1b.protocol import Open1bError, RunManifest
+from open1b.protocol import Identity, Open1bError, RunManifest
 
 from .blobs import BlobCache, BlobError, provider_key
+from .bulk import BulkPeer, find_bulk_peer
+from .checkpoint_fetch import fetch_checkpoint
+from .chunk_table import checkpoint_expectation
 from .files import FileRefused, StorageFull, open_regular, write_atomic
 from .p2p import P2P
 
@@ -126,11 +133,38 @@ def _source_size(source: Path, blob: RunBlob) -> int:
 @dataclass
 class FetchStats:
     fetched: int = 0  # blobs downloaded and verified
+    bulk_fetched: int = 0  # of which checkpoints over the bulk path, every chunk checked against h_k
     fetched_bytes: int = 0
     failed: int = 0  # fetches that found no honest provider
     bad_providers: int = 0  # providers caught serving wrong bytes
     cached: int = 0  # requests answered by the cache
     in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (done, total)
+
+
+@dataclass(frozen=True)
+class BulkFetch:
+    """What fetching checkpoint ``step`` over the bulk path needs: our identity (its sessions are
+    authenticated both ways) and the manifest, from which, with the run's samples file already in
+    the working directory, the fetcher derives what every chunk is checked against (h_k)."""
+
+    identity: Identity
+    manifest: RunManifest
+    step: int
+
+
+async def _bulk_peers(p2p: P2P, peer_ids: list[str]) -> list[BulkPeer]:
+    """The bulk addresses of ``peer_ids`` that have one, asked in parallel, in ``peer_ids``' order."""
+    found: dict[str, BulkPeer] = {}
+
+    async def ask(peer_id: str) -> None:
+        peer = await find_bulk_peer(p2p, peer_id)
+        if peer is not None:
+            found[peer_id] = peer
+
+    async with trio.open_nursery() as nursery:
+        for peer_id in peer_ids:
+            nursery.start_soon(ask, peer_id)
+    return [found[p] for p in peer_ids if p in found]
 
 
 class RunFiles:
@@ -185,13 +219,14 @@ class RunFiles:
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None],
-                    provide: Callable[[str], None] | None = None) -> Path:
+                    provide: Callable[[str], None] | None = None, bulk: BulkFetch | None = None) -> Path:
         """``blob`` in the cache, fetched from peers if needed, verified against its address.
-        A fetched blob is then provided: by ``provide(key)`` (which should not block the replay
-        waiting for it, e.g. by starting a task) or, without it, before returning."""
+        With ``bulk`` (checkpoints), the bulk path is tried first. A fetched blob is then provided:
+        by ``provide(key)`` (which should not block the replay waiting for it, e.g. by starting a
+        task) or, without it, before returning."""
         lock = self._locks.setdefault(blob.digest, trio.Lock())  # one download per blob at a time
         try:
-            path, fetched = await self._fetch_locked(p2p, blob, on_bad_peer, lock)
+            path, fetched = await self._fetch_locked(p2p, blob, on_bad_peer, lock, bulk)
             if fetched:
                 key = provider_key(blob.digest)
                 if provide is not None:
@@ -205,7 +240,7 @@ class RunFiles:
                 self._locks.pop(blob.digest, None)
 
     async def _fetch_locked(self, p2p: P2P, blob: RunBlob, on_bad_peer: Callable[[str], None],
-                            lock: trio.Lock) -> tuple[Path, bool]:
+                            lock: trio.Lock, bulk: BulkFetch | None) -> tuple[Path, bool]:
         async with lock:
             path = self.cache.open_blob(blob.digest)
             if path is not None:
@@ -226,19 +261,32 @@ class RunFiles:
             # providers the DHT names — whose lookup, and dials to providers we cannot reach (a
             # partition, a NAT), can each take seconds.
             connected = p2p.connected_peers()[:MAX_FALLBACK_PEERS]
-            try:
-                try:
-                    path = await self.cache.fetch(p2p, blob.digest, connected, progress, size=blob.size,
-                                                  max_size=blob.max_size, on_bad_peer=bad)
-                except BlobError as first:
-                    providers: list[str] = []
+            providers: list[str] | None = None  # looked up in the DHT at most once
+
+            async def dht_providers() -> list[str]:
+                nonlocal providers
+                if providers is None:
+                    providers = []
                     with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
-                        providers = await p2p.find_providers(provider_key(blob.digest))
-                    providers = [p for p in providers if p not in connected]
-                    if not providers:
-                        raise first
-                    path = await self.cache.fetch(p2p, blob.digest, providers, progress, size=blob.size,
-                                                  max_size=blob.max_size, on_bad_peer=bad)
+                        providers = [p for p in await p2p.find_providers(provider_key(blob.digest))
+                                     if p not in connected]
+                return providers
+
+            async def over_libp2p(peers: list[str]) -> Path:
+                return await self.cache.fetch(p2p, blob.digest, peers, progress, size=blob.size,
+                                              max_size=blob.max_size, on_bad_peer=bad)
+
+            try:
+                path = None
+                if bulk is not None:
+                    path = await self._fetch_bulk(p2p, bulk, connected, dht_providers, bad, progress)
+                if path is None:
+                    try:
+                        path = await over_libp2p(connected)
+                    except BlobError as first:
+                        if not await dht_providers():
+                            raise first
+                        path = await over_libp2p(await dht_providers())
             except StorageFull as exc:  # our disk: no provider is to blame, and a later try may find room
                 raise RunFilesError(f"{blob.name}: {exc}") from None
             except BlobError as exc:
@@ -253,6 +301,35 @@ class RunFiles:
             log.info("fetched %s (%d bytes, blob %s) in %.2f s (%.1f MB/s)", blob.name, size, blob.digest.hex()[:12],
                      seconds, size / max(seconds, 1e-6) / 1e6)
             return path, True
+
+    async def _fetch_bulk(self, p2p: P2P, bulk: BulkFetch, connected: list[str], dht_providers,
+                          bad: Callable[[str], None], progress: Callable[[int, int], None]) -> Path | None:
+        """The checkpoint over the bulk path from the connected peers, else from the DHT's
+        providers; None when no provider serves it there (the caller falls back to libp2p). A
+        provider caught sending a chunk that contradicts h_k has been blamed through ``bad``."""
+        manifest, step = bulk.manifest, bulk.step
+        try:  # h_k's preimage: nothing a chunk is checked against comes from a provider
+            dataset = None
+            if step > 0:
+                dataset = await trio.to_thread.run_sync(load_run_samples, self.work_dir(manifest.run_id), manifest)
+            expect = checkpoint_expectation(manifest, step, dataset)
+        except Open1bError as exc:  # samples that are not the manifest's: the replay reports it
+            log.info("checkpoint %d: no bulk fetch without the run's samples: %s", step, exc)
+            return None
+        for candidates in (connected, None):
+            peer_ids = candidates if candidates is not None else await dht_providers()
+            peers = await _bulk_peers(p2p, peer_ids)
+            if not peers:
+                continue
+            try:
+                report = await fetch_checkpoint(self.cache, bulk.identity, peers, expect, on_bad_peer=bad,
+                                                progress=progress)
+            except BlobError as exc:
+                log.info("checkpoint %d over the bulk path: %s", step, exc)
+                continue
+            self.stats.bulk_fetched += 1
+            return report.path
+        return None
 
     # -- the working directory handed to the replay worker ----------------------------------
     def assemble(self, manifest: RunManifest, blobs: list[RunBlob]) -> Path:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from open1b.protocol import Attestation, Claim, RunManifest, WitnessReveal
+from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, WitnessReveal
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ CREATE INDEX IF NOT EXISTS claims_by_step ON claims (run_id, step);
 CREATE TABLE IF NOT EXISTS reveals (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, encoded BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS reveals_by_step ON reveals (run_id, step);
+CREATE TABLE IF NOT EXISTS evals (
+    digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, state INTEGER NOT NULL, encoded BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS evals_by_state ON evals (run_id, state);
 CREATE TABLE IF NOT EXISTS replay_witnesses (
     run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
@@ -144,6 +147,13 @@ class Store:
             rows = self._db.execute(
                 "SELECT encoded FROM reveals WHERE run_id = ? AND step = ? ORDER BY digest", (run_id, step))
         return [WitnessReveal.decode(r[0]) for r in rows.fetchall()]
+
+    def add_eval(self, ev: EvalStatement) -> bool:
+        return self._insert("INSERT OR IGNORE INTO evals VALUES (?, ?, ?, ?)", (ev.digest, ev.run, ev.state, ev.encoded))
+
+    def evals(self, run_id: bytes) -> list[EvalStatement]:
+        rows = self._db.execute("SELECT encoded FROM evals WHERE run_id = ? ORDER BY state, digest", (run_id,))
+        return [EvalStatement.decode(r[0]) for r in rows.fetchall()]
 
     def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> bool:
         """W_step from this node's own replay (checked against the manifest's C_step by the caller).

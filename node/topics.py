@@ -1,5 +1,5 @@
 """The gossip topics a node joins (docs/protocol.md §11): one network-wide topic of signed run
-manifests, and per run one topic each for attestations, claims and witness reveals."""
+manifests, and per run one topic each for attestations, claims, witness reveals and evaluations."""
 
 from __future__ import annotations
 
@@ -18,3 +18,7 @@ def reveals_topic(run: bytes) -> str:
 
 def claims_topic(run: bytes) -> str:
     return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/claims"
+
+
+def evals_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/evals"

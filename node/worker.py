@@ -2,17 +2,26 @@
 stays responsive, numeric code is imported and compiled once, and a crash or hang costs one
 replay (the process is killed and restarted), never the node.
 
-Wire protocol (JSON lines over the worker's stdin/stdout): the daemon writes
-``{"run_dir": …, "step": k}``; the worker answers one line, either
-``{"pre_state": hex, "post_state": hex, "elapsed_ms": n}`` or ``{"error": text}``. The daemon
-does not believe the worker's verdict: it compares the hashes with the manifest itself and
-signs only what it has checked.
+The worker is where the device lives: it is started with ``--device auto|cpu|cuda[:N]``
+(config ``device``), chooses and self-checks the device (:func:`open1b.deterministic.device.select_device`:
+probes run by the device's own kernels and the known-answer step, whose hash must be the CPU's
+pinned one), and falls back to the CPU when a GPU is missing or fails a check. Any CUDA context
+is created in this process, never in the daemon's trio process.
+
+Wire protocol (JSON lines over the worker's stdin/stdout): at start the worker writes one hello
+line, ``{"device": class, "label": "cuda:0" | "cpu", "reason": text}`` (or ``{"error": text}``
+and exits); then the daemon writes ``{"run_dir": …, "step": k}`` and the worker answers one line,
+either ``{"pre_state": hex, "post_state": hex, "witness": hex, "elapsed_ms": n}`` or
+``{"error": text}``. The daemon does not believe the worker's verdict: it compares the hashes with
+the manifest itself and signs only what it has checked, with the device class of the hello.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -22,7 +31,9 @@ from pathlib import Path
 
 import trio
 
-from open1b.protocol import Open1bError
+from open1b.protocol import DEVICE_CLASS, Open1bError
+
+log = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 4096
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -38,22 +49,51 @@ class WorkerResult:
     post_state: bytes
     witness: bytes  # W_k of the replay; the daemon binds it to its key when it signs
     elapsed_ms: int
+    device: str  # the class of the device that replayed (docs/protocol.md, the attestation's ``device``)
 
 
 class ReplayWorker:
     """A handle on the worker process, started on first use and restarted after a failure."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "auto") -> None:
+        self.device_spec = device  # what the operator asked for (``--device``)
+        self.device: str | None = None  # the class of the running worker's device, from its hello
+        self.device_reason = ""
         self._proc: trio.Process | None = None
         self._buffer = b""
+        self._starting = trio.Lock()  # one process at a time, and its hello read before any request
         self.restarts = 0
 
+    async def start(self, *, timeout_s: float) -> None:
+        """Start the worker now rather than at the first replay, so that the node reports its
+        device (chosen and self-checked in the worker) from the start. A failure is logged; the
+        next replay tries again."""
+        try:
+            with trio.fail_after(timeout_s):
+                await self._ensure_started()
+        except (trio.TooSlowError, ReplayFailed, trio.BrokenResourceError, ValueError) as exc:
+            log.warning("replay worker did not start: %s", exc or "timed out")
+            self.kill()
+
     async def _ensure_started(self) -> trio.Process:
+        async with self._starting:
+            return await self._start_locked()
+
+    async def _start_locked(self) -> trio.Process:
         if self._proc is None or self._proc.returncode is not None:
             self._proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "open1b.node.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._buffer = b""
             self.restarts += 1
+            hello = json.loads(await self._read_line(self._proc))
+            if type(hello) is not dict or "error" in hello:
+                raise ReplayFailed(f"worker could not start: {hello.get('error') if type(hello) is dict else hello!r}")
+            device = hello.get("device")
+            if type(device) is not str or not DEVICE_CLASS.fullmatch(device):
+                raise ReplayFailed(f"malformed worker hello: device {device!r}")
+            self.device, self.device_reason = device, str(hello.get("reason", ""))[:300]
+            log.info("replay worker on %s (%s)", device, self.device_reason)
         return self._proc
 
     async def _read_line(self, proc: trio.Process) -> bytes:
@@ -94,7 +134,7 @@ class ReplayWorker:
             raise ReplayFailed(reply["error"])
         try:
             result = WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]),
-                                  bytes.fromhex(reply["witness"]), int(reply["elapsed_ms"]))
+                                  bytes.fromhex(reply["witness"]), int(reply["elapsed_ms"]), self.device)
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayFailed(f"malformed worker reply: {exc}") from exc
         if not len(result.pre_state) == len(result.post_state) == len(result.witness) == 32:
@@ -122,27 +162,39 @@ def _die_with_parent() -> None:
         sys.exit(0)
 
 
-def _serve() -> int:
+def _send(reply: dict) -> None:
+    """One reply line; a daemon that is gone ends the worker quietly (no BrokenPipeError trace)."""
+    try:
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os._exit(0)
+
+
+def _serve(device_spec: str) -> int:
+    from open1b.deterministic.device import select_device_or_cpu
     from open1b.deterministic.replay import replay
-    from open1b.deterministic.selfcheck import require_deterministic_machine
 
     _die_with_parent()
-    require_deterministic_machine()
+    try:
+        choice = select_device_or_cpu(device_spec)
+    except Open1bError as exc:  # a bad spec, or a CPU that fails the self-checks: nothing to replay on
+        _send({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _send({"device": choice.device_class, "label": choice.label, "reason": choice.reason})
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            result = replay(Path(request["run_dir"]), int(request["step"]))
+            result = replay(Path(request["run_dir"]), int(request["step"]), device=choice)
             reply = {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
                      "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
         except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        try:
-            sys.stdout.write(json.dumps(reply) + "\n")
-            sys.stdout.flush()
-        except BrokenPipeError:  # the daemon is gone: nobody to answer
-            return 0
+        _send(reply)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_serve())
+    cli = argparse.ArgumentParser(prog="python -m open1b.node.worker")
+    cli.add_argument("--device", default="auto")
+    sys.exit(_serve(cli.parse_args().device))

@@ -7,13 +7,18 @@ keep their meaning within a protocol version, and anything else may change. How 
 * keys: :class:`Identity` (an Ed25519 seed, also a libp2p peer ID), :func:`sign` / :func:`verify`
   (domain-separated signatures);
 * statements: :class:`RunManifest`, :class:`ExternalRunManifest`, :class:`Claim`,
-  :class:`Attestation`, :class:`WitnessReveal` — ``X.decode(data)`` authenticates, ``X.create(identity, ...)`` signs;
+  :class:`Attestation`, :class:`WitnessReveal`, :class:`EvalStatement` — ``X.decode(data)``
+  authenticates, ``X.create(identity, ...)`` signs;
   :func:`decode_message` takes any kind;
 * judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_reveal`,
-  :func:`validate_sync_frame`, :func:`validate_manifest` give a
+  :func:`validate_sync_frame`, :func:`validate_manifest`, :func:`validate_eval` give a
   :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
-  per-step status from a set of statements under a :class:`TrustPolicy`; :func:`select_claim`
+  per-step status from a set of statements under a :class:`TrustPolicy`, :func:`evaluations`
+  the status of a run's evaluations and :func:`leaderboard` the ranked runs; :func:`select_claim`
   arbitrates DHT claim records;
+* data: :class:`DataCommitments` (from a manifest) and :func:`verify_data_proof` check that a run
+  trained on a document, that it is not in the corpus, or that no step drew it (the three proofs
+  of :mod:`.documents`); :func:`proof_from_json` reads the JSON the ``data`` command prints;
 * commitments: :func:`state_hash` and friends (a tree: :func:`tensor_proof` proves one tensor),
   Merkle proofs, external trajectories (:func:`resolve_external_run`); Open-1B's v3 hash is the
   module :mod:`.gensyn_handoff`;
@@ -47,7 +52,11 @@ from .errors import (
     UnknownFieldError,
     WrongTypeError,
 )
+from .data_proofs import proof_from_json, verify_data_proof
+from .documents import DataCommitments, document_digest
+from .evaluation import MAX_EVAL_SIZE, EvalStatement, evaluations
 from .hashing import blake2b256
+from .leaderboard import leaderboard
 from .identity import Identity, peer_id_from_public_key, public_key_from_peer_id
 from .merkle import merkle_proof, merkle_root, verify_merkle_proof
 from .messages import (
@@ -58,8 +67,8 @@ from .signing import sign, signing_bytes, verify
 from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, resolve_external_run
 from .witness import MAX_REVEAL_SIZE, WitnessReveal, witness_binding, witness_commitment
 from .validation import (
-    MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_manifest,
-    validate_reveal, validate_sync_frame,
+    MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_eval,
+    validate_manifest, validate_reveal, validate_sync_frame,
 )
 
 __all__ = [
@@ -68,11 +77,11 @@ __all__ = [
     "signing_bytes", "blake2b256",
     # statements
     "PROTOCOL_VERSION", "RUN_FORMAT", "SignedMessage", "RunManifest", "ExternalRunManifest", "Claim", "Attestation", "MATCH",
-    "MISMATCH", "WitnessReveal", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
+    "MISMATCH", "WitnessReveal", "EvalStatement", "MAX_EVAL_SIZE", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
     "MAX_REVEAL_SIZE", "DEVICE_CLASS",
     # judging
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
-    "validate_sync_frame",
+    "validate_sync_frame", "validate_eval", "evaluations", "leaderboard",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments
@@ -80,6 +89,8 @@ __all__ = [
     "tensor_proof", "verify_tensor_proof",
     "merkle_root", "merkle_proof", "verify_merkle_proof",
     "ExternalRun", "parse_state_hash_log", "resolve_external_run", "witness_commitment", "witness_binding",
+    # data proofs
+    "DataCommitments", "document_digest", "verify_data_proof", "proof_from_json",
     # errors
     "Open1bError", "ProtocolError", "DecodeError", "OversizeError", "NonCanonicalError", "SchemaError",
     "UnknownFieldError", "MissingFieldError", "WrongTypeError", "SignatureError", "InvalidStatementError",

@@ -30,38 +30,50 @@ def node_hash(left: bytes, right: bytes) -> bytes:
     return blake2b256(_NODE, left, right)
 
 
-def _split(n: int) -> int:
-    return 1 << ((n - 1).bit_length() - 1)
+class MerkleTree:
+    """Every level of the tree over ``values``, built once, so that each audit path costs a
+    lookup per level instead of a rebuild (a data proof lists hundreds of samples of one tree).
 
+    Levels pair nodes left to right and promote an odd last node unchanged: the RFC 6962 shape
+    (module doc), so a promoted node's level contributes no sibling to a path."""
 
-def _root_of(hashes: Sequence[bytes]) -> bytes:
-    level = list(hashes)
-    while len(level) > 1:  # pair left to right; an odd last node rises unchanged
-        paired = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        level = paired + ([level[-1]] if len(level) % 2 else [])
-    return level[0]
+    def __init__(self, values: Sequence[bytes]) -> None:
+        if not values:
+            raise ValueError("a Merkle tree needs at least one leaf")
+        level = [leaf_hash(v) for v in values]
+        self.levels = [level]
+        while len(level) > 1:
+            paired = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            level = paired + ([level[-1]] if len(level) % 2 else [])
+            self.levels.append(level)
+
+    @property
+    def size(self) -> int:
+        return len(self.levels[0])
+
+    @property
+    def root(self) -> bytes:
+        return self.levels[-1][0]
+
+    def proof(self, index: int) -> list[bytes]:
+        """The audit path of leaf ``index``: sibling subtree roots, from the leaf level up."""
+        if not 0 <= index < self.size:
+            raise ValueError(f"leaf index {index} outside a tree of {self.size}")
+        path = []
+        for level in self.levels[:-1]:
+            if index ^ 1 < len(level):  # no sibling: the node is promoted unchanged
+                path.append(level[index ^ 1])
+            index >>= 1
+        return path
 
 
 def merkle_root(values: Sequence[bytes]) -> bytes:
-    if not values:
-        raise ValueError("a Merkle tree needs at least one leaf")
-    return _root_of([leaf_hash(v) for v in values])
+    return MerkleTree(values).root
 
 
 def merkle_proof(values: Sequence[bytes], index: int) -> list[bytes]:
     """The audit path of leaf ``index``: sibling subtree roots, from the leaf level up."""
-    if not 0 <= index < len(values):
-        raise ValueError(f"leaf index {index} outside a tree of {len(values)}")
-
-    def path(m: int, hashes: list[bytes]) -> list[bytes]:
-        if len(hashes) == 1:
-            return []
-        k = _split(len(hashes))
-        if m < k:
-            return path(m, hashes[:k]) + [_root_of(hashes[k:])]
-        return path(m - k, hashes[k:]) + [_root_of(hashes[:k])]
-
-    return path(index, [leaf_hash(v) for v in values])
+    return MerkleTree(values).proof(index)
 
 
 def verify_merkle_proof(value: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> bool:

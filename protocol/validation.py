@@ -13,13 +13,14 @@ from typing import Callable, Generic, Protocol, Sequence, TypeVar
 
 from .claims import MAX_LEASE_SECONDS
 from .codec import decode
+from .evaluation import EvalStatement, check_eval
 from .errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableError, WrongTypeError
 from .messages import MATCH, Attestation, Claim, RunManifest, SignedMessage
 from .trajectory import ExternalRunManifest
 from .witness import WitnessReveal, witness_commitment
 
 MESSAGE_TYPES: dict[str, type[SignedMessage]] = {
-    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal)
+    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal, EvalStatement)
 }
 
 # A statement dated further in the future than this is ignored, not rejected: the clocks of
@@ -130,6 +131,10 @@ def validate_claim(data: bytes, manifests: RunLookup, now: int) -> Verdict[Claim
 
 def validate_reveal(data: bytes, manifests: RunLookup, now: int) -> Verdict[WitnessReveal]:
     return _validate_about_run(WitnessReveal.decode, check_reveal, data, manifests, now)
+
+
+def validate_eval(data: bytes, manifests: RunLookup, now: int) -> Verdict[EvalStatement]:
+    return _validate_about_run(EvalStatement.decode, check_eval, data, manifests, now)
 
 
 def validate_sync_frame(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation | WitnessReveal]:

@@ -35,3 +35,22 @@ def attestation(identity: Identity, **fields) -> Attestation:
     if "witness" not in fields:
         fields["witness"] = witness_binding(fields["run"], fields["step"], identity.public_key, witness_of(fields["step"]))
     return Attestation.create(identity, **fields)
+
+
+def corpus_run(run_dir, *, steps: int, seed: int = 3):
+    """A run directory of the shipped corpus (``tiny``: samples file, documents in the data map, a
+    signed manifest) whose state hashes are placeholders: enough for the data commands, which read
+    nothing else, without training. Returns (dataset, manifest)."""
+    from open1b.deterministic import PRESETS
+    from open1b.deterministic.data import builtin_dataset
+    from open1b.deterministic.provenance import write_run_samples
+    from open1b.deterministic.runfile import MANIFEST_FILE
+    from open1b.deterministic.trainer import run_fields
+
+    tiny = PRESETS["tiny"]
+    dataset = builtin_dataset(tiny.config)
+    fields = run_fields("tiny", seed, write_run_samples(run_dir, dataset))
+    manifest = run_manifest(Identity(blake2b256(b"tests/corpus-run")), **fields, steps=steps,
+                            state_hashes=[bytes(32)] * (steps + 1), created_at=1)
+    (run_dir / MANIFEST_FILE).write_bytes(manifest.encoded)
+    return dataset, manifest

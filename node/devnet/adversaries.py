@@ -33,6 +33,7 @@ from typing import Callable
 import cbor2
 import trio
 
+from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import (
     MATCH,
     MAX_ATTESTATION_SIZE,
@@ -93,7 +94,8 @@ class Adversary:
     async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         """What the node signs instead of an honest replay; by default an echo of the published hash."""
         made_up = blake2b256(b"open1b/devnet/made-up-witness", manifest.run_id, step.to_bytes(8, "little"))
-        return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], made_up, 1)
+        return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], made_up, 1,
+                            cpu_device_class())
 
     async def run(self, daemon: Daemon) -> None:
         """Misbehaviour of its own, started with the daemon's other tasks."""
@@ -111,7 +113,7 @@ def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) 
     fields = dict(
         run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
         post_state=manifest.state_hashes[step + 1], verdict=MATCH, engine=manifest.engine,
-        engine_version=manifest.engine_version, hardware=daemon.auditor.hardware, device=daemon.auditor.device,
+        engine_version=manifest.engine_version, hardware=daemon.auditor.hardware, device=cpu_device_class(),
         elapsed_ms=1, issued_at=daemon.clock.wall())
     # Fields a later protocol adds (a replay witness): someone who never replayed can only make one up.
     made_up = {name: _made_up(kind) for name, kind in Attestation.SCHEMA.items()

@@ -28,11 +28,13 @@ class Daemons:
     bootstrapping from another, and none audits alone while the others are still starting.
     """
 
-    def __init__(self, workdir: Path, run_dir: Path, redundancy: int, *, run_on_all: bool = False) -> None:
+    def __init__(self, workdir: Path, run_dir: Path, redundancy: int, *, run_on_all: bool = False,
+                 device: str = "auto") -> None:
         """``run_dir`` reaches the network through :meth:`publish`; ``run_on_all`` instead hands
         it to every daemon (``--run``, an operator's local copy), as devnets did before runs
-        were published."""
+        were published. ``device`` is every daemon's ``--device``."""
         self.workdir, self.run_dir, self.redundancy, self.run_on_all = workdir, run_dir, redundancy, run_on_all
+        self.device = device
         self.procs: list[subprocess.Popen] = []
         self.dirs: list[Path] = []
         self.addrs: list[str] = []
@@ -62,7 +64,7 @@ class Daemons:
         host, port = self.addrs[index].split("/")[2], self.addrs[index].split("/")[4]
         cmd = [*self.prefixes[index], sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
                "--listen", f"{host}:{port}", "--api", f"{self.api_hosts[index]}:0",
-               "--redundancy", str(self.redundancy), "--log-prefix", f"node-{index} "]
+               "--redundancy", str(self.redundancy), "--device", self.device, "--log-prefix", f"node-{index} "]
         if self.run_on_all:
             cmd += ["--run", str(self.run_dir)]
         for addr in bootstrap:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from open1b.deterministic.device import parse_device_spec
 from open1b.protocol import Open1bError
 
+EVAL_DOCUMENTS = 8  # documents a devnet run with an evaluation schedule holds out (docs/run-format.md §9.1)
 # Faults and adversaries a devnet can inject (node/scenarios.py; docs/reliability.md).
 SCENARIOS = ("tampered-step", "lying-auditor", "copying-auditor", "forged-and-malformed", "sybil", "crash",
              "partition", "late-joiner")
@@ -27,11 +29,14 @@ class DevnetOptions:
     steps: int = 8
     redundancy: int = 1
     tamper_step: int | None = None
+    eval_every: int = 0  # > 0: hold out EVAL_DOCUMENTS documents and evaluate every eval_every-th state
+    tamper_eval: int | None = None  # the trainer's published loss for this state is false (one bit flipped)
     deadline_s: float = 150.0
     seed: int = 0
     workdir: Path | None = None
     keep: bool = False
     scenarios: tuple[str, ...] = ()
+    device: str = "auto"  # where the trainer and every daemon's replay worker compute (``--device``)
 
     def __post_init__(self) -> None:
         unknown = set(self.scenarios) - set(SCENARIOS)
@@ -45,7 +50,11 @@ class DevnetOptions:
             raise ValueError(f"--deadline must be in (0, {MAX_DEADLINE_S:.0f}] seconds")
         if self.redundancy > self.nodes:
             raise ValueError(f"redundancy {self.redundancy} needs at least that many nodes (got {self.nodes})")
+        parse_device_spec(self.device)  # DeviceSpecError (a ValueError) before anything starts
         if self.tamper_step is not None and not 0 <= self.tamper_step < self.steps:
             raise ValueError(f"--tamper-step must be in [0, {self.steps})")
+        if self.eval_every < 0 or (self.tamper_eval is not None and not (
+                self.eval_every and 0 < self.tamper_eval <= self.steps and self.tamper_eval % self.eval_every == 0)):
+            raise ValueError("--tamper-eval needs --eval-every and a state on its schedule")
 
 

@@ -1,12 +1,14 @@
 """``open1b-node devnet`` without scenarios: a whole audit on one machine, with real daemon processes.
 
-1. train a fresh run into a directory (optionally forging the state after one step);
+1. train a fresh run into a directory (optionally forging the state after one step, and with a
+   held-out evaluation set whose results the trainer signs, optionally one of them false);
 2. start N auditor daemons and one observer daemon (audits nothing) as separate OS processes on
    127.0.0.1, all bootstrapping from the first; no daemon is given the run directory;
 3. publish the run through the observer's API, exactly as ``open1b-node publish`` does: the
    observer checks and serves the files and gossips the manifest, and every auditor fetches the
    checkpoints and samples it replays from peers (docs/run-format.md §6);
-4. poll the observer's API until every step has ``redundancy`` distinct attesters, or a deadline;
+4. poll the observer's API until every step has ``redundancy`` distinct attesters and every
+   evaluation is certified or disputed, or a deadline;
 5. read coverage from the observer — a node that replayed nothing, so everything it reports
    reached it over the network — shut every daemon down through its API, and summarise.
 """
@@ -19,13 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from open1b.deterministic.device import select_device_or_cpu
 from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 
 from ..client import call
 from ..progress import progress
 from .daemons import Daemons, say
-from .options import DevnetOptions
+from .evaluations import implied_board, render_evaluations, trainer_results
+from .options import EVAL_DOCUMENTS, DevnetOptions
 
 
 def run_plain(opts: DevnetOptions) -> dict:
@@ -36,10 +40,13 @@ def run_plain(opts: DevnetOptions) -> dict:
     try:
         forged = f" (state after step {opts.tamper_step} forged)" if opts.tamper_step is not None else ""
         with progress(f"devnet: training and publishing a run{forged}", opts.steps) as update:
-            manifest = publish_run(run_dir, Identity(os.urandom(32)), steps=opts.steps, seed=opts.seed,
-                                   tamper_step=opts.tamper_step, progress=lambda done, total: update(done, ""))
+            trainer = Identity(os.urandom(32))
+            manifest = publish_run(run_dir, trainer, steps=opts.steps, seed=opts.seed, tamper_step=opts.tamper_step,
+                                   eval_documents=EVAL_DOCUMENTS if opts.eval_every else 0,
+                                   eval_every=opts.eval_every or 1, device=select_device_or_cpu(opts.device),
+                                   progress=lambda done, total: update(done, ""))
         run_hex = manifest.run_id.hex()
-        daemons = Daemons(workdir, run_dir, opts.redundancy)
+        daemons = Daemons(workdir, run_dir, opts.redundancy, device=opts.device)
         try:
             addrs = daemons.plan(opts.nodes + 1)
             observer = opts.nodes
@@ -49,6 +56,9 @@ def run_plain(opts: DevnetOptions) -> dict:
             job = daemons.publish(observer)
             say(f"{opts.nodes} auditors and 1 observer up in {run_dir.parent}; run {run_hex[:16]}… published by the"
                  f" observer ({job['bytes']} bytes in {job['steps'] + 2} blobs, {job['seconds']} s); auditors fetch from peers")
+            if opts.eval_every:  # the trainer signs its results with the run's key; the observer gossips them
+                for result in trainer_results(run_dir, manifest, trainer, opts.tamper_eval):
+                    call(apis[observer], f"/v1/eval?statement={result.encoded.hex()}", method="POST")
             cov = None
             deadline = started + opts.deadline_s
             with progress(f"devnet: steps with {opts.redundancy} attester(s), seen by the observer", opts.steps) as update:
@@ -57,10 +67,12 @@ def run_plain(opts: DevnetOptions) -> dict:
                     done = sum(1 for s in cov["per_step"]
                                if len(set(s["auditors"]) | set(s["dissenters"])) >= opts.redundancy)
                     update(done, f"({cov['verified_steps']} verified, {len(cov['disputed_steps'])} disputed)")
-                    if cov["complete"]:
+                    if cov["complete"] and all(e["status"] != "unchecked" for e in cov["evaluations"]):
                         break
                     time.sleep(0.5)
             statuses = [call(api, "/v1/status") for api in apis]
+            board = call(apis[observer], "/v1/leaderboard")
+            implied = implied_board(apis[observer], manifest, opts.redundancy)
         finally:
             daemons.stop()
         wall = time.monotonic() - started
@@ -75,10 +87,12 @@ def run_plain(opts: DevnetOptions) -> dict:
             "wall_seconds": round(wall, 2),
             "queried_from": {"peer_id": statuses[-1]["peer_id"], "replays": statuses[-1]["replays"]},
             "per_node": [{"peer_id": s["peer_id"], "replays": s["replays"], "claims_lost": s["claims_lost"],
-                          "audit": s["audit"], "fetched_bytes": s["blobs"]["fetched_bytes"],
+                          "audit": s["audit"], "device": s["device"]["class"], "fetched_bytes": s["blobs"]["fetched_bytes"],
                           "served_bytes": s["blobs"]["served_bytes"]} for s in statuses],
             "per_step": [{"step": s["step"], "status": s["status"], "auditors": s["auditors"],
-                          "dissenters": s["dissenters"]} for s in cov["per_step"]] if cov else [],
+                          "dissenters": s["dissenters"], "devices": s["devices"]} for s in cov["per_step"]] if cov else [],
+            "evaluations": cov["evaluations"] if cov else [],
+            "leaderboard": board, "leaderboard_is_the_statements": board == implied,
             "workdir": str(workdir) if opts.keep else None,
         }
     finally:
@@ -95,6 +109,8 @@ def render(summary: dict) -> str:
         f" — {'complete' if summary['complete'] else 'INCOMPLETE at deadline'} at redundancy {summary['redundancy']}",
         f"work       {summary['replays']} replays = {summary['replay_ratio']}x steps x redundancy,"
         f" {summary['wall_seconds']} s wall",
+        f"devices    {', '.join(sorted({d for s in summary['per_step'] for d in s['devices']})) or '-'}"
+        " (the classes of device behind the matches)",
         "",
         "step  status     auditors",
     ]
@@ -103,5 +119,5 @@ def render(summary: dict) -> str:
         if s["dissenters"]:
             who += "  mismatch: " + ", ".join(p[-8:] for p in s["dissenters"])
         lines.append(f"{s['step']:>4}  {s['status']:<9}  {who}")
-    return "\n".join(lines)
+    return "\n".join(lines + render_evaluations(summary))
 

@@ -42,6 +42,11 @@ def signatures():
         k.softmax_backward_kernel: (f3, f3, f32, f3),
         k.cross_entropy_kernel: (f2, i1, f32, f2, f1),
         k.adamw_kernel: (f1,) * 7 + (f32,) * 9,
+        k.probe_kernel: (f1, f1),
+        k.zero_kernel: (f1,),
+        k.loss_kernel: (f1, f32, f1),
+        k.clip_kernel: (f1, i1, f32, f32, f1, f1),
+        k.adamw_clip_kernel: (f1,) * 7 + (f32,) * 8 + (f1,),
     }
 
 
@@ -79,7 +84,8 @@ def test_every_float32_operation_rounds_to_nearest(ptx):
     loose = {name: sorted({m.group(0).strip() for m in FLOAT_OP.finditer(text) if ".rn" not in m.group(2)})
              for name, text in ptx.items()}  # fmt: skip
     assert {name: ops for name, ops in loose.items() if ops} == {}
-    assert all(FLOAT_OP.search(text) for name, text in ptx.items() if name not in ("split_heads_kernel", "merge_heads_kernel", "embed_kernel"))  # noqa: E501
+    assert all(FLOAT_OP.search(text) for name, text in ptx.items()
+               if name not in ("split_heads_kernel", "merge_heads_kernel", "embed_kernel", "zero_kernel"))  # fmt: skip
 
 
 def test_no_flush_to_zero_no_float64_no_approximations(ptx):
@@ -87,3 +93,23 @@ def test_no_flush_to_zero_no_float64_no_approximations(ptx):
         assert ".ftz" not in text, name
         assert ".f64" not in text, name
         assert ".approx" not in text, name
+
+
+def test_matmul_keeps_accumulators_fragments_and_prefetch_in_registers(ptx):
+    """The register-blocked matmul's only local memory is the per-output tree's upper stack
+    (levels 2 and up, touched once per four chunks): the 4 x 4 accumulators, the two lowest tree
+    levels, the A/B fragments and the double-buffer prefetch registers never spill."""
+    import math
+
+    from open1b.deterministic import cuda as k
+
+    text = ptx["matmul_kernel"]
+    depots = [int(n) for n in re.findall(r"\.local \.align \d+ \.b8\s+__local_depot\d+\[(\d+)\]", text)]
+    assert depots == [4 * math.prod(k.UPPER_LEVELS)]
+    loads, stores = len(re.findall(r"\bld\.local", text)), len(re.findall(r"\bst\.local", text))
+    print(f"matmul_kernel PTX: {loads} ld.local, {stores} st.local (the upper tree levels and their zeroing)")
+    # The inner loop (ffma over a staged chunk) has no local traffic: every local access sits
+    # outside the blocks that hold an fma.
+    for block in re.split(r"\n\$L__BB\d+_\d+:", text):
+        if "fma.rn.f32" in block:
+            assert "ld.local" not in block and "st.local" not in block

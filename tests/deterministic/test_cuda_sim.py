@@ -18,6 +18,7 @@ from open1b.deterministic import matmul
 from open1b.deterministic.attention import attention_scale
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.optimizer import AdamWScalars
+from open1b.deterministic.probes import PROBE_INPUTS, probe_cpu
 from open1b.deterministic.selfcheck import state_fingerprint
 from open1b.deterministic.state import init_state
 from open1b.deterministic.step import train_step
@@ -77,9 +78,69 @@ def op_digests(be) -> dict[str, str]:
     return out
 
 
-def step_fingerprint(be) -> str:
-    """A two-rank step of the micro model (the cross-rank sum included) through ``be``."""
-    return state_fingerprint(train_step(init_state(MICRO, 5), micro_batch(0), MICRO_TOPOLOGY, backend=be)[0])
+MATMUL_CASES = [  # batch, m, n, k: none a multiple of any tile (the simulator's 4 x 4 blocks, the GPU's 64 x 64, K_CHUNK)
+    (1, 5, 6, 330, [(False, False), (True, True)]),  # 11 chunks (0b1011): register levels and the upper stack
+    (2, 9, 7, 45, [(False, False), (False, True), (True, False), (True, True)]),  # a partial chunk
+    (3, 1, 3, 97, [(True, False)]),  # a single row, four chunks (the first push into the upper stack)
+]
+
+
+def matmul_digests(be) -> dict[str, str]:
+    """The register-blocked matmul on odd shapes, every transpose mode and structure flag."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for batch, m, n, k, modes in MATMUL_CASES:
+        for ta, tb in modes:
+            a = rand(rng, batch, *((k, m) if ta else (m, k)))
+            b = rand(rng, batch, *((n, k) if tb else (k, n)))
+            out[f"{batch}x{m}x{n}x{k}-{ta:d}{tb:d}"] = _digest(be.download(be.matmul(be.upload(a), be.upload(b), ta, tb)))
+    t = 41  # causal products: 41 positions, 2 chunks, tiles above, below and straddling the diagonal
+    p, v, q = np.tril(rand(rng, 1, t, t)), rand(rng, 1, t, 2), rand(rng, 1, t, 2)
+    up = be.upload
+    out["causal-qk"] = _digest(be.download(be.matmul(up(q), up(v), False, True, matmul.CAUSAL_OUTPUT)))
+    out["lower-pv"] = _digest(be.download(be.matmul(up(p), up(v), False, False, matmul.A_LOWER)))
+    out["upper-ptdo"] = _digest(be.download(be.matmul(up(p), up(v), True, False, matmul.A_UPPER)))
+    return out
+
+
+def matmul_reference_digests() -> dict[str, str]:
+    """:func:`matmul_digests` by the numpy reference (structure flags change no result there)."""
+
+    class Reference:
+        upload = download = staticmethod(lambda x: x)
+
+        @staticmethod
+        def matmul(a, b, ta=False, tb=False, structure=matmul.DENSE):
+            return matmul.matmul_reference(a, b, ta, tb, structure)
+
+    return matmul_digests(Reference)
+
+
+def step_fingerprint(be) -> list:
+    """Two two-rank steps of the micro model (the cross-rank sum included) through ``be``, the
+    second from the state the first returned: each state's fingerprint and report's bits, and
+    the host transfers each step made (``be.upload``/``be.download`` calls)."""
+    transfers = {"upload": 0, "download": 0}
+    for kind in transfers:
+        method = getattr(be, kind)
+
+        def counted(a, _method=method, _kind=kind):
+            transfers[_kind] += 1
+            return _method(a)
+
+        setattr(be, kind, counted)
+    out, state = [], init_state(MICRO, 5)
+    try:
+        for step in range(2):
+            transfers.update(upload=0, download=0)
+            state, report = train_step(state, micro_batch(step), MICRO_TOPOLOGY, backend=be)
+            moved = dict(transfers)
+            out.append([state_fingerprint(state), _digest(np.float32(report.loss), np.float32(report.grad_norm),
+                                                          np.float32(report.clip_coef)), report.witness.hex(), moved])  # fmt: skip
+    finally:
+        for kind in transfers:
+            delattr(be, kind)
+    return out
 
 
 _CHILD = """
@@ -87,10 +148,14 @@ import json
 import numpy as np
 np.seterr(all="ignore")  # the device bodies run as numpy emulation here
 from open1b.deterministic.cuda import SIMULATED, CudaBackend
-from tests.deterministic.test_cuda_sim import op_digests, step_fingerprint
+from open1b.deterministic.device import cuda_device_class
+from open1b.deterministic.probes import PROBE_INPUTS
+device_class = lambda be: cuda_device_class(be.compute_capability)
+from tests.deterministic.test_cuda_sim import matmul_digests, op_digests, step_fingerprint
 assert SIMULATED
 be = CudaBackend()
-print(json.dumps({"ops": op_digests(be), "step": step_fingerprint(be), "name": be.name}))
+print(json.dumps({"ops": op_digests(be), "matmul": matmul_digests(be), "step": step_fingerprint(be), "name": be.name,
+                  "probe": be.probe(PROBE_INPUTS).tolist(), "class": device_class(be)}))
 """
 
 
@@ -101,6 +166,17 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     assert out.returncode == 0, out.stderr[-4000:]
     sim = json.loads(out.stdout.strip().splitlines()[-1])
     assert sim["name"] == "cuda-simulator"
+    assert sim["class"] == "cuda/sm_52"  # the simulator's compute capability
+    # The self-checks' probes through the device's kernel give the CPU's answers (which pass).
+    # (The known-answer step itself is too slow for the simulator; gpu_check runs it on a GPU.)
+    assert sim["probe"] == probe_cpu(PROBE_INPUTS).tolist()
     cpu = cpu_backend(True)
     assert sim["ops"] == op_digests(cpu)
-    assert sim["step"] == step_fingerprint(cpu)
+    assert sim["matmul"] == matmul_digests(cpu) == matmul_reference_digests()
+    cpu_steps = step_fingerprint(cpu)
+    assert [s[:3] for s in sim["step"]] == [s[:3] for s in cpu_steps]  # states, reports and witnesses
+    # On the device: step 1 uploads the host state, the batch and (once per model) the norm's
+    # chunk bounds, step 2 only its batch (the state stayed on the device); neither downloads
+    # anything but the witness's one pinned copy (not through download) — the state comes back
+    # when it is read.
+    assert [s[3] for s in sim["step"]] == [{"upload": 3, "download": 0}, {"upload": 1, "download": 0}]

@@ -11,9 +11,8 @@ from numba.core.dispatcher import Dispatcher
 
 from open1b.deterministic import DeterminismError, require_deterministic_machine, run_selfchecks
 from open1b.deterministic.backend import cpu_backend
-from open1b.deterministic.selfcheck import (
-    FUSION_A, FUSION_C, KNOWN_ANSWER_STATE, fusion_probe, known_answer_state, state_fingerprint,
-)  # fmt: skip
+from open1b.deterministic.probes import FUSION_A, FUSION_C, PROBE_INPUTS, probe_cpu
+from open1b.deterministic.selfcheck import KNOWN_ANSWER_STATE, known_answer_state, state_fingerprint
 
 F = np.float32
 NAMES = {"no-fma-contraction", "gradual-underflow", "float32-arithmetic", "expf-logf-known-answers", "known-answer-step"}
@@ -39,7 +38,7 @@ def test_fusion_probe_values_detect_contraction():
         return a * b + c
 
     assert F(fused(FUSION_A, FUSION_A, FUSION_C)) == F(2.0**-24)  # what a fused multiply-add gives
-    assert F(fusion_probe(FUSION_A, FUSION_A, FUSION_C)) == F(0.0)  # what the engine's options give
+    assert F(probe_cpu(PROBE_INPUTS)[0]) == F(0.0)  # what the engine's primitives give
 
 
 def test_no_engine_kernel_is_compiled_with_fastmath():
@@ -101,3 +100,28 @@ def test_known_answer_step_refuses_a_backend_with_other_bits():
     assert failed == {"known-answer-step"}
     with pytest.raises(DeterminismError, match="known-answer-step"):
         require_deterministic_machine(BlasMatmul())
+
+
+class FusingDevice:
+    """The CPU backend as a device that contracts a*b + c into an fma and flushes subnormal
+    results (what numba-cuda without the engine's ``.rn`` bindings, or ``-ftz``, would do)."""
+
+    def __init__(self):
+        self.inner = cpu_backend(False)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def probe(self, x):
+        out = self.inner.probe(x)
+        out[0] = np.float32(np.float64(x[0]) * np.float64(x[1]) + np.float64(x[2]))  # one rounding: fused
+        out[1] = np.float32(0.0)  # flushed
+        return out
+
+
+def test_probes_run_on_the_given_backend_and_refuse_a_fusing_flushing_device():
+    results = {r.name: r for r in run_selfchecks(FusingDevice())}
+    assert {n for n, r in results.items() if not r.ok} == {"no-fma-contraction", "gradual-underflow"}
+    assert "2**-24" in results["no-fma-contraction"].detail or "5.96" in results["no-fma-contraction"].detail
+    with pytest.raises(DeterminismError, match="no-fma-contraction.*gradual-underflow"):
+        require_deterministic_machine(FusingDevice())

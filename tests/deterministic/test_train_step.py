@@ -134,13 +134,14 @@ def test_rank_reduction_follows_the_spec_order():
     for rank in range(topology.ranks):
         acc = None
         for mb in range(topology.micro_batches):
-            loss, grads = forward_backward(state.params, batch[rank, mb], inv_n, MICRO, be)
-            grads["loss"] = np.array([loss], F)
+            micro = be.micro_batches(batch, MICRO.vocab_size)[rank][mb]
+            loss, grads = forward_backward(state.params, micro, inv_n, MICRO, be)
+            grads["loss"] = loss
             acc = {k: (np.zeros_like(g) if acc is None else acc[k]) + g for k, g in grads.items()}
         per_rank.append(acc)
     expected = {k: fixed_sum(np.stack([r[k] for r in per_rank]), chunk=RANK_GROUP) for k in per_rank[0]}
     loss, grads = step_gradients(state, batch, topology, be)
-    assert same_bits(np.array([loss], F), expected.pop("loss"))
+    assert same_bits(loss, expected.pop("loss"))
     assert all(same_bits(grads[k], expected[k]) for k in expected)
     # The order is observable: the same micro-batches as 1 rank x 20 give other bits.
     flat = batch.reshape(1, 20, 1, -1)
@@ -184,3 +185,26 @@ def test_same_bits_on_generic_and_host_cpu_and_1_or_2_threads():
     assert host1[:3] == ["host", "1", "cpu-parallel"] and host2[:3] == ["host", "2", "cpu-parallel"]
     assert generic[:3] == ["generic", "1", "cpu-serial"]
     assert host1[3] == host2[3] == generic[3] == state_fingerprint(run(init_state(CONFIG, SEED), 2))
+
+
+def test_witness_hashing_works_in_a_forked_child_after_the_parent_hashed():
+    # The witness is hashed on a per-process background thread; a child forked after the parent
+    # used it must get its own thread (an inherited executor has none and would never run).
+    import multiprocessing
+
+    from open1b.deterministic.witness import replay_witness, witness_async
+
+    grads = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    expected = replay_witness(np.float32(1.5), grads, ["w"])
+    assert witness_async(np.float32(1.5), grads, ["w"], F(1), F(1)).witness.result(timeout=10) == expected
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_witness_in_child, (expected,)).get(timeout=30)
+    assert got is True
+
+
+def _witness_in_child(expected: bytes) -> bool:
+    from open1b.deterministic.witness import witness_async
+
+    grads = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    return witness_async(np.float32(1.5), grads, ["w"], F(1), F(1)).witness.result(timeout=10) == expected

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from open1b.protocol import (
-    Attestation, Claim, ExternalRunManifest, Outcome, ProtocolError, RunManifest, WitnessReveal, claim_key, decode,
-    decode_message, encode, parse_state_hash_log, resolve_external_run, select_claim_record, validate_attestation,
-    validate_claim, validate_claim_record, validate_manifest, validate_reveal,
+    Attestation, Claim, EvalStatement, ExternalRunManifest, Outcome, ProtocolError, RunManifest, WitnessReveal,
+    claim_key, decode, decode_message, encode, parse_state_hash_log, resolve_external_run, select_claim_record,
+    validate_attestation, validate_claim, validate_claim_record, validate_eval, validate_manifest, validate_reveal,
 )
 from open1b.protocol.claims import claim_precedence
 from open1b.protocol.gensyn_handoff import HandoffMeta, read_safetensors
@@ -32,6 +32,8 @@ RUNS = {RUN.run_id: RUN}
 ATTESTATION = fixtures.attestation(1, RUN, 1)
 CLAIM = fixtures.claim(1, RUN, 1)
 REVEAL = fixtures.reveal(1, RUN, 1)
+EVAL_RUN = fixtures.eval_manifest()
+EVAL = fixtures.evaluation(1, EVAL_RUN, 2)
 
 
 def _typed(exc: ProtocolError) -> None:
@@ -41,7 +43,7 @@ def _typed(exc: ProtocolError) -> None:
 
 @pytest.mark.parametrize("cls,message,signer", [
     (Attestation, ATTESTATION, 1), (Claim, CLAIM, 1), (RunManifest, RUN, 0), (ExternalRunManifest, EXTERNAL, 0),
-    (WitnessReveal, REVEAL, 1),
+    (WitnessReveal, REVEAL, 1), (EvalStatement, EVAL, 1),
 ], ids=lambda v: getattr(v, "KIND", None) or getattr(v, "__name__", "") if isinstance(v, type) else None)
 @FUZZ
 @given(data=st.data())
@@ -54,6 +56,16 @@ def test_message_decoders_give_the_bytes_back_or_a_typed_error(cls, message, sig
             _typed(exc)
             continue
         assert got.encoded == raw and type(got).decode(raw) == got  # canonical, authenticated, stable
+
+
+@FUZZ
+@given(raw=inputs_for(EVAL, 1), now=st.sampled_from([NOW, NOW - 10**6, 0]))
+def test_eval_validator(raw, now):
+    verdict = validate_eval(raw, {EVAL_RUN.run_id: EVAL_RUN}.get, now)
+    if verdict.accepted:
+        assert verdict.message.encoded == raw and verdict.message.run == EVAL_RUN.run_id
+    else:
+        assert verdict.code in SPEC_CODES, verdict.code
 
 
 @FUZZ
@@ -186,3 +198,31 @@ def test_safetensors_headers_and_handoff_meta(raw):
         pass  # not JSON at all: the caller's json.loads fails first
     except ProtocolError as exc:
         assert exc.code == "handoff"
+
+
+_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 2**64), st.text(max_size=70),
+                               st.sampled_from(["00" * 32, "ff" * 32, "zz"])),
+                     lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                             st.dictionaries(st.sampled_from(
+                                                 ["kind", "entry", "index", "start", "end", "path", "samples", "tokens",
+                                                  "draws", "lower", "upper", "digest"]), inner, max_size=6)),
+                     max_leaves=30)
+
+
+@FUZZ
+@given(value=st.one_of(_JSON, st.fixed_dictionaries({"kind": st.sampled_from(["included", "never_drawn", "absent"])},
+                                                   optional={"entry": _JSON, "samples": _JSON, "draws": _JSON,
+                                                             "lower": _JSON, "upper": _JSON})),
+       document=st.binary(max_size=40))
+def test_data_proofs_from_json_are_proofs_or_value_errors_and_never_hold_by_accident(value, document):
+    """A proof read from untrusted JSON is a proof or a ValueError; checking it never raises, and
+    random fields never prove anything about a run (docs/run-format.md §8.5)."""
+    from open1b.protocol.data_proofs import proof_from_json, verify_data_proof
+
+    from ..vectors.suite_data import _corpus
+
+    try:
+        proof = proof_from_json(value)
+    except ValueError:
+        return
+    assert not verify_data_proof(_corpus()[3], document, proof).holds

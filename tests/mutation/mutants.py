@@ -182,6 +182,26 @@ MUTANTS = [
     _m("external-reveals-pass", "§7", "a run without witness commitments has nothing to check a reveal against",
        ('        if run["witnesses"] is None:\n            raise Refused("witness")  # an external run commits to no witness\n'
         '        if b2(', '        if run["witnesses"] is not None and b2(')),
+    _m("eval-state-zero", "§7", "state 0 is on every schedule (0 is a multiple of eval_every)",
+       ('m["state"] >= 1 and m["state"] % every == 0', 'm["state"] % every == 0')),
+    _m("eval-state-unbounded", "§7", "the schedule does not end at the run's last state",
+       (' and m["state"] <= run["steps"]):', '):')),
+    _m("eval-results-only-signer", "§7", "only a result's signer is checked (the publisher may check itself)",
+       ('if (m["verdict"] == "result") != (m["signer"] == run["publisher"]):',
+        'if m["verdict"] == "result" and m["signer"] != run["publisher"]:')),
+    _m("eval-signer-before-state", "§7", "the signer rule comes before the schedule",
+       ('    if not (m["state"] >= 1', '    if (m["verdict"] == "result") != (m["signer"] == run["publisher"]):\n'
+        '        raise Refused("eval_signer")\n    if not (m["state"] >= 1')),
+    _m("eval-mismatch-unchecked", "§5.3", "only a result or match is held to loss = claimed",
+       ('(m["verdict"] == "mismatch") == (m["loss"] == m["claimed"])',
+        'm["verdict"] != "mismatch" and m["loss"] != m["claimed"]')),
+    _m("eval-device-first", "§5.2", "the device grammar is checked before the verdict rule",
+       ('    if kind == "eval" and (m["verdict"] == "mismatch") == (m["loss"] == m["claimed"]):\n'
+        '        raise Refused("eval_verdict")\n    if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):\n'
+        '        raise Refused("device")\n',
+        '    if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):\n        raise Refused("device")\n'
+        '    if kind == "eval" and (m["verdict"] == "mismatch") == (m["loss"] == m["claimed"]):\n'
+        '        raise Refused("eval_verdict")\n')),
     # §10 claim records
     _m("older-round-wins", "§10", "an older lease round wins", ('(-(c["issued_at"] //', '((c["issued_at"] //')),
     _m("latest-in-round", "§10", "within a round the latest claim wins",

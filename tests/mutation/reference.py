@@ -27,10 +27,10 @@ MAX_DEPTH = CONST["MAX_DEPTH"]
 SKEW = CONST["MAX_CLOCK_SKEW_SECONDS"]
 SIGNING_CONTEXT = b"open1b/v%d/sig\0" % CONST["PROTOCOL_VERSION"]
 SIGNER = {"manifest": "publisher", "external_manifest": "publisher", "claim": "claimant", "attestation": "signer",
-          "reveal": "revealer"}
+          "reveal": "revealer", "eval": "signer"}
 MAX_SIZE = {"manifest": CONST["MAX_MANIFEST_SIZE"], "external_manifest": CONST["MAX_MANIFEST_SIZE"],
             "claim": CONST["MAX_CLAIM_SIZE"], "attestation": CONST["MAX_ATTESTATION_SIZE"],
-            "reveal": CONST["MAX_REVEAL_SIZE"]}
+            "reveal": CONST["MAX_REVEAL_SIZE"], "eval": CONST["MAX_EVAL_SIZE"]}
 
 
 class Refused(Exception):
@@ -234,7 +234,9 @@ def cross_field_rules(kind: str, m: dict) -> None:
         raise Refused("state_hashes")
     if kind == "claim" and not m["lease_expiry"] > m["issued_at"]:
         raise Refused("lease_order")
-    if kind == "attestation" and not DEVICE.fullmatch(m["device"]):
+    if kind == "eval" and (m["verdict"] == "mismatch") == (m["loss"] == m["claimed"]):
+        raise Refused("eval_verdict")
+    if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):
         raise Refused("device")
 
 
@@ -292,7 +294,7 @@ def resolve_external(m: dict, data: bytes) -> dict:
     if merkle_root(hashes) != m["trajectory_root"]:
         raise Refused("trajectory_root")
     return {"id": m["digest"], "steps": m["steps"], "h": hashes, "engine": m["engine"],
-            "engine_version": m["engine_version"], "witnesses": None}
+            "engine_version": m["engine_version"], "witnesses": None, "data": m["data"], "publisher": m["publisher"]}
 
 
 def load_run(manifest: bytes, trajectory: bytes | None = None) -> dict:
@@ -300,12 +302,27 @@ def load_run(manifest: bytes, trajectory: bytes | None = None) -> dict:
     if trajectory is not None:
         return resolve_external(m, trajectory)
     return {"id": m["digest"], "steps": m["steps"], "h": m["state_hashes"], "engine": m["engine"],
-            "engine_version": m["engine_version"], "witnesses": m["witnesses"]}
+            "engine_version": m["engine_version"], "witnesses": m["witnesses"], "data": m["data"],
+            "publisher": m["publisher"]}
+
+
+def eval_rules(m: dict, run: dict) -> None:
+    every, root = run["data"].get("eval_every"), run["data"].get("eval_root")
+    if type(every) is not int or every < 1 or type(root) is not str:
+        raise Refused("no_eval")
+    if not (m["state"] >= 1 and m["state"] % every == 0 and m["state"] <= run["steps"]):
+        raise Refused("eval_state")
+    if m["engine"] != run["engine"] or m["engine_version"] != run["engine_version"]:
+        raise Refused("engine")
+    if (m["verdict"] == "result") != (m["signer"] == run["publisher"]):
+        raise Refused("eval_signer")
 
 
 # -- §7 validation -----------------------------------------------------------------------------
 
 def run_rules(m: dict, run: dict) -> None:
+    if m["kind"] == "eval":
+        return eval_rules(m, run)
     if not m["step"] < run["steps"]:
         raise Refused("step_range")
     if m["kind"] == "attestation":
@@ -325,7 +342,7 @@ def run_rules(m: dict, run: dict) -> None:
 
 
 TOPIC_KINDS = {"attestation": {"attestation"}, "claim": {"claim"}, "reveal": {"reveal"},
-               "manifest": {"manifest", "external_manifest"}, "sync": {"attestation", "reveal"}}
+               "manifest": {"manifest", "external_manifest"}, "sync": {"attestation", "reveal"}, "eval": {"eval"}}
 
 
 def validate(topic: str, data: bytes, runs: dict, now: int) -> tuple[str, str]:

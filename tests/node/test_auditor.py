@@ -27,6 +27,7 @@ from .fakes import FakeClaimBoard, FakeP2P, auditable_manifest, make_ingest
 
 T0 = 1_800_000_000  # wall time at trio time 0
 REPLAY_S = 600.0  # what one scripted replay takes, in virtual seconds
+DEVICE = "cuda/sm_90"  # the device the scripted replayer says it ran on
 
 
 class ScriptedReplayer:
@@ -41,7 +42,7 @@ class ScriptedReplayer:
         if step in self.fail:
             raise ReplayFailed(f"step {step}: scripted failure")
         post = blake2b256(b"wrong", bytes([step])) if step in self.wrong else manifest.state_hashes[step + 1]
-        return WorkerResult(manifest.state_hashes[step], post, witness_of(step), int(REPLAY_S * 1000))
+        return WorkerResult(manifest.state_hashes[step], post, witness_of(step), int(REPLAY_S * 1000), DEVICE)
 
 
 class FakeRunFiles:
@@ -50,7 +51,7 @@ class FakeRunFiles:
     def __init__(self, available: bool = True) -> None:
         self.available, self.fetched, self.released = available, [], []
 
-    async def fetch(self, p2p, blob, on_bad_peer, provide=None):
+    async def fetch(self, p2p, blob, on_bad_peer, provide=None, bulk=None):
         await trio.sleep(1)
         if not self.available:
             raise RunFilesError(f"{blob.name}: no provider answered")
@@ -119,6 +120,7 @@ def test_every_step_is_claimed_replayed_attested_and_gossiped(tmp_path, run):
     elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
     atts = sorted(own(ingest, run), key=lambda a: a.step)
     assert [a.verdict for a in atts] == [MATCH, MISMATCH, MATCH]
+    assert {a.device for a in atts} == {DEVICE} and auditor.stats.replay_device == DEVICE  # what replayed is attested
     assert all(a.issued_at >= T0 + REPLAY_S for a in atts)  # signed in (virtual) wall time
     gossiped = [Attestation.decode(d) for t, d in p2p.published if t == attestations_topic(run.run_id)]
     assert sorted(a.digest for a in gossiped) == sorted(a.digest for a in atts)

@@ -8,8 +8,22 @@ import trio.testing
 
 from open1b.node.blobs import BlobCache
 from open1b.node.bulk import (
-    ADDRESS_PROTOCOL, HELLO_SIZE, MAX_RESPONSE, OP_RANGE, SIGNATURE_SIZE, BulkError, BulkPeer, HandshakeError, TokenBucket,
-    address_handler, find_bulk_peer, open_channel, request, response, serve_bulk, server_handshake,
+    ADDRESS_PROTOCOL,
+    HELLO_SIZE,
+    MAX_RESPONSE,
+    OP_RANGE,
+    SIGNATURE_SIZE,
+    BulkError,
+    BulkPeer,
+    HandshakeError,
+    TokenBucket,
+    address_handler,
+    find_bulk_peer,
+    open_channel,
+    request,
+    response,
+    serve_bulk,
+    server_handshake,
 )
 from open1b.node.p2p import open_p2p
 from open1b.protocol.hashing import blake2b256

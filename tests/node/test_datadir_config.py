@@ -59,13 +59,15 @@ def test_lock_excludes_a_second_daemon(tmp_path):
 
 def test_config_roundtrip_and_strictness(tmp_path):
     config = NodeConfig(data_dir=tmp_path, listen="127.0.0.1:4801", bootstrap=("/ip4/1.2.3.4/tcp/1/p2p/12D3KooWX",),
-                        redundancy=3, lease_s=300, audit=False)
+                        redundancy=3, lease_s=300, audit=False, device="cuda:1")
     write_config(config)
     assert load_config(tmp_path) == config
     assert "redundancy = 3" in render_config(config)
     for bad, message in [('[node]\nredundancy = "two"\n', "must be an integer"), ('[node]\nredundnacy = 2\n', "unknown key"),
                          ('[other]\nx = 1\n', "unknown section"), ('[node]\nlisten = "nohostport"\n', "HOST:PORT"),
-                         ('[node]\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "/p2p/"), ("[node\n", "config.toml")]:
+                         ('[node]\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "/p2p/"), ("[node\n", "config.toml"),
+                         ('[node]\ndevice = "gpu"\n', "device must be auto, cpu, cuda or cuda:N"),
+                         ('[node]\ndevice = 0\n', "node.device must be a str")]:
         (tmp_path / "config.toml").write_text(bad)
         with pytest.raises(ConfigError, match=message):
             load_config(tmp_path)

@@ -22,16 +22,37 @@ def _cli(*args, timeout=240):
 
 
 def test_devnet_verifies_every_step():
-    rc, out, err = _cli("devnet", "--nodes", "3", "--steps", "8", "--redundancy", "1", "--json")
+    rc, out, err = _cli("devnet", "--nodes", "3", "--steps", "8", "--redundancy", "1", "--eval-every", "4", "--json")
     assert rc == 0, err
     summary = json.loads(out)
     assert summary["complete"] and summary["verified_steps"] == 8 and summary["disputed_steps"] == []
+    # the run's evaluations (states 4 and 8) end certified, and it tops the observer's board
+    assert [(e["state"], e["status"]) for e in summary["evaluations"]] == [(4, "certified"), (8, "certified")]
+    assert summary["leaderboard_is_the_statements"] and summary["leaderboard"][0]["rank"] == 1
     assert summary["nodes"] == 3 and summary["steps"] == 8 and summary["redundancy"] == 1
     assert summary["queried_from"]["replays"] == 0  # coverage came from a node that replayed nothing
     assert summary["replays"] >= 8
     auditors = {n["peer_id"] for n in summary["per_node"] if n["audit"]}
     assert all(s["status"] == "verified" and set(s["auditors"]) <= auditors for s in summary["per_step"])
     assert sum(n["replays"] for n in summary["per_node"]) == summary["replays"]
+
+
+def test_devnet_evaluations_end_certified_and_a_tampered_one_disputed():
+    rc, out, err = _cli("devnet", "--nodes", "2", "--steps", "4", "--eval-every", "2", "--tamper-eval", "4", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["complete"] and summary["disputed_steps"] == []
+    auditors = {n["peer_id"] for n in summary["per_node"] if n["audit"]}
+    (certified, disputed) = summary["evaluations"]
+    assert (certified["state"], certified["status"], disputed["state"], disputed["status"]) == (
+        2, "certified", 4, "disputed")
+    # the devnet stops once every evaluation is settled: at redundancy 1, one auditor's check settles it
+    assert set(certified["checkers"]) <= auditors and set(disputed["dissenters"]) <= auditors
+    assert certified["checkers"] and disputed["dissenters"] and not certified["dissenters"]
+    # the observer's board is the one its signed statements imply; the disputed run is not ranked
+    assert summary["leaderboard_is_the_statements"]
+    (row,) = summary["leaderboard"]
+    assert row["rank"] is None and row["reason"] == "disputed evaluation" and row["evaluations"]["certified"] == 1
 
 
 def test_devnet_tamper_step_disputes_exactly_that_step():

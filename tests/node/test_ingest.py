@@ -93,3 +93,25 @@ def test_the_judgement_loop_reveals_a_witness_when_a_copy_of_our_replay_arrives(
     assert topic == reveals_topic(MANIFEST.run_id) and reveal.step == 1 and reveal.witness == witness_of(1)
     assert reveal.issued_at == T0 + JUDGE_EVERY_S  # signed in the first judgement round, at virtual wall time
     assert elapsed <= 2 * JUDGE_EVERY_S
+
+
+def test_eval_statements_have_their_topic_validator_and_are_stored(tmp_path):
+    from open1b.node.topics import evals_topic
+    from tests.vectors import fixtures
+
+    run = fixtures.eval_manifest()
+    ingest = make_ingest(tmp_path / "node", run, clock=Clock(wall_at_zero=fixtures.NOW))
+    result = fixtures.evaluation(0, run, 2, verdict="result")
+    off_schedule = fixtures.evaluation(1, run, 3)
+
+    async def main():
+        await ingest.join_known_runs()
+        validate = ingest.gossip.validators[evals_topic(run.run_id)]
+        assert validate("peer", result.encoded) is Outcome.ACCEPT
+        assert validate("peer", off_schedule.encoded) is Outcome.REJECT
+        assert ingest.ingest_eval(result.encoded) and not ingest.ingest_eval(result.encoded)  # once
+        assert not ingest.ingest_eval(off_schedule.encoded, source="peer")
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert ingest.store.evals(run.run_id) == [result]
+    assert ingest.validation["eval/reject/eval_state"] == 1 and ingest.validation["sync/reject/eval_state"] == 1

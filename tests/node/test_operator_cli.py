@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from open1b.deterministic.device import cpu_device_class
 from open1b.node.client import call
 from open1b.node.devnet import Daemons
 from open1b.node.metrics import METRIC_NAMES
@@ -68,6 +69,9 @@ def test_status_peers_runs_and_key_show(network):
     assert rc == 0 and network["run"] in out
     rc, out, _ = cli("status", "--api", network["observer"])
     assert rc == 0 and "observer" in out
+    rc, out, _ = cli("status", "--data-dir", d0, "--json")  # an auditor: its worker chose the CPU here
+    device = json.loads(out)["device"]
+    assert device == {"requested": "auto", "class": cpu_device_class(), "reason": device["reason"]} and device["reason"]
 
 
 def test_coverage_attestations_and_claims(network):
@@ -88,6 +92,14 @@ def test_replay_by_directory_and_by_run_id(network):
     result = json.loads(out)
     assert rc == 0 and result["verdict"] == "match"
     assert result["published_post_state"] == result["replayed_post_state"]
+    assert result["device"] == cpu_device_class()  # no GPU here: auto chose the CPU, and says why
+    # a GPU asked for and absent: the CPU replays (the same bits), and the answer says so
+    rc, out, _ = cli("replay", str(network["run_dir"]), "--step", "1", "--device", "cuda", "--json")
+    result = json.loads(out)
+    assert rc == 0 and result["verdict"] == "match" and result["device"] == cpu_device_class()
+    assert "cuda:0 is not available" in result["device_reason"] and "using the CPU" in result["device_reason"]
+    rc, out, err = cli("replay", str(network["run_dir"]), "--step", "1", "--device", "tpu")
+    assert rc == 1 and out == "" and len(err.strip().splitlines()) == 1 and "device must be auto, cpu" in err
     rc, out, _ = cli("replay", network["run"][:12], "--step", "2", "--data-dir", str(network["daemons"].dirs[1]))
     assert rc == 2 and re.search(r"verdict\s+mismatch", out)
 
@@ -95,9 +107,15 @@ def test_replay_by_directory_and_by_run_id(network):
 def test_doctor(network):
     rc, out, err = cli("doctor", "--data-dir", str(network["daemons"].dirs[0]), "--json")
     checks = {c["check"]: c for c in json.loads(out)}
-    assert rc == (1 if any(c["level"] == "FAIL" for c in checks.values()) else 0)
+    assert rc == (1 if checks["overall"]["level"] == "FAIL" else 0)
     assert all(c["level"] == "OK" for name, c in checks.items() if name.startswith("determinism"))
     assert checks["daemon"]["level"] == "OK" and checks["key file"]["level"] == "OK"
+    # the truth about the GPU: none here, so auto replays on the CPU, which the running node reports
+    assert checks["gpu"]["level"] == "OK" and "replays on the CPU" in checks["gpu"]["detail"]
+    assert checks["replay device"]["detail"].startswith(cpu_device_class() + ":")
+    rc, out, err = cli("doctor", "--data-dir", str(network["daemons"].dirs[0]), "--device", "cuda", "--json")
+    checks = {c["check"]: c for c in json.loads(out)}
+    assert checks["gpu"]["level"] == "WARN" and checks["overall"]["level"] in ("WARN", "FAIL")
 
 
 def test_metrics_golden_list(network):

@@ -89,6 +89,7 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         assert cov["disputed_steps"] == [2] and cov["verified_steps"] == manifest.steps - 1
         a, p = call(auditor, "/v1/status"), call(publisher, "/v1/status")
         assert a["replays"] == manifest.steps and a["blobs"]["fetched"] == manifest.steps + 1  # samples + S checkpoints
+        assert a["blobs"]["bulk_fetched"] == manifest.steps  # every checkpoint over the bulk path, chunk-checked
         served = p["blobs"]["served_bytes"] + call(daemons.api(2), "/v1/status")["blobs"]["served_bytes"]
         assert a["blobs"]["fetched_bytes"] > 0 and served >= a["blobs"]["fetched_bytes"]
         assert a["blobs"]["bad_providers"] == 0 and a["blobs"]["fetch_failures"] == 0

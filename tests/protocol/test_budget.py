@@ -6,9 +6,10 @@ from pathlib import Path
 import open1b.protocol
 
 PACKAGE = Path(open1b.protocol.__file__).parent
-PACKAGE_BUDGET = 2300  # physical lines, docstrings and comments included (raised for run format 2: issue 8)
+PACKAGE_BUDGET = 3000  # physical lines, docstrings and comments included (raised for run format 2: issue 8;
+# for data proofs, certified evaluation and the leaderboard: issue 19)
 MODULE_BUDGET = 300
-API_BUDGET = 80  # names in __all__
+API_BUDGET = 90  # names in __all__ (80 until issue 19 added data proofs, evaluations, the leaderboard)
 
 
 def test_line_budget():

@@ -14,6 +14,7 @@ from .conftest import ident, make_attestation, make_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "verify_coverage.py"
+DATA_EXAMPLE = REPO / "examples" / "verify_data_proof.py"
 README_SNIPPET = re.search(r"## Embedding the protocol\n.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
 HEAVY = ("numba", "numpy", "torch", "libp2p", "trio")
 
@@ -48,6 +49,57 @@ def _check_example(proc: subprocess.CompletedProcess, *, disputed: bool) -> None
     else:
         assert lines[1:4] == [f"step {k}: verified, 2 match, 0 mismatch" for k in range(3)]
         assert lines[-1] == "3/3 verified, disputed [], complete True" and proc.returncode == 0
+
+
+def _data_answers(directory: Path) -> list[tuple[Path, Path, str]]:
+    """Answers of the data command for a shipped-corpus run (built here, with the engine): a drawn
+    document, an undrawn one, one not in the corpus, and a forged exclusion (the drawn document
+    claimed never drawn). Each is (document file, answer file, the line the example must print)."""
+    import json
+
+    from open1b.deterministic.document_proofs import _documents, prove_document
+    from open1b.deterministic.data import builtin_split, step_sample_indices
+    from open1b.deterministic import PRESETS
+    from open1b.protocol.data_proofs import proof_to_json
+    from open1b.protocol.documents import NeverDrawnProof
+    from tests.runs import corpus_run
+
+    run = directory / "run"
+    run.mkdir()
+    _, manifest = corpus_run(run, steps=2)
+    docs, _, _ = _documents(0)
+    stream = builtin_split(0).train
+    drawn_sample = int(step_sample_indices(manifest.seed, 1, PRESETS["tiny"].topology, manifest.samples)[1, 0, 1])
+    drawn = next(i for i, (s, e, _) in enumerate(docs.entries) if s <= drawn_sample * 32 < e)
+    never = next(i for i in range(len(docs.entries)) if prove_document(
+        run, stream[docs.entries[i][0]:docs.entries[i][1]], manifest).answer == "never_drawn")
+    texts = {"included": stream[docs.entries[drawn][0]:docs.entries[drawn][1]],
+             "never_drawn": stream[docs.entries[never][0]:docs.entries[never][1]],
+             "absent": b"== not.in.the.corpus ==\nA docstring nobody wrote.\n\n"}
+    out = []
+    for name, text in texts.items():
+        answer = prove_document(run, text, manifest)
+        assert answer.answer == name
+        (directory / f"{name}.txt").write_bytes(text)
+        (directory / f"{name}.json").write_text(json.dumps(answer.to_json()))
+        out.append((directory / f"{name}.txt", directory / f"{name}.json", f"{name}: holds"))
+    included = json.loads((directory / "included.json").read_text())
+    forged = {**included, "proof": proof_to_json(NeverDrawnProof(prove_document(run, texts["included"]).proof.entry))}
+    (directory / "forged.json").write_text(json.dumps(forged))
+    out.append((directory / "included.txt", directory / "forged.json", "never_drawn: fails: drawn"))
+    return out
+
+
+def _check_data_example(python: str, directory: Path) -> None:
+    for document, answer, line in _data_answers(directory):
+        proc = subprocess.run([python, str(DATA_EXAMPLE), str(directory / "run" / "manifest.cbor"), str(document),
+                               str(answer)], capture_output=True, text=True, timeout=120)
+        assert proc.stdout.strip() == line, proc.stdout + proc.stderr
+        assert proc.returncode == (2 if "fails" in line else 0)
+
+
+def test_data_example_verifies_every_kind_of_proof(tmp_path):
+    _check_data_example(sys.executable, tmp_path)
 
 
 @pytest.mark.parametrize("disputed", [False, True])
@@ -89,3 +141,7 @@ def test_base_install_runs_the_example_without_the_node_stack(tmp_path):
     _run_files(tmp_path, disputed=True, garbage=False)
     readme = subprocess.run([python, "-c", README_SNIPPET], cwd=tmp_path, capture_output=True, text=True)
     assert readme.stdout.strip() == "2 verified; disputed: [1] ; complete: True", readme.stderr
+    # data proofs (docs/run-format.md §8): in the corpus and used, in the corpus and never drawn,
+    # not in the corpus, and a forged exclusion, each checked by the base install alone
+    (tmp_path / "data").mkdir()
+    _check_data_example(python, tmp_path / "data")

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from open1b.protocol import PROTOCOL_VERSION, Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal
+from open1b.protocol import (
+    PROTOCOL_VERSION, Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, WitnessReveal,
+)
 from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
 
 from ..mutation.reference import read_cddl
@@ -63,7 +65,7 @@ def _field_type(expr: str, aliases: dict[str, str]):
     raise AssertionError(f"the test does not know the CDDL type {expr!r}")
 
 
-@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal],
+@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal, EvalStatement],
                          ids=lambda c: c.KIND)
 def test_cddl_is_the_code_schema(cls):
     aliases, messages = read_cddl()
@@ -79,12 +81,12 @@ def test_cddl_is_the_code_schema(cls):
 
 def test_constants_table_is_the_code():
     from open1b.node import blobs, p2p, sync
-    from open1b.protocol import claims, codec, messages, trajectory, validation, witness
+    from open1b.protocol import claims, codec, evaluation, messages, trajectory, validation, witness
 
     code = {
         "PROTOCOL_VERSION": messages.PROTOCOL_VERSION, "MAX_MANIFEST_SIZE": messages.MAX_MANIFEST_SIZE,
         "MAX_CLAIM_SIZE": messages.MAX_CLAIM_SIZE, "MAX_ATTESTATION_SIZE": messages.MAX_ATTESTATION_SIZE,
-        "MAX_REVEAL_SIZE": witness.MAX_REVEAL_SIZE,
+        "MAX_REVEAL_SIZE": witness.MAX_REVEAL_SIZE, "MAX_EVAL_SIZE": evaluation.MAX_EVAL_SIZE,
         "MAX_DEPTH": codec.MAX_DEPTH, "MAX_INLINE_STEPS": messages.MAX_INLINE_STEPS,
         "MAX_EXTERNAL_STEPS": trajectory.MAX_EXTERNAL_STEPS, "MAX_TRAJECTORY_SIZE": trajectory.MAX_TRAJECTORY_SIZE,
         "MAX_CLOCK_SKEW_SECONDS": validation.MAX_CLOCK_SKEW_SECONDS, "LEASE_ROUND_SECONDS": claims.LEASE_ROUND_SECONDS,

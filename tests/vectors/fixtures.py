@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from open1b.protocol import (
-    Attestation, Claim, ExternalRunManifest, RunManifest, WitnessReveal, blake2b256, merkle_root,
+    Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, WitnessReveal, blake2b256, merkle_root,
 )
 
 from .common import NOW, ident
@@ -26,6 +26,29 @@ def run_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
         data={"corpus": "vectors"}, seed=7, steps=steps, state_hashes=[state(k) for k in range(steps + 1)],
         created_at=NOW - 3600,
     )
+
+
+EVAL_EVERY = 2
+LOSS = 0x40200000  # 2.5 as float32 bits: the publisher's result in the vectors
+
+
+def eval_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
+    """A run that commits to an evaluation every EVAL_EVERY states (docs/run-format.md §9.1)."""
+    return signed_run_manifest(
+        ident(publisher), engine=ENGINE, engine_version=ENGINE_VERSION, model={"d_model": 8, "lr": 0.001},
+        data={"corpus": "vectors", "eval_documents": 1, "eval_samples": 3, "eval_every": EVAL_EVERY,
+              "eval_root": blake2b256(b"vector-eval-set").hex()},
+        seed=7, steps=steps, state_hashes=[state(k) for k in range(steps + 1)], created_at=NOW - 3600,
+    )  # fmt: skip
+
+
+def evaluation(signer: int, run, state: int, *, verdict: str = "match", loss: int = LOSS, claimed: int = LOSS,
+               issued_at: int = NOW, **changes) -> EvalStatement:
+    """An ``eval`` of ``state``: by default a match of the vectors' result LOSS."""
+    fields = dict(run=run.run_id, state=state, loss=loss, claimed=claimed, verdict=verdict, engine=run.engine,
+                  engine_version=run.engine_version, device="cpu/x86_64-avx2", issued_at=issued_at)
+    fields.update(changes)
+    return EvalStatement.create(ident(signer), **fields)
 
 
 def attestation(signer: int, run, step: int, *, match: bool = True, issued_at: int = NOW, **changes) -> Attestation:

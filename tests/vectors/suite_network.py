@@ -28,7 +28,7 @@ import cbor2
 from open1b.protocol import (
     PROTOCOL_VERSION, Attestation, Claim, ProtocolError, signing_bytes, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
     WitnessReveal, encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign,
-    validate_attestation, validate_claim, validate_claim_record, validate_manifest, validate_reveal,
+    validate_attestation, validate_claim, validate_claim_record, validate_eval, validate_manifest, validate_reveal,
     validate_sync_frame,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
@@ -256,11 +256,47 @@ class Validation:
             "sync-reveal-witness": ("a reveal in a sync frame whose witness does not open C_1",
                                     fixtures.reveal(1, m, 1, witness=rv.witness[::-1]).encoded),
         }
+        em = fixtures.eval_manifest()
+        ev = fixtures.evaluation(1, em, 2)
+        raw_ev = _body(ev)
+        evals = {
+            "eval-accept-result": ("the publisher's result for state 2", fixtures.evaluation(
+                0, em, 2, verdict="result").encoded),
+            "eval-accept-match": ("a match of the result, state 2", ev.encoded),
+            "eval-accept-mismatch": ("a mismatch: the signer computed another loss", fixtures.evaluation(
+                2, em, 4, verdict="mismatch", loss=fixtures.LOSS + 1).encoded),
+            "eval-kind": ("an attestation on the eval topic", good.encoded),
+            "eval-verdict": ("a match whose loss is not the claimed one", forge(
+                1, "eval", {**raw_ev, "loss": fixtures.LOSS + 1})),
+            "eval-verdict-mismatch": ("a mismatch whose loss is the claimed one", forge(
+                1, "eval", {**raw_ev, "verdict": "mismatch"})),
+            "eval-verdict-before-device": ("a result with loss != claimed and a bad device: the verdict rule first",
+                                           forge(1, "eval", {**raw_ev, "loss": 1, "device": "tpu"})),
+            "eval-device": ("a device that is not a device class", forge(1, "eval", {**raw_ev, "device": "gpu"})),
+            "eval-unknown-run": ("an eval of a run nobody published", fixtures.evaluation(
+                1, fixtures.eval_manifest(steps=6), 2).encoded),
+            "eval-future": ("dated beyond the clock skew", fixtures.evaluation(
+                1, em, 2, issued_at=NOW + MAX_CLOCK_SKEW_SECONDS + 1).encoded),
+            "eval-future-before-state": ("dated in the future and off the schedule: unjudgeable first",
+                                         fixtures.evaluation(1, em, 3, issued_at=NOW + 10_000).encoded),
+            "eval-no-eval": ("an eval of a run without an evaluation schedule", fixtures.evaluation(1, m, 2).encoded),
+            "eval-state-off-schedule": ("state 3, the schedule is every 2", fixtures.evaluation(1, em, 3).encoded),
+            "eval-state-zero": ("state 0 is not evaluated", fixtures.evaluation(1, em, 0).encoded),
+            "eval-state-beyond": ("state 6 of a 4-step run", fixtures.evaluation(1, em, 6).encoded),
+            "eval-engine": ("another engine version", fixtures.evaluation(1, em, 2, engine_version="2").encoded),
+            "eval-signer-result": ("a result signed by a key that is not the publisher's", fixtures.evaluation(
+                1, em, 2, verdict="result").encoded),
+            "eval-signer-check": ("a match signed by the publisher itself", fixtures.evaluation(0, em, 2).encoded),
+            "eval-state-before-signer": ("off the schedule and a result by another key: the schedule first",
+                                         fixtures.evaluation(1, em, 1, verdict="result").encoded),
+        }
+        with_eval = [{"manifest": hx(m.encoded)}, {"manifest": hx(em.encoded)}]
         out = {}
         for topic, group in (("attestation", att), ("claim", claims), ("reveal", reveals), ("manifest", manifests),
-                             ("sync", frames)):
+                             ("sync", frames), ("eval", evals)):
             for name, (description, message) in group.items():
-                case = {"description": description, "topic": topic, "runs": both if topic != "manifest" else [],
+                runs = [] if topic == "manifest" else with_eval if topic == "eval" else both
+                case = {"description": description, "topic": topic, "runs": runs,
                         "now": NOW, "message": hx(message)}
                 verdict = Validation._judge(case)
                 out[name] = {**case, "outcome": verdict.outcome.value, "reason": verdict.code}
@@ -278,6 +314,8 @@ class Validation:
             return validate_reveal(data, runs.get, case["now"])
         if case["topic"] == "sync":
             return validate_sync_frame(data, runs.get, case["now"])
+        if case["topic"] == "eval":
+            return validate_eval(data, runs.get, case["now"])
         return validate_manifest(data, case["now"])
 
     @staticmethod

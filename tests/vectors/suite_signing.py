@@ -47,6 +47,8 @@ def cases() -> dict[str, dict]:
     out["attestation"] = _message_case("a match attestation of step 1", 1, fixtures.attestation(1, manifest, 1))
     out["claim"] = _message_case("a claim on slot 0 of step 0", 2, fixtures.claim(2, manifest, 0))
     out["reveal"] = _message_case("a reveal of step 1's replay witness", 3, fixtures.reveal(3, manifest, 1))
+    out["eval"] = _message_case("a match of the evaluation loss of state 2", 1,
+                                fixtures.evaluation(1, fixtures.eval_manifest(), 2))
     traj = fixtures.trajectory_file()
     out["external-manifest"] = _message_case("an external manifest over a 6-step window of a jsonl log", 0,
                                              fixtures.external_manifest(traj))

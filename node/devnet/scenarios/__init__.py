@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from open1b.deterministic.device import select_device_or_cpu
 from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 
@@ -75,7 +76,8 @@ def run_scenarios(opts: DevnetOptions) -> dict:
         if forgeries:
             manifest = publish_forged_run(run_dir, publisher, steps=opts.steps, seed=opts.seed, forgeries=forgeries)
         else:
-            manifest = publish_run(run_dir, publisher, steps=opts.steps, seed=opts.seed)
+            manifest = publish_run(run_dir, publisher, steps=opts.steps, seed=opts.seed,
+                                   device=select_device_or_cpu(opts.device))
         nodes = _layout(opts, chosen)
         with contextlib.ExitStack() as stack:
             halves = None
@@ -83,7 +85,7 @@ def run_scenarios(opts: DevnetOptions) -> dict:
             if partition is not None:
                 partition.partition = Netns()
                 halves = stack.enter_context(partition.partition)
-            daemons = Daemons(workdir, run_dir, redundancy)
+            daemons = Daemons(workdir, run_dir, redundancy, device=opts.device)
             for node in nodes:
                 if halves is None:
                     daemons.plan(1)

@@ -198,7 +198,8 @@ export const SCHEMAS = {
   external_manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), steps: ['uint', 1n << 20n], first_step: UINT, trajectory_format: ['enum', ['jsonl']], trajectory_uri: text(256), trajectory_size: ['uint', 64n << 20n], trajectory_digest: HASH, trajectory_root: HASH, publisher: KEY, created_at: UINT } },
   claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT } },
   attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), device: text(70), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
-  reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } }
+  reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } },
+  eval: { signer: 'signer', maxSize: 512, fields: { run: HASH, state: UINT, loss: ['uint', 2n ** 32n - 1n], claimed: ['uint', 2n ** 32n - 1n], verdict: ['enum', ['result', 'match', 'mismatch']], engine: text(64), engine_version: text(64), device: text(70), signer: KEY, issued_at: UINT } }
 }
 
 const utf8len = (s) => new TextEncoder().encode(s).length
@@ -252,7 +253,8 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   if (kind === 'manifest' && value.get('samples') < 1n) throw new ProtocolError('samples', 'at least one sample')
   if (kind === 'external_manifest' && value.get('steps') < 1n) throw new ProtocolError('state_hashes', 'steps >= 1')
   if (kind === 'claim' && value.get('lease_expiry') <= value.get('issued_at')) throw new ProtocolError('lease_order', 'lease_expiry after issued_at')
-  if (kind === 'attestation' && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class')
+  if (kind === 'eval' && (value.get('verdict') === 'mismatch') === (value.get('loss') === value.get('claimed'))) throw new ProtocolError('eval_verdict', 'loss = claimed unless a mismatch')
+  if ((kind === 'attestation' || kind === 'eval') && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class')
   const body = new Map([...value].filter(([k]) => k !== 'sig'))
   const signer = value.get(schema.signer)
   if (!verifySignature(signer, signingBytes(kind, body), value.get('sig'))) throw new ProtocolError('bad_signature', 'signature does not verify')
