@@ -75,15 +75,18 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
             ["--bootstrap", "/ip4/1.2.3.4/tcp/1"], ["--run", "fifo"], ["--run", "zero"], ["--run", "afile"],
             ["--run", "adir"], ["--redundancy", "-1"], ["--redundancy", HUGE], ["--lease", HUGE], ["--lease", "0"],
             ["--trust", "abc"], ["--publisher", "zero"], ["--log-file", "adir"], ["--log-file", "/proc/x/y"],
-            ["--log-level", "loud"])],
+            ["--log-level", "loud"], ["--device", "nope"], ["--device", "cuda:" + HUGE])],
         "stop": [["--data-dir", p] for p in PATHS] + [["--timeout", t] for t in ("-1", HUGE, "abc")],
         "restart": [["--data-dir", p] for p in PATHS if p] + [["--timeout", "0"]],
         "publish": [[p, "--api", "127.0.0.1:1"] for p in PATHS] + [["adir", *c] for c in client],
         "status": client, "peers": client, "runs": client,
-        "doctor": [["--data-dir", p] for p in PATHS] + [["--api", a] for a in api_bad],
+        "doctor": [["--data-dir", p] for p in PATHS] + [["--api", a] for a in api_bad] + [["--device", "nope"]],
         "coverage": [["x", *c] for c in client] + [["x", "--redundancy", n, "--api", "127.0.0.1:1"]
                                                    for n in (HUGE, "-1", "abc")],
         "claims": [["x", *c] for c in client],
+        "leaderboard": client,
+        "data": [[p] for p in PATHS] + [["adir", "--include", p] for p in ("zero", "fifo", HUGE)]
+        + [["adir", "--exclude", "fifo"], ["adir", "--text", "zero"], ["adir", "--text", "fifo"]],
         "attestations": [["x", "--step", n, "--api", "127.0.0.1:1"] for n in (HUGE, "-1", "abc")],
         "replay": [[p, "--step", "0", "--api", "127.0.0.1:1"] for p in PATHS]
         + [["adir", "--step", n] for n in (HUGE, "-1", "abc")],
@@ -99,7 +102,7 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
         + [["--steps", n, "--out", "t-out", "--data-dir", "d-train"] for n in (HUGE, "-1", "0", "abc")]
         + [["--steps", "1", "--out", "t-out", "--data-dir", "d-train", *extra] for extra in (
             ["--preset", "nope"], ["--preset", ""], ["--ranks", HUGE], ["--ranks", "0"], ["--seed", HUGE],
-            ["--seed", "-1"], ["--tamper-step", HUGE], ["--tamper-step", "-1"])],
+            ["--seed", "-1"], ["--tamper-step", HUGE], ["--tamper-step", "-1"], ["--device", "nope"])],
         "devnet": [["--nodes", n] for n in ("0", "-1", HUGE)] + [["--steps", n] for n in ("0", HUGE)]
         + [["--redundancy", "9"], ["--deadline", "abc"], ["--scenario", "nope"], ["--tamper-step", HUGE]],
         "verify-handoff": [[p] for p in PATHS] + [["adir", "--expected", "zz"], ["adir", "--state-hashes", "fifo"],
@@ -124,7 +127,9 @@ def test_every_command_refuses_hostile_arguments_in_one_line(hostile, monkeypatc
                 continue
             lines = [line for line in err.splitlines() if line.strip()]
             usage = rc == 2 and lines and lines[0].startswith("usage:")
-            one_line = rc in EXIT_CODES and len(lines) == 1 and lines[0].startswith("open1b-node: ")
+            # progress lines may precede it; the error itself is the last line, and only one
+            one_line = rc in EXIT_CODES and lines and lines[-1].startswith("open1b-node: ") and sum(
+                line.startswith("open1b-node: ") for line in lines) == 1
             # doctor reports (OK / WARN / FAIL rows, exit 1 on a FAIL) instead of refusing
             report = command in REPORTS and rc in (0, 1) and not lines and out.strip()
             # an odd but valid input (an empty directory as a data dir) may simply succeed
