@@ -74,7 +74,7 @@ def open_regular(path: Path, limit: int, *, follow: bool = False) -> tuple[int, 
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise FileRefused(f"{path}: refused: a symbolic link (publish the file itself)") from None
+            raise FileRefused(f"{path}: refused: a symbolic link (name the file itself)") from None
         raise FileRefused(f"{path}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
