@@ -13,6 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
+from open1b.protocol import Open1bError
+
 from .files import FileRefused, read_bounded
 from .results import CommandResult
 
