@@ -19,13 +19,13 @@ the manifest itself and signs only what it has checked, with the device class of
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,6 @@ from open1b.protocol import DEVICE_CLASS, Open1bError
 log = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 4096
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ReplayFailed(Open1bError):
@@ -82,7 +81,7 @@ class ReplayWorker:
     async def _start_locked(self) -> trio.Process:
         if self._proc is None or self._proc.returncode is not None:
             self._proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec],
+                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec, "--parent", str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._buffer = b""
             self.restarts += 1
@@ -150,16 +149,19 @@ class ReplayWorker:
         self.kill()
 
 
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when the daemon that started it dies (even by
-    ``kill -9``): an orphaned worker would finish its replay for nobody (Linux PR_SET_PDEATHSIG)."""
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the broken pipe below still ends it
-        pass
-    if os.getppid() != parent:  # the daemon died before the request took effect
-        sys.exit(0)
+def _die_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this process within ``poll_s`` of the daemon ``parent`` dying (even by ``kill -9``): an
+    orphaned worker would finish its replay for nobody. A watcher thread, not PR_SET_PDEATHSIG:
+    that signal fires when the *thread* that spawned us exits, and the daemon may spawn from a
+    worker thread that trio retires when idle. The daemon names itself, so a worker whose daemon
+    died before this ran notices too."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _send(reply: dict) -> None:
@@ -175,7 +177,6 @@ def _serve(device_spec: str) -> int:
     from open1b.deterministic.device import select_device_or_cpu
     from open1b.deterministic.replay import replay
 
-    _die_with_parent()
     try:
         choice = select_device_or_cpu(device_spec)
     except Open1bError as exc:  # a bad spec, or a CPU that fails the self-checks: nothing to replay on
@@ -197,4 +198,7 @@ def _serve(device_spec: str) -> int:
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(prog="python -m open1b.node.worker")
     cli.add_argument("--device", default="auto")
-    sys.exit(_serve(cli.parse_args().device))
+    cli.add_argument("--parent", type=int, default=os.getppid(), help="the daemon's pid (default: our parent)")
+    options = cli.parse_args()
+    _die_with_parent(options.parent)  # before the numeric stack is imported, which takes seconds
+    sys.exit(_serve(options.device))

@@ -77,7 +77,8 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
             ["--trust", "abc"], ["--publisher", "zero"], ["--log-file", "adir"], ["--log-file", "/proc/x/y"],
             ["--log-level", "loud"], ["--device", "nope"], ["--device", "cuda:" + HUGE])],
         "stop": [["--data-dir", p] for p in PATHS] + [["--timeout", t] for t in ("-1", HUGE, "abc")],
-        "restart": [["--data-dir", p] for p in PATHS if p] + [["--timeout", "0"]],
+        # (a valid data dir would really start a daemon: only refusals here; tests/node/test_lifecycle.py starts one)
+        "restart": [["--data-dir", p] for p in PATHS if p not in ("adir", "")] + [["--timeout", t] for t in ("0", "abc")],
         "publish": [[p, "--api", "127.0.0.1:1"] for p in PATHS] + [["adir", *c] for c in client],
         "status": client, "peers": client, "runs": client,
         "doctor": [["--data-dir", p] for p in PATHS] + [["--api", a] for a in api_bad] + [["--device", "nope"]],

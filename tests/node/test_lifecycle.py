@@ -131,3 +131,32 @@ def test_train_out_over_an_old_run_clears_its_files_and_refuses_other_directorie
     with pytest.raises(Open1bError, match="holds no run"):
         _fresh_run_dir(other)
     assert (other / "cat.jpg").exists()
+
+
+def test_the_replay_worker_dies_with_its_daemon():
+    """kill -9 of the daemon: its worker ends too (before: it finished its replay for nobody and
+    died of a BrokenPipeError). The worker's stdin is held open here, so only its watch on its
+    parent can end it."""
+    import sys
+
+    read_end, write_end = os.pipe()
+    spawn = ("import os, subprocess, sys, time; w = subprocess.Popen([sys.executable, '-m', 'open1b.node.worker',"
+             " '--device', 'cpu', '--parent', str(os.getpid())], stdout=subprocess.DEVNULL,"
+             " stderr=subprocess.DEVNULL); print(w.pid, flush=True); time.sleep(600)")
+    daemon = subprocess.Popen([sys.executable, "-c", spawn], stdin=read_end, stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(daemon.stdout.readline())
+        daemon.kill()
+        daemon.wait(timeout=10)
+
+        def gone() -> bool:
+            try:
+                with open(f"/proc/{worker}/status") as f:
+                    return any(line.startswith("State:") and "Z" in line for line in f)
+            except FileNotFoundError:
+                return True
+
+        wait_for(gone, 30, what="the orphaned worker to exit")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
