@@ -48,8 +48,8 @@ Coverage counts attestations under an explicit policy (docs/protocol.md §8.1), 
 coverage time and never to what is stored. A node's default is `allowlist`: its own key and the
 operator's `trusted_peers` count (a devnet's operator trusts all of its own nodes — the
 adversarial ones included, so that they are caught by what they do, not by who they are); keys
-nobody listed are reported as *untrusted* and count for nothing, neither in coverage nor in the
-planner's choice of steps. `dispute_quorum` (2) settles a step when at least two counted keys
+nobody listed are reported as *untrusted* and count for nothing in coverage (the planner counts
+their matches by default, `plan_with_untrusted`, so what they covered is not replayed by every node). `dispute_quorum` (2) settles a step when at least two counted keys
 report one post-state and more keys report it than any other: a key that reported something else
 is *flagged* with two conflicting signed statements as evidence and stops counting anywhere in the
 run; a step whose settled post-state differs from the published one is `refuted`, one with a
@@ -57,6 +57,41 @@ mismatch not (yet) confirmed is `disputed`. Whatever the quorum, a key whose `ma
 replay witness than one revealed for that step, while another key's match binds it, is flagged a
 *copier* (docs/run-format.md §5) and stops counting too. Set `trust_policy = "open"` to count every
 key, as protocol revision r2 did.
+"""
+
+BAD_INPUT = """\
+## Bad input
+
+An operator's node must not be knocked over by what a local user or a caller names. Each row is an
+input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
+API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
+`tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
+huge numbers and wrong ports: no traceback) and `tests/node/test_lifecycle.py`.
+
+| input | what the node says | nothing lost |
+|---|---|---|
+| `manifest.cbor` a symlink (to `/dev/zero`, to another user's file) | `refused: a symbolic link` | read nothing: no memory spike, no bytes or hash of the target in the message |
+| `manifest.cbor` a FIFO, a device, a directory | `refused: not a regular file` | opened non-blocking, read off the event loop: the API keeps answering |
+| a 1 GiB sparse manifest or checkpoint | `refused: N bytes, more than the M allowed` (by `fstat`) | not read |
+| a checkpoint that is a symlink, or other bytes than the manifest names | `checkpoint k: … symbolic link` / `its bytes do not hash to the manifest's address …` | nothing imported; the address named is the manifest's, never the hash of what was read |
+| the trainer edits a checkpoint after `publish` | nothing to say: the node serves its own copy | blobs are copies (or copy-on-write clones), hashed as copied; one changed on disk is hashed again before serving and dropped if wrong |
+| a later publish whose file differs from a blob the cache holds | `checkpoint k: its bytes do not hash …` | the directory is checked, not only the cache |
+| a run larger than the free space (minus `disk_reserve_bytes`) | `… bytes needed plus a reserve of …, but only … bytes are free` | refused before a byte is copied |
+| the disk fills during an import or a fetch | `no space left on …` | the partial file is removed; no provider is blamed; the store degrades to read-only ("storage full", logged once) and reads keep working |
+| a second daemon on a libp2p port in use | `cannot listen on HOST:PORT for libp2p: Address already in use` | no SO_REUSEPORT: the first daemon keeps every connection |
+| a metrics port in use | `cannot serve metrics on HOST:PORT: Address already in use` | the daemon does not start half-way |
+| `--data-dir` a file, under a file, under `/proc`, read-only, empty | `data directory … is a file` / `cannot create …` / `… is not writable` / `--data-dir is empty` | nothing created |
+| `identity.key` readable by others, its directory writable by others | `… accessible by other users (mode 0644); run: chmod 600 …` | the key is not used |
+| `key show` on a missing data dir | `cannot read the node key: …` | nothing created (no `~/.open1b`, no key) |
+| `train --preset nope`, `--out` a file or under `/proc` | `unknown preset 'nope'; choose one of …` / `--out … exists and is not a directory` / `cannot create --out …` | an earlier run directory given as `--out` has its old checkpoints removed first; a non-empty non-run directory is refused |
+| `status --api 127.0.0.1:abc`, `--api` at a libp2p port | `expected HOST:PORT, got …` / `… did not answer as the node API does` | — |
+| a malformed bootstrap address, in `config.toml` or on the command line | `bootstrap address … is not /ip4/HOST/tcp/PORT/p2p/PEER_ID` | refused at start, not retried forever |
+| `kill -9` of the daemon during a replay | — | the replay worker dies with it (PR_SET_PDEATHSIG); a broken pipe ends it quietly |
+| SIGTERM, SIGINT, `open1b-node stop` | `SIGTERM received: shutting down` … `stopped` in the log | components stop; `api.addr`, `p2p.addr` and `daemon.lock` are removed |
+
+The API's query parameters (`?step=<huge>`, `?redundancy=0`) and a port in use for the API are
+handled with the API's move to a typed ASGI stack (issue 16).
+
 """
 
 WHAT = {
@@ -185,7 +220,7 @@ def write_doc(results: dict) -> None:
     meta = results["meta"]
     lines = [INTRO, f"Runs: {meta['runs']} per scenario, {meta['nodes']} auditors (more where a scenario needs "
              f"them), {meta['steps']} steps, on {meta['machine']} ({meta['cpus']} CPUs, shared), {meta['date']}; "
-             f"{meta['wall_minutes']} min in all.", ""]
+             f"{meta['wall_minutes']} min in all.", "", *BAD_INPUT.splitlines()]
     for name in SCENARIOS:
         if name in results["scenarios"]:
             lines += table(name, results["scenarios"][name])

@@ -212,7 +212,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.post("/v1/publish", summary="publish a run directory (token)")
     async def publish(dir: Annotated[str, Query(min_length=1, max_length=4096, description="a run directory")]) -> dict:
-        return node.publisher.start_publish(Path(dir)).as_json()
+        return (await node.publisher.publish_dir(Path(dir))).as_json()
 
     @app.post("/v1/fetch/{run}", summary="fetch a step's files for a local replay (token)")
     async def fetch(run: RunId, step: Step) -> dict:

@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -36,6 +38,7 @@ from open1b.protocol.errors import WrongTypeError
 from open1b.protocol.hashing import DIGEST_SIZE
 
 from .chunk_table import compute_table
+from .files import FileRefused, StorageFull, check_free, open_regular
 from .p2p import P2P, Stream
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ MAX_BLOB_SIZE = 64 << 30
 CHUNK_TIMEOUT_S = 30.0
 OPEN_TIMEOUT_S = 10.0
 _MULTIHASH_BLAKE2B_256 = bytes([0xA0, 0xE4, 0x02, 0x20])  # varint(0xb220) ‖ length 32
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
 
 class BlobError(Open1bError):
@@ -75,14 +79,37 @@ def file_digest(path: Path) -> bytes:
     return h.digest()
 
 
+def _stamp(st: os.stat_result) -> tuple[int, int]:
+    return st.st_size, st.st_mtime_ns
+
+
+def _reflink(src: int, dst: int) -> bool:
+    """Clone ``src`` into ``dst`` copy-on-write (btrfs, XFS); False where the filesystem cannot."""
+    try:
+        fcntl.ioctl(dst, _FICLONE, src)
+    except OSError:
+        return False
+    return True
+
+
 class BlobCache:
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    """The cache directory. Every blob in it is the node's own file: imported by copy (or
+    copy-on-write clone), never a hard link to a file someone else can write, and the cache never
+    touches a file outside its directory. Recency for eviction is kept in memory (not in mtimes),
+    so a blob's size and mtime stay what they were when it was verified: a blob whose size or
+    mtime changed since is hashed again before it is served (:meth:`open_verified`)."""
+
+    def __init__(self, directory: Path, max_bytes: int, *, reserve_bytes: int = 0) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.reserve_bytes = reserve_bytes
         self.pinned: set[bytes] = set()
         self.served_bytes = 0
         self._table_locks: dict[bytes, trio.Lock] = {}
+        self._verified: dict[bytes, tuple[int, int]] = {}  # digest -> (size, mtime_ns) when last hashed
+        self._used: dict[bytes, int] = {}  # digest -> use counter (LRU order within this process)
+        self._uses = 0
 
     def path(self, digest: bytes) -> Path:
         return self.dir / digest.hex()
@@ -91,54 +118,124 @@ class BlobCache:
         return self.path(digest).exists()
 
     def open_blob(self, digest: bytes) -> Path | None:
+        """The cached blob's path (marked as recently used), or None."""
         path = self.path(digest)
         if not path.exists():
             return None
-        os.utime(path)  # mark as recently used
+        self._uses += 1
+        self._used[digest] = self._uses
         return path
 
-    def add_file(self, source: Path, *, pin: bool = False) -> bytes:
-        """Copy (hard-link where possible) a local file into the cache; returns its digest."""
-        digest = file_digest(source)
+    async def open_verified(self, digest: bytes) -> Path | None:
+        """As :meth:`open_blob`, for serving: a blob not hashed by this process, or whose size or
+        mtime changed since, is hashed again first (in a thread); one that no longer matches its
+        address is removed, logged, and reported as absent."""
+        path = self.open_blob(digest)
+        if path is None:
+            return None
+        try:
+            stamp = _stamp(path.stat())
+        except FileNotFoundError:
+            return None
+        if self._verified.get(digest) == stamp:
+            return path
+        if await trio.to_thread.run_sync(file_digest, path) != digest:
+            log.warning("blob %s changed on disk since it was verified: removed, not served", digest.hex()[:16])
+            self._remove(digest)
+            return None
+        self._verified[digest] = stamp
+        return path
+
+    def room(self, nbytes: int) -> None:
+        """Raise :class:`~.files.StorageFull` unless ``nbytes`` more fit on the cache's filesystem
+        with ``reserve_bytes`` to spare."""
+        check_free(self.dir, nbytes, self.reserve_bytes)
+
+    def adopt(self, verified: Path, digest: bytes, *, pin: bool = False) -> Path:
+        """Move a file whose bytes were just checked to hash to ``digest`` into the cache."""
         target = self.path(digest)
-        if not target.exists():
-            tmp = target.with_suffix(".tmp")
-            try:
-                os.link(source, tmp)
-            except OSError:
-                tmp.write_bytes(Path(source).read_bytes())
-            os.replace(tmp, target)
+        os.replace(verified, target)
+        self._verified[digest] = _stamp(target.stat())
+        if pin:
+            self.pinned.add(digest)
+        return target
+
+    def add_file(self, source: Path, *, pin: bool = False) -> bytes:
+        """Copy a local file into the cache (hashing it as it is copied); returns its digest."""
+        staged, digest = self._copy_hashing(Path(source), self.dir / f".add.{os.getpid()}.import", MAX_BLOB_SIZE)
+        assert staged is not None
+        if self.has(digest):
+            staged.unlink(missing_ok=True)
+        else:
+            self.adopt(staged, digest)
         if pin:
             self.pinned.add(digest)
         self.evict()
         return digest
 
-    def stage(self, source: Path, digest: bytes) -> Path:
-        """Link (or copy) ``source`` next to the cache and check that its bytes hash to ``digest``;
-        returns the staged file for :meth:`commit`. Blocking (it hashes): run it in a thread.
-        The file is hashed *after* it is staged, so what is committed is what was checked."""
-        staged = self.path(digest).with_suffix(".import")
-        staged.unlink(missing_ok=True)
-        try:
-            os.link(source, staged)
-        except OSError:
-            with open(source, "rb") as src, open(staged, "wb") as dst:
-                for chunk in iter(lambda: src.read(1 << 20), b""):
-                    dst.write(chunk)
-        got = file_digest(staged)
+    def stage(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE) -> Path:
+        """Copy ``source`` (a regular file, not a symlink, at most ``max_size`` bytes) next to the
+        cache and check that its bytes hash to ``digest``; returns the staged file for
+        :meth:`commit`. What is committed is the copy that was hashed, so changing ``source``
+        later changes nothing here. Blocking (it copies and hashes): run it in a thread."""
+        staged, got = self._copy_hashing(source, self.path(digest).with_suffix(".import"), max_size)
+        assert staged is not None
         if got != digest:
             staged.unlink(missing_ok=True)
-            raise BlobError(f"{source}: BLAKE2b-256 is {got.hex()}, the manifest names {digest.hex()}")
+            # the address the caller named, never the hash of what we read: the daemon may be able
+            # to read files the caller cannot
+            raise BlobError(f"{source}: its bytes do not hash to the manifest's address {digest.hex()[:16]}…")
         return staged
+
+    def check(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE) -> None:
+        """As :meth:`stage` without keeping a copy: raise unless ``source`` hashes to ``digest``."""
+        _, got = self._copy_hashing(source, None, max_size)
+        if got != digest:
+            raise BlobError(f"{source}: its bytes do not hash to the manifest's address {digest.hex()[:16]}…")
+
+    def _copy_hashing(self, source: Path, staged: Path | None, max_size: int) -> tuple[Path | None, bytes]:
+        """Copy (or clone) ``source`` to ``staged``, hashing the copy (only hash it when ``staged``
+        is None); a failed copy (a full disk included) leaves no file behind."""
+        fd, _ = open_regular(source, max_size)
+        out: int | None = None
+        try:
+            if staged is not None:
+                out = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            cloned = out is not None and _reflink(fd, out)
+            h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+            copied = 0
+            # a clone is ours from the start: hash what was cloned, not the source, which may change
+            while chunk := os.read(out if cloned else fd, min(1 << 20, max_size + 1 - copied)):
+                copied += len(chunk)
+                if copied > max_size:
+                    raise FileRefused(f"{source}: refused: grew past the {max_size} bytes allowed")
+                h.update(chunk)
+                if out is not None and not cloned:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+            if out is not None:
+                os.fsync(out)
+        except BaseException as exc:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise StorageFull(f"no space left on {self.dir} while importing {source}") from None
+            raise
+        finally:
+            os.close(fd)
+            if out is not None:
+                os.close(out)
+        return staged, h.digest()
 
     def commit(self, staged: Path, digest: bytes, *, pin: bool = False) -> None:
         """Move a file checked by :meth:`stage` into the cache under ``digest``."""
         if self.has(digest):
             staged.unlink(missing_ok=True)
+            if pin:
+                self.pinned.add(digest)
         else:
-            os.replace(staged, self.path(digest))
-        if pin:
-            self.pinned.add(digest)
+            self.adopt(staged, digest, pin=pin)
 
     def table_path(self, digest: bytes) -> Path:
         """Where the chunk table of a cached checkpoint is kept (removed with the blob)."""
@@ -160,7 +257,7 @@ class BlobCache:
                 kept = self.table_path(digest)
                 if kept.exists():
                     return kept.read_bytes()
-                path = self.open_blob(digest)
+                path = await self.open_verified(digest)
                 if path is None:
                     raise BlobError(f"blob {digest.hex()[:16]} is not in the cache")
                 table = await trio.to_thread.run_sync(compute_table, path)
@@ -174,9 +271,10 @@ class BlobCache:
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
 
     def evict(self) -> list[bytes]:
-        """Remove least recently used, unpinned blobs until the cache fits its limit."""
+        """Remove least recently used, unpinned blobs until the cache fits its limit (blobs not
+        used by this process first, oldest first)."""
         files = sorted((p for p in self.dir.iterdir() if p.is_file() and len(p.name) == 2 * DIGEST_SIZE),
-                       key=lambda p: p.stat().st_mtime)
+                       key=lambda p: (self._used.get(bytes.fromhex(p.name), 0), p.stat().st_mtime))
         total = self.used_bytes()
         evicted = []
         for path in files:
@@ -185,14 +283,22 @@ class BlobCache:
             digest = bytes.fromhex(path.name)
             if digest in self.pinned:
                 continue
-            total -= path.stat().st_size
-            path.unlink()
-            table = self.table_path(digest)
-            if table.exists():
-                total -= table.stat().st_size
-                table.unlink()
+            total -= self._remove(digest)
             evicted.append(digest)
         return evicted
+
+    def _remove(self, digest: bytes) -> int:
+        """Delete a blob and its chunk table; the bytes freed."""
+        freed = 0
+        for path in (self.path(digest), self.table_path(digest)):
+            try:
+                freed += path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        self._verified.pop(digest, None)
+        self._used.pop(digest, None)
+        return freed
 
     # -- serving ---------------------------------------------------------------------------
     async def serve(self, stream: Stream) -> None:
@@ -207,7 +313,7 @@ class BlobCache:
                     or type(request["offset"]) is not int or type(request["length"]) is not int
                     or request["offset"] < 0 or not 0 < request["length"] <= MAX_CHUNK):
                 raise WrongTypeError("malformed blob request")
-            path = self.open_blob(request["digest"])
+            path = await self.open_verified(request["digest"])
             if path is None:
                 await stream.send(encode({"error": "not found"}))
                 continue
@@ -232,11 +338,16 @@ class BlobCache:
         done = self.open_blob(digest)
         if done is not None:
             return done
+        if size is not None:
+            self.room(size)
         errors = []
         for peer in providers:
             for attempt in range(2):
                 try:
                     return await self._fetch_from(p2p, peer, digest, progress, size, max_size, chunk_timeout_s)
+                except StorageFull:  # our disk, not the provider's fault: stop, blame no one
+                    self.path(digest).with_suffix(".partial").unlink(missing_ok=True)
+                    raise
                 except BlobMismatch as exc:
                     if exc.resumed and attempt == 0:
                         continue  # the partial file may have come from someone else: once more, from scratch
@@ -275,6 +386,7 @@ class BlobCache:
                                 out.truncate(0)
                                 offset = 0
                                 resumed = False
+                            self.room(size - offset)
                         elif head["size"] != size:
                             raise BlobMismatch("blob size changed during the transfer", peer, resumed=False)
                         data = await stream.receive(MAX_CHUNK)
@@ -285,13 +397,16 @@ class BlobCache:
                     progress(offset, size)
                 out.flush()
                 os.fsync(out.fileno())
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # a full disk is ours to fix, never the provider's fault
+                raise StorageFull(f"no space left on {self.dir} for blob {digest.hex()[:16]}") from None
+            raise
         finally:
             with trio.move_on_after(1):
                 await stream.close()
         if offset != size or await trio.to_thread.run_sync(file_digest, partial) != digest:
             partial.unlink(missing_ok=True)
             raise BlobMismatch(f"bytes from {peer} do not hash to {digest.hex()[:16]}", peer, resumed)
-        target = self.path(digest)
-        os.replace(partial, target)
+        target = self.adopt(partial, digest)
         self.evict()
         return target

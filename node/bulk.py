@@ -271,9 +271,9 @@ class _Session:
         self.cache, self.channel, self.bucket = cache, channel, bucket
         self._open: dict[bytes, tuple[int, int]] = {}  # digest -> (fd, size)
 
-    def _file(self, digest: bytes) -> tuple[int, int] | None:
+    async def _file(self, digest: bytes) -> tuple[int, int] | None:
         if digest not in self._open:
-            path = self.cache.open_blob(digest)
+            path = await self.cache.open_verified(digest)
             if path is None:
                 return None
             fd = os.open(path, os.O_RDONLY)
@@ -286,7 +286,7 @@ class _Session:
         if op not in (OP_RANGE, OP_TABLE) or (op == OP_RANGE and not 0 < length <= MAX_RANGE):
             await send(RESPONSE_HEAD.pack(BAD_REQUEST, 0))
             return
-        opened = self._file(digest)
+        opened = await self._file(digest)
         if opened is None:
             await send(RESPONSE_HEAD.pack(NOT_FOUND, 0))
             return

@@ -414,7 +414,7 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
             blame(header_peer, "its header is not the one of the file the manifest names")
             raise BlobMismatch(f"checkpoint {expect.step}: the file does not hash to its address", header_peer,
                                resumed=False)
-        os.replace(assembly.partial, cache.path(expect.address))
+        cache.adopt(assembly.partial, expect.address)
         assembly.record.unlink(missing_ok=True)
         cache.store_table(expect.address, table)
         cache.evict()

@@ -23,16 +23,20 @@ from .results import CommandResult
 
 
 def _api(args: argparse.Namespace) -> str:
+    from .config import split_hostport
+
     if args.api:
+        split_hostport(args.api)  # a malformed --api is the caller's error, said in one line
         return args.api
+    from .client import ApiUnavailable
     from .daemon import API_ADDR_FILE
+    from .files import FileRefused, read_bounded
 
     path = default_data_dir(args.data_dir) / API_ADDR_FILE
-    if not path.exists():
-        from .client import ApiUnavailable
-
-        raise ApiUnavailable(f"no running daemon found for {path.parent} (start one, or pass --api HOST:PORT)")
-    return path.read_text().strip()
+    try:
+        return read_bounded(path, 256).decode(errors="replace").strip()
+    except FileRefused:
+        raise ApiUnavailable(f"no running daemon found for {path.parent} (start one, or pass --api HOST:PORT)") from None
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -81,7 +85,8 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     from .datadir import init_data_dir
     from .logs import setup_logging
 
-    setup_logging(args.log_level, json_lines=args.log_json, prefix=args.log_prefix)
+    setup_logging(args.log_level, json_lines=args.log_json, prefix=args.log_prefix,
+                  file=Path(args.log_file) if args.log_file else None)
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     base = load_config(data_dir)
@@ -101,6 +106,8 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         trio.run(lambda: run_daemon(config, harness=harness))
     except KeyboardInterrupt:
         pass
+    except BaseExceptionGroup as group:  # a component failed to start: say why in one line
+        raise _first_cause(group) from None
     return CommandResult.nothing()
 
 
@@ -117,6 +124,82 @@ def cmd_ui(args: argparse.Namespace) -> CommandResult:
 
         opened = webbrowser.open(url)
     return CommandResult({"url": url, "opened": opened}, lambda o: o["url"])
+
+
+def _first_cause(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf of an exception group that an operator can act on (a port in use, a full
+    disk, a refused file), else the group itself (a bug: its traceback is wanted)."""
+    for exc in group.exceptions:
+        leaf = _first_cause(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(leaf, (Open1bError, OSError)):
+            return leaf
+    return group
+
+
+def cmd_stop(args: argparse.Namespace) -> CommandResult:
+    from .datadir import stop_daemon
+
+    data_dir = default_data_dir(args.data_dir)
+    pid = stop_daemon(data_dir, timeout_s=args.timeout)
+    return CommandResult({"data_dir": str(data_dir), "stopped": pid}, lambda o: f"stopped the daemon (pid {o['stopped']})")
+
+
+def cmd_restart(args: argparse.Namespace) -> CommandResult:
+    """Stop the data dir's daemon (if one runs) and start a new one in the background, configured
+    by config.toml alone (flags given to the old one are not known here), logging to a file."""
+    import subprocess
+    import time
+
+    from .daemon import API_ADDR_FILE
+    from .datadir import daemon_pid, stop_daemon
+
+    data_dir = default_data_dir(args.data_dir).resolve()
+    stopped = stop_daemon(data_dir, timeout_s=args.timeout) if daemon_pid(data_dir) is not None else None
+    log_file = Path(args.log_file or data_dir / "daemon.log").resolve()
+    proc = subprocess.Popen([sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
+                             "--log-file", str(log_file)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while not (data_dir / API_ADDR_FILE).exists():
+        if proc.poll() is not None:
+            raise Open1bError((proc.stderr.read().decode(errors="replace").strip() if proc.stderr else "")
+                              or f"the new daemon exited with code {proc.returncode}; see {log_file}")
+        if time.monotonic() > deadline:
+            raise Open1bError(f"the new daemon (pid {proc.pid}) has not started listening after "
+                              f"{args.timeout:.0f} s; see {log_file}")
+        time.sleep(0.1)
+    out = {"data_dir": str(data_dir), "stopped": stopped, "started": proc.pid, "log_file": str(log_file)}
+    return CommandResult(out, lambda o: (f"stopped pid {o['stopped']}; " if o["stopped"] else "")
+                         + f"started pid {o['started']}, logging to {o['log_file']}")
+
+
+def cmd_trust(args: argparse.Namespace) -> CommandResult:
+    """``trust add|remove|list``: the data dir's ``trusted_peers`` (config.toml), whose attestations
+    coverage counts. The daemon reads its config at start: ``restart`` applies a change."""
+    import dataclasses
+
+    from .config import load_config, write_config
+    from .datadir import check_version, daemon_pid
+
+    data_dir = default_data_dir(args.data_dir)
+    check_version(data_dir)
+    config = load_config(data_dir)
+    peers = list(config.trusted_peers)
+    if args.trust_command == "add":
+        peers += [p for p in dict.fromkeys(args.peer) if p not in peers]
+    elif args.trust_command == "remove":
+        unknown = [p for p in args.peer if p not in peers]
+        if unknown:
+            raise Open1bError(f"not trusted: {', '.join(unknown)}")
+        peers = [p for p in peers if p not in args.peer]
+    if peers != list(config.trusted_peers):
+        write_config(dataclasses.replace(config, trusted_peers=tuple(peers)))  # checked peer IDs, atomically
+    running = args.trust_command != "list" and peers != list(config.trusted_peers) and daemon_pid(data_dir) is not None
+    out = {"trust_policy": config.trust_policy, "trusted_peers": peers, "restart_needed": running}
+    return CommandResult(out, lambda o: "\n".join(
+        [f"trust policy {o['trust_policy']}: this node's own key and {len(o['trusted_peers'])} trusted peers"]
+        + [f"  {p}" for p in o["trusted_peers"]]
+        + (["the daemon is running: apply with `open1b-node restart`"] if o["restart_needed"] else [])))
 
 
 def cmd_status(args: argparse.Namespace) -> CommandResult:
@@ -146,9 +229,10 @@ def cmd_peers(args: argparse.Namespace) -> CommandResult:
 
 def cmd_runs(args: argparse.Namespace) -> CommandResult:
     runs = _call(args, "/v1/runs", answers.RUNS)
-    return CommandResult(runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "REPLAYABLE"]]
-                                        + [[r["run"], str(r["steps"]), r["engine"], "yes" if r["run_dir"] else "no"]
-                                           for r in rs]))
+    # AUDITABLE is the JSON's `auditable`: this node can replay the run (its engine, its sizes)
+    return CommandResult(runs, lambda rs: _table([["RUN", "STEPS", "ENGINE", "AUDITABLE"]]
+                                        + [[r["run"], str(r["steps"]), r["engine"],
+                                            "yes" if r.get("auditable", bool(r["run_dir"])) else "no"] for r in rs]))
 
 
 def cmd_coverage(args: argparse.Namespace) -> CommandResult:
@@ -162,6 +246,9 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
                 f" {'complete' if c['complete'] else 'incomplete'} at redundancy {c['redundancy']})")
         trust = (f"trust: {c['policy']['name']} ({len(c['policy']['roots'])} trusted keys, quorum "
                  f"{c['policy']['quorum']}); {len(c['untrusted'])} untrusted attesters not counted")
+        if c["untrusted"]:  # say which keys, and how an operator who knows them makes them count
+            trust += "".join(f"\n  untrusted {p}: to count it, `open1b-node trust add {p}` and restart"
+                             for p in c["untrusted"])
         flags = [f"flagged {f['signer']} at step {f['step']}: statement {f['statement'][:16]}… contradicts"
                  f" {f['conflicting'][:16]}…" if f.get("kind", "contradiction") == "contradiction" else
                  f"flagged {f['signer']} at step {f['step']} as a copier: statement {f['statement'][:16]}… binds"
@@ -221,7 +308,7 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
         f"imported   {j['bytes']} bytes into the blob cache (pinned)",
         f"providing  {j['provided']} blobs in the DHT",
-        f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (too large for gossip)'}",
+        f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (' + j['note'] + ')'}",
         f"took       {j['seconds']} s"]))
 
 
@@ -309,15 +396,20 @@ def cmd_samples(args: argparse.Namespace) -> CommandResult:
     return CommandResult(out, render)
 
 
+MAX_DOCTOR_RUNS = 16  # runs whose trust doctor explains
+
+
 def cmd_doctor(args: argparse.Namespace) -> CommandResult:
     from .client import ApiUnavailable
     from .doctor import overall, run_checks
 
     try:
         status = _call(args, "/v1/status", answers.STATUS, timeout=3)
+        coverages = [_call(args, f"/v1/coverage/{run}", answers.COVERAGE, timeout=10)
+                     for run in status["runs"][:MAX_DOCTOR_RUNS]]
     except ApiUnavailable:
-        status = None
-    checks = run_checks(default_data_dir(args.data_dir), status, args.device)
+        status, coverages = None, []
+    checks = run_checks(default_data_dir(args.data_dir), status, args.device, coverages)
     verdict = overall(checks)
     out = [c.as_json() for c in checks]
     out.append({"check": "overall", "level": verdict, "detail": "a refused GPU alone is a WARN: the CPU gives the same bits"})
@@ -342,6 +434,7 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> CommandResult:
+    from open1b.deterministic.config import PRESETS
     from open1b.deterministic.distributed import launched_rank
     from open1b.deterministic.trainer import publish_run
 
@@ -349,6 +442,9 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     from .identity_file import load_identity
     from .progress import progress
 
+    if args.preset and args.preset not in PRESETS:
+        raise Open1bError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+    out_dir = _fresh_run_dir(Path(args.out))
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     options = {"preset": args.preset} if args.preset else {}
@@ -359,7 +455,7 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     device = None if several else _device(args.device)
     ranks = f" on {args.ranks} processes (torch.distributed, gloo)" if several else f" on {device.device_class}"
     with progress(f"training {args.steps} steps into {args.out}{ranks}", args.steps) as update:
-        manifest = publish_run(Path(args.out), load_identity(data_dir), steps=args.steps, seed=args.seed,
+        manifest = publish_run(out_dir, load_identity(data_dir), steps=args.steps, seed=args.seed,
                                tamper_step=args.tamper_step, ranks=args.ranks, device=device,
                                eval_documents=args.eval_documents, eval_every=args.eval_every,
                                progress=lambda done, total: update(done, ""), **options)
@@ -369,6 +465,26 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
     if launched is not None:  # torchrun (or the like) started this process as one rank of several
         out["launched_rank"] = launched[0]
     return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
+
+
+def _fresh_run_dir(out: Path) -> Path:
+    """``train --out``: a new directory, an empty one, or an earlier run directory, whose run files
+    are removed first (a shorter run must not leave the old run's later checkpoints behind).
+    Anything else is refused rather than mixed with a run."""
+    from open1b.deterministic.runfile import CHECKPOINT_DIR, MANIFEST_FILE, SAMPLES_FILE
+
+    if out.exists() and not out.is_dir():
+        raise Open1bError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MANIFEST_FILE).is_file():
+            raise Open1bError(f"--out {out} is a non-empty directory that holds no run; choose a new or empty one")
+        for path in [out / MANIFEST_FILE, out / SAMPLES_FILE, *(out / CHECKPOINT_DIR).glob("*.safetensors")]:
+            path.unlink(missing_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Open1bError(f"cannot create --out {out}: {exc.strerror}") from None
+    return out
 
 
 def cmd_devnet(args: argparse.Namespace) -> CommandResult:
@@ -420,8 +536,9 @@ def parser() -> argparse.ArgumentParser:
     # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--device", help=DEVICE_HELP + " (config: device)")
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
-    d.add_argument("--log-level", default="info")
+    d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
+    d.add_argument("--log-file", help="log to this file (rotated at 10 MiB, 5 kept) instead of stderr")
     d.add_argument("--log-prefix", default="", help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_daemon)
 
@@ -430,6 +547,15 @@ def parser() -> argparse.ArgumentParser:
                              " serves them to peers and gossips the manifest")
     pb.add_argument("dir", help="run directory (manifest.cbor, checkpoints/, samples.bin)")
     pb.set_defaults(func=cmd_publish)
+
+    for name, func, what in (("stop", cmd_stop, "stop the data dir's daemon cleanly (SIGTERM) and wait until it has"),
+                             ("restart", cmd_restart, "stop the data dir's daemon and start it again in the background"
+                                                      " (config.toml only; logs to --log-file, else DATA_DIR/daemon.log)")):
+        sp = sub.add_parser(name, parents=[reporting], help=what)
+        sp.add_argument("--timeout", type=_at_least_one, default=60, help="seconds to wait (default 60)")
+        if name == "restart":
+            sp.add_argument("--log-file", help="the new daemon's log file (default DATA_DIR/daemon.log)")
+        sp.set_defaults(func=func)
 
     sub.add_parser("status", parents=[client], help="the daemon's status").set_defaults(func=cmd_status)
     u = sub.add_parser("ui", parents=[client], help="the web page's URL (and open it in a browser when there is a display)")
@@ -479,6 +605,15 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("--device", help="the device to check the GPU lines for (default: config's device, else auto)")
     dr.set_defaults(func=cmd_doctor)
 
+    tr = sub.add_parser("trust", help="whose attestations coverage counts (config: trusted_peers)")
+    trsub = tr.add_subparsers(dest="trust_command", required=True)
+    for name, what in (("add", "count these peers' attestations"), ("remove", "stop counting them")):
+        ta = trsub.add_parser(name, parents=[reporting], help=what)
+        ta.add_argument("peer", nargs="+", metavar="PEER_ID")
+        ta.set_defaults(func=cmd_trust)
+    trsub.add_parser("list", parents=[reporting], help="the trust policy and trusted peers").set_defaults(
+        func=cmd_trust)
+
     k = sub.add_parser("key", help="the node key")
     ksub = k.add_subparsers(dest="key_command", required=True)
     ksub.add_parser("show", parents=[reporting], help="peer ID and public key (never the secret)").set_defaults(
@@ -526,8 +661,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(argv)  # a malformed command line: usage and exit code 2 (argparse)
     try:
         result = args.func(args)
     except Open1bError as exc:
@@ -536,6 +676,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"open1b-node: invalid input: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a file or directory the caller named that the system refused
+        print(f"open1b-node: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     # The one place a result is rendered: as text, or as JSON with --json.
     if result.data is not None:
         print(json.dumps(result.data, indent=2) if getattr(args, "json", False) else result.render(result.data))

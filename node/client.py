@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -46,7 +47,11 @@ def _request(api: str, path: str, method: str, timeout: float, token: str | None
             detail = ""
         raise ApiUnavailable(f"{api}{path}: HTTP {exc.code} {detail}".strip()) from exc
     except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:  # deep JSON: RecursionError
-        raise ApiUnavailable(f"cannot reach the node API at {api}: {exc}") from exc
+        reason = getattr(exc, "reason", exc)
+        raise ApiUnavailable(f"no running daemon answers at {api} (cannot reach the node API: {reason})") from exc
+    except http.client.HTTPException as exc:  # something that is not an HTTP server (a libp2p port)
+        raise ApiUnavailable(f"{api} did not answer as the node API does ({type(exc).__name__}); "
+                             f"is it the daemon's API address (its data dir's api.addr)?") from exc
 
 
 PUBLISH_POLL_S = 0.2

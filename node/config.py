@@ -14,15 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiaddr import Multiaddr
+
 from open1b.deterministic.device import parse_device_spec
 from open1b.deterministic.errors import DeviceSpecError
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
 
-from .files import write_atomic
+from .files import FileRefused, read_bounded, write_atomic
 
 CONFIG_FILE = "config.toml"
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class ConfigError(Open1bError):
@@ -47,6 +50,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _check_peer_addr(addr: str) -> None:
+    """A bootstrap address the daemon can dial: a multiaddr with a TCP port and a valid peer ID
+    (refused at start, from the command line or config.toml alike, not retried forever)."""
+    try:
+        parsed = Multiaddr(addr)
+        parsed.value_for_protocol("tcp")
+        peer = parsed.value_for_protocol("p2p")
+    except Exception as exc:  # multiaddr raises a zoo of types for malformed input
+        raise ConfigError(f"bootstrap address {addr!r} is not /ip4/HOST/tcp/PORT/p2p/PEER_ID: {exc}") from None
+    try:
+        public_key_from_peer_id(peer)
+    except Open1bError as exc:
+        raise ConfigError(f"bootstrap address {addr!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -76,11 +94,18 @@ class NodeConfig:
     # Bound on the blob cache (checkpoints and samples fetched from peers); blobs this node
     # publishes are pinned and never evicted, so they may take it over the bound.
     blob_cache_bytes: int = 8 << 30
+    # Free space kept on the data dir's filesystem: imports and fetches that would eat into it
+    # fail at once (before a byte is written) instead of filling the disk under SQLite.
+    disk_reserve_bytes: int = 256 << 20
     # Whose attestations count (docs/protocol.md §8.1): by default only this node's own key and
     # the peers the operator lists, so keys nobody vouched for can neither inflate coverage nor
     # make the node skip steps they claim to have covered.
     trust_policy: str = ALLOWLIST
     trusted_peers: tuple[str, ...] = ()
+    # Whether the planner counts attesters the policy does not (coverage never does): on, a step
+    # that keys outside the list have covered is not replayed again by every node; the price is
+    # that fresh keys can withhold this node's replays (never make a step look verified).
+    plan_with_untrusted: bool = True
     dispute_quorum: int = 2
     # Whose runs this node learns from the network and audits: empty = any publisher. A run costs
     # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names
@@ -100,6 +125,8 @@ class NodeConfig:
                 raise ConfigError(f"api_origins: expected http(s)://HOST[:PORT], got {origin!r}")
         if not 1 <= self.lease_s <= MAX_LEASE_SECONDS:
             raise ConfigError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
+        if self.disk_reserve_bytes < 0:
+            raise ConfigError("disk_reserve_bytes must be at least 0")
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
         try:
@@ -107,8 +134,7 @@ class NodeConfig:
         except DeviceSpecError as exc:
             raise ConfigError(str(exc)) from None
         for addr in self.bootstrap:
-            if "/p2p/" not in addr:
-                raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer id>")
+            _check_peer_addr(addr)
         if self.trust_policy not in (OPEN, ALLOWLIST):
             raise ConfigError(f"trust_policy must be {OPEN!r} or {ALLOWLIST!r}")
         if self.dispute_quorum != 0 and self.dispute_quorum < 2:
@@ -136,17 +162,24 @@ _KEYS: dict[str, tuple[str, type]] = {
     "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
+    "plan_with_untrusted": ("plan_with_untrusted", bool),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
+    "disk_reserve_bytes": ("disk_reserve_bytes", int),
     "publishers": ("publishers", list), "device": ("device", str), "api_origins": ("api_origins", list),
 }
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list"}
 
 
 def load_config(data_dir: Path) -> NodeConfig:
     """Read ``config.toml`` (missing file = defaults)."""
     path = Path(data_dir) / CONFIG_FILE
     try:
-        raw = tomllib.loads(path.read_text()) if path.exists() else {}
-    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+        raw = tomllib.loads(read_bounded(path, MAX_CONFIG_BYTES, follow=True).decode()) if path.exists() else {}
+    except FileRefused as exc:
+        raise ConfigError(str(exc)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     section = raw.pop("node", {})
     if type(section) is not dict:
@@ -161,7 +194,7 @@ def load_config(data_dir: Path) -> NodeConfig:
         if kind is float and type(value) is int:
             value = float(value)
         if type(value) is not kind:
-            raise ConfigError(f"{path}: node.{key} must be a {kind.__name__}")
+            raise ConfigError(f"{path}: node.{key} must be {_KIND_NAMES[kind]}")
         if kind is list:
             if not all(type(v) is str for v in value):
                 raise ConfigError(f"{path}: node.{key} must be a list of strings")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +41,7 @@ from .bulk import address_handler, serve_bulk
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
-from .datadir import DaemonLock, api_token, check_version
+from .datadir import DaemonLock, api_token, check_version, prepare_data_dir
 from .evaluator import Evaluator
 from .files import write_atomic
 from .identity_file import load_or_create_identity
@@ -102,7 +103,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
                       harness: Harness | None = None) -> AsyncIterator[Daemon]:
     """Run a node for the duration of the block: its data dir locked, p2p listening, API served,
     every component serving. Leaving the block stops them all."""
-    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    prepare_data_dir(config.data_dir)
     check_version(config.data_dir, create=True)
     identity = load_or_create_identity(config.data_dir)
     with DaemonLock(config.data_dir):
@@ -124,7 +125,8 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
 async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: ReplayWorker, p2p: P2P,
                  local_runs: list, clock: Clock, rng: random.Random, harness: Harness | None) -> AsyncIterator[Daemon]:
     stats = NodeStats()
-    runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes))
+    runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes,
+                                                    reserve_bytes=config.disk_reserve_bytes))
     ingest = Ingest(identity, config, store, p2p, clock=clock, stats=stats)
     for run, manifest in ingest.manifests.items():
         if store.run_dir(run) is not None and why_not_auditable(manifest) is None:
@@ -198,11 +200,16 @@ def _checkpoint_of(auditor: Auditor):
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:
-    """``open1b-node daemon``: serve on the real clock until the API is asked to shut down."""
+    """``open1b-node daemon``: serve on the real clock until the API is asked to shut down or the
+    process gets SIGTERM or SIGINT (``open1b-node stop``, systemd, Ctrl-C); either way the
+    components stop cleanly and the address and lock files are removed."""
     try:
         async with open_daemon(config, clock=Clock(), rng=random.Random(), harness=harness) as daemon:
             notify("READY=1")
-            await daemon.shutdown.wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_shutdown_on_signal, daemon.shutdown)
+                await daemon.shutdown.wait()
+                nursery.cancel_scope.cancel()
             log.info("shutting down")
             notify("STOPPING=1")
     except BaseExceptionGroup as group:
@@ -211,6 +218,15 @@ async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> N
         if len(leaves) == 1 and isinstance(leaves[0], Open1bError):
             raise leaves[0] from None
         raise
+    log.info("stopped")
+
+
+async def _shutdown_on_signal(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s received: shutting down", signal.Signals(signum).name)
+            shutdown.set()
+            return
 
 
 def _leaves(error: BaseException) -> list[BaseException]:

@@ -10,12 +10,12 @@ and checked with the protocol's verifier, completeness included, before it is pr
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 from open1b.protocol import Open1bError
 
+from .files import FileRefused, read_bounded
 from .results import CommandResult
 
 MAX_DOCUMENT_BYTES = 1 << 26
@@ -24,17 +24,13 @@ EXIT_OTHER_ANSWER = 3
 
 
 def read_document(path: Path) -> bytes:
-    """``path``'s bytes, refused beyond :data:`MAX_DOCUMENT_BYTES` before more than that is read;
-    a link is not followed (the caller named a file, not what it points to)."""
+    """``path``'s bytes, refused beyond :data:`MAX_DOCUMENT_BYTES` before it is read; a link is
+    not followed (the caller named a file, not what it points to), and a FIFO or device is refused
+    instead of blocking (:func:`~.files.read_bounded`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise Open1bError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_DOCUMENT_BYTES + 1)
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise Open1bError(f"{path} is larger than {MAX_DOCUMENT_BYTES} bytes")
-    return data
+        return read_bounded(path, MAX_DOCUMENT_BYTES)
+    except FileRefused as exc:
+        raise Open1bError(f"cannot read {exc}") from None
 
 
 def data_answer(run: Path, document: bytes, *, exclude: bool) -> tuple[dict, Callable[[Any], str], int]:

@@ -13,6 +13,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .config import ConfigError, load_config
 from .identity_file import key_path
@@ -88,8 +89,47 @@ def _tcp_reachable(addr: str) -> bool:
         return False
 
 
-def run_checks(data_dir: Path, api_status: dict | None, device: str | None = None) -> list[Check]:
-    """Every check; ``device`` is what to check the GPU lines against (default: the config's)."""
+def _disk(data_dir: Path) -> list[Check]:
+    """Free space (against the config's reserve) and writability of the data dir: a read-only or
+    full disk is a FAIL, found here rather than by the daemon half-way through an import."""
+    if os.path.lexists(data_dir) and not data_dir.is_dir():
+        return [Check("disk", "FAIL", f"data dir {data_dir} is not a directory")]
+    probe = data_dir if data_dir.is_dir() else data_dir.parent
+    if not probe.is_dir():
+        return [Check("disk", "FAIL", f"{data_dir}: neither it nor its parent is a directory")]
+    try:
+        reserve = load_config(data_dir).disk_reserve_bytes if data_dir.is_dir() else 0
+    except ConfigError:
+        reserve = 0  # reported by the config check
+    free = shutil.disk_usage(probe).free
+    need = max(MIN_FREE_DISK_GB * 2**30, reserve)
+    checks = [Check("disk", "OK" if free >= need else "FAIL",
+                    f"{free / 2**30:.1f} GiB free at {probe} (needs {need / 2**30:.1f} GiB: the reserve, disk_reserve_bytes)")]
+    target = probe / f".doctor-probe.{os.getpid()}"
+    try:
+        target.write_bytes(b"probe")
+        target.unlink()
+        checks.append(Check("writable", "OK", f"{probe} is writable"))
+    except OSError as exc:
+        checks.append(Check("writable", "FAIL", f"{probe} is not writable: {exc.strerror}"))
+    return checks
+
+
+def _trust(coverage: dict) -> Check:
+    """Why a run's coverage may not complete: attesters this node's policy does not count."""
+    untrusted = coverage["untrusted"]
+    run = coverage["run"][:16]
+    if not untrusted:
+        return Check("trust", "OK", f"run {run}: every attester is counted")
+    shown = " ".join(untrusted[:3]) + (" …" if len(untrusted) > 3 else "")
+    return Check("trust", "WARN", f"run {run}: {len(untrusted)} untrusted attesters not counted; if you run or know "
+                                  f"them: open1b-node trust add {shown} (then restart)")
+
+
+def run_checks(data_dir: Path, api_status: dict | None, device: str | None = None,
+               coverages: Sequence[dict] = ()) -> list[Check]:
+    """Every check; ``device`` is what to check the GPU lines against (default: the config's);
+    ``coverages``: the running daemon's coverage of its runs, whose untrusted attesters are explained."""
     checks = [
         Check("python", "OK" if sys.version_info >= (3, 11) else "FAIL", platform.python_version()),
         Check("cpu", "OK", f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}"),
@@ -105,9 +145,7 @@ def run_checks(data_dir: Path, api_status: dict | None, device: str | None = Non
         checks.append(Check("memory", "WARN", "cannot read /proc/meminfo"))
     else:
         checks.append(Check("memory", "OK" if mem >= MIN_MEMORY_GB else "FAIL", f"{mem:.1f} GiB available"))
-    probe = data_dir if data_dir.exists() else data_dir.parent
-    free = shutil.disk_usage(probe).free / 2**30 if probe.exists() else 0.0
-    checks.append(Check("disk", "OK" if free >= MIN_FREE_DISK_GB else "FAIL", f"{free:.1f} GiB free at {probe}"))
+    checks += _disk(data_dir)
     try:
         from open1b.deterministic.selfcheck import run_selfchecks
 
@@ -138,4 +176,5 @@ def run_checks(data_dir: Path, api_status: dict | None, device: str | None = Non
         checks.append(Check("replay device", "OK", f"{d['class']}: {d['reason']}" if d["class"]
                             else f"{d['requested']} (the replay worker has not started yet)"))
         checks.append(Check("peers", "OK" if n else "WARN", f"{n} connected"))
+    checks += [_trust(c) for c in coverages]
     return checks

@@ -7,9 +7,12 @@ is never overwritten; the same seed is the libp2p host key and the attestation s
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from open1b.protocol import Identity, Open1bError
+
+from .files import FileRefused, read_bounded
 
 KEYSTORE = "keystore"
 KEY_FILE = "identity.key"
@@ -38,11 +41,19 @@ def load_or_create_identity(data_dir: Path) -> Identity:
 
 
 def load_identity(data_dir: Path) -> Identity:
+    """The node key; refused if others could read or replace it (as ssh refuses such keys)."""
     path = key_path(data_dir)
     try:
-        seed = path.read_bytes()
-    except OSError as exc:
-        raise KeyFileError(f"cannot read the node key {path}: {exc}") from exc
+        seed = read_bounded(path, 64, follow=True)  # a deployment may link the key in from a secret store
+        key_mode, dir_mode = os.stat(path).st_mode, os.stat(path.parent).st_mode
+    except (FileRefused, OSError) as exc:
+        raise KeyFileError(f"cannot read the node key: {exc}") from None
+    if key_mode & 0o077:
+        raise KeyFileError(f"{path} is accessible by other users (mode {stat.S_IMODE(key_mode):04o}); "
+                           f"run: chmod 600 {path}")
+    if dir_mode & 0o022:
+        raise KeyFileError(f"{path.parent} is writable by other users (mode {stat.S_IMODE(dir_mode):04o}); "
+                           f"run: chmod 700 {path.parent}")
     if len(seed) != 32:
         raise KeyFileError(f"{path} must hold exactly 32 bytes, found {len(seed)}")
     return Identity(seed)

@@ -102,6 +102,7 @@ class Ingest:
     async def join_known_runs(self) -> None:
         for run in list(self.manifests):
             await self._join_run_topics(run)
+            self._stale.add(run)  # judged once at start: flags and the per-run metrics
 
     async def add_run(self, manifest: RunManifest, run_dir: Path | None) -> None:
         self.store.add_manifest(manifest, run_dir)
@@ -254,10 +255,15 @@ class Ingest:
 
     def plans_with(self, att: Attestation) -> bool:
         """Whether the planner counts ``att``: our own always (we never attest a step twice);
-        others' when the trust policy counts the key, coverage has not flagged it and no held witness
-        reveal disproves it (docs/protocol.md §8.2)."""
-        me = att.signer == self.public_key
-        return me or (self.counts(att.run, att.signer) and not self.proof.disproves(att))
+        others' when coverage has not flagged the key, no held witness reveal disproves it, and
+        the trust policy counts the key — or, with ``plan_with_untrusted`` (the default), it is a
+        key the policy does not count: a step complete but for trust is not replayed again (it
+        would be, by every node, forever); coverage still does not count it (docs/reliability.md)."""
+        if att.signer == self.public_key:
+            return True
+        if att.signer in self.flagged.get(att.run, ()) or self.proof.disproves(att):
+            return False
+        return self.trust.trusts(att.signer) or self.config.plan_with_untrusted
 
     def counts(self, run: bytes, key: bytes) -> bool:
         return self.trust.trusts(key) and key not in self.flagged.get(run, ())
@@ -330,7 +336,9 @@ class Ingest:
         changed = False
         for run in list(self._stale):
             self._stale.discard(run)
-            flagged = frozenset(public_key_from_peer_id(f.signer) for f in self.coverage(run).flagged)
+            cov = self.coverage(run)
+            self.stats.run_steps[run.hex()] = dict(Counter(s.status for s in cov.steps))
+            flagged = frozenset(public_key_from_peer_id(f.signer) for f in cov.flagged)
             if flagged != self.flagged.get(run, frozenset()):
                 log.warning("run %s: flagged keys now %s", run.hex()[:12],
                             sorted(peer_id_from_public_key(k) for k in flagged) or "none")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import sys
 import time
+from pathlib import Path
+
+from open1b.protocol import Open1bError
 
 
 class _JsonFormatter(logging.Formatter):
@@ -17,8 +21,20 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def setup_logging(level: str = "info", *, json_lines: bool = False, prefix: str = "") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+LOG_FILE_BYTES = 10 << 20
+LOG_FILE_KEEP = 5
+
+
+def setup_logging(level: str = "info", *, json_lines: bool = False, prefix: str = "", file: Path | None = None) -> None:
+    """Log to stderr, or to ``file`` rotated at 10 MiB with 5 old files kept (``file.1`` …)."""
+    handler: logging.Handler
+    if file is not None:
+        try:
+            handler = logging.handlers.RotatingFileHandler(file, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_KEEP)
+        except OSError as exc:
+            raise Open1bError(f"cannot write the log file {file}: {exc.strerror}") from None
+    else:
+        handler = logging.StreamHandler(sys.stderr)
     if json_lines:
         handler.setFormatter(_JsonFormatter())
     else:

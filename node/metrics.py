@@ -31,7 +31,9 @@ METRIC_NAMES = (
     "open1b_blob_served_bytes_total",
     "open1b_blob_bad_providers_total",
     "open1b_blob_cache_bytes",
+    "open1b_run_steps",
 )
+RUN_STEP_STATUSES = ("verified", "disputed", "refuted")  # the per-run gauge's statuses
 
 REPLAY_SECONDS_BUCKETS = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 
@@ -49,6 +51,8 @@ class NodeStats:
     synced: int = 0
     busy_step: int | None = None
     replay_device: str | None = None  # the class of the device the last replay ran on
+    # run hex -> status -> steps, as this node's coverage last judged the run (ingest.refresh_flags)
+    run_steps: dict[str, dict[str, int]] = field(default_factory=dict)
     replayed: list[tuple[str, int]] = field(default_factory=list)
 
     def record_replay(self, seconds: float) -> None:
@@ -118,6 +122,12 @@ class _Collector:
         yield CounterMetricFamily("open1b_blob_bad_providers", "Providers caught serving bytes that are not the blob",
                                   value=g.blob_bad_providers)
         yield GaugeMetricFamily("open1b_blob_cache_bytes", "Bytes in the blob cache", value=g.blob_cache_bytes)
+        runs = GaugeMetricFamily("open1b_run_steps", "Steps of a run by coverage status (this node's trust policy)",
+                                 labels=["run", "status"])
+        for run, counts in sorted(s.run_steps.items()):
+            for status in RUN_STEP_STATUSES:
+                runs.add_metric([run, status], counts.get(status, 0))
+        yield runs
 
 
 def metrics_registry(stats: NodeStats, gauges: Callable[[], Gauges]) -> CollectorRegistry:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
@@ -34,6 +35,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.transport.tcp import tcp as libp2p_tcp
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 from multiaddr import Multiaddr
 
@@ -49,6 +51,16 @@ MAX_PUBSUB_MESSAGE = 1 << 20
 GossipValidator = Callable[[str, bytes], Outcome]  # (author peer ID, data) -> outcome
 GossipHandler = Callable[[str, bytes], Awaitable[None]]
 StreamHandler = Callable[["Stream"], Awaitable[None]]
+
+
+def _exclusive_listen_flags(sock: trio.socket.SocketType) -> None:
+    """SO_REUSEADDR only (a restarted daemon can take its port back at once). py-libp2p also sets
+    SO_REUSEPORT, for TCP hole punching, which we do not use; with it a second daemon on the same
+    port starts too, and the kernel splits incoming connections between the two."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+
+libp2p_tcp._set_reuse_flags = _exclusive_listen_flags  # the listener's socket options are ours to choose
 
 
 class NetworkError(Open1bError):
@@ -338,6 +350,19 @@ class P2P:
         return Stream(raw, peer_id)
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Fail with the system's reason (a port in use, an address not of this machine) before
+    py-libp2p tries, which only logs it."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise NetworkError(f"cannot listen on {host}:{port} for libp2p: {exc.strerror}") from None
+
+
 @asynccontextmanager
 async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncIterator[P2P]:
     """Run a libp2p node listening on ``host:port`` for the duration of the block."""
@@ -351,7 +376,10 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(background_trio_service(node.pubsub))
             await stack.enter_async_context(background_trio_service(node.gossipsub))
+            _check_listen(host, port)
             await stack.enter_async_context(node.host.run(listen_addrs=[Multiaddr(f"/ip4/{host}/tcp/{port}")]))
+            if not node.host.get_addrs():  # py-libp2p logs a failed listen and runs on without one
+                raise NetworkError(f"cannot listen on {host}:{port} for libp2p (taken meanwhile?)")
             await stack.enter_async_context(background_trio_service(node.dht))
             await node.pubsub.wait_until_ready()
             try:

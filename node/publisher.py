@@ -1,8 +1,8 @@
 """Publishing a run: check a run directory's files against its manifest, import them into the
 blob cache (pinned), provide every blob in the DHT and gossip the manifest (docs/run-format.md §6).
 
-``start_publish`` validates the manifest at once (a bad one is the caller's error) and does the
-rest in the background; :attr:`Publisher.publications` holds each job's progress (API
+``publish_dir`` reads (bounded, off the event loop) and validates the manifest at once (a bad one
+is the caller's error); ``start_publish`` does the rest in the background; :attr:`Publisher.publications` holds each job's progress (API
 ``/v1/publications``). :meth:`Publisher.serve_publisher` hosts those jobs and announces every held
 blob again well before provider records expire.
 """
@@ -22,6 +22,7 @@ from open1b.protocol.messages import MAX_MANIFEST_SIZE
 from .api import ApiError
 from .blobs import provider_key
 from .clock import Clock
+from .files import FileRefused, read_bounded
 from .ingest import Ingest
 from .jobs import JobState
 from .p2p import MAX_PUBSUB_MESSAGE, P2P
@@ -57,16 +58,22 @@ class Publication:
 
 
 def read_run_manifest(run_dir: Path, now: int) -> RunManifest:
-    """``run_dir``'s manifest, validated as gossip would be; :class:`ApiError` (400) if it is not one."""
+    """``run_dir``'s manifest, validated as gossip would be; :class:`ApiError` (400) if it is not
+    one. The file is read bounded (:func:`~.files.read_bounded`): not a symlink, a regular file,
+    at most a manifest's size. Blocking: from the event loop use :func:`read_run_manifest_async`."""
     try:
-        with open(run_dir / MANIFEST_FILE, "rb") as f:
-            data = f.read(MAX_MANIFEST_SIZE + 1)
-    except OSError as exc:
-        raise ApiError(400, f"no run at {run_dir}: {exc.strerror or exc}") from None
+        data = read_bounded(run_dir / MANIFEST_FILE, MAX_MANIFEST_SIZE)
+    except FileRefused as exc:
+        raise ApiError(400, f"no run at {run_dir}: {exc}") from None
     verdict = validate_manifest(data, now)
     if not verdict.accepted or not isinstance(verdict.message, RunManifest):
         raise ApiError(400, f"{run_dir / MANIFEST_FILE}: {verdict.reason if not verdict.accepted else 'not a run manifest'}")
     return verdict.message
+
+
+async def read_run_manifest_async(run_dir: Path, now: int) -> RunManifest:
+    """:func:`read_run_manifest` off the event loop (a slow or hostile file never stalls the node)."""
+    return await trio.to_thread.run_sync(read_run_manifest, run_dir, now)
 
 
 class Publisher:
@@ -87,13 +94,18 @@ class Publisher:
                     if len(path.name) == 64:
                         await self.p2p.provide(provider_key(bytes.fromhex(path.name)))
 
-    def start_publish(self, run_dir: Path, manifest: RunManifest | None = None) -> Publication:
-        """Validate ``run_dir``'s manifest now; check, import, provide and announce its files in the
-        background. Raises :class:`ApiError` for a bad manifest."""
+    async def publish_dir(self, run_dir: Path) -> Publication:
+        """Read and validate ``run_dir``'s manifest now (off the event loop); check, import, provide
+        and announce its files in the background. Raises :class:`ApiError` for a bad manifest."""
+        run_dir = Path(run_dir).resolve()
+        return self.start_publish(run_dir, await read_run_manifest_async(run_dir, self.clock.wall()))
+
+    def start_publish(self, run_dir: Path, manifest: RunManifest) -> Publication:
+        """Check, import, provide and announce ``run_dir``'s files (already validated against
+        ``manifest``) in the background."""
         if self._nursery is None:
             raise RuntimeError("start_publish before serve_publisher started")
         run_dir = Path(run_dir).resolve()
-        manifest = manifest or read_run_manifest(run_dir, self.clock.wall())
         run = manifest.run_id.hex()
         job = self.publications.get(run)
         if job is not None and not job.state.finished:
@@ -116,17 +128,19 @@ class Publisher:
             self._nursery.start_soon(self._warm_chunk_tables, manifest)
             await self.ingest.add_run(manifest, run_dir)
             job.state, job.done = JobState.PROVIDING, 0
-            await self.bootstrapped.wait()
+            if not self.bootstrapped.is_set():  # a hint, not a hang: unreachable bootstrap peers are retried
+                job.note = "waiting to reach a bootstrap peer (see `open1b-node doctor`)"
+                await self.bootstrapped.wait()
             blobs = run_blobs(manifest)
             for i, blob in enumerate(blobs):
                 progress(i, len(blobs), f"providing {blob.name}")
                 job.provided += bool(await self.p2p.provide(provider_key(blob.digest)))
             job.state = JobState.ANNOUNCING
             progress(len(blobs), len(blobs), "gossiping the manifest")
-            job.gossiped = await self._announce(manifest)
-            job.state, job.note, job.seconds = JobState.DONE, "", round(self.clock.now() - started, 3)
+            job.gossiped, why_not = await self._announce(manifest)
+            job.state, job.note, job.seconds = JobState.DONE, why_not, round(self.clock.now() - started, 3)
             log.info("published run %s: %d blobs provided, manifest %s", job.run[:16], job.provided,
-                     "gossiped" if job.gossiped else "left to sync (too large for gossip)")
+                     "gossiped" if job.gossiped else f"left to sync ({why_not})")
         except (Open1bError, OSError) as exc:
             job.state, job.error, job.seconds = JobState.FAILED, str(exc), round(self.clock.now() - started, 3)
             log.warning("publishing %s failed: %s", run_dir, exc)
@@ -141,8 +155,11 @@ class Publisher:
             except (Open1bError, OSError) as exc:  # evicted, or not a checkpoint: served without a table
                 log.warning("chunk table of checkpoint %s: %s", digest.hex()[:12], exc)
 
-    async def _announce(self, manifest: RunManifest) -> bool:
+    async def _announce(self, manifest: RunManifest) -> tuple[bool, str]:
+        """Gossip the manifest: (True, "") if it went to at least one peer, else (False, why)."""
         if len(manifest.encoded) > MAX_GOSSIP_MANIFEST:
-            return False
+            return False, "too large for gossip"
+        if not self.p2p.connected_peers():
+            return False, "no peers connected yet: peers get it by sync when they connect"
         await self.p2p.publish(RUNS_TOPIC, manifest.encoded)
-        return True
+        return True, ""

@@ -20,6 +20,7 @@ publisher, fetched from peers by everyone else, always through the blob cache.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -45,7 +46,7 @@ from .blobs import BlobCache, BlobError, provider_key
 from .bulk import BulkPeer, find_bulk_peer
 from .checkpoint_fetch import fetch_checkpoint
 from .chunk_table import checkpoint_expectation
-from .files import write_atomic
+from .files import FileRefused, StorageFull, open_regular, write_atomic
 from .p2p import P2P
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,22 @@ def why_not_auditable(manifest: RunManifest) -> str | None:
     return None
 
 
+def _source_size(source: Path, blob: RunBlob) -> int:
+    """The size of ``blob``'s file in the run directory ``source``, checked against the manifest
+    without reading it (a regular file, not a symlink, within the manifest's bound)."""
+    path = source / blob.relpath
+    try:
+        fd, size = open_regular(path, blob.max_size)
+    except FileRefused as exc:
+        if not os.path.lexists(path):
+            raise RunFilesError(f"{blob.name}: missing file {path}") from None
+        raise RunFilesError(f"{blob.name}: {exc}") from None
+    os.close(fd)
+    if blob.size is not None and size != blob.size:
+        raise RunFilesError(f"{blob.name}: {path} has {size} bytes; the manifest says {blob.size}")
+    return size
+
+
 @dataclass
 class FetchStats:
     fetched: int = 0  # blobs downloaded and verified
@@ -164,32 +181,33 @@ class RunFiles:
     async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None) -> int:
         """Check every file of ``source`` against ``manifest`` and import them all, pinned; or
         import nothing and raise :class:`RunFilesError` naming the first bad file. Returns the
-        bytes imported. Blobs the cache already holds (verified when they entered it) are
-        not hashed again."""
+        bytes imported. Files are copied (never linked) while hashed, so the trainer changing
+        them later cannot change what this node verified and serves; blobs the cache holds
+        already are hashed from the directory but not copied again."""
         blobs = run_blobs(manifest)
+        sizes = [await trio.to_thread.run_sync(_source_size, source, b) for b in blobs]
+        held = [self.cache.has(b.digest) for b in blobs]
+        # before copying a byte: a full disk fails here, not half-way
+        self.cache.room(sum(size for size, have in zip(sizes, held) if not have))
         staged: list[tuple[RunBlob, Path]] = []
-        total_bytes = 0
         try:
-            for i, blob in enumerate(blobs):
+            for i, (blob, have) in enumerate(zip(blobs, held)):
                 progress(i, len(blobs), f"checking {blob.name}")
-                if self.cache.has(blob.digest):
-                    continue
-                path = source / blob.relpath
-                if not path.is_file():
-                    raise RunFilesError(f"{blob.name}: missing file {source / blob.relpath}")
-                size = path.stat().st_size
-                if size > blob.max_size or (blob.size is not None and size != blob.size):
-                    raise RunFilesError(f"{blob.name}: {path} has {size} bytes; the manifest allows "
-                                        f"{blob.size if blob.size is not None else f'at most {blob.max_size}'}")
+                # a blob we hold already is still checked against this directory's file (hashed,
+                # not copied): a publish vouches for the directory it names
+                check = functools.partial(self.cache.check if have else self.cache.stage, source / blob.relpath,
+                                          blob.digest, max_size=blob.max_size)
                 try:
-                    staged.append((blob, await trio.to_thread.run_sync(self.cache.stage, path, blob.digest)))
-                except BlobError as exc:
+                    done = await trio.to_thread.run_sync(check)
+                except (BlobError, FileRefused) as exc:
                     raise RunFilesError(f"{blob.name}: {exc}") from None
-                total_bytes += size
+                if done is not None:
+                    staged.append((blob, done))
         except BaseException:
             for _, tmp in staged:
                 tmp.unlink(missing_ok=True)
             raise
+        total_bytes = sum(size for size, have in zip(sizes, held) if not have)
         for blob, tmp in staged:
             self.cache.commit(tmp, blob.digest, pin=True)
         self.pin(manifest)
@@ -269,6 +287,8 @@ class RunFiles:
                         if not await dht_providers():
                             raise first
                         path = await over_libp2p(await dht_providers())
+            except StorageFull as exc:  # our disk: no provider is to blame, and a later try may find room
+                raise RunFilesError(f"{blob.name}: {exc}") from None
             except BlobError as exc:
                 self.stats.failed += 1
                 raise RunFilesError(f"{blob.name}: {exc}") from None

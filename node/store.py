@@ -9,12 +9,15 @@ reads back, so a damaged file cannot make the node trust bytes it did not check.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, WitnessReveal
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
@@ -43,6 +46,7 @@ class Store:
         """``now_ms``: wall-clock milliseconds, recorded as when a statement arrived (a node passes
         its :class:`~.clock.Clock`'s, so tests on a mock clock record virtual times)."""
         self.path, self.now_ms = path, now_ms
+        self.full = False  # the last write failed for want of disk space
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -52,8 +56,22 @@ class Store:
         self._db.close()
 
     def _insert(self, sql: str, params: tuple) -> bool:
-        with self._db:
-            return self._db.execute(sql, params).rowcount == 1
+        """Run one write; False if nothing was added. A full disk degrades the store to read-only
+        (:attr:`full`, logged once): the statement is not kept, reads keep working, and the
+        next write that fits clears the state."""
+        try:
+            with self._db:
+                added = self._db.execute(sql, params).rowcount == 1
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc):
+                raise
+            if not self.full:
+                log.error("storage full: %s; new statements are not kept until there is room (reads still work)",
+                          self.path.parent)
+            self.full = True
+            return False
+        self.full = False
+        return added
 
     # -- manifests -------------------------------------------------------------------------
     def add_manifest(self, manifest: RunManifest, run_dir: Path | None = None) -> bool:
@@ -62,8 +80,7 @@ class Store:
             (manifest.run_id, manifest.encoded, str(run_dir) if run_dir else None, self.now_ms() // 1000),
         )
         if run_dir is not None and not added:
-            with self._db:
-                self._db.execute("UPDATE manifests SET run_dir = ? WHERE run_id = ?", (str(run_dir), manifest.run_id))
+            self._insert("UPDATE manifests SET run_dir = ? WHERE run_id = ?", (str(run_dir), manifest.run_id))
         return added
 
     def manifests(self) -> list[RunManifest]:
@@ -144,11 +161,11 @@ class Store:
         rows = self._db.execute("SELECT encoded FROM evals WHERE run_id = ? ORDER BY state, digest", (run_id,))
         return [EvalStatement.decode(r[0]) for r in rows.fetchall()]
 
-    def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> None:
+    def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> bool:
         """W_step from this node's own replay (checked against the manifest's C_step by the caller).
         Kept so that a restarted node can still check later attestations' bindings; it is not a
         signed statement and is never served."""
-        self._insert("INSERT OR IGNORE INTO replay_witnesses VALUES (?, ?, ?)", (run_id, step, witness))
+        return self._insert("INSERT OR IGNORE INTO replay_witnesses VALUES (?, ?, ?)", (run_id, step, witness))
 
     def replay_witnesses(self, run_id: bytes) -> dict[int, bytes]:
         rows = self._db.execute("SELECT step, witness FROM replay_witnesses WHERE run_id = ?", (run_id,))

@@ -21,8 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +81,7 @@ class ReplayWorker:
     async def _start_locked(self) -> trio.Process:
         if self._proc is None or self._proc.returncode is not None:
             self._proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec],
+                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec, "--parent", str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._buffer = b""
             self.restarts += 1
@@ -146,9 +149,28 @@ class ReplayWorker:
         self.kill()
 
 
+def _die_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this process within ``poll_s`` of the daemon ``parent`` dying (even by ``kill -9``): an
+    orphaned worker would finish its replay for nobody. A watcher thread, not PR_SET_PDEATHSIG:
+    that signal fires when the *thread* that spawned us exits, and the daemon may spawn from a
+    worker thread that trio retires when idle. The daemon names itself, so a worker whose daemon
+    died before this ran notices too."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _send(reply: dict) -> None:
-    sys.stdout.write(json.dumps(reply) + "\n")
-    sys.stdout.flush()
+    """One reply line; a daemon that is gone ends the worker quietly (no BrokenPipeError trace)."""
+    try:
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os._exit(0)
 
 
 def _serve(device_spec: str) -> int:
@@ -176,4 +198,7 @@ def _serve(device_spec: str) -> int:
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(prog="python -m open1b.node.worker")
     cli.add_argument("--device", default="auto")
-    sys.exit(_serve(cli.parse_args().device))
+    cli.add_argument("--parent", type=int, default=os.getppid(), help="the daemon's pid (default: our parent)")
+    options = cli.parse_args()
+    _die_with_parent(options.parent)  # before the numeric stack is imported, which takes seconds
+    sys.exit(_serve(options.device))

@@ -20,6 +20,11 @@ class DevnetError(Open1bError):
     """The devnet could not be brought up or torn down."""
 
 
+MAX_NODES = 32
+MAX_STEPS = 1024
+MAX_DEADLINE_S = 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class DevnetOptions:
     nodes: int = 3
@@ -42,6 +47,10 @@ class DevnetOptions:
             raise ValueError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
         if self.nodes < 1 or self.steps < 1 or self.redundancy < 1:
             raise ValueError("nodes, steps and redundancy must be at least 1")
+        if self.nodes > MAX_NODES or self.steps > MAX_STEPS:  # a local devnet: processes and training here
+            raise ValueError(f"a devnet has at most {MAX_NODES} nodes and {MAX_STEPS} steps")
+        if not 0 < self.deadline_s <= MAX_DEADLINE_S:
+            raise ValueError(f"--deadline must be in (0, {MAX_DEADLINE_S:.0f}] seconds")
         if self.redundancy > self.nodes:
             raise ValueError(f"redundancy {self.redundancy} needs at least that many nodes (got {self.nodes})")
         parse_device_spec(self.device)  # DeviceSpecError (a ValueError) before anything starts

@@ -50,10 +50,19 @@ def checkpoint(tmp_path_factory):
     return checkpoint_path(run_dir, 0), expect
 
 
-def provider_cache(root, source, address, *, corrupt_at: tuple[int, ...] = ()) -> BlobCache:
+class _LyingCache(BlobCache):
+    """A provider that serves whatever its cache file holds (an honest one hashes a blob that
+    changed on disk before serving it, and drops it)."""
+
+    async def open_verified(self, digest: bytes):
+        return self.open_blob(digest)
+
+
+def provider_cache(root, source, address, *, corrupt_at: tuple[int, ...] = (), lying: bool = False) -> BlobCache:
     """A provider's cache holding ``source`` under ``address``; with ``corrupt_at`` it serves a
-    copy with one byte flipped at each of those offsets (and still the true chunk table)."""
-    cache = BlobCache(root, 1 << 34)
+    copy with one byte flipped at each of those offsets (and still the true chunk table). A
+    ``lying`` one (or one with ``corrupt_at``) serves its file without checking it first."""
+    cache = (_LyingCache if corrupt_at or lying else BlobCache)(root, 1 << 34)
     shutil.copyfile(source, cache.path(address))
     with open(cache.path(address), "r+b") as f:
         for offset in corrupt_at:
@@ -267,7 +276,7 @@ def test_a_provider_with_a_different_header_is_blamed_at_the_address_check(tmp_p
     header += b" " * (-len(header) % 8)
     respelled = tmp_path / "respelled"
     respelled.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + n:])
-    liar = provider_cache(tmp_path / "liar", respelled, expect.address)
+    liar = provider_cache(tmp_path / "liar", respelled, expect.address, lying=True)
     fetcher = BlobCache(tmp_path / "fetcher", 1 << 34)
     blamed = []
 
@@ -295,7 +304,7 @@ def test_checkpoint_of_a_published_run_is_checked_against_its_manifest(tmp_path,
     expect = checkpoint_expectation(manifest, 2, dataset)
     assert expect.shapes == expected_shapes(PRESETS["tiny"].config)
     right = provider_cache(tmp_path / "right", checkpoint_path(run_dir, 2), manifest.checkpoints[2])
-    wrong = provider_cache(tmp_path / "wrong", checkpoint_path(run_dir, 1), manifest.checkpoints[2])
+    wrong = provider_cache(tmp_path / "wrong", checkpoint_path(run_dir, 1), manifest.checkpoints[2], lying=True)
     blamed = []
 
     async def main():

@@ -6,6 +6,7 @@ import pytest
 from open1b.node.config import ConfigError, NodeConfig, load_config, render_config, write_config
 from open1b.node.datadir import DaemonLock, DataDirError, check_version, init_data_dir
 from open1b.node.identity_file import KeyFileError, key_path, load_identity
+from open1b.protocol import Identity
 
 
 def _mode(path):
@@ -58,16 +59,19 @@ def test_lock_excludes_a_second_daemon(tmp_path):
 
 
 def test_config_roundtrip_and_strictness(tmp_path):
-    config = NodeConfig(data_dir=tmp_path, listen="127.0.0.1:4801", bootstrap=("/ip4/1.2.3.4/tcp/1/p2p/12D3KooWX",),
+    peer = Identity(bytes(32)).peer_id
+    config = NodeConfig(data_dir=tmp_path, listen="127.0.0.1:4801", bootstrap=(f"/ip4/1.2.3.4/tcp/1/p2p/{peer}",),
                         redundancy=3, lease_s=300, audit=False, device="cuda:1")
     write_config(config)
     assert load_config(tmp_path) == config
     assert "redundancy = 3" in render_config(config)
-    for bad, message in [('[node]\nredundancy = "two"\n', "must be a int"), ('[node]\nredundnacy = 2\n', "unknown key"),
+    for bad, message in [('[node]\nredundancy = "two"\n', "must be an integer"), ('[node]\nredundnacy = 2\n', "unknown key"),
                          ('[other]\nx = 1\n', "unknown section"), ('[node]\nlisten = "nohostport"\n', "HOST:PORT"),
                          ('[node]\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "/p2p/"), ("[node\n", "config.toml"),
+                         # a malformed peer ID is refused at start, not dialled (and retried) forever
+                         ('[node]\nbootstrap = ["/ip4/1.2.3.4/tcp/1/p2p/12D3KooWX"]\n', "is not /ip4/HOST"),
                          ('[node]\ndevice = "gpu"\n', "device must be auto, cpu, cuda or cuda:N"),
-                         ('[node]\ndevice = 0\n', "node.device must be a str")]:
+                         ('[node]\ndevice = 0\n', "node.device must be a string")]:
         (tmp_path / "config.toml").write_text(bad)
         with pytest.raises(ConfigError, match=message):
             load_config(tmp_path)

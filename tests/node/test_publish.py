@@ -53,7 +53,7 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         data[-1] ^= 1
         checkpoint_path(forged, 3).write_bytes(bytes(data))
         rc, _, err = cli("publish", str(forged), "--api", publisher, *token_of)
-        assert rc == 1 and "checkpoint 3" in err and "the manifest names" in err, err
+        assert rc == 1 and "checkpoint 3" in err and "the manifest's address" in err, err
         # ... a missing one
         checkpoint_path(forged, 3).write_bytes(checkpoint_path(run_dir, 3).read_bytes())
         checkpoint_path(forged, 4).unlink()

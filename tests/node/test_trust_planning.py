@@ -42,8 +42,8 @@ def trusted(*signers: int) -> tuple[str, ...]:
     return tuple(ident(s).peer_id for s in signers)
 
 
-def test_untrusted_keys_count_neither_in_coverage_nor_in_the_planner(tmp_path):
-    node = make_daemon(tmp_path, trusted_peers=trusted(1))
+def test_untrusted_keys_count_neither_in_coverage_nor_in_a_strict_planner(tmp_path):
+    node = make_daemon(tmp_path, trusted_peers=trusted(1), plan_with_untrusted=False)
     for k in range(4):
         node.ingest_attestation(att(1, k).encoded)
         for sybil in range(20, 30):
@@ -58,6 +58,21 @@ def test_untrusted_keys_count_neither_in_coverage_nor_in_the_planner(tmp_path):
     for a in node.store.attestations(MANIFEST.run_id):
         open_node.ingest_attestation(a.encoded)
     assert open_node.coverage(MANIFEST.run_id).complete
+
+
+def test_by_default_a_step_complete_but_for_trust_is_not_replayed_again(tmp_path):
+    """Issue 15: three nodes trusting only themselves replayed every step each (18 replays of 6
+    steps). Untrusted matches now fill the planner's deficit, never coverage; a flagged or
+    disproved key fills nothing, and an untrusted mismatch still leaves the step wanted."""
+    node = make_daemon(tmp_path)
+    for k in range(3):
+        for other in (20, 21):
+            node.ingest_attestation(att(other, k).encoded)
+    node.ingest_attestation(att(22, 3, match=False).encoded)
+    index = node.deficits.index(MANIFEST.run_id)
+    assert [index.deficit(k) for k in range(3)] == [0, 0, 0] and index.deficit(3) > 0
+    cov = node.coverage(MANIFEST.run_id)
+    assert all(s.status != "verified" for s in cov.steps) and len(cov.untrusted) == 3  # coverage counts none
 
 
 def test_a_flagged_key_stops_counting_for_the_planner_too(tmp_path):
@@ -112,3 +127,16 @@ def test_trust_config_keys(tmp_path):
         (tmp_path / "config.toml").write_text(f"[node]\n{bad}\n")
         with pytest.raises(ConfigError):
             load_config(tmp_path)
+
+
+def test_per_run_step_metrics_follow_coverage(tmp_path):
+    from open1b.node.metrics import Gauges, metrics_registry, render
+
+    node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3))
+    for a in (att(1, 0), att(2, 1), att(3, 1, match=False), att(2, 2, match=False), att(3, 2, match=False)):
+        node.ingest_attestation(a.encoded)
+    node.refresh_flags()
+    text = render(metrics_registry(node.stats, lambda: Gauges(0, 0, 0, 1))).decode()
+    run = MANIFEST.run_id.hex()
+    for status, n in (("verified", 1), ("disputed", 1), ("refuted", 1)):
+        assert f'open1b_run_steps{{run="{run}",status="{status}"}} {n}.0' in text, text
