@@ -1,7 +1,7 @@
 """The probability that a forged run escaped the checks done so far (docs/protocol.md §8.7).
 
 A run of S steps has f forged steps, fixed when it was published. The checks come later, from
-randomness the trainer could not know (§5.6), so which steps were checked is independent of
+randomness the trainer could not know (§5.5), so which steps were checked is independent of
 which were forged: averaged over the forger's choice, the steps it forged are a uniform f-subset.
 Step k was spot checked n_k times, each check catching a forged step with probability at least
 p (§10.3 of docs/run-format.md), independently (each check has its own challenge); a replayed

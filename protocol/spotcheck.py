@@ -1,4 +1,4 @@
-"""Spot checks (docs/protocol.md §5.6, §7, §8.7): a cheap, exact check of one step, stated as its
+"""Spot checks (docs/protocol.md §5.5, §7, §8.7): a cheap, exact check of one step, stated as its
 own kind so that it never counts as a replay (design invariant 10).
 
 A verifier derives its challenge of step k from its own Ed25519 signature over (run, k) in the
@@ -32,7 +32,7 @@ CHALLENGE_CHUNKS = 4
 """Gradient chunks one challenge opens (fewer when the gradient has fewer)."""
 ANSWER_SECONDS = 3600
 """How long a trainer has to answer a challenge before the verifier signs ``fail``/``no_answer``
-(docs/protocol.md §5.6): at most one recomputation of a step, which is about an hour on an H100."""
+(docs/protocol.md §5.5): at most one recomputation of a step, which is about an hour on an H100."""
 PASS, FAIL = "pass", "fail"
 CAUGHT = ("none", "loss", "gradient", "loss_sum", "proof", "sum", "update", "no_answer")
 """The link a spot check found broken (docs/run-format.md §10.3), ``none`` for a pass."""
@@ -103,7 +103,7 @@ def challenge_signature(identity: Identity, run: bytes, step: int) -> bytes:
 
 
 def derive_challenge(challenge: bytes, slots: int, chunks_total: int) -> tuple[int, tuple[int, ...]]:
-    """The (slot, sorted chunks) a challenge signature selects (docs/protocol.md §5.6): the slot
+    """The (slot, sorted chunks) a challenge signature selects (docs/protocol.md §5.5): the slot
     from B2(seed ‖ "slot"), then the first min(CHALLENGE_CHUNKS, chunks_total) distinct chunks of
     B2(seed ‖ i) mod chunks_total for i = 0, 1, … (a 256-bit value mod a small count: no
     measurable bias)."""

@@ -1,4 +1,4 @@
-"""Spot checks (docs/protocol.md §5.6, §7, §8.7): the statement's rules, its own status in
+"""Spot checks (docs/protocol.md §5.5, §7, §8.7): the statement's rules, its own status in
 coverage, and the escape probability against closed forms."""
 
 import math
