@@ -136,8 +136,10 @@ def api_routes(node: Components) -> list[Route]:
         run = run_of(path)
         try:
             redundancy = int(query.get("redundancy", node.config.redundancy))
-            return {**views.coverage_json(ingest.coverage(run, redundancy), ingest.manifests[run]),
-                    "evaluations": node.evaluator.status(ingest.manifests[run])}
+            replay = ingest.coverage(run, redundancy)
+            return {**views.coverage_json(replay, ingest.manifests[run]),
+                    "evaluations": node.evaluator.status(ingest.manifests[run]),
+                    "spot_checks": views.spot_json(ingest.spot_coverage(run, replay))}
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
 
