@@ -16,7 +16,8 @@ and each forgery's detection per challenge over random challenges.
   challenges of a forged step that catch it, beside docs/run-format.md §10.3's stated value.
 
 Times are medians over ``--rounds`` interleaved repetitions on a shared machine; checkpoint I/O
-is excluded on both sides (a replay loads checkpoints too). Writes bench/results/spotcheck.json.
+is excluded on both sides (a replay loads checkpoints too). Writes bench/results/spotcheck.json
+(costs) and bench/results/spotcheck_detection.json (``--trials 0``: no detection run).
 """
 
 from __future__ import annotations
@@ -97,33 +98,37 @@ def detection(trials: int) -> dict:
     s1, _ = train_step(init_state(config, SEED), batch_for_step(data, SEED, 0, config, topology), topology)
     batch = batch_for_step(data, SEED, 1, config, topology)
     s2, _, honest = fingerprinted_step(s1, batch, topology)
-    substituted = fingerprinted_step(s1, batch_for_step(data, SEED + 1, 1, config, topology), topology)[2]
-    roots = list(honest.grad_roots)
-    roots[2] = bytes(32)  # one micro-batch's gradient forged
-    forged_micro = replace(honest, grad_roots=tuple(roots))
+    other = batch_for_step(data, SEED + 1, 1, config, topology)
+    substituted = fingerprinted_step(s1, other, topology)[2]
+    # the worst case of a forged micro-batch: slot 2's gradient comes from other text, and everything
+    # the trainer commits and answers (its root, the sum, checkpoint k+1) is consistent with it
+    one_forged = batch.copy()
+    one_forged[1, 0] = other[1, 0]
+    s2_forged, _, forged_micro = fingerprinted_step(s1, one_forged, topology)
     skipped = replace(s1, step=2)  # the update skipped: checkpoint k+1 holds state k
     slots, total = topology.ranks * topology.micro_batches, chunk_count(config)
 
-    def spot(fp, after, answers: bool) -> Caught:
+    def spot(fp, after, trained) -> Caught:
+        """One challenge; ``trained``: the batch the trainer answers from (None: it does not answer)."""
         slot, chunks = derive_challenge(challenge_signature(Identity(os.urandom(32)), b"\0" * 32, 1), slots, total)
         for caught in (check_micro(fp, s1, batch, topology, *divmod(slot, topology.micro_batches)),
                        check_loss_sum(fp, config, topology)):
             if caught is not Caught.NONE:
                 return caught
-        if not answers:
+        if trained is None:
             return Caught.NO_ANSWER
-        return check_chunks(fp, answer_challenge(s1, batch, topology, chunks), s1, after, topology)
+        return check_chunks(fp, answer_challenge(s1, trained, topology, chunks), s1, after, topology)
 
-    scenarios = {  # name: (fingerprint, checkpoint k+1, answers, stated detection per challenge)
-        "honest": (honest, s2, True, 0.0),
-        "forged-data": (substituted, s2, True, 1.0),
-        "forged-micro-batch": (forged_micro, s2, True, 1 / slots),
-        "skipped-update": (honest, skipped, True, 1.0),
-        "refuses-to-answer": (honest, s2, False, 1.0),
+    scenarios = {  # name: (fingerprint, checkpoint k+1, batch answered from, stated detection per challenge)
+        "honest": (honest, s2, batch, 0.0),
+        "forged-data": (substituted, s2, other, 1.0),
+        "forged-micro-batch": (forged_micro, s2_forged, one_forged, 1 / slots),
+        "skipped-update": (honest, skipped, batch, 1.0),
+        "refuses-to-answer": (honest, s2, None, 1.0),
     }
     out = {}
-    for name, (fp, after, answers, stated) in scenarios.items():
-        results = [spot(fp, after, answers) for _ in range(trials)]
+    for name, (fp, after, trained, stated) in scenarios.items():
+        results = [spot(fp, after, trained) for _ in range(trials)]
         caught = sum(r is not Caught.NONE for r in results)
         out[name] = {"trials": trials, "caught": caught, "rate": caught / trials, "stated": stated,
                      "links": sorted({r.value for r in results if r is not Caught.NONE})}
@@ -134,16 +139,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--presets", nargs="+", default=["tiny", "small", "small-32"])
+    ap.add_argument("--presets", nargs="*", default=["tiny", "small", "small-32"])
     args = ap.parse_args()
-    report = {"costs": [costs(p, args.rounds) for p in args.presets], "detection": detection(args.trials)}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "spotcheck.json").write_text(json.dumps(report, indent=1) + "\n")
-    for row in report["costs"]:
+    if args.trials:
+        found = detection(args.trials)
+        (RESULTS / "spotcheck_detection.json").write_text(json.dumps(found, indent=1) + "\n")
+        for name, d in found.items():
+            print(f"{name:20} caught {d['caught']}/{d['trials']} (stated {d['stated']:.2f}) by {d['links']}", flush=True)
+    report: dict = {"costs": []}
+    for preset in args.presets:  # written after each preset: a slow one leaves the others' rows
+        row = costs(preset, args.rounds)
+        report["costs"].append(row)
+        (RESULTS / "spotcheck.json").write_text(json.dumps(report, indent=1) + "\n")
         print(f"{row['preset']:9} fingerprints +{row['fingerprint_overhead']:.1%} of a step;"
-              f" spot check {row['spot_over_step']:.1%} of a replay; answer {row['answer_over_step']:.2f} steps")
-    for name, d in report["detection"].items():
-        print(f"{name:20} caught {d['caught']}/{d['trials']} (stated {d['stated']:.2f}) by {d['links']}")
+              f" spot check {row['spot_over_step']:.1%} of a replay; answer {row['answer_over_step']:.2f} steps",
+              flush=True)
 
 
 if __name__ == "__main__":
