@@ -138,10 +138,18 @@ def _inv_tokens(config: GPTConfig, topology: Topology) -> np.float32:
     return np.float32(1) / np.float32(topology.sequences * config.seq_len)
 
 
-def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be) -> dict:
+MicroObserver = Callable[[int, int, object, dict], None]
+"""``observe(rank, micro_batch, loss, grads)``: sees each micro-batch's loss and gradients (backend
+arrays) as the step computes them, before they are summed; the fingerprints (:mod:`.fingerprint`)."""
+
+
+def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
+               observe: MicroObserver | None = None, rank: int = 0) -> dict:
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
-    for mb in micros:
+    for index, mb in enumerate(micros):
         loss, grads = forward_backward(params, mb, inv_n, config, be)
+        if observe is not None:
+            observe(rank, index, loss, grads)
         grads[LOSS_KEY] = loss
         micro.push(grads)
     return micro.total()
@@ -181,17 +189,36 @@ def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:
     return summed.pop(LOSS_KEY), summed
 
 
-def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be) -> tuple[object, dict]:
+def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
+                   observe: MicroObserver | None = None) -> tuple[object, dict]:
     """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
     every rank's term computed here, one after the other, and reduced as they come. The batch
     goes to the backend once (:meth:`micro_batches`), the parameters not at all when they are
-    already there (:meth:`load_state`)."""
+    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way."""
     config = state.config
     inv_n = _inv_tokens(config, topology)
     params, _, _ = be.load_state(state)
     micros = be.micro_batches(batch, config.vocab_size)
-    terms = (_rank_term(params, micros[rank], inv_n, config, be) for rank in range(topology.ranks))
+    terms = (_rank_term(params, micros[rank], inv_n, config, be, observe, rank) for rank in range(topology.ranks))
     return reduce_ranks(terms, be)
+
+
+def adamw_scalars(state: TrainState) -> tuple[dict[str, AdamWScalars], np.float32, np.float32]:
+    """Step ``state.step``'s AdamW coefficients of every parameter (without the clipping
+    coefficient) and the new bias-correction powers; also what a spot check's update check uses."""
+    config = state.config
+    hp = config.hyper32()
+    beta1_pow = np.float32(state.beta1_pow * hp["beta1"])  # beta1**(step+1), one rounding per step
+    beta2_pow = np.float32(state.beta2_pow * hp["beta2"])
+    scalars = {
+        name: AdamWScalars.for_step(
+            lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], eps=hp["eps"],
+            weight_decay=hp["weight_decay"] if len(shape) >= 2 else np.float32(0),
+            beta1_pow=beta1_pow, beta2_pow=beta2_pow,
+        )
+        for name, shape in config.param_shapes().items()
+    }  # fmt: skip
+    return scalars, beta1_pow, beta2_pow
 
 
 def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, StepReport]:
@@ -207,20 +234,10 @@ def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, S
     background. Raises :class:`NonFiniteError` as :func:`train_step` does.
     """
     config = state.config
-    hp = config.hyper32()
     order = list(config.param_shapes())
-    clip = be.clip_norm([grads[name] for name in order], hp["grad_clip"])
+    clip = be.clip_norm([grads[name] for name in order], config.hyper32()["grad_clip"])
     scalars_of = be.start_witness(loss, grads, order, clip)
-    beta1_pow = np.float32(state.beta1_pow * hp["beta1"])  # beta1**(step+1), one rounding per step
-    beta2_pow = np.float32(state.beta2_pow * hp["beta2"])
-    scalars = {
-        name: AdamWScalars.for_step(
-            lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"], eps=hp["eps"],
-            weight_decay=hp["weight_decay"] if len(shape) >= 2 else np.float32(0),
-            beta1_pow=beta1_pow, beta2_pow=beta2_pow,
-        )
-        for name, shape in config.param_shapes().items()
-    }  # fmt: skip
+    scalars, beta1_pow, beta2_pow = adamw_scalars(state)
     params, m, v = be.load_state(state)
     updated = be.adamw_all(params, grads, m, v, scalars, clip)
     done = scalars_of()
@@ -231,7 +248,7 @@ def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, S
 
 
 def train_step(
-    state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
+    state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None, observe: MicroObserver | None = None,
 ) -> tuple[TrainState, StepReport]:
     """Forward, backward, gradient reduction, clipping and one AdamW update.
 
@@ -239,9 +256,10 @@ def train_step(
     ``backend`` (default: :func:`.backend.default_backend`) changes the speed, never the bits.
     It is :func:`step_gradients` (every rank's :func:`rank_gradients`, then :func:`reduce_ranks`)
     followed by :func:`finish_step`; the distributed trainer runs the same three pieces.
+    ``observe`` (:data:`MicroObserver`) sees every micro-batch's loss and gradients; it changes no bit.
     """
     config = state.config
     check_batch(batch, config, topology)
     be = backend or default_backend(config)
-    loss, grads = step_gradients(state, batch, topology, be)
+    loss, grads = step_gradients(state, batch, topology, be, observe)
     return finish_step(state, loss, grads, be)

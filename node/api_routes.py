@@ -168,8 +168,9 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     async def cov(run: RunId, redundancy: Redundancy = None) -> dict:
         run_id = run_arg(ingest, run)
         manifest = ingest.manifests[run_id]
-        return {**views.coverage_json(ingest.coverage(run_id, redundancy), manifest),
-                "evaluations": node.evaluator.status(manifest)}
+        replay = ingest.coverage(run_id, redundancy)
+        return {**views.coverage_json(replay, manifest), "evaluations": node.evaluator.status(manifest),
+                "spot_checks": views.spot_json(ingest.spot_coverage(run_id, replay))}
 
     @app.get("/v1/attestations/{run}", summary="the signed attestations of a run (or of one step)")
     async def attestations(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:

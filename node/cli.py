@@ -260,7 +260,12 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
         evals = [["STATE", "EVALUATION", "LOSS BITS", "MATCH", "MISMATCH"]] + [
             [str(e["state"]), e["status"], f"{e['loss_bits']:08x}" if e["loss_bits"] is not None else "-",
              str(len(e["checkers"])), str(len(e["dissenters"]))] for e in c.get("evaluations", [])]
-        return "\n".join([head, trust, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
+        spot = c.get("spot_checks")
+        escape = ([f"spot checks (not replays): {spot['spot_checked_steps']} steps passed, failed"
+                   f" {spot['spot_failed_steps'] or 'none'}; escape probability of a forged run:"
+                   f" {spot['escape_one_forged']:.3g} (1 step), {spot['escape_one_percent_forged']:.3g} (1% of steps)"]
+                  if spot else [])  # fmt: skip
+        return "\n".join([head, trust, *escape, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
     return CommandResult(cov, render)
 

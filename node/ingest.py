@@ -28,16 +28,19 @@ from open1b.protocol import (
     Open1bError,
     Outcome,
     RunManifest,
+    SpotCoverage,
+    StepStatus,
     coverage,
     peer_id_from_public_key,
     public_key_from_peer_id,
+    spot_coverage,
     validate_attestation,
     validate_claim,
     validate_manifest,
 )
 from open1b.protocol.codec import decode as decode_cbor
 from open1b.protocol.errors import UnjudgeableError
-from open1b.protocol.validation import Verdict, validate_eval, validate_reveal
+from open1b.protocol.validation import Verdict, validate_eval, validate_reveal, validate_spotcheck
 from open1b.protocol.witness import WitnessReveal
 
 from .clock import Clock
@@ -48,7 +51,7 @@ from .p2p import GossipHandler, GossipValidator
 from .replay_proof import ReplayProof
 from .runs import why_not_auditable
 from .store import Store
-from .topics import attestations_topic, claims_topic, evals_topic, reveals_topic
+from .topics import attestations_topic, claims_topic, evals_topic, reveals_topic, spotchecks_topic
 
 log = logging.getLogger("open1b.node.ingest")
 
@@ -115,6 +118,7 @@ class Ingest:
             (claims_topic(run), self.validate_gossip_claim, self._on_claim),
             (reveals_topic(run), self.validate_gossip_reveal, self._on_reveal),
             (evals_topic(run), self.validate_gossip_eval, self._on_eval),
+            (spotchecks_topic(run), self.validate_gossip_spotcheck, self._on_spotcheck),
         ):
             if topic in self._topics:
                 continue
@@ -181,6 +185,9 @@ class Ingest:
     def validate_gossip_eval(self, author: str, data: bytes) -> Outcome:
         return self._judged("eval", validate_eval(data, self.manifest, self.clock.wall()))
 
+    def validate_gossip_spotcheck(self, author: str, data: bytes) -> Outcome:
+        return self._judged("spotcheck", validate_spotcheck(data, self.manifest, self.clock.wall()))
+
     def _count_refusal(self, kind: str, verdict: Verdict) -> None:
         if not verdict.accepted:
             self.validation[f"{kind}/{verdict.outcome.value}/{verdict.code}"] += 1
@@ -212,6 +219,9 @@ class Ingest:
 
     async def _on_eval(self, author: str, data: bytes) -> None:
         self.ingest_eval(data)
+
+    async def _on_spotcheck(self, author: str, data: bytes) -> None:
+        self.ingest_spotcheck(data)
 
     # -- statements ----------------------------------------------------------------------------
     def ingest_attestation(self, data: bytes, source: str | None = None) -> bool:
@@ -286,6 +296,21 @@ class Ingest:
             self._refused_in_sync(verdict, source)
             return False
         return self.store.add_eval(verdict.message)
+
+    def ingest_spotcheck(self, data: bytes, source: str | None = None) -> bool:
+        """Validate and store one ``spotcheck``; True if it was new. Counted by :meth:`spot_coverage`,
+        never as a replay."""
+        verdict = validate_spotcheck(data, self.manifest, self.clock.wall())
+        if not verdict.accepted:
+            self._refused_in_sync(verdict, source)
+            return False
+        return self.store.add_spotcheck(verdict.message)
+
+    def spot_coverage(self, run: bytes, replay: Coverage) -> SpotCoverage:
+        """Spot-check status and escape probabilities (docs/protocol.md §8.7); ``replay``'s verified
+        steps count as checks that catch any forgery."""
+        verified = [s.step for s in replay.steps if s.status is StepStatus.VERIFIED]
+        return spot_coverage(self.manifests[run], self.store.spotchecks(run), policy=self.trust, replayed=verified)
 
     def revealed(self, reveal: WitnessReveal) -> None:
         """A new reveal: coverage may flag a copier now, and the planner stops counting the matches

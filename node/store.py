@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, WitnessReveal
+from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, SpotCheck, WitnessReveal
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ CREATE INDEX IF NOT EXISTS reveals_by_step ON reveals (run_id, step);
 CREATE TABLE IF NOT EXISTS evals (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, state INTEGER NOT NULL, encoded BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS evals_by_state ON evals (run_id, state);
+CREATE TABLE IF NOT EXISTS spotchecks (
+    digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, encoded BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS spotchecks_by_step ON spotchecks (run_id, step);
 CREATE TABLE IF NOT EXISTS replay_witnesses (
     run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
@@ -160,6 +163,13 @@ class Store:
     def evals(self, run_id: bytes) -> list[EvalStatement]:
         rows = self._db.execute("SELECT encoded FROM evals WHERE run_id = ? ORDER BY state, digest", (run_id,))
         return [EvalStatement.decode(r[0]) for r in rows.fetchall()]
+
+    def add_spotcheck(self, sc: SpotCheck) -> bool:
+        return self._insert("INSERT OR IGNORE INTO spotchecks VALUES (?, ?, ?, ?)", (sc.digest, sc.run, sc.step, sc.encoded))
+
+    def spotchecks(self, run_id: bytes) -> list[SpotCheck]:
+        rows = self._db.execute("SELECT encoded FROM spotchecks WHERE run_id = ? ORDER BY step, digest", (run_id,))
+        return [SpotCheck.decode(r[0]) for r in rows.fetchall()]
 
     def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> bool:
         """W_step from this node's own replay (checked against the manifest's C_step by the caller).

@@ -1,5 +1,6 @@
 """The gossip topics a node joins (docs/protocol.md §11): one network-wide topic of signed run
-manifests, and per run one topic each for attestations, claims, witness reveals and evaluations."""
+manifests, and per run one topic each for attestations, claims, witness reveals, evaluations and
+spot checks."""
 
 from __future__ import annotations
 
@@ -22,3 +23,7 @@ def claims_topic(run: bytes) -> str:
 
 def evals_topic(run: bytes) -> str:
     return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/evals"
+
+
+def spotchecks_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/spotchecks"

@@ -7,6 +7,8 @@ from open1b.protocol import (
     Claim,
     Coverage,
     RunManifest,
+    SpotCoverage,
+    SpotStatus,
     StepStatus,
     WitnessReveal,
     peer_id_from_public_key,
@@ -57,6 +59,18 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),
                       "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices)} for s in cov.steps],
+    }
+
+
+def spot_json(spot: SpotCoverage) -> dict:
+    """Spot checks (docs/protocol.md §8.7): their own status, never counted as replays, and the
+    probability that a run with one forged step, or 1% of its steps forged, escaped every check so far."""
+    return {
+        "spot_checked_steps": spot.count(SpotStatus.SPOT_CHECKED), "spot_failed_steps": spot.failed_steps,
+        "detection_per_check": spot.detection, "escape_one_forged": spot.escape_one,
+        "escape_one_percent_forged": spot.escape_fraction,
+        "per_step": [{"step": s.step, "status": s.status.value, "checkers": list(s.checkers), "caught": list(s.caught),
+                      "evidence": [d.hex() for d in s.evidence]} for s in spot.steps if s.status is not SpotStatus.UNCHECKED],
     }
 
 

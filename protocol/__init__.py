@@ -7,13 +7,14 @@ keep their meaning within a protocol version, and anything else may change. How 
 * keys: :class:`Identity` (an Ed25519 seed, also a libp2p peer ID), :func:`sign` / :func:`verify`
   (domain-separated signatures);
 * statements: :class:`RunManifest`, :class:`ExternalRunManifest`, :class:`Claim`,
-  :class:`Attestation`, :class:`WitnessReveal`, :class:`EvalStatement` — ``X.decode(data)``
+  :class:`Attestation`, :class:`WitnessReveal`, :class:`EvalStatement`, :class:`SpotCheck` — ``X.decode(data)``
   authenticates, ``X.create(identity, ...)`` signs;
   :func:`decode_message` takes any kind;
 * judging: :func:`validate_attestation`, :func:`validate_claim`, :func:`validate_reveal`,
-  :func:`validate_sync_frame`, :func:`validate_manifest`, :func:`validate_eval` give a
+  :func:`validate_sync_frame`, :func:`validate_manifest`, :func:`validate_eval`, :func:`validate_spotcheck` give a
   :class:`Verdict` (accept / reject / ignore, with a reason code); :func:`coverage` gives
-  per-step status from a set of statements under a :class:`TrustPolicy`, :func:`evaluations`
+  per-step status from a set of statements under a :class:`TrustPolicy`, :func:`spot_coverage` the
+  spot-check status and :func:`escape_probability` of a forged run escaping, :func:`evaluations`
   the status of a run's evaluations and :func:`leaderboard` the ranked runs; :func:`select_claim`
   arbitrates DHT claim records;
 * data: :class:`DataCommitments` (from a manifest) and :func:`verify_data_proof` check that a run
@@ -55,6 +56,7 @@ from .errors import (
 from .data_proofs import proof_from_json, verify_data_proof
 from .documents import DataCommitments, document_digest
 from .evaluation import MAX_EVAL_SIZE, EvalStatement, evaluations
+from .escape import escape_probability
 from .hashing import blake2b256
 from .leaderboard import leaderboard
 from .identity import Identity, peer_id_from_public_key, public_key_from_peer_id
@@ -64,11 +66,14 @@ from .messages import (
     Attestation, Claim, RunManifest, SignedMessage,
 )
 from .signing import sign, signing_bytes, verify
+from .spotcheck import (
+    MAX_SPOTCHECK_SIZE, SpotCheck, SpotCoverage, SpotStatus, challenge_signature, derive_challenge, spot_coverage,
+)
 from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, resolve_external_run
 from .witness import MAX_REVEAL_SIZE, WitnessReveal, witness_binding, witness_commitment
 from .validation import (
     MAX_CLOCK_SKEW_SECONDS, Run, Verdict, decode_message, validate_attestation, validate_claim, validate_eval,
-    validate_manifest, validate_reveal, validate_sync_frame,
+    validate_manifest, validate_reveal, validate_spotcheck, validate_sync_frame,
 )
 
 __all__ = [
@@ -77,11 +82,12 @@ __all__ = [
     "signing_bytes", "blake2b256",
     # statements
     "PROTOCOL_VERSION", "RUN_FORMAT", "SignedMessage", "RunManifest", "ExternalRunManifest", "Claim", "Attestation", "MATCH",
-    "MISMATCH", "WitnessReveal", "EvalStatement", "MAX_EVAL_SIZE", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
+    "MISMATCH", "WitnessReveal", "EvalStatement", "MAX_EVAL_SIZE", "SpotCheck", "MAX_SPOTCHECK_SIZE", "decode_message", "MAX_MANIFEST_SIZE", "MAX_CLAIM_SIZE", "MAX_ATTESTATION_SIZE",
     "MAX_REVEAL_SIZE", "DEVICE_CLASS",
     # judging
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
-    "validate_sync_frame", "validate_eval", "evaluations", "leaderboard",
+    "validate_sync_frame", "validate_eval", "evaluations", "leaderboard", "validate_spotcheck", "spot_coverage",
+    "SpotCoverage", "SpotStatus", "challenge_signature", "derive_challenge", "escape_probability",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments

@@ -16,11 +16,13 @@ from .codec import decode
 from .evaluation import EvalStatement, check_eval
 from .errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableError, WrongTypeError
 from .messages import MATCH, Attestation, Claim, RunManifest, SignedMessage
+from .spotcheck import SpotCheck, check_spotcheck
 from .trajectory import ExternalRunManifest
 from .witness import WitnessReveal, witness_commitment
 
 MESSAGE_TYPES: dict[str, type[SignedMessage]] = {
-    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal, EvalStatement)
+    cls.KIND: cls for cls in (RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal, EvalStatement,
+                           SpotCheck)
 }
 
 # A statement dated further in the future than this is ignored, not rejected: the clocks of
@@ -135,6 +137,10 @@ def validate_reveal(data: bytes, manifests: RunLookup, now: int) -> Verdict[Witn
 
 def validate_eval(data: bytes, manifests: RunLookup, now: int) -> Verdict[EvalStatement]:
     return _validate_about_run(EvalStatement.decode, check_eval, data, manifests, now)
+
+
+def validate_spotcheck(data: bytes, manifests: RunLookup, now: int) -> Verdict[SpotCheck]:
+    return _validate_about_run(SpotCheck.decode, check_spotcheck, data, manifests, now)
 
 
 def validate_sync_frame(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation | WitnessReveal]:

@@ -84,6 +84,9 @@ def run_plain(opts: DevnetOptions) -> dict:
             "complete": bool(cov and cov["complete"]),
             "verified_steps": cov["verified_steps"] if cov else 0,
             "disputed_steps": cov["disputed_steps"] if cov else [],
+            # docs/protocol.md §8.7: P(a forged run escaped the replays and spot checks so far)
+            "escape_one_forged": cov["spot_checks"]["escape_one_forged"] if cov else 1.0,
+            "escape_one_percent_forged": cov["spot_checks"]["escape_one_percent_forged"] if cov else 1.0,
             "tamper_step": opts.tamper_step,
             "replays": replays, "replay_ratio": round(replays / (opts.steps * opts.redundancy), 4),
             "wall_seconds": round(wall, 2),
@@ -109,6 +112,8 @@ def render(summary: dict) -> str:
         f" which replayed {summary['queried_from']['replays']} steps)",
         f"coverage   {summary['verified_steps']}/{summary['steps']} verified, disputed: {summary['disputed_steps'] or 'none'}"
         f" — {'complete' if summary['complete'] else 'INCOMPLETE at deadline'} at redundancy {summary['redundancy']}",
+        f"escape     {summary['escape_one_forged']:.3g} with one forged step, {summary['escape_one_percent_forged']:.3g}"
+        " with 1% of the steps forged (docs/protocol.md §8.7)",
         f"work       {summary['replays']} replays = {summary['replay_ratio']}x steps x redundancy,"
         f" {summary['wall_seconds']} s wall",
         f"devices    {', '.join(sorted({d for s in summary['per_step'] for d in s['devices']})) or '-'}"

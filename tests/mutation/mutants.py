@@ -295,4 +295,21 @@ MUTANTS = [
        ('devices = sorted({a["device"] for a in Rep if', 'devices = sorted({a["device"] for a in A if')),
     _m("complete-by-auditors", "§8.3 step 12", "a step's attesters are its auditors",
        ('"attesters": len(set(auditors) | set(dissenters))', '"attesters": len(auditors)')),
+    # §5.5 and §7 spot checks
+    _m("spot-verdict-free", "§5.3", "a spotcheck's verdict and caught are independent",
+       ('    if kind == "spotcheck" and (m["verdict"] == "pass") != (m["caught"] == "none"):\n'
+        '        raise Refused("spot_verdict")\n', "")),
+    _m("spot-challenge-any-key", "§7", "the challenge is any valid signature over (run, step)",
+       ('        raise Refused("challenge")\n', "        pass\n")),
+    _m("spot-counter-little-endian", "§5.5", "the chunk counter is u64 little-endian",
+       ('b2(seed, i.to_bytes(8, "big"))', 'b2(seed, i.to_bytes(8, "little"))')),
+    _m("spot-slot-from-seed", "§5.5", "the slot is the seed itself mod S",
+       ('int.from_bytes(b2(seed, b"slot"), "big") % slots', 'int.from_bytes(seed, "big") % slots')),
+    _m("spot-after-engine-first", "§7", "the engine rule comes before pre_state",
+       ('    if m["pre_state"] != run["h"][m["step"]]:\n        raise Refused("pre_state")\n'
+        '    if [m["engine"], m["engine_version"]] != [run["engine"], run["engine_version"]]:\n'
+        '        raise Refused("engine")\n    body',
+        '    if [m["engine"], m["engine_version"]] != [run["engine"], run["engine_version"]]:\n'
+        '        raise Refused("engine")\n    if m["pre_state"] != run["h"][m["step"]]:\n'
+        '        raise Refused("pre_state")\n    body')),
 ]

@@ -27,10 +27,11 @@ MAX_DEPTH = CONST["MAX_DEPTH"]
 SKEW = CONST["MAX_CLOCK_SKEW_SECONDS"]
 SIGNING_CONTEXT = b"open1b/v%d/sig\0" % CONST["PROTOCOL_VERSION"]
 SIGNER = {"manifest": "publisher", "external_manifest": "publisher", "claim": "claimant", "attestation": "signer",
-          "reveal": "revealer", "eval": "signer"}
+          "reveal": "revealer", "eval": "signer", "spotcheck": "signer"}
 MAX_SIZE = {"manifest": CONST["MAX_MANIFEST_SIZE"], "external_manifest": CONST["MAX_MANIFEST_SIZE"],
             "claim": CONST["MAX_CLAIM_SIZE"], "attestation": CONST["MAX_ATTESTATION_SIZE"],
-            "reveal": CONST["MAX_REVEAL_SIZE"], "eval": CONST["MAX_EVAL_SIZE"]}
+            "reveal": CONST["MAX_REVEAL_SIZE"], "eval": CONST["MAX_EVAL_SIZE"],
+            "spotcheck": CONST["MAX_SPOTCHECK_SIZE"]}
 
 
 class Refused(Exception):
@@ -152,8 +153,9 @@ def type_ok(expr: str, x) -> bool:
         return type(x) is str and x in re.findall(r'"(\w+)"', expr)
     if re.fullmatch(r"\d+", expr):
         return type(x) is int and x == int(expr)
-    if m := re.fullmatch(r"\[0\*(\d+) hash\]", expr):
-        return type(x) is list and len(x) <= int(m.group(1)) and all(type_ok("bstr .size 32", h) for h in x)
+    if m := re.fullmatch(r"\[0\*(\d+) (\w+)\]", expr):  # a list of at most N items of an alias's type
+        item = _ALIASES.get(m.group(2), m.group(2))
+        return type(x) is list and len(x) <= int(m.group(1)) and all(type_ok(item, h) for h in x)
     if m := re.fullmatch(r"\{ 0\*(\d+) scalar-key => scalar \}", expr):
         return type(x) is dict and len(x) <= int(m.group(1)) and all(
             type(k) is str and len(k.encode()) <= 256 and _is_scalar(v) for k, v in x.items())
@@ -238,6 +240,10 @@ def cross_field_rules(kind: str, m: dict) -> None:
         raise Refused("eval_verdict")
     if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):
         raise Refused("device")
+    if kind == "spotcheck" and (m["verdict"] == "pass") != (m["caught"] == "none"):
+        raise Refused("spot_verdict")
+    if kind == "spotcheck" and DEVICE.fullmatch(m["device"]) is None:
+        raise Refused(code="device")  # the same rule as above, for the kind §5.3 added in r6
 
 
 # -- §6.3 external trajectories ----------------------------------------------------------------
@@ -294,7 +300,8 @@ def resolve_external(m: dict, data: bytes) -> dict:
     if merkle_root(hashes) != m["trajectory_root"]:
         raise Refused("trajectory_root")
     return {"id": m["digest"], "steps": m["steps"], "h": hashes, "engine": m["engine"],
-            "engine_version": m["engine_version"], "witnesses": None, "data": m["data"], "publisher": m["publisher"]}
+            "engine_version": m["engine_version"], "witnesses": None, "data": m["data"], "publisher": m["publisher"],
+            "model": m["model"]}
 
 
 def load_run(manifest: bytes, trajectory: bytes | None = None) -> dict:
@@ -303,7 +310,7 @@ def load_run(manifest: bytes, trajectory: bytes | None = None) -> dict:
         return resolve_external(m, trajectory)
     return {"id": m["digest"], "steps": m["steps"], "h": m["state_hashes"], "engine": m["engine"],
             "engine_version": m["engine_version"], "witnesses": m["witnesses"], "data": m["data"],
-            "publisher": m["publisher"]}
+            "publisher": m["publisher"], "model": m["model"]}
 
 
 def eval_rules(m: dict, run: dict) -> None:
@@ -316,6 +323,34 @@ def eval_rules(m: dict, run: dict) -> None:
         raise Refused("engine")
     if (m["verdict"] == "result") != (m["signer"] == run["publisher"]):
         raise Refused("eval_signer")
+
+
+def spot_challenge(challenge: bytes, slots: int, total: int) -> tuple[int, list[int]]:
+    """§5.5: the slot and the chunks a challenge derives."""
+    seed = b2(b"open1b/spotcheck/v1\0", challenge)
+    slot = int.from_bytes(b2(seed, b"slot"), "big") % slots
+    chunks, i = [], 0
+    while len(chunks) < min(CONST["CHALLENGE_CHUNKS"], total):
+        c = int.from_bytes(b2(seed, i.to_bytes(8, "big")), "big") % total
+        if c not in chunks:
+            chunks.append(c)
+        i += 1
+    return slot, sorted(chunks)
+
+
+def spotcheck_rules(m: dict, run: dict) -> None:
+    if m["pre_state"] != run["h"][m["step"]]:
+        raise Refused("pre_state")
+    if [m["engine"], m["engine_version"]] != [run["engine"], run["engine_version"]]:
+        raise Refused("engine")
+    body = {"run": m["run"], "step": m["step"]}
+    if not ed25519_valid(m["signer"], signing_bytes("spotcheck-challenge", body), m["challenge"]):
+        raise Refused("challenge")
+    ranks, micro = run["model"].get("ranks"), run["model"].get("micro_batches")
+    if type(ranks) is not int or type(micro) is not int or ranks < 1 or micro < 1 or m["chunks_total"] < 1:
+        raise Refused("challenge_derivation")
+    if [m["slot"], list(m["chunks"])] != list(spot_challenge(m["challenge"], ranks * micro, m["chunks_total"])):
+        raise Refused("challenge_derivation")
 
 
 # -- §7 validation -----------------------------------------------------------------------------
@@ -332,6 +367,8 @@ def run_rules(m: dict, run: dict) -> None:
             raise Refused("verdict")
         if (m["engine"], m["engine_version"]) != (run["engine"], run["engine_version"]):
             raise Refused("engine")
+    if m["kind"] == "spotcheck":
+        return spotcheck_rules(m, run)
     if m["kind"] == "claim" and not m["lease_expiry"] - m["issued_at"] <= CONST["MAX_LEASE_SECONDS"]:
         raise Refused("lease_length")
     if m["kind"] == "reveal":
@@ -342,7 +379,8 @@ def run_rules(m: dict, run: dict) -> None:
 
 
 TOPIC_KINDS = {"attestation": {"attestation"}, "claim": {"claim"}, "reveal": {"reveal"},
-               "manifest": {"manifest", "external_manifest"}, "sync": {"attestation", "reveal"}, "eval": {"eval"}}
+               "manifest": {"manifest", "external_manifest"}, "sync": {"attestation", "reveal"}, "eval": {"eval"},
+               "spotcheck": {"spotcheck"}}
 
 
 def validate(topic: str, data: bytes, runs: dict, now: int) -> tuple[str, str]:

@@ -32,6 +32,8 @@ def test_devnet_verifies_every_step():
     assert summary["nodes"] == 3 and summary["steps"] == 8 and summary["redundancy"] == 1
     assert summary["queried_from"]["replays"] == 0  # coverage came from a node that replayed nothing
     assert summary["replays"] >= 8
+    # every step replayed: no forged run escapes (docs/protocol.md §8.7; spot checks would only add to it)
+    assert summary["escape_one_forged"] == summary["escape_one_percent_forged"] == 0.0
     auditors = {n["peer_id"] for n in summary["per_node"] if n["audit"]}
     assert all(s["status"] == "verified" and set(s["auditors"]) <= auditors for s in summary["per_step"])
     assert sum(n["replays"] for n in summary["per_node"]) == summary["replays"]

@@ -3,13 +3,14 @@ and its judgement loop (flags, witness reveals) runs on virtual seconds."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 from trio.testing import MockClock
 
 from open1b.node.clock import Clock
 from open1b.node.ingest import JUDGE_EVERY_S
 from open1b.node.topics import reveals_topic
-from open1b.protocol import Outcome, WitnessReveal
+from open1b.protocol import Outcome, StepStatus, WitnessReveal
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
 from tests.runs import attestation, run_manifest, witness_of
@@ -132,3 +133,39 @@ def test_a_batch_stores_the_valid_frames_and_counts_each_bad_one_against_its_sen
     assert ingest.stats.attestations_received == 3
     assert sum(n for key, n in ingest.validation.items() if key.startswith("sync/reject/")) == 2
     assert ingest.gossip.penalised == ["peer", "peer"]
+
+
+def test_spot_checks_have_their_topic_validator_are_stored_and_never_count_as_replays(tmp_path):
+    from open1b.node.topics import spotchecks_topic
+    from open1b.protocol import SpotStatus
+    from tests.vectors import fixtures
+
+    run = fixtures.spot_manifest()
+    ingest = make_ingest(tmp_path / "node", run, clock=Clock(wall_at_zero=fixtures.NOW), trust_policy="open")
+    passed, failed = fixtures.spotcheck(1, run, 0), fixtures.spotcheck(2, run, 1, caught="sum")
+    borrowed = fixtures.spotcheck(1, run, 2, challenge=fixtures.spotcheck(2, run, 2).challenge)
+
+    async def main():
+        await ingest.join_known_runs()
+        validate = ingest.gossip.validators[spotchecks_topic(run.run_id)]
+        assert validate("peer", passed.encoded) is Outcome.ACCEPT
+        assert validate("peer", borrowed.encoded) is Outcome.REJECT
+        assert ingest.ingest_spotcheck(passed.encoded) and not ingest.ingest_spotcheck(passed.encoded)  # once
+        assert ingest.ingest_spotcheck(failed.encoded)
+        assert not ingest.ingest_spotcheck(borrowed.encoded, source="peer")
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert ingest.store.spotchecks(run.run_id) == [passed, failed]
+    assert ingest.validation["spotcheck/reject/challenge"] == 1 and ingest.validation["sync/reject/challenge"] == 1
+    replay = ingest.coverage(run.run_id)
+    spot = ingest.spot_coverage(run.run_id, replay)
+    assert replay.count(StepStatus.VERIFIED) == 0  # a spot check is not a replay
+    assert [s.status for s in spot.steps] == [SpotStatus.SPOT_CHECKED, SpotStatus.FAILED, SpotStatus.UNCHECKED,
+                                              SpotStatus.UNCHECKED]
+    assert spot.steps[1].caught == ("sum",)
+    # one of 4 steps checked once with p = 1/4: a run with one forged step escaped with (3 + 3/4) / 4
+    assert spot.escape_one == pytest.approx((3 + 0.75) / 4)
+    # the node's default policy (its own key alone) counts none of them
+    own = make_ingest(tmp_path / "own", run, clock=Clock(wall_at_zero=fixtures.NOW))
+    assert own.ingest_spotcheck(passed.encoded)
+    assert own.spot_coverage(run.run_id, own.coverage(run.run_id)).escape_one == 1.0

@@ -78,6 +78,12 @@ def test_coverage_attestations_and_claims(network):
     rc, out, _ = cli("coverage", network["run"][:10], "--api", network["observer"], "--json")
     cov = json.loads(out)
     assert cov["disputed_steps"] == [2] and cov["verified_steps"] == network["manifest"].steps - 1
+    # no spot checks: a run with one forged step escapes only through the one step not verified (§8.7)
+    spot = cov["spot_checks"]
+    assert spot["spot_checked_steps"] == 0 and spot["spot_failed_steps"] == []
+    assert spot["escape_one_forged"] == pytest.approx(1 / network["manifest"].steps)
+    rc, out, _ = cli("coverage", network["run"][:10], "--api", network["observer"])
+    assert rc == 0 and "escape probability of a forged run" in out
     rc, out, _ = cli("attestations", network["run"], "--step", "2", "--api", network["observer"], "--json")
     atts = json.loads(out)
     assert atts and all(a["verdict"] == "mismatch" and a["step"] == 2 for a in atts)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from open1b.protocol import (
-    PROTOCOL_VERSION, Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, WitnessReveal,
+    PROTOCOL_VERSION, Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, SpotCheck, WitnessReveal,
 )
 from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
 
@@ -65,7 +65,8 @@ def _field_type(expr: str, aliases: dict[str, str]):
     raise AssertionError(f"the test does not know the CDDL type {expr!r}")
 
 
-@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal, EvalStatement],
+@pytest.mark.parametrize("cls", [RunManifest, ExternalRunManifest, Claim, Attestation, WitnessReveal, EvalStatement,
+                                 SpotCheck],
                          ids=lambda c: c.KIND)
 def test_cddl_is_the_code_schema(cls):
     aliases, messages = read_cddl()
@@ -81,7 +82,7 @@ def test_cddl_is_the_code_schema(cls):
 
 def test_constants_table_is_the_code():
     from open1b.node import blobs, p2p, sync
-    from open1b.protocol import claims, codec, evaluation, messages, trajectory, validation, witness
+    from open1b.protocol import claims, codec, evaluation, messages, spotcheck, trajectory, validation, witness
 
     code = {
         "PROTOCOL_VERSION": messages.PROTOCOL_VERSION, "MAX_MANIFEST_SIZE": messages.MAX_MANIFEST_SIZE,
@@ -94,7 +95,8 @@ def test_constants_table_is_the_code():
         "MAX_SYNC_STATEMENTS": sync.MAX_SYNC_STATEMENTS, "MAX_SYNC_RUNS": sync.MAX_SYNC_RUNS,
         "MAX_SYNC_WANT": sync.MAX_SYNC_WANT, "MAX_BLOB_CHUNK": blobs.MAX_CHUNK,
         "MAX_BLOB_REQUEST": blobs.MAX_REQUEST, "MAX_BLOB_SIZE": blobs.MAX_BLOB_SIZE,
-        "MAX_GOSSIP_MESSAGE": p2p.MAX_PUBSUB_MESSAGE,
+        "MAX_GOSSIP_MESSAGE": p2p.MAX_PUBSUB_MESSAGE, "MAX_SPOTCHECK_SIZE": spotcheck.MAX_SPOTCHECK_SIZE,
+        "CHALLENGE_CHUNKS": spotcheck.CHALLENGE_CHUNKS, "ANSWER_SECONDS": spotcheck.ANSWER_SECONDS,
     }
     table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", _section("2. Constants"), re.M))
     assert {k: int(v) for k, v in table.items()} == code

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from open1b.protocol import (
-    Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, WitnessReveal, blake2b256, merkle_root,
+    Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, SpotCheck, WitnessReveal, blake2b256,
+    challenge_signature, derive_challenge, merkle_root,
 )
 
 from .common import NOW, ident
@@ -26,6 +27,30 @@ def run_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
         data={"corpus": "vectors"}, seed=7, steps=steps, state_hashes=[state(k) for k in range(steps + 1)],
         created_at=NOW - 3600,
     )
+
+
+def spot_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
+    """A run whose model map names its topology: 2 ranks × 2 micro-batches (docs/protocol.md §5.5)."""
+    return signed_run_manifest(
+        ident(publisher), engine=ENGINE, engine_version=ENGINE_VERSION,
+        model={"d_model": 8, "lr": 0.001, "ranks": 2, "micro_batches": 2}, data={"corpus": "vectors"}, seed=7,
+        steps=steps, state_hashes=[state(k) for k in range(steps + 1)], created_at=NOW - 3600,
+    )  # fmt: skip
+
+
+SPOT_CHUNKS = 10  # the chunk count the vectors' spot checks state
+
+
+def spotcheck(signer: int, run, step: int, *, caught: str = "none", **changes) -> SpotCheck:
+    """A ``spotcheck`` of ``step`` with the challenge of ``signer``'s key: by default a pass."""
+    challenge = challenge_signature(ident(signer), run.run_id, step)
+    slot, chunks = derive_challenge(challenge, 4, SPOT_CHUNKS)
+    fields = dict(run=run.run_id, step=step, pre_state=run.state_hashes[step], fingerprint=state(step, b"vector-fp"),
+                  challenge=challenge, slot=slot, chunks_total=SPOT_CHUNKS, chunks=list(chunks),
+                  verdict="pass" if caught == "none" else "fail", caught=caught, engine=run.engine,
+                  engine_version=run.engine_version, device="cpu/x86_64-avx2", elapsed_ms=321, issued_at=NOW)
+    fields.update(changes)
+    return SpotCheck.create(ident(signer), **fields)
 
 
 EVAL_EVERY = 2

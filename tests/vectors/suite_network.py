@@ -1,7 +1,7 @@
 """Suites ``validation``, ``claims`` and ``coverage``: how a node judges what peers send.
 
 ``validation`` case: ``{"description", "topic", "runs", "now", "message", "outcome", "reason"}``.
-``topic`` is ``attestation``, ``claim``, ``reveal`` or ``manifest``; ``runs`` are the runs the validating node
+``topic`` is ``attestation``, ``claim``, ``reveal``, ``manifest``, ``sync``, ``eval`` or ``spotcheck``; ``runs`` are the runs the validating node
 knows, each ``{"manifest"}`` or ``{"manifest", "trajectory"}`` (an external run); ``outcome`` is
 ``accept``, ``reject`` or ``ignore`` and ``reason`` the rule's code (``ok`` when accepted).
 
@@ -29,7 +29,7 @@ from open1b.protocol import (
     PROTOCOL_VERSION, Attestation, Claim, ProtocolError, signing_bytes, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
     WitnessReveal, encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign,
     validate_attestation, validate_claim, validate_claim_record, validate_eval, validate_manifest, validate_reveal,
-    validate_sync_frame,
+    validate_spotcheck, validate_sync_frame,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
 
@@ -290,12 +290,36 @@ class Validation:
             "eval-state-before-signer": ("off the schedule and a result by another key: the schedule first",
                                          fixtures.evaluation(1, em, 1, verdict="result").encoded),
         }
+        sm = fixtures.spot_manifest()
+        sc = fixtures.spotcheck(1, sm, 2)
+        spots = {
+            "spotcheck-accept-pass": ("a passing spot check of step 2", sc.encoded),
+            "spotcheck-accept-fail": ("a spot check of step 1 that caught a broken update link",
+                                      fixtures.spotcheck(2, sm, 1, caught="update").encoded),
+            "spotcheck-verdict": ("a pass that names a broken link", forge(1, "spotcheck", {
+                **_body(sc), "caught": "update"})),
+            "spotcheck-step-range": ("step 4 of a 4-step run", forge(1, "spotcheck", {**_body(sc), "step": 4})),
+            "spotcheck-pre-state": ("recomputed from another state", fixtures.spotcheck(
+                1, sm, 2, pre_state=fixtures.state(3)).encoded),
+            "spotcheck-engine": ("another engine version", fixtures.spotcheck(1, sm, 2, engine_version="2").encoded),
+            "spotcheck-pre-state-before-engine": ("another state and another engine: pre_state first",
+                                                  fixtures.spotcheck(1, sm, 2, pre_state=fixtures.state(3),
+                                                                     engine_version="2").encoded),
+            "spotcheck-challenge": ("another key's challenge", fixtures.spotcheck(
+                1, sm, 2, challenge=fixtures.spotcheck(2, sm, 2).challenge).encoded),
+            "spotcheck-derivation": ("a slot the challenge does not select", fixtures.spotcheck(
+                1, sm, 2, slot=(sc.slot + 1) % 4).encoded),
+            "spotcheck-no-topology": ("a spot check of a run whose model map names no topology",
+                                      fixtures.spotcheck(1, m, 2).encoded),
+        }
         with_eval = [{"manifest": hx(m.encoded)}, {"manifest": hx(em.encoded)}]
+        with_spot = [{"manifest": hx(m.encoded)}, {"manifest": hx(sm.encoded)}]
         out = {}
         for topic, group in (("attestation", att), ("claim", claims), ("reveal", reveals), ("manifest", manifests),
-                             ("sync", frames), ("eval", evals)):
+                             ("sync", frames), ("eval", evals), ("spotcheck", spots)):
             for name, (description, message) in group.items():
-                runs = [] if topic == "manifest" else with_eval if topic == "eval" else both
+                runs = ([] if topic == "manifest" else with_eval if topic == "eval" else with_spot if topic == "spotcheck"
+                        else both)  # fmt: skip
                 case = {"description": description, "topic": topic, "runs": runs,
                         "now": NOW, "message": hx(message)}
                 verdict = Validation._judge(case)
@@ -316,6 +340,8 @@ class Validation:
             return validate_sync_frame(data, runs.get, case["now"])
         if case["topic"] == "eval":
             return validate_eval(data, runs.get, case["now"])
+        if case["topic"] == "spotcheck":
+            return validate_spotcheck(data, runs.get, case["now"])
         return validate_manifest(data, case["now"])
 
     @staticmethod

@@ -1,0 +1,261 @@
+"""Step fingerprints and spot checks (docs/run-format.md §10): cheap, exact checks of one step.
+
+A trainer commits, for every step k, a :class:`StepFingerprint`: the float32 loss and a chunk
+Merkle root of the gradient of every (rank, micro-batch), in the engine's order (rank-major),
+the chunk Merkle root of the summed, pre-clip gradient, and the step's loss, gradient norm and
+clipping coefficient. All of it comes out of the one :func:`.step.train_step` path
+(:func:`fingerprinted_step` is its body with an observer), so recording it changes no bit.
+
+A gradient is flattened in :meth:`.config.GPTConfig.param_shapes` order into one float32 vector
+and cut into chunks of :data:`CHUNK_ELEMENTS` (the last one shorter); each chunk's little-endian
+bytes are a leaf of a :class:`~open1b.protocol.merkle.MerkleTree`, so one chunk is proven
+against a root with an audit path.
+
+A spot check links each piece of a step to the next, exactly:
+
+1. :func:`check_micro`: one (rank, micro-batch) recomputed from checkpoint k and the committed
+   batch gives the committed loss bits and gradient root (substituted data, a forged micro-batch);
+2. :func:`check_loss_sum`: the committed losses summed in the step's order give the step's loss;
+3. :func:`check_chunks`: for each challenged chunk, the trainer's chunks of every micro-batch's
+   gradient and of the sum open their roots, sum in the step's order to the summed chunk, and
+   AdamW applied to that chunk of checkpoint k gives the same chunk of checkpoint k+1 (a skipped or
+   altered update, a sum that is not the sum of the micro-batches).
+
+The trainer answers a challenge with :func:`answer_challenge`, which recomputes the step once.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from open1b.protocol.codec import encode
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.merkle import MerkleTree, verify_merkle_proof
+
+from .backend import default_backend
+from .config import GPTConfig, Topology
+from .gpt import forward_backward
+from .reduction import RANK_GROUP
+from .state import TrainState
+from .step import StepReport, _GroupedTree, _inv_tokens, adamw_scalars, check_batch, finish_step, step_gradients
+
+CHUNK_ELEMENTS = 1 << 14
+"""float32 elements per gradient chunk (64 KiB): a constant of the run format, like a tile size."""
+
+_F32 = np.dtype("<f4")
+
+
+def chunk_count(config: GPTConfig) -> int:
+    return math.ceil(config.n_params() / CHUNK_ELEMENTS)
+
+
+def f32_bits(x: Any) -> int:
+    return int(np.asarray(x, _F32).reshape(-1)[0:1].view(np.uint32)[0])
+
+
+def flat_gradient(grads: dict, config: GPTConfig, be) -> np.ndarray:
+    """The gradient as one host float32 vector, parameters in the canonical order."""
+    return np.concatenate([np.asarray(be.download(grads[name]), _F32).reshape(-1) for name in config.param_shapes()])
+
+
+def chunk_tree(flat: np.ndarray) -> MerkleTree:
+    """The Merkle tree whose leaves are the bytes of ``flat``'s :data:`CHUNK_ELEMENTS`-element chunks."""
+    return MerkleTree([flat[i:i + CHUNK_ELEMENTS].tobytes() for i in range(0, flat.shape[0], CHUNK_ELEMENTS)])
+
+
+def chunk(flat: np.ndarray, index: int) -> np.ndarray:
+    return flat[index * CHUNK_ELEMENTS:(index + 1) * CHUNK_ELEMENTS]
+
+
+@dataclass(frozen=True)
+class StepFingerprint:
+    """What a trainer commits for step ``step`` (module doc). ``losses`` and ``grad_roots`` are
+    indexed by ``rank * micro_batches + micro_batch``; losses and scalars are float32 bits."""
+
+    step: int
+    losses: tuple[int, ...]
+    grad_roots: tuple[bytes, ...]
+    sum_root: bytes
+    loss: int
+    grad_norm: int
+    clip_coef: int
+
+    def value(self) -> dict:
+        """The canonical CBOR map of the run's fingerprints file (docs/run-format.md §10)."""
+        return {"step": self.step, "losses": list(self.losses), "grad_roots": list(self.grad_roots),
+                "sum_root": self.sum_root, "loss": self.loss, "grad_norm": self.grad_norm,
+                "clip_coef": self.clip_coef}  # fmt: skip
+
+    @property
+    def commitment(self) -> bytes:
+        """F_k: BLAKE2b-256 of the canonical CBOR of :meth:`value`."""
+        return blake2b256(encode(self.value()))
+
+
+class _Recorder:
+    """The observer of one step: every micro-batch's loss bits and gradient chunk tree (and, for
+    the chunks in ``keep``, the chunk and its proof)."""
+
+    def __init__(self, config: GPTConfig, topology: Topology, be, keep: tuple[int, ...] = ()) -> None:
+        self.config, self.be, self.keep, self.per_rank = config, be, keep, topology.micro_batches
+        self.losses: dict[int, int] = {}
+        self.roots: dict[int, bytes] = {}
+        self.opened: dict[int, dict[int, tuple[np.ndarray, list[bytes]]]] = {}
+
+    def __call__(self, rank: int, micro: int, loss, grads: dict) -> None:
+        slot = rank * self.per_rank + micro
+        flat = flat_gradient(grads, self.config, self.be)
+        tree = chunk_tree(flat)
+        self.losses[slot] = f32_bits(self.be.download(loss))
+        self.roots[slot] = tree.root
+        self.opened[slot] = {c: (chunk(flat, c).copy(), tree.proof(c)) for c in self.keep}
+
+
+def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
+                       ) -> tuple[TrainState, StepReport, StepFingerprint]:
+    """:func:`.step.train_step` (same pieces, same bits) and the step's :class:`StepFingerprint`."""
+    new_state, report, fingerprint, _ = _recorded_step(state, batch, topology, backend, ())
+    return new_state, report, fingerprint
+
+
+def _recorded_step(state: TrainState, batch: np.ndarray, topology: Topology, backend, keep: tuple[int, ...]):
+    """:func:`.step.train_step`'s body with a :class:`_Recorder`: (state, report, fingerprint,
+    (recorder, summed gradient, its chunk tree))."""
+    config = state.config
+    check_batch(batch, config, topology)
+    be = backend or default_backend(config)
+    recorder = _Recorder(config, topology, be, keep)
+    loss, grads = step_gradients(state, batch, topology, be, recorder)
+    summed = flat_gradient(grads, config, be)  # a copy, taken before the update reads the gradients
+    new_state, report = finish_step(state, loss, grads, be)
+    slots = range(topology.ranks * topology.micro_batches)
+    tree = chunk_tree(summed)
+    fingerprint = StepFingerprint(state.step, tuple(recorder.losses[s] for s in slots),
+                                  tuple(recorder.roots[s] for s in slots), tree.root, f32_bits(report.loss),
+                                  f32_bits(report.grad_norm), f32_bits(report.clip_coef))  # fmt: skip
+    return new_state, report, fingerprint, (recorder, summed, tree)
+
+
+@dataclass(frozen=True)
+class ChunkOpening:
+    """Chunk ``index`` of every micro-batch's gradient (slot order) and of the summed gradient,
+    each with its audit path against the fingerprint's roots."""
+
+    index: int
+    micro: tuple[np.ndarray, ...]
+    micro_proofs: tuple[tuple[bytes, ...], ...]
+    summed: np.ndarray
+    summed_proof: tuple[bytes, ...]
+
+
+def answer_challenge(state: TrainState, batch: np.ndarray, topology: Topology, chunks: tuple[int, ...], *,
+                     backend=None) -> tuple[ChunkOpening, ...]:
+    """The trainer's answer to a challenge of ``chunks`` of step ``state.step``: one recomputation
+    of the step, keeping only the challenged chunks and their proofs."""
+    *_, (recorder, summed, tree) = _recorded_step(state, batch, topology, backend, tuple(chunks))
+    slots = range(topology.ranks * topology.micro_batches)
+    return tuple(ChunkOpening(c, tuple(recorder.opened[s][c][0] for s in slots),
+                              tuple(tuple(recorder.opened[s][c][1]) for s in slots),
+                              chunk(summed, c).copy(), tuple(tree.proof(c))) for c in chunks)  # fmt: skip
+
+
+class Caught(str, enum.Enum):
+    """Which link of a step a spot check found broken (docs/run-format.md §10.3); NONE: all held."""
+
+    NONE = "none"
+    LOSS = "loss"  # a recomputed micro-batch loss differs from the committed one
+    GRADIENT = "gradient"  # a recomputed micro-batch gradient root differs from the committed one
+    LOSS_SUM = "loss_sum"  # the committed losses do not sum to the step's loss
+    PROOF = "proof"  # an answered chunk does not open its committed root (or is malformed)
+    SUM = "sum"  # the micro-batch chunks do not sum to the committed summed chunk
+    UPDATE = "update"  # AdamW on the summed chunk does not give checkpoint k+1's chunk
+    NO_ANSWER = "no_answer"  # the trainer did not answer in the stated time
+
+
+def check_micro(fp: StepFingerprint, state: TrainState, batch: np.ndarray, topology: Topology, rank: int,
+                micro: int, *, backend=None) -> Caught:
+    """Link 1: recompute (``rank``, ``micro``) of the step from ``state`` (checkpoint k) and its
+    committed ``batch``; compare loss bits and gradient root with ``fp``. About 1/(ranks ×
+    micro_batches) of a replay."""
+    config = state.config
+    check_batch(batch, config, topology)
+    be = backend or default_backend(config)
+    params, _, _ = be.load_state(state)
+    mb = be.micro_batches(batch[rank:rank + 1, micro:micro + 1], config.vocab_size)[0][0]
+    loss, grads = forward_backward(params, mb, _inv_tokens(config, topology), config, be)
+    slot = rank * topology.micro_batches + micro
+    if f32_bits(be.download(loss)) != fp.losses[slot]:
+        return Caught.LOSS
+    if chunk_tree(flat_gradient(grads, config, be)).root != fp.grad_roots[slot]:
+        return Caught.GRADIENT
+    return Caught.NONE
+
+
+def check_loss_sum(fp: StepFingerprint, config: GPTConfig, topology: Topology, *, backend=None) -> Caught:
+    """Link 2: the committed per-micro-batch losses, summed in the step's order, give its loss."""
+    be = backend or default_backend(config)
+    total = _reduce([[{"x": np.array([fp.losses[r * topology.micro_batches + m]], np.uint32).view(_F32)}
+                      for m in range(topology.micro_batches)] for r in range(topology.ranks)], be.add, be.plus_zero)
+    return Caught.NONE if f32_bits(total["x"]) == fp.loss else Caught.LOSS_SUM
+
+
+def check_chunks(fp: StepFingerprint, openings: tuple[ChunkOpening, ...], before: TrainState, after: TrainState,
+                 topology: Topology, *, backend=None) -> Caught:
+    """Link 3 for every opened chunk: proofs, the sum in the step's order, and AdamW from
+    checkpoint k (``before``) to checkpoint k+1 (``after``) on that chunk."""
+    config = before.config
+    be = backend or default_backend(config)
+    n, slots, leaves = config.n_params(), topology.ranks * topology.micro_batches, chunk_count(config)
+    for op in openings:
+        length = min(CHUNK_ELEMENTS, n - op.index * CHUNK_ELEMENTS) if 0 <= op.index < leaves else -1
+        shaped = [op.summed, *op.micro]
+        # the answer's shape first: nothing is computed on arrays of a length the run does not give
+        if length < 1 or len(op.micro) != slots or len(op.micro_proofs) != slots or any(
+                not isinstance(a, np.ndarray) or a.dtype != _F32 or a.shape != (length,) for a in shaped):
+            return Caught.PROOF
+        if not verify_merkle_proof(op.summed.tobytes(), op.index, leaves, op.summed_proof, fp.sum_root) or not all(
+                verify_merkle_proof(a.tobytes(), op.index, leaves, p, fp.grad_roots[s])
+                for s, (a, p) in enumerate(zip(op.micro, op.micro_proofs))):
+            return Caught.PROOF
+        per_rank = [[{"x": op.micro[r * topology.micro_batches + m]} for m in range(topology.micro_batches)]
+                    for r in range(topology.ranks)]
+        if _reduce(per_rank, be.add, be.plus_zero)["x"].tobytes() != op.summed.tobytes():
+            return Caught.SUM
+        if not _update_holds(op, before, after, np.array([fp.clip_coef], np.uint32).view(_F32)[0], be):
+            return Caught.UPDATE
+    return Caught.NONE
+
+
+def _reduce(per_rank: list[list[dict]], add, plus_zero) -> dict:
+    """:mod:`.step`'s order on terms: micro-batches folded from +0.0 per rank, ranks by the grouped tree."""
+    ranks = _GroupedTree(RANK_GROUP, add, plus_zero)
+    for micros in per_rank:
+        fold = _GroupedTree(len(micros), add, plus_zero)
+        for term in micros:
+            fold.push(term)
+        ranks.push(fold.total())
+    return ranks.total()
+
+
+def _update_holds(op: ChunkOpening, before: TrainState, after: TrainState, coef: np.float32, be) -> bool:
+    """AdamW of every parameter's part of chunk ``op.index`` gives ``after``'s params, m and v there."""
+    scalars, _, _ = adamw_scalars(before)
+    lo, hi, offset = op.index * CHUNK_ELEMENTS, op.index * CHUNK_ELEMENTS + op.summed.shape[0], 0
+    for name, shape in before.config.param_shapes().items():
+        size = math.prod(shape)
+        a, b = max(lo, offset), min(hi, offset + size)
+        if a < b:
+            part = slice(a - offset, b - offset)
+            old = [np.ascontiguousarray(t[name].reshape(-1)[part]) for t in (before.params, before.m, before.v)]
+            new = be.adamw(old[0], np.ascontiguousarray(op.summed[a - lo:b - lo]), old[1], old[2],
+                           replace(scalars[name], coef=coef))
+            want = (after.params[name], after.m[name], after.v[name])
+            if any(np.asarray(x).tobytes() != w.reshape(-1)[part].tobytes() for x, w in zip(new, want)):
+                return False
+        offset += size
+    return True

@@ -1,0 +1,101 @@
+"""Fingerprints and spot checks: the fingerprinted step is train_step bit for bit; an honest step
+passes every link; each forgery of docs/run-format.md §10.3 is caught by the link the spec names."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
+from open1b.deterministic.fingerprint import (
+    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, check_micro, chunk_count, chunk_tree,
+    fingerprinted_step,
+)  # fmt: skip
+from open1b.deterministic.selfcheck import state_fingerprint
+
+CONFIG, TOPOLOGY = PRESETS["tiny"].config, PRESETS["tiny"].topology
+SEED = 5
+SLOTS = [(r, m) for r in range(TOPOLOGY.ranks) for m in range(TOPOLOGY.micro_batches)]
+
+
+@pytest.fixture(scope="module")
+def step1():
+    """State 1 (non-zero moments), the batch of step 1, state 2 and step 1's fingerprint."""
+    data = builtin_dataset(CONFIG)
+    s0 = init_state(CONFIG, SEED)
+    s1, _ = train_step(s0, batch_for_step(data, SEED, 0, CONFIG, TOPOLOGY), TOPOLOGY)
+    batch = batch_for_step(data, SEED, 1, CONFIG, TOPOLOGY)
+    s2, _, fp = fingerprinted_step(s1, batch, TOPOLOGY)
+    return s1, batch, s2, fp, data
+
+
+def test_fingerprinted_step_is_train_step_bit_for_bit(step1):
+    s1, batch, s2, fp, _ = step1
+    plain, report = train_step(s1, batch, TOPOLOGY)
+    assert state_fingerprint(plain) == state_fingerprint(s2)
+    assert fp.step == 1 and len(fp.losses) == len(fp.grad_roots) == len(SLOTS)
+    assert fp.loss == int(np.float32(report.loss).view(np.uint32))
+    assert len(set(fp.grad_roots)) == len(SLOTS)  # each micro-batch has its own gradient
+    again = fingerprinted_step(s1, batch, TOPOLOGY)[2]
+    assert again == fp and again.commitment == fp.commitment
+
+
+def test_an_honest_step_passes_every_link(step1):
+    s1, batch, s2, fp, _ = step1
+    assert all(check_micro(fp, s1, batch, TOPOLOGY, r, m) is Caught.NONE for r, m in SLOTS)
+    assert check_loss_sum(fp, CONFIG, TOPOLOGY) is Caught.NONE
+    chunks = (0, chunk_count(CONFIG) // 2, chunk_count(CONFIG) - 1)  # the last chunk is shorter
+    assert CONFIG.n_params() % CHUNK_ELEMENTS != 0
+    assert check_chunks(fp, answer_challenge(s1, batch, TOPOLOGY, chunks), s1, s2, TOPOLOGY) is Caught.NONE
+
+
+def test_substituted_data_is_caught_by_every_micro_batch(step1):
+    """The trainer commits batch 1 but trains (and fingerprints) on other text."""
+    s1, batch, _, _, data = step1
+    other = batch_for_step(data, SEED + 1, 1, CONFIG, TOPOLOGY)
+    forged = fingerprinted_step(s1, other, TOPOLOGY)[2]
+    assert [check_micro(forged, s1, batch, TOPOLOGY, r, m) for r, m in SLOTS] == [Caught.LOSS] * len(SLOTS)
+
+
+def test_forged_micro_batch_gradient_is_caught_at_its_slot_only(step1):
+    s1, batch, _, fp, _ = step1
+    roots = list(fp.grad_roots)
+    roots[1] = bytes(32)
+    forged = replace(fp, grad_roots=tuple(roots))
+    assert [check_micro(forged, s1, batch, TOPOLOGY, r, m) for r, m in SLOTS] == [
+        Caught.NONE, Caught.GRADIENT, Caught.NONE, Caught.NONE]
+
+
+def test_altered_loss_is_caught_by_the_loss_sum(step1):
+    _, _, _, fp, _ = step1
+    assert check_loss_sum(replace(fp, loss=fp.loss ^ 1), CONFIG, TOPOLOGY) is Caught.LOSS_SUM
+
+
+def test_skipped_update_is_caught_on_any_chunk(step1):
+    s1, batch, _, fp, _ = step1
+    skipped = replace(s1, step=2)
+    for c in (0, chunk_count(CONFIG) - 1):
+        assert check_chunks(fp, answer_challenge(s1, batch, TOPOLOGY, (c,)), s1, skipped, TOPOLOGY) is Caught.UPDATE
+
+
+def test_a_summed_gradient_that_is_not_the_sum_is_caught(step1):
+    """A trainer commits honest micro-batch roots but the root of another sum, and opens it."""
+    s1, batch, s2, fp, _ = step1
+    openings = answer_challenge(s1, batch, TOPOLOGY, tuple(range(chunk_count(CONFIG))))
+    summed = np.concatenate([op.summed for op in openings])
+    summed[3] = np.float32(summed[3]) * np.float32(2)
+    tree = chunk_tree(summed)
+    forged = replace(fp, sum_root=tree.root)
+    op = replace(openings[0], summed=summed[:CHUNK_ELEMENTS], summed_proof=tuple(tree.proof(0)))
+    assert check_chunks(forged, (op,), s1, s2, TOPOLOGY) is Caught.SUM
+    # a micro-batch chunk changed in transit does not open its committed root
+    micro = (op.micro[0] + np.float32(1), *op.micro[1:])
+    assert check_chunks(fp, (replace(openings[0], micro=micro),), s1, s2, TOPOLOGY) is Caught.PROOF
+
+
+def test_malformed_answers_are_proof_failures(step1):
+    s1, batch, s2, fp, _ = step1
+    (op,) = answer_challenge(s1, batch, TOPOLOGY, (0,))
+    bad = [replace(op, index=chunk_count(CONFIG)), replace(op, micro=op.micro[:-1]),
+           replace(op, summed=op.summed.astype(np.float64)), replace(op, summed_proof=op.summed_proof[:-1])]
+    assert [check_chunks(fp, (b,), s1, s2, TOPOLOGY) for b in bad] == [Caught.PROOF] * len(bad)
