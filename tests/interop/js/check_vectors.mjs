@@ -47,10 +47,10 @@ function expectCode (fn, code) {
 
 const DECODE_CODES = new Set(['oversize', 'malformed', 'non_canonical', 'kind', 'version', 'unknown_field',
   'missing_field', 'wrong_type', 'bad_signature', 'run_format', 'state_hashes', 'checkpoints', 'witnesses', 'samples',
-  'lease_order', 'device', 'eval_verdict'])
+  'lease_order', 'device', 'eval_verdict', 'spot_verdict'])
 const TOPIC_KINDS = {
   attestation: ['attestation'], claim: ['claim'], reveal: ['reveal'], manifest: ['manifest', 'external_manifest'],
-  sync: ['attestation', 'reveal'], eval: ['eval']
+  sync: ['attestation', 'reveal'], eval: ['eval'], spotcheck: ['spotcheck']
 }
 
 const checks = {

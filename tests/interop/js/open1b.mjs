@@ -199,13 +199,14 @@ export const SCHEMAS = {
   claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT } },
   attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), device: text(70), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
   reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } },
-  eval: { signer: 'signer', maxSize: 512, fields: { run: HASH, state: UINT, loss: ['uint', 2n ** 32n - 1n], claimed: ['uint', 2n ** 32n - 1n], verdict: ['enum', ['result', 'match', 'mismatch']], engine: text(64), engine_version: text(64), device: text(70), signer: KEY, issued_at: UINT } }
+  eval: { signer: 'signer', maxSize: 512, fields: { run: HASH, state: UINT, loss: ['uint', 2n ** 32n - 1n], claimed: ['uint', 2n ** 32n - 1n], verdict: ['enum', ['result', 'match', 'mismatch']], engine: text(64), engine_version: text(64), device: text(70), signer: KEY, issued_at: UINT } },
+  spotcheck: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, fingerprint: HASH, challenge: ['bytes', 64], slot: UINT, chunks_total: UINT, chunks: ['uints', 4], verdict: ['enum', ['pass', 'fail']], caught: ['enum', ['none', 'loss', 'gradient', 'loss_sum', 'proof', 'sum', 'update', 'no_answer']], engine: text(64), engine_version: text(64), device: text(70), elapsed_ms: UINT, signer: KEY, issued_at: UINT } }
 }
 
 const utf8len = (s) => new TextEncoder().encode(s).length
 function checkField (name, [type, limit], v) {
   const bad = () => { throw new ProtocolError('wrong_type', name) }
-  if (type === 'uint') { if (typeof v !== 'bigint' || v < 0n || v > limit) bad() } else if (type === 'bytes') { if (!(v instanceof Uint8Array) || v.length !== limit) bad() } else if (type === 'text') { if (typeof v !== 'string' || utf8len(v) > limit) bad() } else if (type === 'enum') { if (!limit.includes(v)) bad() } else if (type === 'hashes') { if (!Array.isArray(v) || v.length > limit || v.some((h) => !(h instanceof Uint8Array) || h.length !== 32)) bad() } else if (type === 'scalars') {
+  if (type === 'uint') { if (typeof v !== 'bigint' || v < 0n || v > limit) bad() } else if (type === 'bytes') { if (!(v instanceof Uint8Array) || v.length !== limit) bad() } else if (type === 'text') { if (typeof v !== 'string' || utf8len(v) > limit) bad() } else if (type === 'enum') { if (!limit.includes(v)) bad() } else if (type === 'uints') { if (!Array.isArray(v) || v.length > limit || v.some((x) => typeof x !== 'bigint' || x < 0n || x > 2n ** 64n - 1n)) bad() } else if (type === 'hashes') { if (!Array.isArray(v) || v.length > limit || v.some((h) => !(h instanceof Uint8Array) || h.length !== 32)) bad() } else if (type === 'scalars') {
     if (!(v instanceof Map) || v.size > limit) bad()
     for (const [k, x] of v) {
       if (typeof k !== 'string' || utf8len(k) > 256) bad()
@@ -254,7 +255,8 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   if (kind === 'external_manifest' && value.get('steps') < 1n) throw new ProtocolError('state_hashes', 'steps >= 1')
   if (kind === 'claim' && value.get('lease_expiry') <= value.get('issued_at')) throw new ProtocolError('lease_order', 'lease_expiry after issued_at')
   if (kind === 'eval' && (value.get('verdict') === 'mismatch') === (value.get('loss') === value.get('claimed'))) throw new ProtocolError('eval_verdict', 'loss = claimed unless a mismatch')
-  if ((kind === 'attestation' || kind === 'eval') && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class')
+  if (kind === 'spotcheck' && (value.get('verdict') === 'pass') !== (value.get('caught') === 'none')) throw new ProtocolError('spot_verdict', 'a pass catches nothing, a fail names the link')
+  if ((kind === 'attestation' || kind === 'eval' || kind === 'spotcheck') && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class')
   const body = new Map([...value].filter(([k]) => k !== 'sig'))
   const signer = value.get(schema.signer)
   if (!verifySignature(signer, signingBytes(kind, body), value.get('sig'))) throw new ProtocolError('bad_signature', 'signature does not verify')
