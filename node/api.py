@@ -33,6 +33,10 @@ from open1b.protocol import Open1bError
 from .config import LOOPBACK_NAMES, is_loopback
 
 log = logging.getLogger(__name__)
+# Hypercorn's own messages, warnings and up only: its "Running on …" line repeats the daemon's own
+# listening line, and a daemon that fails to start must print one line, not two.
+_server_log = logging.getLogger(__name__ + ".hypercorn")
+_server_log.setLevel(logging.WARNING)
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 REQUEST_TIMEOUT_S = 5.0
@@ -117,13 +121,15 @@ class ApiGuard:
         return frozenset(f"http://{h if ':' not in h else '[' + h + ']'}{suffix}" for h in self.hosts)
 
 
-async def serve_api(host: str, port: int, app: Asgi, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_api(host: str, port: int, app: Asgi, *, what: str = "the API",
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` until cancelled; reports the bound port through
-    ``task_status``. A port in use is an :class:`ApiBindError` with one line to show."""
+    ``task_status``. A port in use is an :class:`ApiBindError` with one line to show, naming
+    ``what`` is served."""
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
-    config.errorlog = log
+    config.errorlog = _server_log
     config.read_timeout = int(REQUEST_TIMEOUT_S)
     config.h11_max_incomplete_size = MAX_REQUEST_HEAD
     config.keep_alive_timeout = REQUEST_TIMEOUT_S
@@ -131,7 +137,7 @@ async def serve_api(host: str, port: int, app: Asgi, *, task_status=trio.TASK_ST
     try:
         sockets = config.create_sockets()
     except OSError as exc:
-        raise ApiBindError(f"cannot serve the API on {host}:{port}: {exc.strerror or exc}") from None
+        raise ApiBindError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}") from None
     bound = sockets.insecure_sockets[0].getsockname()[1]
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)

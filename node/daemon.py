@@ -166,7 +166,8 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
         api_port = await nursery.start(serve_api, api_host, api_port, api_app(node, token=api_token(config.data_dir)))
         if config.metrics:
             metrics_host, metrics_port = split_hostport(config.metrics)
-            metrics_port = await nursery.start(serve_api, metrics_host, metrics_port, metrics_app(node))
+            metrics_port = await nursery.start(partial(serve_api, metrics_host, metrics_port, metrics_app(node),
+                                                       what="metrics"))
             log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         write_atomic(addr_files[0], f"{api_host}:{api_port}\n".encode())
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())

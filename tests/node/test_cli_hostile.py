@@ -86,6 +86,7 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
                                                    for n in (HUGE, "-1", "abc")],
         "claims": [["x", *c] for c in client],
         "leaderboard": client,
+        "ui": [["--no-open", *c] for c in client],
         "data": [[p] for p in PATHS] + [["adir", "--include", p] for p in ("zero", "fifo", HUGE)]
         + [["adir", "--exclude", "fifo"], ["adir", "--text", "zero"], ["adir", "--text", "fifo"]],
         "attestations": [["x", "--step", n, "--api", "127.0.0.1:1"] for n in (HUGE, "-1", "abc")],
