@@ -13,6 +13,7 @@ from open1b.node.clock import Clock
 from open1b.node.p2p import NetworkError
 from open1b.node.sync import BOOTSTRAP_MAX_RETRY_S, Syncer
 
+from .conftest import ident
 from .fakes import FakeGossip, make_ingest
 
 
@@ -46,7 +47,7 @@ class FlakyNetwork(FakeGossip):
 def test_bootstrap_backs_off_until_a_peer_dials_in_then_rounds_pick_peers_with_the_rng(tmp_path):
     net = FlakyNetwork()
     ingest = make_ingest(tmp_path / "node", clock=Clock(wall_at_zero=1_800_000_000), gossip=net,
-                         bootstrap=("/ip4/10.0.0.1/tcp/4701/p2p/12D3KooWDead",), sync_interval_s=2.0)
+                         bootstrap=(f"/ip4/127.0.0.1/tcp/4701/p2p/{ident(9).peer_id}",), sync_interval_s=2.0)
     syncer = Syncer(net, ingest, ingest.config, clock=ingest.clock, rng=random.Random(7), stats=ingest.stats)
 
     async def main():
