@@ -49,7 +49,7 @@ coverage time and never to what is stored. A node's default is `allowlist`: its 
 operator's `trusted_peers` count (a devnet's operator trusts all of its own nodes — the
 adversarial ones included, so that they are caught by what they do, not by who they are); keys
 nobody listed are reported as *untrusted* and count for nothing in coverage (the planner counts
-their matches by default, `plan_with_untrusted`, so what they covered is not replayed by every node). `dispute_quorum` (2) settles a step when at least two counted keys
+their matches only with `plan_with_untrusted = true`, off by default: fresh keys could otherwise withhold replays). `dispute_quorum` (2) settles a step when at least two counted keys
 report one post-state and more keys report it than any other: a key that reported something else
 is *flagged* with two conflicting signed statements as evidence and stops counting anywhere in the
 run; a step whose settled post-state differs from the published one is `refuted`, one with a

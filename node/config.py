@@ -102,10 +102,11 @@ class NodeConfig:
     # make the node skip steps they claim to have covered.
     trust_policy: str = ALLOWLIST
     trusted_peers: tuple[str, ...] = ()
-    # Whether the planner counts attesters the policy does not (coverage never does): on, a step
-    # that keys outside the list have covered is not replayed again by every node; the price is
-    # that fresh keys can withhold this node's replays (never make a step look verified).
-    plan_with_untrusted: bool = True
+    # Whether the planner counts attesters the policy does not (coverage never does). Off by
+    # default: on, a step that keys outside the list have covered is not replayed again by every
+    # node, but fresh keys can then withhold this node's replays — the devnet's sybil scenario
+    # showed honest coverage never completing — so an operator turns it on knowingly.
+    plan_with_untrusted: bool = False
     dispute_quorum: int = 2
     # Whose runs this node learns from the network and audits: empty = any publisher. A run costs
     # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names

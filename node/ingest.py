@@ -266,7 +266,7 @@ class Ingest:
     def plans_with(self, att: Attestation) -> bool:
         """Whether the planner counts ``att``: our own always (we never attest a step twice);
         others' when coverage has not flagged the key, no held witness reveal disproves it, and
-        the trust policy counts the key — or, with ``plan_with_untrusted`` (the default), it is a
+        the trust policy counts the key — or, with ``plan_with_untrusted`` (off by default), it is a
         key the policy does not count: a step complete but for trust is not replayed again (it
         would be, by every node, forever); coverage still does not count it (docs/reliability.md)."""
         if att.signer == self.public_key:

@@ -43,7 +43,7 @@ def trusted(*signers: int) -> tuple[str, ...]:
 
 
 def test_untrusted_keys_count_neither_in_coverage_nor_in_a_strict_planner(tmp_path):
-    node = make_daemon(tmp_path, trusted_peers=trusted(1), plan_with_untrusted=False)
+    node = make_daemon(tmp_path, trusted_peers=trusted(1))  # the default planner is strict
     for k in range(4):
         node.ingest_attestation(att(1, k).encoded)
         for sybil in range(20, 30):
@@ -60,11 +60,12 @@ def test_untrusted_keys_count_neither_in_coverage_nor_in_a_strict_planner(tmp_pa
     assert open_node.coverage(MANIFEST.run_id).complete
 
 
-def test_by_default_a_step_complete_but_for_trust_is_not_replayed_again(tmp_path):
+def test_with_plan_with_untrusted_a_step_complete_but_for_trust_is_not_replayed_again(tmp_path):
     """Issue 15: three nodes trusting only themselves replayed every step each (18 replays of 6
-    steps). Untrusted matches now fill the planner's deficit, never coverage; a flagged or
-    disproved key fills nothing, and an untrusted mismatch still leaves the step wanted."""
-    node = make_daemon(tmp_path)
+    steps). With ``plan_with_untrusted`` (off by default: fresh keys could withhold replays),
+    untrusted matches fill the planner's deficit, never coverage; a flagged or disproved key fills
+    nothing, and an untrusted mismatch still leaves the step wanted."""
+    node = make_daemon(tmp_path, plan_with_untrusted=True)
     for k in range(3):
         for other in (20, 21):
             node.ingest_attestation(att(other, k).encoded)
