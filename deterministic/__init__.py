@@ -31,17 +31,33 @@ a process whose FPU flags change after the check, or to steps with a non-finite 
 (which raise :class:`NonFiniteError`).
 """
 
-from .config import PRESETS, GPTConfig, Preset, Topology
-from .data import batch_for_step, builtin_dataset, step_sample_indices, tokenize
-from .device import DeviceChoice, select_device
-from .errors import (
-    BatchFormatError, ConfigError, DeterminismError, DeviceError, DeviceSpecError, DeviceUnavailableError,
-    NonFiniteError, StateFormatError,
-)  # fmt: skip
-from .samples import Dataset, read_samples, write_samples
-from .selfcheck import CheckResult, require_deterministic_machine, run_selfchecks
-from .state import TrainState, init_state
-from .step import StepReport, train_step
+import importlib
+
+# Importing the package must stay cheap: the CLI and the daemon's trio process import light
+# submodules (errors, device_spec) and must not pay for numba and the kernels (PEP 562).
+_HOME = {
+    "PRESETS": "config", "GPTConfig": "config", "Preset": "config", "Topology": "config",
+    "batch_for_step": "data", "builtin_dataset": "data", "step_sample_indices": "data", "tokenize": "data",
+    "DeviceChoice": "device", "select_device": "device",
+    "BatchFormatError": "errors", "ConfigError": "errors", "DeterminismError": "errors", "DeviceError": "errors",
+    "DeviceSpecError": "errors", "DeviceUnavailableError": "errors", "NonFiniteError": "errors",
+    "StateFormatError": "errors",
+    "Dataset": "samples", "read_samples": "samples", "write_samples": "samples",
+    "CheckResult": "selfcheck", "require_deterministic_machine": "selfcheck", "run_selfchecks": "selfcheck",
+    "TrainState": "state", "init_state": "state",
+    "StepReport": "step", "train_step": "step",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "PRESETS",

@@ -21,15 +21,14 @@ independent code paths have agreed.
 from __future__ import annotations
 
 import platform
-import re
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
-from .errors import DeviceSpecError, DeviceUnavailableError
+from .device_spec import parse_device_spec
+from .errors import DeviceUnavailableError
 from .selfcheck import CheckResult, run_selfchecks
 
-_SPEC = re.compile(r"^(auto|cpu|cuda)(?::(\d{1,3}))?$")
 
 
 def cpu_device_class() -> str:
@@ -93,14 +92,6 @@ class DeviceChoice:
         from .backend import default_backend
 
         return default_backend(config)
-
-
-def parse_device_spec(spec: str) -> tuple[str, int | None]:
-    """``("auto" | "cpu" | "cuda", index or None)``; :class:`DeviceSpecError` for anything else."""
-    match = _SPEC.match(spec.strip().lower()) if isinstance(spec, str) else None
-    if match is None or (match.group(2) is not None and match.group(1) != "cuda"):
-        raise DeviceSpecError(f"device must be auto, cpu, cuda or cuda:N, got {spec!r}")
-    return match.group(1), None if match.group(2) is None else int(match.group(2))
 
 
 def cuda_device_count() -> tuple[int, str]:

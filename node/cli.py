@@ -318,7 +318,7 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
 
 
 def cmd_replay(args: argparse.Namespace) -> CommandResult:
-    from open1b.deterministic.device import parse_device_spec
+    from open1b.deterministic.device_spec import parse_device_spec
 
     from .progress import progress
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from multiaddr import Multiaddr
 
-from open1b.deterministic.device import parse_device_spec
+from open1b.deterministic.device_spec import parse_device_spec
 from open1b.deterministic.errors import DeviceSpecError
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS

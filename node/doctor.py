@@ -48,7 +48,8 @@ GPU_CHECK = "gpu"
 def _gpu(spec: str) -> list[Check]:
     """One line per CUDA device, each self-checked on the device itself (the probes run by its own
     kernels, and the known-answer step, whose hash must be the CPU's pinned one)."""
-    from open1b.deterministic.device import cuda_device_count, parse_device_spec, probe_cuda_device
+    from open1b.deterministic.device import cuda_device_count, probe_cuda_device
+    from open1b.deterministic.device_spec import parse_device_spec
 
     kind, index = parse_device_spec(spec)
     if kind == "cpu":

@@ -17,6 +17,7 @@ on the management address). This host does not forward between the halves. Needs
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Partition:
     """``with Partition() as (a, b): ... p.split() ... p.heal()``; everything is removed on exit."""
 
     def __init__(self) -> None:
-        tag = f"o1b{os.getpid() % 100000}"
+        tag = f"{TAG_PREFIX}{os.getpid() % 100000}"
         self.ns = (f"{tag}a", f"{tag}b")
         self.link = (f"{tag}ab", f"{tag}ba")
         self.mgmt = ((f"{tag}ma", f"{tag}mah"), (f"{tag}mb", f"{tag}mbh"))
@@ -53,6 +54,7 @@ class Partition:
     def __enter__(self) -> tuple[Half, Half]:
         if os.geteuid() != 0 or shutil.which("ip") is None:
             raise NetnsUnavailable("network namespaces unavailable: they need root and iproute2's `ip`")
+        clear_stale()
         try:
             self._setup()
         except NetnsUnavailable:
@@ -94,6 +96,31 @@ class Partition:
             subprocess.run(["ip", "link", "del", outer], capture_output=True)
         for ns in self.ns:  # deleting a namespace deletes the links inside it
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+TAG_PREFIX = "o1b"
+_OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(a|b|ma|mb|mah|mbh|ab|ba)$")
+
+
+def clear_stale() -> list[str]:
+    """Delete the namespaces and host links a killed devnet left behind (its process is gone):
+    their host addresses are the same 10.232.x ones every partition uses, so a leftover would
+    make the next partition's management links unreachable. Returns what it deleted."""
+    live = {int(p) % 100000 for p in os.listdir("/proc") if p.isdigit()}
+    listed = [line.split()[0] for line in _out("ip", "netns", "list").splitlines() if line.strip()]
+    links = [line.split()[0].split("@")[0] for line in _out("ip", "-br", "link").splitlines() if line.strip()]
+    deleted = []
+    for kind, names in (("netns", listed), ("link", links)):
+        for name in names:
+            match = _OURS.match(name)
+            if match and int(match.group(1)) not in live:
+                subprocess.run(["ip", kind, "del", name], capture_output=True)
+                deleted.append(name)
+    return deleted
+
+
+def _out(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True).stdout
 
 
 def _ip(*args: str) -> None:

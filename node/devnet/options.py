@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from open1b.deterministic import PRESETS
-from open1b.deterministic.device import parse_device_spec
+from open1b.deterministic.device_spec import parse_device_spec
 from open1b.deterministic.trainer import DEFAULT_PRESET
 from open1b.protocol import Open1bError
 

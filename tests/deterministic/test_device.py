@@ -8,9 +8,8 @@ machine has none; the real probes on a CUDA backend run in ``test_cuda_sim`` (si
 import pytest
 
 from open1b.deterministic import device
-from open1b.deterministic.device import (
-    DeviceProbe, cpu_device_class, cuda_device_count, parse_device_spec, select_device,
-)  # fmt: skip
+from open1b.deterministic.device import DeviceProbe, cpu_device_class, cuda_device_count, select_device
+from open1b.deterministic.device_spec import parse_device_spec
 from open1b.deterministic.errors import DeviceSpecError, DeviceUnavailableError
 from open1b.deterministic.selfcheck import CheckResult
 
