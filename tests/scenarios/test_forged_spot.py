@@ -62,6 +62,13 @@ def test_honest_steps_of_a_forged_run_pass(forged):
     assert check_spot(run_dir, FORGED - 1, challenge, forged_answer(run_dir, FORGED - 1, challenge)).passed
 
 
+def test_a_forged_loss_is_caught_by_the_loss_sum_and_by_no_replay(tmp_path):
+    manifest = publish_forged_run(tmp_path, ident(0), steps=2, seed=6, forgeries={1: "forged-loss"})
+    assert all(replay(tmp_path, k).match for k in range(2))
+    challenge, _ = next(_challenges(manifest, 1))
+    assert check_spot(tmp_path, 1, challenge, forged_answer(tmp_path, 1, challenge)).caught == "loss_sum"
+
+
 def test_a_forged_micro_batch_escapes_a_challenge_of_another_slot(tmp_path):
     """Detection per challenge is 1 / slots, not 1: the forger answers with the chunks it committed."""
     manifest = publish_forged_run(tmp_path, ident(0), steps=STEPS, seed=6, forgeries={FORGED: "forged-microbatch"})
