@@ -97,6 +97,7 @@ def test_constants_table_is_the_code():
         "MAX_BLOB_REQUEST": blobs.MAX_REQUEST, "MAX_BLOB_SIZE": blobs.MAX_BLOB_SIZE,
         "MAX_GOSSIP_MESSAGE": p2p.MAX_PUBSUB_MESSAGE, "MAX_SPOTCHECK_SIZE": spotcheck.MAX_SPOTCHECK_SIZE,
         "CHALLENGE_CHUNKS": spotcheck.CHALLENGE_CHUNKS, "ANSWER_SECONDS": spotcheck.ANSWER_SECONDS,
+        "MAX_ANSWER_SIZE": spotcheck.MAX_ANSWER_SIZE,
     }
     table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", _section("2. Constants"), re.M))
     assert {k: int(v) for k, v in table.items()} == code
