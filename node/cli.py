@@ -95,7 +95,7 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
-        behaviour=args.behaviour, device=args.device,
+        behaviour=args.behaviour, device=args.device, answer_s=args.answer_seconds,
     )
     harness = None
     if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
@@ -538,8 +538,11 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--publisher", action="append", default=[], metavar="PEER_ID",
                    help="audit only runs this peer published (repeatable; adds to config: publishers; "
                         "default: runs of any publisher)")
-    # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--device", help=DEVICE_HELP + " (config: device)")
+    d.add_argument("--answer-seconds", type=float, metavar="S",
+                   help="how long a spot check waits for the trainer's answer before signing no_answer"
+                        " (config: answer_seconds; default: the spec's ANSWER_SECONDS, 3600)")
+    # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")

@@ -19,6 +19,8 @@ running :class:`~open1b.node.daemon.Daemon`'s components. Behaviours:
   sync requests with the same bytes, and writes what it sent to ``<data dir>/injected.json``.
 * ``sybil=N`` — mints N fresh keys and publishes, under each, a match for every step at once.
 * ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``).
+* ``refuse``  — honest, but never answers a spot-check challenge of the runs it publishes: it
+  reads the request and says nothing until the verifier gives up (``refusing-trainer``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from ..auditor import Replayer
 from ..config import ConfigError, NodeConfig
 from ..daemon import Daemon
 from ..files import write_atomic
+from ..p2p import Stream
+from ..spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL
 from ..sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
 from ..topics import attestations_topic
 from ..worker import WorkerResult
@@ -107,6 +111,18 @@ class Slow(Adversary):
         result = await self.honest.replay(manifest, run_dir, step)
         await trio.sleep(float(self.arg or 3))
         return result
+
+
+class Refuse(Adversary):
+    def replayer(self, honest: Replayer) -> Replayer:
+        return honest
+
+    async def run(self, daemon: Daemon) -> None:
+        async def silent(stream: Stream) -> None:
+            await stream.receive(MAX_CHALLENGE_REQUEST)
+            await stream.receive(1)  # returns (or raises) when the verifier closes or resets the stream
+
+        daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, silent)  # in place of the honest answer server
 
 
 def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) -> Attestation:
@@ -344,4 +360,5 @@ async def _serve_garbage(stream, frames: list[bytes]) -> None:
     await stream.close()
 
 
-BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow}
+BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow,
+                                         "refuse": Refuse}
