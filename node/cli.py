@@ -263,7 +263,9 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
         spot = c.get("spot_checks")
         escape = ([f"spot checks (not replays): {spot['spot_checked_steps']} steps passed, failed"
                    f" {spot['spot_failed_steps'] or 'none'}; escape probability of a forged run:"
-                   f" {spot['escape_one_forged']:.3g} (1 step), {spot['escape_one_percent_forged']:.3g} (1% of steps)"]
+                   f" {spot['escape_one_forged']:.3g} (1 step), {spot['escape_one_percent_forged']:.3g} (1% of steps)"
+                   + (f"; this node does not spot check it: {spot['not_spot_checked_because']}"
+                      if spot.get("not_spot_checked_because") else "")]
                   if spot else [])  # fmt: skip
         return "\n".join([head, trust, *escape, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
@@ -657,8 +659,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
     n.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
-                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner"
-                        " (docs/reliability.md)")
+                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner,"
+                        " forged-data, skipped-update, forged-microbatch, refusing-trainer (docs/reliability.md)")
     n.add_argument("--device", default="auto", help=DEVICE_HELP + " (the trainer's and every daemon's)")
     n.set_defaults(func=cmd_devnet)
 

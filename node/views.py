@@ -62,10 +62,12 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
     }
 
 
-def spot_json(spot: SpotCoverage) -> dict:
+def spot_json(spot: SpotCoverage, why_not: str | None = None) -> dict:
     """Spot checks (docs/protocol.md §8.7): their own status, never counted as replays, and the
-    probability that a run with one forged step, or 1% of its steps forged, escaped every check so far."""
+    probability that a run with one forged step, or 1% of its steps forged, escaped every check so far.
+    ``why_not``: why this node does not spot check the run (a run without fingerprints), or None."""
     return {
+        "spot_checkable": why_not is None, "not_spot_checked_because": why_not,
         "spot_checked_steps": spot.count(SpotStatus.SPOT_CHECKED), "spot_failed_steps": spot.failed_steps,
         "detection_per_check": spot.detection, "escape_one_forged": spot.escape_one,
         "escape_one_percent_forged": spot.escape_fraction,

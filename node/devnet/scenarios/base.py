@@ -89,6 +89,10 @@ class Scenario:
     def auditor_args(self) -> tuple[str, ...]:
         return ()
 
+    def observer_args(self) -> tuple[str, ...]:
+        """Flags of the observer, the node that publishes the run (and answers its challenges)."""
+        return ()
+
     def publishers(self, net: Net) -> list[int]:
         """Nodes besides the observer that publish the run (each serves its files)."""
         return []
