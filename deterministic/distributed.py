@@ -53,6 +53,7 @@ from safetensors.numpy import save_file as save_safetensors
 from .backend import default_backend
 from .config import GPTConfig, Topology
 from .errors import ConfigError, DistributedError
+from .fingerprint import StepFingerprint, fingerprinted_step
 from .jit import SOURCE_DIGEST
 from .selfcheck import require_deterministic_machine
 from .state import TrainState
@@ -68,6 +69,9 @@ StateEdit = Callable[[TrainState], TrainState]
 
 Step = tuple[TrainState, np.ndarray, StepReport]
 """What each iteration yields: the state after step k, the batch of step k and its report."""
+
+OnFingerprint = Callable[[StepFingerprint], None]
+"""Receives step k's fingerprint before step k is yielded (the trainer writes them to the run)."""
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 600.0
@@ -122,14 +126,20 @@ class ExchangeLayout:
 
 def local_steps(
     state0: TrainState, batch_fn: BatchFn, topology: Topology, steps: int, *,
-    after_step: StateEdit | None = None, backend=None,
+    after_step: StateEdit | None = None, backend=None, on_fingerprint: OnFingerprint | None = None,
 ) -> Iterator[Step]:  # fmt: skip
     """The one-process equivalent of :func:`distributed_steps`: ``steps`` calls of
-    :func:`.step.train_step`, step k on ``batch_fn(k)`` (k counts from ``state0.step``)."""
+    :func:`.step.train_step`, step k on ``batch_fn(k)`` (k counts from ``state0.step``). With
+    ``on_fingerprint``, each step is :func:`.fingerprint.fingerprinted_step` (the same bits) and
+    its fingerprint is handed over before the step is yielded."""
     state = state0
     for _ in range(steps):
         batch = batch_fn(state.step)
-        state, report = train_step(state, batch, topology, backend=backend)
+        if on_fingerprint is None:
+            state, report = train_step(state, batch, topology, backend=backend)
+        else:
+            state, report, fingerprint = fingerprinted_step(state, batch, topology, backend=backend)
+            on_fingerprint(fingerprint)
         if after_step is not None:
             state = after_step(state)
         yield state, batch, report
@@ -137,17 +147,21 @@ def local_steps(
 
 def run_steps(
     state0: TrainState, batch_fn: BatchFn, topology: Topology, steps: int, *, world: int = 1,
-    after_step: StateEdit | None = None, backend=None,
+    after_step: StateEdit | None = None, backend=None, on_fingerprint: OnFingerprint | None = None,
 ) -> Iterator[Step]:  # fmt: skip
     """The trainer's one loop: :func:`local_steps` (on ``backend``, default the CPU's) when
     ``world`` is 1; :func:`launched_steps` when a launcher started this process as one of
     ``world`` ranks (:func:`launched_rank`); else :func:`distributed_steps`, which starts
-    ``world`` CPU processes here. All yield the same bits."""
+    ``world`` CPU processes here. All yield the same bits. ``on_fingerprint`` receives every
+    step's fingerprint (docs/run-format.md §10.1) before the step is yielded."""
     launched = launched_rank()
     if world == 1 and launched is None:
-        return local_steps(state0, batch_fn, topology, steps, after_step=after_step, backend=backend)
+        return local_steps(state0, batch_fn, topology, steps, after_step=after_step, backend=backend,
+                           on_fingerprint=on_fingerprint)
     if backend is not None:
         raise ConfigError("data-parallel training (world > 1) runs on the CPU backend only")
+    if on_fingerprint is not None:
+        raise ConfigError("fingerprints are recorded by one-process training only (docs/run-format.md §10.6)")
     if launched is not None:  # a launcher started every rank, here and on other machines
         rank, launched_world = launched
         if launched_world != world:

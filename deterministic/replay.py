@@ -53,6 +53,14 @@ def check_engine(manifest: RunManifest) -> None:
             f"run needs engine {manifest.engine} {manifest.engine_version}; this node has {ENGINE} {ENGINE_VERSION}")
 
 
+def check_data_rules(manifest: RunManifest) -> None:
+    """Refuse a run whose data order, tokenizer or schedule is not this engine's own."""
+    if (manifest.data.get("order"), manifest.data.get("tokenizer"), manifest.data.get("schedule")) != (
+            DATA_ORDER, TOKENIZER, SCHEDULE):
+        raise RunFormatError(f"run's data rules {dict(manifest.data)} are not this engine's "
+                             f"({DATA_ORDER}, {TOKENIZER}, {SCHEDULE})")
+
+
 # A worker replays many steps of one run: verify its samples file once (by blob address, which
 # the manifest signs), not once per step.
 _DATASETS: dict[tuple[str, bytes], Dataset] = {}
@@ -75,10 +83,7 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     check_engine(manifest)
     if not 0 <= step < manifest.steps:
         raise RunFormatError(f"step {step} is outside the run's {manifest.steps} steps")
-    if (manifest.data.get("order"), manifest.data.get("tokenizer"), manifest.data.get("schedule")) != (
-            DATA_ORDER, TOKENIZER, SCHEDULE):
-        raise RunFormatError(f"run's data rules {dict(manifest.data)} are not this engine's "
-                             f"({DATA_ORDER}, {TOKENIZER}, {SCHEDULE})")
+    check_data_rules(manifest)
     config, topology = config_of(manifest)
     if device is None:
         backend = default_backend(config)

@@ -3,6 +3,7 @@
     RUN/manifest.cbor                      the signed RunManifest (canonical CBOR)
     RUN/checkpoints/<k:08d>.safetensors    state k (before step k), k = 0 … steps
     RUN/samples.bin                        the samples the batches are drawn from
+    RUN/fingerprints.cbor                  every step's fingerprint, when the run records them (§10)
 
 Checkpoints are safetensors files — a JSON header and raw little-endian arrays — so loading
 one never executes anything (no pickle). The manifest names each file by its BLAKE2b-256 (its
@@ -19,7 +20,10 @@ import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from open1b.protocol import RUN_FORMAT, Identity, RunManifest, TensorBytes, batch_digest, encode, genesis, state_hash
+from open1b.protocol import RUN_FORMAT, Identity, RunManifest, TensorBytes, batch_digest, encode, genesis
+from open1b.protocol.commitments import state_hash_of_root, state_root
+from open1b.protocol.fingerprints import FINGERPRINTS_FILE, commitment
+from open1b.protocol.fingerprints import data_fields as fingerprint_fields
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.messages import MAX_MANIFEST_SIZE
 from open1b.protocol.witness import witness_commitment
@@ -79,9 +83,7 @@ def lr_bits(config: GPTConfig) -> int:
 def next_state_hash(prev: bytes, state: TrainState, batch: np.ndarray | None) -> bytes:
     """h_k for ``state`` (at step k), given h_{k-1} (or the genesis hash) and the batch of step k-1;
     h_0 (``batch`` None) records no batch and a learning rate of 0."""
-    consumed = step_batch_digest(batch) if batch is not None else bytes(32)
-    lr = lr_bits(state.config) if batch is not None else 0
-    return state_hash(prev, state.step, state_tensor_bytes(state), consumed, lr_bits=lr)
+    return state_hash_of_root(prev, *state_link(state, batch))
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -107,41 +109,67 @@ class RunWriter:
     """Writes a run directory as training goes and signs its manifest at the end.
 
     ``fields`` are the manifest's run parameters (engine … seed, samples_*); :meth:`start`
-    records state 0, :meth:`record` each following state with the batch that produced it and
-    the step's replay witness. The trainer and the forging trainer of the devnet both use it,
-    so the format lives in one place.
+    records state 0, :meth:`record` each following state with the batch that produced it, the
+    step's replay witness and, for a run with fingerprints, the step's fingerprint map. The
+    trainer and the forging trainer of the devnet both use it, so the format lives in one place.
+
+    Each state is hashed as it comes (its state root, the costly part of h_k); the chain
+    h_0 … h_S is linked at :meth:`finish`, because h_0's genesis commits to the whole ``data``
+    map, which then holds the fingerprints' commitments (docs/run-format.md §1, §10.1).
     """
 
     def __init__(self, run_dir: Path, fields: dict) -> None:
         self.run_dir, self.fields = Path(run_dir), {"format": RUN_FORMAT, **fields}
-        self.hashes: list[bytes] = []
+        self.links: list[tuple[int, int, bytes, int, bytes]] = []  # h_k's preimage without prev
         self.checkpoints: list[bytes] = []
         self.witnesses: list[bytes] = []
+        self.fingerprints: list[dict] = []
         self.evaluations: dict[int, int] = {}
 
     def start(self, state: TrainState) -> None:
-        self.hashes.append(next_state_hash(genesis_hash(self.fields), state, None))
+        self.links.append(state_link(state, None))
         self.checkpoints.append(save_checkpoint(self.run_dir, state))
 
-    def record(self, state: TrainState, batch: np.ndarray, witness: bytes) -> None:
-        """State ``k + 1``, the batch of step k (named in h_{k+1}) and W_k, step k's witness."""
-        self.hashes.append(next_state_hash(self.hashes[-1], state, batch))
+    def record(self, state: TrainState, batch: np.ndarray, witness: bytes, fingerprint: dict | None = None) -> None:
+        """State ``k + 1``, the batch of step k (named in h_{k+1}), W_k, step k's witness, and
+        F_k's map (:meth:`.fingerprint.StepFingerprint.value`) when the run records fingerprints."""
+        self.links.append(state_link(state, batch))
         self.checkpoints.append(save_checkpoint(self.run_dir, state))
         self.witnesses.append(witness_commitment(witness))
+        if fingerprint is not None:
+            self.fingerprints.append(fingerprint)
 
     def record_evaluation(self, k: int, loss_bits: int) -> None:
         """The evaluation loss (float32 bits) of state ``k``, an entry of the run's schedule."""
         self.evaluations[k] = loss_bits
 
     def finish(self, identity: Identity, created_at: int) -> RunManifest:
+        fields = dict(self.fields)
+        if self.fingerprints:
+            if len(self.fingerprints) != len(self.witnesses):
+                raise ValueError("a run records the fingerprint of every step or of none")
+            data = encode(self.fingerprints)
+            write_atomic(self.run_dir / FINGERPRINTS_FILE, data)
+            fields["data"] = {**fields["data"], **fingerprint_fields(data, [commitment(f) for f in self.fingerprints])}
+        hashes, prev = [], genesis_hash(fields)
+        for link in self.links:
+            prev = state_hash_of_root(prev, *link)
+            hashes.append(prev)
         manifest = RunManifest.create(
-            identity, **self.fields, steps=len(self.witnesses), state_hashes=self.hashes,
+            identity, **fields, steps=len(self.witnesses), state_hashes=hashes,
             checkpoints=self.checkpoints, witnesses=self.witnesses, created_at=created_at,
         )
         if self.evaluations:
             write_atomic(self.run_dir / EVALUATIONS_FILE, encode(sorted(self.evaluations.items())))
         write_atomic(self.run_dir / MANIFEST_FILE, manifest.encoded)
         return manifest
+
+
+def state_link(state: TrainState, batch: np.ndarray | None) -> tuple[int, int, bytes, int, bytes]:
+    """h_k's preimage but ``prev`` (as :func:`next_state_hash` fills it): step, lr bits, batch digest, count, root."""
+    consumed = step_batch_digest(batch) if batch is not None else bytes(32)
+    lr = lr_bits(state.config) if batch is not None else 0
+    return (state.step, lr, consumed, *state_root(state_tensor_bytes(state)))
 
 
 def max_checkpoint_bytes(config: GPTConfig) -> int:

@@ -28,6 +28,7 @@ from .data import (
 from .documents import KEY_EVAL_DOCUMENTS, Documents
 from .device import DeviceChoice
 from .distributed import run_steps
+from .fingerprint import StepFingerprint
 from .evaluation import eval_fields, eval_loss, eval_schedule, loss_bits
 from .provenance import write_run_samples
 from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, RunWriter
@@ -79,6 +80,7 @@ def publish_run(
     device: DeviceChoice | None = None,
     eval_documents: int = 0,
     eval_every: int = 0,
+    fingerprints: bool = True,
 ) -> RunManifest:
     """Train ``steps`` steps of ``preset`` (its model and topology) and write the run directory
     ``out_dir``; returns the signed manifest.
@@ -91,7 +93,11 @@ def publish_run(
 
     ``eval_documents`` H ≥ 1 holds out the corpus's last H documents as the evaluation set and
     evaluates every ``eval_every``-th state on it (docs/run-format.md §9); the losses go to
-    ``RUN/evaluations.cbor`` for the publisher to sign."""
+    ``RUN/evaluations.cbor`` for the publisher to sign.
+
+    ``fingerprints`` records every step's fingerprint (docs/run-format.md §10.1) into
+    ``RUN/fingerprints.cbor`` and commits to it in the manifest's ``data``; the states are the
+    same bits either way."""
     if steps < 1:
         raise ValueError("a run needs at least one step")
     if tamper_step is not None and not 0 <= tamper_step < steps:
@@ -114,10 +120,12 @@ def publish_run(
     batch_fn = functools.partial(batch_for_step, dataset, seed, config=config, topology=topology)
     forge = functools.partial(_forge_after, tamper_step) if tamper_step is not None else None
     backend = device.backend_for(config) if device is not None else None
-    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge, backend=backend)
+    recorded: list[StepFingerprint] = []
+    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge, backend=backend,
+                        on_fingerprint=recorded.append if fingerprints else None)
     with contextlib.closing(trained):  # a failure below ends the worker processes at once
         for k, (state, batch, report) in enumerate(trained):
-            writer.record(state, batch, report.witness)
+            writer.record(state, batch, report.witness, recorded[k].value() if fingerprints else None)
             if state.step in schedule:
                 writer.record_evaluation(state.step, loss_bits(eval_loss(state, eval_set)))
             if progress:

@@ -465,10 +465,11 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
         manifest = publish_run(out_dir, load_identity(data_dir), steps=args.steps, seed=args.seed,
                                tamper_step=args.tamper_step, ranks=args.ranks, device=device,
                                eval_documents=args.eval_documents, eval_every=args.eval_every,
-                               progress=lambda done, total: update(done, ""), **options)
+                               fingerprints=args.fingerprints, progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
-           "ranks": manifest.model["ranks"], "device": device.device_class if device else "cpu (one process a rank)"}
+           "ranks": manifest.model["ranks"], "device": device.device_class if device else "cpu (one process a rank)",
+           "fingerprints": manifest.data.get("fingerprints_root", "none")}
     if launched is not None:  # torchrun (or the like) started this process as one rank of several
         out["launched_rank"] = launched[0]
     return CommandResult(out, lambda o: "\n".join(f"{k:<10} {v}" for k, v in o.items()))
@@ -478,14 +479,16 @@ def _fresh_run_dir(out: Path) -> Path:
     """``train --out``: a new directory, an empty one, or an earlier run directory, whose run files
     are removed first (a shorter run must not leave the old run's later checkpoints behind).
     Anything else is refused rather than mixed with a run."""
-    from open1b.deterministic.runfile import CHECKPOINT_DIR, MANIFEST_FILE, SAMPLES_FILE
+    from open1b.deterministic.runfile import CHECKPOINT_DIR, EVALUATIONS_FILE, MANIFEST_FILE, SAMPLES_FILE
+    from open1b.protocol.fingerprints import FINGERPRINTS_FILE
 
     if out.exists() and not out.is_dir():
         raise Open1bError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not (out / MANIFEST_FILE).is_file():
             raise Open1bError(f"--out {out} is a non-empty directory that holds no run; choose a new or empty one")
-        for path in [out / MANIFEST_FILE, out / SAMPLES_FILE, *(out / CHECKPOINT_DIR).glob("*.safetensors")]:
+        for path in [out / MANIFEST_FILE, out / SAMPLES_FILE, out / FINGERPRINTS_FILE, out / EVALUATIONS_FILE,
+                     *(out / CHECKPOINT_DIR).glob("*.safetensors")]:
             path.unlink(missing_ok=True)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -642,6 +645,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-documents", type=int, default=0, metavar="H",
                    help="hold out the corpus's last H documents as a committed evaluation set (docs/run-format.md §9)")
     t.add_argument("--eval-every", type=_at_least_one, default=1, metavar="V", help="evaluate every V-th state")
+    t.add_argument("--no-fingerprints", dest="fingerprints", action="store_false",
+                   help="do not record step fingerprints (docs/run-format.md §10): the run cannot be spot checked")
     t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")

@@ -158,8 +158,19 @@ def state_hash(prev: bytes, step: int, tensors: Mapping[str, TensorBytes], batch
     """h_k of the state ``tensors`` reached at ``step``. ``lr_bits`` is the float32 bit pattern of
     the learning rate the step that produced the state used (0 for h_0). Chunks are hashed by
     ``workers`` threads (default: one per core); the hash does not depend on ``workers``."""
+    return state_hash_of_root(prev, step, lr_bits, batch_digest, *state_root(tensors, workers=workers))
+
+
+def state_root(tensors: Mapping[str, TensorBytes], *, workers: int | None = None) -> tuple[int, bytes]:
+    """(tensor count, state root) of a state: the expensive part of h_k, which does not depend on
+    ``prev`` (a trainer hashes each state as it goes and chains them once the genesis is known)."""
     tree = _tree(tensors, workers)
-    return _hash(prev, step, lr_bits, batch_digest, len(tree.digests), merkle_root(tree.digests))
+    return len(tree.digests), merkle_root(tree.digests)
+
+
+def state_hash_of_root(prev: bytes, step: int, lr_bits: int, batch_digest: bytes, count: int, root: bytes) -> bytes:
+    """h_k from ``prev`` and the rest of its preimage (:func:`state_root` gives count and root)."""
+    return _hash(prev, step, lr_bits, batch_digest, count, root)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from . import signing
 from .signing import PROTOCOL_VERSION
 from .codec import decode, encode
 from .errors import WrongTypeError
+from .fingerprints import committed as committed_fingerprints
 from .hashing import blake2b256
 from .identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_public_key
 from .schema import Bytes, Enum, FieldType, ListOf, Scalars, Text, UInt, check_map
@@ -191,6 +192,7 @@ class RunManifest(SignedMessage):
             raise WrongTypeError("manifest: witnesses must hold one commitment per step", code="witnesses")
         if self.samples < 1:
             raise WrongTypeError("manifest: a run needs at least one sample", code="samples")
+        committed_fingerprints(self.data)  # code fingerprints: both keys or neither, each a hex hash
 
     @property
     def run_id(self) -> bytes:

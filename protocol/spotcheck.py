@@ -33,6 +33,11 @@ CHALLENGE_CHUNKS = 4
 ANSWER_SECONDS = 3600
 """How long a trainer has to answer a challenge before the verifier signs ``fail``/``no_answer``
 (docs/protocol.md §5.5): at most one recomputation of a step, which is about an hour on an H100."""
+MAX_ANSWER_SIZE = 1 << 26
+"""Bytes of a trainer's answer to one challenge (docs/run-format.md §10.2): the challenged chunks
+(64 KiB each) of every slot's gradient and of the sum, with their audit paths. 64 MiB holds
+CHALLENGE_CHUNKS openings for up to 240 slots (ranks × micro_batches); a run with more slots
+cannot be spot checked."""
 PASS, FAIL = "pass", "fail"
 CAUGHT = ("none", "loss", "gradient", "loss_sum", "proof", "sum", "update", "no_answer")
 """The link a spot check found broken (docs/run-format.md §10.3), ``none`` for a pass."""

@@ -1,0 +1,281 @@
+"""Spot checks of a run directory (docs/run-format.md §10.2): the trainer's answer to a challenge,
+and the verifier's check of it. The two functions the node calls.
+
+* :func:`answer_from_run` — the trainer's side: from its own run directory, recompute step k
+  once and open the challenged chunks (:func:`.fingerprint.answer_challenge`), encoded as the
+  canonical CBOR *answer* below, at most :data:`MAX_ANSWER_SIZE` bytes.
+* :func:`check_spot` — the verifier's side: from a run directory holding the manifest, the
+  samples file, checkpoints k and k+1 and ``fingerprints.cbor``, run the links of §10.2 in
+  order and report the first that breaks (a :class:`SpotResult`, whose fields are those of the
+  ``spotcheck`` statement).
+
+Everything is untrusted: the manifest is decoded and authenticated, the fingerprints file is
+size-bounded before it is read and checked against both of the manifest's commitments, each
+checkpoint against its address and recomputed state hash, and the answer (the trainer's bytes)
+is size-bounded, decoded as canonical CBOR and shape-checked before any arithmetic; a malformed
+answer is a ``fail`` caught by ``proof``, never an exception. What the verifier cannot judge —
+its own files missing or not the run's, a run without fingerprints, another engine — raises
+(:class:`SpotInputError` and the replayer's errors), and the caller signs nothing.
+
+The answer::
+
+    {"step": k, "openings": [{"chunk": c, "micro": [f32le bytes, … one per slot],
+                              "micro_proofs": [[32-byte hash, …], … one per slot],
+                              "summed": f32le bytes, "summed_proof": [32-byte hash, …]}, …]}
+
+one opening per challenged chunk, in the challenge's (ascending) order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from open1b.protocol import RunManifest, encode
+from open1b.protocol.codec import decode
+from open1b.protocol.errors import ProtocolError
+from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, decode_fingerprints, max_fingerprints_size
+from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
+from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_challenge
+
+from .backend import default_backend
+from .config import GPTConfig, Topology
+from .data import batch_for_step
+from .device import DeviceChoice
+from .errors import CheckpointMismatchError, RunFormatError
+from .fingerprint import CHUNK_ELEMENTS, Caught, ChunkOpening, StepFingerprint, answer_challenge, check_chunks
+from .fingerprint import check_loss_sum, check_micro, chunk_count
+from .provenance import load_run_samples
+from .replay import check_data_rules, check_engine
+from .runfile import genesis_hash, load_checkpoint, next_state_hash, read_manifest
+from .samples import Dataset
+from .selfcheck import require_deterministic_machine
+from .state import TrainState
+from .trainer import config_of
+
+__all__ = ["MAX_ANSWER_SIZE", "SpotInputError", "SpotResult", "answer_from_run", "check_spot", "decode_answer",
+           "encode_answer", "load_fingerprints"]
+
+_F32 = np.dtype("<f4")
+_MAX_PROOF = 64
+"""Audit-path entries an answer may hold per chunk: a tree of 2^64 leaves needs no more."""
+
+
+class SpotInputError(RunFormatError):
+    """The verifier's (or trainer's) own run directory cannot serve this spot check: the run commits
+    to no fingerprints, the fingerprints file is not the one it commits to, the step is outside
+    the run, or the run has too many slots for an answer to fit :data:`MAX_ANSWER_SIZE`."""
+
+
+@dataclass(frozen=True)
+class SpotResult:
+    """What one spot check found, with the ``spotcheck`` statement's fields (docs/protocol.md §5.3)."""
+
+    run: bytes
+    step: int
+    pre_state: bytes  # h_step: checkpoint k was checked against it
+    fingerprint: bytes  # F_step, the fingerprint checked against
+    slot: int  # the (rank · micro_batches + micro-batch) recomputed
+    chunks: tuple[int, ...]  # the gradient chunks opened (or asked for, with no answer)
+    chunks_total: int
+    caught: str  # one of protocol.spotcheck.CAUGHT: the first link that broke, "none" for a pass
+    elapsed_ms: int
+
+    @property
+    def passed(self) -> bool:
+        return self.caught == Caught.NONE.value
+
+    @property
+    def verdict(self) -> str:
+        return PASS if self.passed else FAIL
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A run directory's checked manifest and what its steps are computed from."""
+
+    dir: Path
+    manifest: RunManifest
+    config: GPTConfig
+    topology: Topology
+    dataset: Dataset
+
+    @property
+    def slots(self) -> int:
+        return self.topology.ranks * self.topology.micro_batches
+
+    def batch(self, step: int) -> np.ndarray:
+        return batch_for_step(self.dataset, self.manifest.seed, step, self.config, self.topology)
+
+    def state(self, k: int) -> TrainState:
+        """Checkpoint k, accepted only with its address and its recomputed h_k (run-format §2)."""
+        state = load_checkpoint(self.dir, k, self.config, self.manifest.checkpoints[k])
+        prev = genesis_hash(self.manifest.body()) if k == 0 else self.manifest.state_hashes[k - 1]
+        if next_state_hash(prev, state, self.batch(k - 1) if k > 0 else None) != self.manifest.state_hashes[k]:
+            raise CheckpointMismatchError(f"checkpoint {k} does not hash to the published h_{k}")
+        return state
+
+
+def _open_run(run_dir: Path, step: int, device: DeviceChoice | None):
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    check_engine(manifest)
+    check_data_rules(manifest)
+    if type(step) is not int or not 0 <= step < manifest.steps:
+        raise SpotInputError(f"step {step!r} is outside the run's {manifest.steps} steps")
+    config, topology = config_of(manifest)
+    if device is None:
+        backend = default_backend(config)
+        require_deterministic_machine(backend)
+    else:
+        backend = device.backend_for(config)
+    return _Run(run_dir, manifest, config, topology, load_run_samples(run_dir, manifest)), backend
+
+
+def load_fingerprints(run_dir: Path, manifest: RunManifest) -> list[StepFingerprint]:
+    """``RUN/fingerprints.cbor``, accepted only when it is no larger than the run allows (checked
+    before reading), its BLAKE2b-256 is the manifest's ``fingerprints_blob`` and its entries'
+    Merkle root the manifest's ``fingerprints_root``."""
+    try:
+        commitments = committed(manifest.data)
+    except ProtocolError as exc:  # a decoded manifest has passed this rule already
+        raise SpotInputError(str(exc)) from None
+    if commitments is None:
+        raise SpotInputError("the run commits to no fingerprints: it cannot be spot checked")
+    root, blob = commitments
+    _, topology = config_of(manifest)
+    slots = topology.ranks * topology.micro_batches
+    data = _read_bounded(Path(run_dir) / FINGERPRINTS_FILE, max_fingerprints_size(manifest.steps, slots))
+    if blake2b256(data) != blob:
+        raise SpotInputError(f"{FINGERPRINTS_FILE} is not the file the manifest names (fingerprints_blob)")
+    try:
+        entries = decode_fingerprints(data, steps=manifest.steps, slots=slots, root=root)
+    except ProtocolError as exc:
+        raise SpotInputError(f"{FINGERPRINTS_FILE}: {exc}") from None
+    return [_step_fingerprint(e) for e in entries]
+
+
+def _step_fingerprint(entry: dict) -> StepFingerprint:
+    # StepFingerprint.value() gives back exactly ``entry``, so its commitment is the committed F_k
+    return StepFingerprint(entry["step"], tuple(entry["losses"]), tuple(entry["grad_roots"]), entry["sum_root"],
+                           entry["loss"], entry["grad_norm"], entry["clip_coef"])  # fmt: skip
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise SpotInputError(f"{path}: {size} bytes, more than the {limit} this run allows")
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise SpotInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise SpotInputError(f"{path}: grew past the {limit} bytes allowed while being read")
+    return data
+
+
+def _challenge(run: _Run, challenge: bytes) -> tuple[int, tuple[int, ...], int]:
+    if not isinstance(challenge, bytes):
+        raise TypeError("a challenge is the verifier's signature bytes")
+    total = chunk_count(run.config)
+    slot, chunks = derive_challenge(challenge, run.slots, total)
+    return slot, chunks, total
+
+
+# -- the answer --------------------------------------------------------------------------------
+def encode_answer(step: int, openings: tuple[ChunkOpening, ...]) -> bytes:
+    return encode({"step": step, "openings": [
+        {"chunk": op.index, "micro": [np.ascontiguousarray(a, _F32).tobytes() for a in op.micro],
+         "micro_proofs": [list(p) for p in op.micro_proofs],
+         "summed": np.ascontiguousarray(op.summed, _F32).tobytes(), "summed_proof": list(op.summed_proof)}
+        for op in openings]})  # fmt: skip
+
+
+class _Malformed(Exception):
+    pass
+
+
+def decode_answer(answer: Any, step: int, chunks: tuple[int, ...], slots: int, n_params: int) -> tuple[ChunkOpening, ...]:
+    """The openings of an answer to a challenge of ``chunks`` of step ``step``; ``None`` when the
+    bytes are not such an answer (too large, not canonical CBOR, another step or other chunks,
+    arrays of the wrong length, proofs that are not lists of hashes)."""
+    try:
+        if not isinstance(answer, bytes):
+            raise _Malformed
+        value = decode(answer, max_size=MAX_ANSWER_SIZE)
+        _expect(type(value) is dict and set(value) == {"step", "openings"} and value["step"] == step
+                and type(value["step"]) is int and type(value["openings"]) is list
+                and len(value["openings"]) == len(chunks))
+        return tuple(_opening(v, c, slots, n_params) for v, c in zip(value["openings"], chunks))
+    except (_Malformed, ProtocolError):
+        return None
+
+
+def _expect(condition: bool) -> None:
+    if not condition:
+        raise _Malformed
+
+
+def _opening(value: Any, index: int, slots: int, n_params: int) -> ChunkOpening:
+    _expect(type(value) is dict and set(value) == {"chunk", "micro", "micro_proofs", "summed", "summed_proof"})
+    length = 4 * min(CHUNK_ELEMENTS, n_params - index * CHUNK_ELEMENTS)
+    micro, proofs = value["micro"], value["micro_proofs"]
+    _expect(value["chunk"] == index and type(value["chunk"]) is int and type(micro) is list and len(micro) == slots
+            and type(proofs) is list and len(proofs) == slots)
+    arrays = [*micro, value["summed"]]
+    _expect(all(type(a) is bytes and len(a) == length for a in arrays))
+    paths = [*proofs, value["summed_proof"]]
+    _expect(all(type(p) is list and len(p) <= _MAX_PROOF and all(type(h) is bytes and len(h) == DIGEST_SIZE for h in p)
+                for p in paths))
+    as_f32 = [np.frombuffer(a, _F32) for a in arrays]
+    return ChunkOpening(index, tuple(as_f32[:-1]), tuple(tuple(p) for p in proofs), as_f32[-1],
+                        tuple(value["summed_proof"]))
+
+
+# -- the two sides -----------------------------------------------------------------------------
+def answer_from_run(run_dir: Path, step: int, challenge: bytes, *, device: DeviceChoice | None = None) -> bytes:
+    """The trainer's answer (canonical CBOR, module doc) to ``challenge`` of step ``step`` of its
+    run in ``run_dir``: one recomputation of the step from checkpoint k (checked against h_k),
+    keeping the chunks the challenge derives (docs/protocol.md §5.5). Raises
+    :class:`SpotInputError` when the answer would exceed :data:`MAX_ANSWER_SIZE`."""
+    run, backend = _open_run(run_dir, step, device)
+    _, chunks, _ = _challenge(run, challenge)
+    openings = answer_challenge(run.state(step), run.batch(step), run.topology, chunks, backend=backend)
+    data = encode_answer(step, openings)
+    if len(data) > MAX_ANSWER_SIZE:
+        raise SpotInputError(f"an answer of {len(data)} bytes exceeds MAX_ANSWER_SIZE ({run.slots} slots)")
+    return data
+
+
+def check_spot(run_dir: Path, step: int, challenge: bytes, answer: bytes | None, *,
+               device: DeviceChoice | None = None) -> SpotResult:
+    """Spot check step ``step`` of the run in ``run_dir`` with the verifier's ``challenge`` (its
+    signature, docs/protocol.md §5.5) and the trainer's ``answer`` (None: it did not answer in
+    time). The links of docs/run-format.md §10.2 in order — micro-batch (``loss``,
+    ``gradient``), ``loss_sum``, then the answer's chunks (``proof``, ``sum``, ``update``) —
+    and the first that breaks is ``caught``. The first two links need no answer, so a run they
+    convict is reported by them even without one; otherwise a missing answer is ``no_answer``."""
+    started = time.perf_counter()
+    run, backend = _open_run(run_dir, step, device)
+    fp = load_fingerprints(run.dir, run.manifest)[step]
+    slot, chunks, total = _challenge(run, challenge)
+    before, batch = run.state(step), run.batch(step)
+    rank, micro = divmod(slot, run.topology.micro_batches)
+    caught = check_micro(fp, before, batch, run.topology, rank, micro, backend=backend)
+    if caught is Caught.NONE:
+        caught = check_loss_sum(fp, run.config, run.topology, backend=backend)
+    if caught is Caught.NONE:
+        if answer is None:
+            caught = Caught.NO_ANSWER
+        else:
+            openings = decode_answer(answer, step, chunks, run.slots, run.config.n_params())
+            caught = Caught.PROOF if openings is None else check_chunks(
+                fp, openings, before, run.state(step + 1), run.topology, backend=backend)
+    return SpotResult(run.manifest.run_id, step, run.manifest.state_hashes[step], fp.commitment, slot, chunks, total,
+                      caught.value, int((time.perf_counter() - started) * 1000))

@@ -1,0 +1,156 @@
+"""The run side of spot checks (docs/run-format.md §10): the trainer records fingerprints without
+changing a bit, answers a challenge from its run directory, and the verifier's ``check_spot``
+passes an honest answer and fails each malformed one with ``proof``, never with an exception."""
+
+import shutil
+
+import cbor2
+import pytest
+
+from open1b.deterministic.fingerprint import CHUNK_ELEMENTS, chunk_count
+from open1b.deterministic import PRESETS
+from open1b.deterministic.data import batch_for_step
+from open1b.deterministic.provenance import load_run_samples
+from open1b.deterministic.runfile import state_link, genesis_hash, load_checkpoint, read_manifest
+from open1b.deterministic.spot_run import (
+    MAX_ANSWER_SIZE, SpotInputError, answer_from_run, check_spot, load_fingerprints,
+)  # fmt: skip
+from open1b.deterministic.trainer import config_of, publish_run
+from open1b.protocol import Identity, blake2b256, encode
+from open1b.protocol.commitments import state_hash_of_root
+from open1b.protocol.fingerprints import FINGERPRINTS_FILE, KEY_BLOB, KEY_ROOT
+from open1b.protocol.spotcheck import CAUGHT, challenge_signature, derive_challenge
+
+TRAINER, VERIFIER = Identity(blake2b256(b"tests/spot-run/trainer")), Identity(blake2b256(b"tests/spot-run/verifier"))
+STEPS, SEED = 2, 4
+CONFIG = PRESETS["tiny"].config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same tiny run trained with and without fingerprints."""
+    root = tmp_path_factory.mktemp("spot-run")
+    with_fp = publish_run(root / "with", TRAINER, steps=STEPS, seed=SEED)
+    without = publish_run(root / "without", TRAINER, steps=STEPS, seed=SEED, fingerprints=False)
+    return root / "with", with_fp, root / "without", without
+
+
+@pytest.fixture(scope="module")
+def answered(runs):
+    """Step 1's challenge by VERIFIER and the trainer's answer to it."""
+    run_dir, manifest, *_ = runs
+    challenge = challenge_signature(VERIFIER, manifest.run_id, 1)
+    return challenge, answer_from_run(run_dir, 1, challenge)
+
+
+def test_recording_fingerprints_changes_no_bit_of_training(runs):
+    run_dir, with_fp, _, without = runs
+    assert with_fp.checkpoints == without.checkpoints and with_fp.witnesses == without.witnesses
+    assert KEY_ROOT in with_fp.data and KEY_ROOT not in without.data
+    # h_0's genesis commits to the data map, which now names the fingerprints: re-linking the
+    # fingerprinted run's states from the plain run's genesis gives the plain run's chain exactly
+    assert with_fp.state_hashes != without.state_hashes
+    config, topology = config_of(with_fp)
+    dataset = load_run_samples(run_dir, with_fp)
+    prev = genesis_hash(without.body())
+    for k in range(STEPS + 1):
+        state = load_checkpoint(run_dir, k, config, with_fp.checkpoints[k])
+        batch = batch_for_step(dataset, SEED, k - 1, config, topology) if k else None
+        prev = state_hash_of_root(prev, *state_link(state, batch))
+        assert prev == without.state_hashes[k]
+    assert len(load_fingerprints(run_dir, with_fp)) == STEPS
+
+
+def test_an_honest_answer_passes_and_names_what_was_checked(runs, answered):
+    run_dir, manifest, *_ = runs
+    challenge, answer = answered
+    result = check_spot(run_dir, 1, challenge, answer)
+    slots = manifest.model["ranks"] * manifest.model["micro_batches"]
+    config_chunks = chunk_count(CONFIG)
+    assert (result.slot, result.chunks) == derive_challenge(challenge, slots, config_chunks)
+    assert result.passed and result.verdict == "pass" and result.caught == "none"
+    assert result.chunks_total == config_chunks and result.step == 1 and result.run == manifest.run_id
+    assert result.pre_state == manifest.state_hashes[1]
+    assert result.fingerprint == load_fingerprints(run_dir, manifest)[1].commitment
+    assert len(answer) <= MAX_ANSWER_SIZE and cbor2.loads(answer)["step"] == 1
+
+
+def test_no_answer_is_a_fail(runs, answered):
+    run_dir, *_ = runs
+    result = check_spot(run_dir, 1, answered[0], None)
+    assert (result.passed, result.verdict, result.caught) == (False, "fail", "no_answer")
+
+
+def _reencode(answer: bytes, edit) -> bytes:
+    value = cbor2.loads(answer)
+    edit(value)
+    return encode(value)
+
+
+def _flip_first_byte(value):
+    first = value["openings"][0]
+    first["micro"][0] = bytes([first["micro"][0][0] ^ 1]) + first["micro"][0][1:]
+
+
+MALFORMED = {
+    "not cbor": lambda a: b"\xff\x00",
+    "empty": lambda a: b"",
+    "oversize": lambda a: bytes(MAX_ANSWER_SIZE + 1),
+    "not canonical": lambda a: cbor2.dumps(dict(reversed(list(cbor2.loads(a).items())))),  # "openings" first
+    "a list": lambda a: encode([1, 2]),
+    "another step": lambda a: _reencode(a, lambda v: v.__setitem__("step", 0)),
+    "step as text": lambda a: _reencode(a, lambda v: v.__setitem__("step", "1")),
+    "an extra field": lambda a: _reencode(a, lambda v: v.__setitem__("note", 1)),
+    "one opening short": lambda a: _reencode(a, lambda v: v["openings"].pop()),
+    "other chunks": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("chunk", 7 - v["openings"][0]["chunk"])),
+    "a slot short": lambda a: _reencode(a, lambda v: v["openings"][0]["micro"].pop()),
+    "a truncated array": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed", v["openings"][0]["summed"][:-1])),
+    "float64 bytes": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed", v["openings"][0]["summed"] * 2)),
+    "a proof that is not a list": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed_proof", b"x")),
+    "a short hash in a proof": lambda a: _reencode(a, lambda v: v["openings"][0]["micro_proofs"][0].append(b"x")),
+    "a changed chunk": lambda a: _reencode(a, _flip_first_byte),
+    "a dropped proof entry": lambda a: _reencode(a, lambda v: v["openings"][0]["summed_proof"].pop()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_answer_fails_with_proof(runs, answered, case):
+    run_dir, *_ = runs
+    challenge, answer = answered
+    bad = MALFORMED[case](answer)
+    assert bad != answer
+    assert check_spot(run_dir, 1, challenge, bad).caught == "proof"
+
+
+def test_the_answer_is_canonical_and_holds_whole_chunks(answered):
+    _, answer = answered
+    assert encode(cbor2.loads(answer)) == answer
+    lengths = {len(op["summed"]) for op in cbor2.loads(answer)["openings"]}
+    last = 4 * (CONFIG.n_params() - (chunk_count(CONFIG) - 1) * CHUNK_ELEMENTS)
+    assert lengths <= {4 * CHUNK_ELEMENTS, last}
+
+
+def test_a_run_without_fingerprints_cannot_be_spot_checked(runs):
+    _, _, plain_dir, plain = runs
+    challenge = challenge_signature(VERIFIER, plain.run_id, 0)
+    with pytest.raises(SpotInputError, match="no fingerprints"):
+        check_spot(plain_dir, 0, challenge, None)
+
+
+def test_a_fingerprints_file_that_is_not_the_committed_one_is_refused(runs, tmp_path):
+    run_dir, manifest, *_ = runs
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    data = (copy / FINGERPRINTS_FILE).read_bytes()
+    (copy / FINGERPRINTS_FILE).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(SpotInputError, match=KEY_BLOB):
+        load_fingerprints(copy, read_manifest(copy))
+    (copy / FINGERPRINTS_FILE).write_bytes(bytes(10_000_000))
+    with pytest.raises(SpotInputError, match="more than"):
+        load_fingerprints(copy, manifest)
+
+
+def test_every_caught_value_is_the_protocols(runs, answered):
+    from open1b.deterministic.fingerprint import Caught
+
+    assert {c.value for c in Caught} == set(CAUGHT)
