@@ -1,9 +1,10 @@
 """A run's files on a node (docs/run-format.md §6): imported from a run directory by its
 publisher, fetched from peers by everyone else, always through the blob cache.
 
-* :func:`run_blobs` lists what a manifest names: the samples file and checkpoints 0 … S, each
-  with its blob address, its place in a run directory and a bound on its size (the samples
-  file's exact size is in the manifest; a checkpoint can be no larger than its model allows).
+* :func:`run_blobs` lists what a manifest names: the samples file, checkpoints 0 … S and the
+  fingerprints file when the run has one, each with its blob address, its place in a run
+  directory and a bound on its size (the samples file's exact size is in the manifest; a
+  checkpoint can be no larger than its model allows; the fingerprints by the run's steps and slots).
 * :meth:`RunFiles.import_dir` is publishing: every file of the directory is staged and hashed
   *before* anything is accepted; one missing or wrong file refuses the whole run. Imported blobs
   are pinned (never evicted: the publisher serves them).
@@ -41,6 +42,8 @@ from open1b.deterministic.runfile import (
     max_checkpoint_bytes,
 )
 from open1b.protocol import Identity, Open1bError, RunManifest
+from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, max_fingerprints_size
+from open1b.protocol.spotcheck import run_slots
 
 from .blobs import BlobCache, BlobError, provider_key
 from .bulk import BulkPeer, find_bulk_peer
@@ -96,9 +99,23 @@ def checkpoint_blob(manifest: RunManifest, step: int, limit: int | None = None) 
                    limit if limit is not None else checkpoint_limit(manifest))
 
 
+def fingerprints_blob(manifest: RunManifest) -> RunBlob:
+    """``fingerprints.cbor`` (docs/run-format.md §10.1), addressed by the manifest's
+    ``fingerprints_blob`` and bounded by the run's steps and slots; :class:`RunFilesError` for a
+    run that commits to none."""
+    commitments = committed(manifest.data)  # well-formed: the manifest passed its rules
+    if commitments is None:
+        raise RunFilesError(f"run {manifest.run_id.hex()[:16]} commits to no fingerprints")
+    size = max_fingerprints_size(manifest.steps, max(run_slots(manifest), 1))
+    return RunBlob("fingerprints", FINGERPRINTS_FILE, commitments[1], None, size)
+
+
 def run_blobs(manifest: RunManifest) -> list[RunBlob]:
+    """Every blob the manifest names: the samples, the checkpoints and, when it commits to them, the
+    fingerprints."""
     limit = checkpoint_limit(manifest)
-    return [samples_blob(manifest)] + [checkpoint_blob(manifest, k, limit) for k in range(manifest.steps + 1)]
+    extra = [fingerprints_blob(manifest)] if committed(manifest.data) is not None else []
+    return [samples_blob(manifest)] + [checkpoint_blob(manifest, k, limit) for k in range(manifest.steps + 1)] + extra
 
 
 def why_not_auditable(manifest: RunManifest) -> str | None:
