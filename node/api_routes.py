@@ -184,12 +184,17 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     async def reveals(run: RunId) -> list[dict]:
         return [views.reveal_json(r) for r in store.reveals(run_arg(ingest, run))]
 
+    @app.get("/v1/spotchecks/{run}", summary="the signed spot checks of a run (or of one step)")
+    async def spotchecks(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
+        return [views.spotcheck_json(sc) for sc in store.spotchecks(run_arg(ingest, run)) if step in (None, sc.step)]
+
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
     async def evidence(run: RunId, step: Step) -> Response:
         run_id = run_arg(ingest, run)
         k = step_arg(ingest, run_id, step)
-        statements = [a.encoded for a in store.attestations(run_id, k)] + [r.encoded for r in store.reveals(run_id, k)]
+        statements = ([a.encoded for a in store.attestations(run_id, k)] + [r.encoded for r in store.reveals(run_id, k)]
+                      + [sc.encoded for sc in store.spotchecks(run_id) if sc.step == k])
         name = f"open1b-evidence-{run_id.hex()[:16]}-step{k}.cbor"
         return Response(cbor2.dumps(statements, canonical=True), media_type="application/cbor",
                         headers={"content-disposition": f'attachment; filename="{name}"'})

@@ -7,6 +7,7 @@ from open1b.protocol import (
     Claim,
     Coverage,
     RunManifest,
+    SpotCheck,
     SpotCoverage,
     SpotStatus,
     StepStatus,
@@ -23,6 +24,15 @@ def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
         "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware, "device": att.device,
         "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
         "encoded": att.encoded.hex(),  # the signed statement itself: anyone can re-check it
+    }
+
+
+def spotcheck_json(sc: SpotCheck) -> dict:
+    return {
+        "digest": sc.digest.hex(), "run": sc.run.hex(), "step": sc.step, "verdict": sc.verdict, "caught": sc.caught,
+        "slot": sc.slot, "chunks": list(sc.chunks), "signer": sc.signer_peer_id, "device": sc.device,
+        "elapsed_ms": sc.elapsed_ms, "issued_at": sc.issued_at,
+        "encoded": sc.encoded.hex(),  # the signed statement itself: anyone can re-check it
     }
 
 
