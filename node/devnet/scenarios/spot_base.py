@@ -67,6 +67,8 @@ class SpotScenario(Scenario):
         flagged_s = None if self.flagged_at is None else round(self.flagged_at - start, 2)
         covered_s = None if self.covered_at is None else round(self.covered_at - start, 2)
         step = self.forged_step()
+        held = net.get(net.observer, f"/v1/spotchecks/{net.run}")
+        evidence = [sc["encoded"] for sc in held if sc["verdict"] == "fail" and sc["step"] in failed]
         return _result(
             {"what": self.what, "count": 1, "step": step},
             {"what": "steps a spot check failed", "count": len(failed), "failed": failed, "caught": caught,
@@ -81,4 +83,4 @@ class SpotScenario(Scenario):
              "caught before full coverage": flagged_s is not None and (covered_s is None or flagged_s <= covered_s),
              # (a trainer that does not answer fails honest steps too: that is the rule, §5.5)
              **({"no step replays verified failed a spot check": not set(failed) & verified} if step is not None else {})},
-        )
+            evidence=evidence)  # the failing spot checks themselves (hex), for anyone to re-check
