@@ -40,6 +40,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import struct
 import time
 import tempfile
 import traceback
@@ -53,7 +54,7 @@ from safetensors.numpy import save_file as save_safetensors
 from .backend import default_backend
 from .config import GPTConfig, Topology
 from .errors import ConfigError, DistributedError
-from .fingerprint import StepFingerprint, fingerprinted_step
+from .fingerprint import StepFingerprint, chunk_tree, f32_bits, fingerprinted_step, flat_gradient
 from .jit import SOURCE_DIGEST
 from .selfcheck import require_deterministic_machine
 from .state import TrainState
@@ -86,6 +87,7 @@ STOP_GRACE_S = 5.0
 
 _SHARE_TAG = b"open1b/rank-share/v1\x00"
 _DIGEST_BYTES = 32
+_PRINT_WORDS = 1 + _DIGEST_BYTES // 4  # a micro-batch's loss bits and gradient root
 _STORE_PREFIX = "open1b/pg"
 _COMPUTE, _EXCHANGE = b"compute", b"exchange"
 _HANDOFF_STATE, _HANDOFF_RUN = "state0.safetensors", "run.pickle"
@@ -102,26 +104,44 @@ def share_digest(share: np.ndarray) -> bytes:
 class ExchangeLayout:
     """Where each piece of a rank term sits in its exchange vector (float32 words): every
     parameter's gradient in canonical order (C order), the loss share, then the share digest's
-    32 bytes carried as 8 words of raw bits."""
+    32 bytes carried as 8 words of raw bits; for a run that records fingerprints, then each of
+    the rank's ``micro_prints`` micro-batches' loss bits (1 word) and gradient chunk root (8
+    words), raw bits too (docs/run-format.md §10.1: rank 0 assembles the step's fingerprint)."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, micro_prints: int = 0) -> None:
         self.slots: dict[str, tuple[int, tuple[int, ...]]] = {}
         offset = 0
         for name, shape in {**config.param_shapes(), LOSS_KEY: (1,)}.items():
             self.slots[name] = (offset, shape)
             offset += math.prod(shape)
         self.digest_at = offset
-        self.size = offset + _DIGEST_BYTES // 4
+        self.prints_at = offset + _DIGEST_BYTES // 4
+        self.micro_prints = micro_prints
+        self.size = self.prints_at + micro_prints * _PRINT_WORDS
 
-    def pack(self, term: dict[str, np.ndarray], digest: bytes, out: np.ndarray) -> None:
+    def pack(self, term: dict[str, np.ndarray], digest: bytes, out: np.ndarray,
+             prints: list[tuple[int, bytes]] = ()) -> None:  # fmt: skip
         for name, (offset, shape) in self.slots.items():
             out[offset : offset + math.prod(shape)] = term[name].reshape(-1)
-        out[self.digest_at :].view(np.uint8)[:] = np.frombuffer(digest, np.uint8)
+        out[self.digest_at : self.prints_at].view(np.uint8)[:] = np.frombuffer(digest, np.uint8)
+        if len(prints) != self.micro_prints:
+            raise ValueError(f"{len(prints)} micro-batch fingerprints for a layout of {self.micro_prints}")
+        raw = out[self.prints_at :].view(np.uint8)
+        for i, (loss_bits, root) in enumerate(prints):
+            raw[i * 4 * _PRINT_WORDS : (i + 1) * 4 * _PRINT_WORDS] = np.frombuffer(
+                struct.pack("<I", loss_bits) + root, np.uint8)
 
     def unpack(self, vector: np.ndarray) -> tuple[dict[str, np.ndarray], bytes]:
         """Views into ``vector`` (no copies) and the digest."""
         term = {name: vector[o : o + math.prod(s)].reshape(s) for name, (o, s) in self.slots.items()}
-        return term, vector[self.digest_at :].tobytes()
+        return term, vector[self.digest_at : self.prints_at].tobytes()
+
+    def prints(self, vector: np.ndarray) -> list[tuple[int, bytes]]:
+        """The (loss bits, gradient root) of each micro-batch of the rank that packed ``vector``."""
+        raw = vector[self.prints_at :].tobytes()
+        step = 4 * _PRINT_WORDS
+        return [(struct.unpack_from("<I", raw, i * step)[0], raw[i * step + 4 : (i + 1) * step])
+                for i in range(self.micro_prints)]
 
 
 def local_steps(
@@ -160,14 +180,14 @@ def run_steps(
                            on_fingerprint=on_fingerprint)
     if backend is not None:
         raise ConfigError("data-parallel training (world > 1) runs on the CPU backend only")
-    if on_fingerprint is not None:
-        raise ConfigError("fingerprints are recorded by one-process training only (docs/run-format.md §10.6)")
     if launched is not None:  # a launcher started every rank, here and on other machines
         rank, launched_world = launched
         if launched_world != world:
             raise ConfigError(f"WORLD_SIZE {launched_world} does not match the {world} ranks asked for")
-        return launched_steps(state0, batch_fn, topology, steps, rank=rank, world=world, after_step=after_step)
-    return distributed_steps(state0, batch_fn, topology, steps, world=world, after_step=after_step)
+        return launched_steps(state0, batch_fn, topology, steps, rank=rank, world=world, after_step=after_step,
+                              on_fingerprint=on_fingerprint)
+    return distributed_steps(state0, batch_fn, topology, steps, world=world, after_step=after_step,
+                             on_fingerprint=on_fingerprint)
 
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -196,6 +216,7 @@ def launched_rank() -> tuple[int, int] | None:
 def launched_steps(
     state0: TrainState, batch_fn: BatchFn, topology: Topology, steps: int, *, rank: int, world: int,
     after_step: StateEdit | None = None, exchange_timeout_s: float = EXCHANGE_TIMEOUT_S,
+    on_fingerprint: OnFingerprint | None = None,
 ) -> Generator[Step, None, None]:  # fmt: skip
     """Rank ``rank`` of a run whose W processes a launcher started, on one machine or several
     (``torchrun --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT`` on each): they meet
@@ -217,7 +238,7 @@ def launched_steps(
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = numba.get_num_threads()
     numba.set_num_threads(max(1, min(threads, (os.cpu_count() or 1) // max(1, local))))
-    me = _Rank(rank, world, state0.config, topology, batch_fn, after_step)
+    me = _Rank(rank, world, state0.config, topology, batch_fn, after_step, on_fingerprint is not None, True)
     require_deterministic_machine(me.be)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=exchange_timeout_s))  # fmt: skip
@@ -231,7 +252,9 @@ def launched_steps(
                                        f"({bytes(engine.numpy()).hex()} vs {SOURCE_DIGEST})", rank=r)  # fmt: skip
         state = state0
         for _ in range(steps):
-            state, batch, report = me.step(state, me.all_gather)
+            state, batch, report, fingerprint = me.step(state, me.all_gather)
+            if fingerprint is not None and on_fingerprint is not None:
+                on_fingerprint(fingerprint)
             yield state, batch, report
     finally:
         dist.destroy_process_group()
@@ -241,7 +264,7 @@ def launched_steps(
 def distributed_steps(
     state0: TrainState, batch_fn: BatchFn, topology: Topology, steps: int, *, world: int,
     after_step: StateEdit | None = None, start_timeout_s: float = START_TIMEOUT_S,
-    exchange_timeout_s: float = EXCHANGE_TIMEOUT_S,
+    exchange_timeout_s: float = EXCHANGE_TIMEOUT_S, on_fingerprint: OnFingerprint | None = None,
 ) -> Generator[Step, None, None]:  # fmt: skip
     """Train ``steps`` steps from ``state0`` with ``world`` processes, one rank each; yields
     ``(state after step k, batch of step k, report)`` from rank 0, in this process.
@@ -274,7 +297,7 @@ def distributed_steps(
                 f"functools.partial of one): {exc}"
             ) from exc
     timeouts = (float(start_timeout_s), float(exchange_timeout_s))
-    return _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts)
+    return _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts, on_fingerprint)
 
 
 def _threads_per_rank(world: int) -> int:
@@ -285,28 +308,40 @@ def _threads_per_rank(world: int) -> int:
 
 
 class _Rank:
-    """One rank's side of a run: its replica of the state and its exchange buffers."""
+    """One rank's side of a run: its replica of the state and its exchange buffers. With
+    ``fingerprints``, every rank sends its micro-batches' fingerprints (every rank must agree: the
+    flag sets the exchange vector's length), and a rank with ``assemble`` builds the step's
+    fingerprint from all of them (rank 0; every launched rank, since each writes the run)."""
 
     def __init__(self, rank: int, world: int, config: GPTConfig, topology: Topology, batch_fn: BatchFn,
-                 after_step: StateEdit | None) -> None:  # fmt: skip
+                 after_step: StateEdit | None, fingerprints: bool = False, assemble: bool = False) -> None:  # fmt: skip
         import torch
 
         self.rank, self.world, self.config, self.topology = rank, world, config, topology
-        self.batch_fn, self.after_step = batch_fn, after_step
+        self.batch_fn, self.after_step, self.fingerprints = batch_fn, after_step, fingerprints
+        self.assemble = fingerprints and assemble
         self.be = default_backend(config)
-        self.layout = ExchangeLayout(config)
+        self.layout = ExchangeLayout(config, topology.micro_batches if fingerprints else 0)
         self.send = torch.zeros(self.layout.size, dtype=torch.float32)
         self.recv = [torch.zeros(self.layout.size, dtype=torch.float32) for _ in range(world)]
 
-    def step(self, state: TrainState, exchange: Callable[[], None]) -> Step:
+    def step(self, state: TrainState, exchange: Callable[[], None]) -> tuple[TrainState, np.ndarray, StepReport,
+                                                                           StepFingerprint | None]:
         """One step: this rank's term, the exchange (``exchange()`` runs the all-gather), the
-        fixed-order reduction of all terms, the update."""
-        be, k = self.be, state.step
+        fixed-order reduction of all terms, the update; and on rank 0 of a run that records
+        them and assembles them, the step's fingerprint (else None)."""
+        be, k, before = self.be, state.step, state
         batch = self.batch_fn(k)
         check_batch(batch, self.config, self.topology)
         share = batch[self.rank]
-        term = rank_gradients(state, share, self.topology, be)
-        self.layout.pack({n: be.download(a) for n, a in term.items()}, share_digest(share), self.send.numpy())
+        prints: list[tuple[int, bytes]] = []
+
+        def observe(rank: int, micro: int, loss, grads: dict) -> None:  # .fingerprint's _Recorder, per rank
+            prints.append((f32_bits(be.download(loss)), chunk_tree(flat_gradient(grads, self.config, be)).root))
+
+        term = rank_gradients(state, share, self.topology, be, rank=self.rank,
+                              observe=observe if self.fingerprints else None)
+        self.layout.pack({n: be.download(a) for n, a in term.items()}, share_digest(share), self.send.numpy(), prints)
         exchange()
         unpacked = [self.layout.unpack(v.numpy()) for v in self.recv]
         for r, (_, digest) in enumerate(unpacked):
@@ -317,10 +352,17 @@ class _Rank:
                 )  # fmt: skip
         terms = ({n: be.upload(a) for n, a in term.items()} for term, _ in unpacked)
         loss, grads = reduce_ranks(terms, be)
+        summed = flat_gradient(grads, self.config, be) if self.assemble else None  # before the update reads them
         state, report = finish_step(state, loss, grads, be)
+        fingerprint = None
+        if summed is not None:
+            slots = [p for v in self.recv for p in self.layout.prints(v.numpy())]  # rank-major: the slot order
+            fingerprint = StepFingerprint(before.step, tuple(b for b, _ in slots), tuple(r for _, r in slots),
+                                          chunk_tree(summed).root, f32_bits(report.loss), f32_bits(report.grad_norm),
+                                          f32_bits(report.clip_coef))  # fmt: skip
         if self.after_step is not None:
             state = self.after_step(state)
-        return state, batch, report
+        return state, batch, report, fingerprint
 
     def all_gather(self) -> None:
         import torch.distributed as dist
@@ -337,7 +379,8 @@ def _init_group(store, rank: int, world: int, exchange_timeout_s: float) -> None
     )  # fmt: skip
 
 
-def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts) -> Generator[Step, None, None]:
+def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts, on_fingerprint
+           ) -> Generator[Step, None, None]:  # fmt: skip
     import numba
     import torch.distributed as dist
 
@@ -358,13 +401,14 @@ def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts) -> Ge
         require_deterministic_machine(default_backend(config))
         store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=start_timeout_s))  # fmt: skip
-        _write_handoff(Path(handoff.name), state0, topology, batch_fn, after_step, steps, timeouts)
+        fingerprints = on_fingerprint is not None
+        _write_handoff(Path(handoff.name), state0, topology, batch_fn, after_step, steps, timeouts, fingerprints)
         for rank in range(1, world):
             args = (rank, world, store.port, handoff.name, start_timeout_s)
             workers[rank] = spawn.Process(target=_worker_main, args=args, name=f"{WORKER_NAME}{rank}", daemon=True)
             workers[rank].start()
         _await_ready(store, workers, start_timeout_s)
-        me = _Rank(0, world, config, topology, batch_fn, after_step)
+        me = _Rank(0, world, config, topology, batch_fn, after_step, fingerprints, assemble=True)
         try:
             _init_group(store, 0, world, exchange_timeout_s)
             grouped = True
@@ -379,7 +423,9 @@ def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts) -> Ge
                 raise _blame(store, workers, f"the exchange of step {state.step}", exc) from exc
 
         for _ in range(steps):
-            state, batch, report = me.step(state, exchange)
+            state, batch, report, fingerprint = me.step(state, exchange)
+            if fingerprint is not None:
+                on_fingerprint(fingerprint)
             yield state, batch, report
         _await_exit(store, workers, exchange_timeout_s)
     finally:
@@ -391,14 +437,16 @@ def _rank0(state0, batch_fn, topology, steps, world, after_step, timeouts) -> Ge
         store = None  # drop the last reference (the exchange closure shares this cell): closes the store's server
 
 
-def _write_handoff(folder: Path, state0: TrainState, topology, batch_fn, after_step, steps, timeouts) -> None:
+def _write_handoff(folder: Path, state0: TrainState, topology, batch_fn, after_step, steps, timeouts,
+                   fingerprints: bool) -> None:  # fmt: skip
     # What the workers need, in files rather than in the spawn pipe: a payload larger than the
     # pipe's buffer blocks Process.start() until the child reads it, forever if the child dies
     # first (multiprocessing keeps the pipe's read end open while it writes). The state goes as
     # safetensors; only our own small objects (config, callables) are pickled.
     save_safetensors(dict(state0.tensors()), str(folder / _HANDOFF_STATE))
     run = {"config": state0.config, "step": state0.step, "topology": topology, "batch_fn": batch_fn,
-           "after_step": after_step, "steps": steps, "timeouts": timeouts, "engine_source": SOURCE_DIGEST}  # fmt: skip
+           "after_step": after_step, "steps": steps, "timeouts": timeouts, "engine_source": SOURCE_DIGEST,
+           "fingerprints": fingerprints}  # fmt: skip
     with open(folder / _HANDOFF_RUN, "wb") as f:
         pickle.dump(run, f)
 
@@ -507,7 +555,7 @@ def _worker_main(rank: int, world: int, port: int, handoff: str, start_timeout_s
                                    f"({SOURCE_DIGEST} vs {run['engine_source']})", rank=rank)  # fmt: skip
         _, exchange_timeout_s = run["timeouts"]
         numba.set_num_threads(_threads_per_rank(world))
-        me = _Rank(rank, world, run["config"], run["topology"], run["batch_fn"], run["after_step"])
+        me = _Rank(rank, world, run["config"], run["topology"], run["batch_fn"], run["after_step"], run["fingerprints"])
         require_deterministic_machine(me.be)
         steps = run["steps"]
         store.set(f"ready/{rank}", b"")
@@ -522,7 +570,7 @@ def _worker_main(rank: int, world: int, port: int, handoff: str, start_timeout_s
 
         for _ in range(steps):
             kind = _COMPUTE
-            state, _, _ = me.step(state, exchange)
+            state, *_ = me.step(state, exchange)
         dist.destroy_process_group()
     except BaseException:
         # Text only: rank 0 reads it back without unpickling anything.

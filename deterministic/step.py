@@ -155,7 +155,8 @@ def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig,
     return micro.total()
 
 
-def rank_gradients(state: TrainState, share: np.ndarray, topology: Topology, be) -> dict:
+def rank_gradients(state: TrainState, share: np.ndarray, topology: Topology, be, *, rank: int = 0,
+                   observe: MicroObserver | None = None) -> dict:
     """Rank r's term of the cross-rank sum, from its share ``batch[r]`` of the step's batch
     (``micro_batches × micro_batch_size × (seq_len + 1)``) alone: its micro-batches' gradients
     and loss shares folded in ascending order from ``+0.0`` (step 1 of the module doc), the loss
@@ -163,12 +164,13 @@ def rank_gradients(state: TrainState, share: np.ndarray, topology: Topology, be)
 
     This is all a data-parallel rank computes by itself (:mod:`.distributed`); the scale is one
     over the *step's* token count, so the term depends on the topology, not only on the share.
+    ``observe`` sees each micro-batch as (``rank``, micro-batch, loss, gradients), as in :func:`train_step`.
     Raises :class:`BatchFormatError` unless ``share`` is one rank's share of such a batch.
     """
     check_batch(share[None] if isinstance(share, np.ndarray) else share, state.config, replace(topology, ranks=1))
     params, _, _ = be.load_state(state)
     micros = be.micro_batches(share[None], state.config.vocab_size)[0]
-    return _rank_term(params, micros, _inv_tokens(state.config, topology), state.config, be)
+    return _rank_term(params, micros, _inv_tokens(state.config, topology), state.config, be, observe, rank)
 
 
 def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:

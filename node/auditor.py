@@ -194,17 +194,20 @@ class Auditor:
         """What a spot check of ``step`` needs (docs/run-format.md §10.2): a replay's files, checkpoint
         k+1 and the run's fingerprints, each verified as it is fetched; and how to release them."""
         run_dir, blobs = await self.run_files(manifest, step)
-        extra = [checkpoint_blob(manifest, step + 1), fingerprints_blob(manifest)]
+        after = checkpoint_blob(manifest, step + 1)
         try:
-            await self.runfiles.fetch(self.p2p, extra[0], on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
+            await self.runfiles.fetch(self.p2p, after, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
                                       bulk=BulkFetch(self.identity, manifest, step + 1))
-            await self.runfiles.fetch(self.p2p, extra[1], on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
-            self.runfiles.assemble(manifest, extra)
+            await self.runfiles.fetch_fingerprints(self.p2p, manifest, on_bad_peer=self.p2p.penalise,
+                                                   provide=self._provide_soon)
+            fingerprints = fingerprints_blob(manifest)
+            assert fingerprints is not None  # fetch_fingerprints raised otherwise
+            self.runfiles.assemble(manifest, [after, fingerprints])
         except BaseException:
             self.runfiles.release(manifest, blobs[1:])
             raise
         # keep samples.bin and fingerprints.cbor (every check reads them), drop the checkpoint links
-        return run_dir, lambda: self.runfiles.release(manifest, [blobs[1], extra[0]])
+        return run_dir, lambda: self.runfiles.release(manifest, [blobs[1], after])
 
     def _provide_soon(self, key: str) -> None:
         """Announce a blob we now hold without holding up the replay that fetched it (a DHT

@@ -303,7 +303,9 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
     try:  # only to size the progress bar: the daemon validates the manifest
         from open1b.deterministic.runfile import read_manifest
 
-        blobs = read_manifest(run_dir).steps + 2
+        from .runs import blob_count
+
+        blobs = blob_count(read_manifest(run_dir))
     except Open1bError:
         blobs = 1
     phase = {JobState.CHECKING: 0, JobState.PROVIDING: blobs, JobState.ANNOUNCING: 2 * blobs,

@@ -26,7 +26,7 @@ from .files import FileRefused, read_bounded
 from .ingest import Ingest
 from .jobs import JobState
 from .p2p import MAX_PUBSUB_MESSAGE, P2P
-from .runs import RunFiles, run_blobs
+from .runs import RunFiles, blob_count, run_blobs
 from .topics import RUNS_TOPIC
 
 log = logging.getLogger("open1b.node.publisher")
@@ -110,7 +110,7 @@ class Publisher:
         job = self.publications.get(run)
         if job is not None and not job.state.finished:
             return job
-        job = Publication(run=run, dir=str(run_dir), steps=manifest.steps, total=manifest.steps + 2,
+        job = Publication(run=run, dir=str(run_dir), steps=manifest.steps, total=blob_count(manifest),
                           started_at=self.clock.wall())
         self.publications[run] = job
         self._nursery.start_soon(self._publish, manifest, run_dir, job)
@@ -123,7 +123,7 @@ class Publisher:
             job.done, job.total, job.note = done, total, note
 
         try:
-            log.info("publishing run %s from %s: checking %d files", job.run[:16], run_dir, manifest.steps + 2)
+            log.info("publishing run %s from %s: checking %d files", job.run[:16], run_dir, blob_count(manifest))
             job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress)
             self._nursery.start_soon(self._warm_chunk_tables, manifest)
             await self.ingest.add_run(manifest, run_dir)

@@ -1,10 +1,12 @@
 """A run's files on a node (docs/run-format.md §6): imported from a run directory by its
 publisher, fetched from peers by everyone else, always through the blob cache.
 
-* :func:`run_blobs` lists what a manifest names: the samples file, checkpoints 0 … S and the
-  fingerprints file when the run has one, each with its blob address, its place in a run
+* :func:`run_blobs` lists what a manifest names: the samples file, checkpoints 0 … S and, for a
+  run with fingerprints, its fingerprints file, each with its blob address, its place in a run
   directory and a bound on its size (the samples file's exact size is in the manifest; a
-  checkpoint can be no larger than its model allows; the fingerprints by the run's steps and slots).
+  checkpoint can be no larger than its model allows, a fingerprints file than its steps and
+  slots do). A fingerprints file is also checked against the manifest's ``fingerprints_root``
+  (:func:`check_fingerprints_file`) wherever it enters: published or fetched.
 * :meth:`RunFiles.import_dir` is publishing: every file of the directory is staged and hashed
   *before* anything is accepted; one missing or wrong file refuses the whole run. Imported blobs
   are pinned (never evicted: the publisher serves them).
@@ -42,14 +44,16 @@ from open1b.deterministic.runfile import (
     max_checkpoint_bytes,
 )
 from open1b.protocol import Identity, Open1bError, RunManifest
-from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, max_fingerprints_size
+from open1b.protocol.errors import ProtocolError
+from open1b.protocol.fingerprints import FINGERPRINTS_FILE, decode_fingerprints, max_fingerprints_size
+from open1b.protocol.fingerprints import committed as committed_fingerprints
 from open1b.protocol.spotcheck import run_slots
 
 from .blobs import BlobCache, BlobError, provider_key
 from .bulk import BulkPeer, find_bulk_peer
 from .checkpoint_fetch import fetch_checkpoint
 from .chunk_table import checkpoint_expectation
-from .files import FileRefused, StorageFull, open_regular, write_atomic
+from .files import FileRefused, StorageFull, open_regular, read_bounded, write_atomic
 from .p2p import P2P
 
 log = logging.getLogger(__name__)
@@ -99,23 +103,40 @@ def checkpoint_blob(manifest: RunManifest, step: int, limit: int | None = None) 
                    limit if limit is not None else checkpoint_limit(manifest))
 
 
-def fingerprints_blob(manifest: RunManifest) -> RunBlob:
-    """``fingerprints.cbor`` (docs/run-format.md §10.1), addressed by the manifest's
-    ``fingerprints_blob`` and bounded by the run's steps and slots; :class:`RunFilesError` for a
-    run that commits to none."""
-    commitments = committed(manifest.data)  # well-formed: the manifest passed its rules
+def fingerprints_blob(manifest: RunManifest) -> RunBlob | None:
+    """The run's fingerprints file (docs/run-format.md §10.1), None when it commits to none."""
+    commitments = committed_fingerprints(manifest.data)  # well-formed: the manifest was decoded
     if commitments is None:
-        raise RunFilesError(f"run {manifest.run_id.hex()[:16]} commits to no fingerprints")
-    size = max_fingerprints_size(manifest.steps, max(run_slots(manifest), 1))
-    return RunBlob("fingerprints", FINGERPRINTS_FILE, commitments[1], None, size)
+        return None
+    return RunBlob("fingerprints", FINGERPRINTS_FILE, commitments[1], None,
+                   max_fingerprints_size(manifest.steps, run_slots(manifest)))
+
+
+def check_fingerprints_file(path: Path, manifest: RunManifest) -> None:
+    """Raise :class:`RunFilesError` unless ``path`` (read bounded: the blob's size bound) holds the
+    fingerprints whose Merkle root is the manifest's ``fingerprints_root``. The blob address
+    checked the bytes already; this checks that the trainer signed a root that fits them."""
+    blob = fingerprints_blob(manifest)
+    if blob is None:
+        raise RunFilesError("the run commits to no fingerprints")
+    root, _ = committed_fingerprints(manifest.data)
+    try:
+        decode_fingerprints(read_bounded(path, blob.max_size), steps=manifest.steps, slots=run_slots(manifest),
+                            root=root)  # fmt: skip
+    except (FileRefused, ProtocolError) as exc:
+        raise RunFilesError(f"fingerprints: {exc}") from None
+
+
+def blob_count(manifest: RunManifest) -> int:
+    """How many blobs the manifest names (:func:`run_blobs`, without checking its model)."""
+    return manifest.steps + 2 + (committed_fingerprints(manifest.data) is not None)
 
 
 def run_blobs(manifest: RunManifest) -> list[RunBlob]:
-    """Every blob the manifest names: the samples, the checkpoints and, when it commits to them, the
-    fingerprints."""
     limit = checkpoint_limit(manifest)
-    extra = [fingerprints_blob(manifest)] if committed(manifest.data) is not None else []
-    return [samples_blob(manifest)] + [checkpoint_blob(manifest, k, limit) for k in range(manifest.steps + 1)] + extra
+    fingerprints = fingerprints_blob(manifest)
+    return [samples_blob(manifest)] + [checkpoint_blob(manifest, k, limit) for k in range(manifest.steps + 1)] + (
+        [fingerprints] if fingerprints is not None else [])
 
 
 def why_not_auditable(manifest: RunManifest) -> str | None:
@@ -220,6 +241,9 @@ class RunFiles:
                     raise RunFilesError(f"{blob.name}: {exc}") from None
                 if done is not None:
                     staged.append((blob, done))
+                if blob.relpath == FINGERPRINTS_FILE:  # its root too: a run is refused whole, before import
+                    await trio.to_thread.run_sync(check_fingerprints_file, done or self.cache.path(blob.digest),
+                                                  manifest)
         except BaseException:
             for _, tmp in staged:
                 tmp.unlink(missing_ok=True)
@@ -347,6 +371,19 @@ class RunFiles:
             self.stats.bulk_fetched += 1
             return report.path
         return None
+
+    async def fetch_fingerprints(self, p2p: P2P, manifest: RunManifest, on_bad_peer: Callable[[str], None],
+                                 provide: Callable[[str], None] | None = None) -> Path:
+        """The run's fingerprints file in the cache, fetched as :meth:`fetch` does (size-bounded,
+        verified against ``fingerprints_blob``) and then checked against ``fingerprints_root``.
+        :class:`RunFilesError` when the run commits to none or its root does not fit the file
+        (the publisher signed both: no provider is blamed for that)."""
+        blob = fingerprints_blob(manifest)
+        if blob is None:
+            raise RunFilesError(f"run {manifest.run_id.hex()[:16]} commits to no fingerprints")
+        path = await self.fetch(p2p, blob, on_bad_peer, provide)
+        await trio.to_thread.run_sync(check_fingerprints_file, path, manifest)
+        return path
 
     # -- the working directory handed to the replay worker ----------------------------------
     def assemble(self, manifest: RunManifest, blobs: list[RunBlob]) -> Path:

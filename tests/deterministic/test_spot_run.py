@@ -154,3 +154,13 @@ def test_every_caught_value_is_the_protocols(runs, answered):
     from open1b.deterministic.fingerprint import Caught
 
     assert {c.value for c in Caught} == set(CAUGHT)
+
+
+def test_two_processes_record_the_fingerprints_of_one(runs, tmp_path):
+    """--ranks 2 (gloo): each rank sends its micro-batches' fingerprints in the exchange vector and
+    rank 0 assembles the step's, byte for byte those of the one-process trainer."""
+    run_dir, manifest, *_ = runs
+    two = publish_run(tmp_path / "two", TRAINER, steps=STEPS, seed=SEED, ranks=2)
+    assert manifest.model["ranks"] == 2
+    assert (tmp_path / "two" / FINGERPRINTS_FILE).read_bytes() == (run_dir / FINGERPRINTS_FILE).read_bytes()
+    assert two.data == manifest.data and two.state_hashes == manifest.state_hashes

@@ -75,13 +75,13 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         assert rc == 0, err
         job = json.loads(out)
         assert job["run"] == run_hex and job["state"] == "done" and job["gossiped"]
-        assert job["provided"] == manifest.steps + 2  # samples file and every checkpoint
+        assert job["provided"] == manifest.steps + 3  # samples file, every checkpoint, the fingerprints file
 
         # an operator with the files at hand: `daemon --run DIR` imports them the same way
         daemons.start(2, audit=False, bootstrap=[addrs[0]], extra_args=("--run", str(published)))
         wait_for(lambda: [j["state"] for j in call(daemons.api(2), "/v1/publications")] == ["done"],
                  120, what="the --run import")
-        assert call(daemons.api(2), "/v1/status")["blobs"]["pinned"] == manifest.steps + 2
+        assert call(daemons.api(2), "/v1/status")["blobs"]["pinned"] == manifest.steps + 3
 
         # the auditor learns the run by gossip, fetches each step's files from peers, replays
         wait_for(lambda: call(auditor, f"/v1/coverage/{run_hex}")["complete"], 120,
