@@ -21,6 +21,10 @@ running :class:`~open1b.node.daemon.Daemon`'s components. Behaviours:
 * ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``).
 * ``refuse``  — honest, but never answers a spot-check challenge of the runs it publishes: it
   reads the request and says nothing until the verifier gives up (``refusing-trainer``).
+* ``forger``  — answers challenges of the forged runs it publishes as their forger would,
+  consistently with its forged commitments (:func:`..forged_run.forged_answer`), so that only the
+  checks that need no answer can catch a forged micro-batch (``forged-microbatch``). The answer is
+  computed in a thread of the daemon's process: a devnet's forger, not the honest worker path.
 """
 
 from __future__ import annotations
@@ -56,10 +60,11 @@ from ..config import ConfigError, NodeConfig
 from ..daemon import Daemon
 from ..files import write_atomic
 from ..p2p import Stream
-from ..spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL
+from ..spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL, AnswerServer
 from ..sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
 from ..topics import attestations_topic
 from ..worker import WorkerResult
+from .forged_run import forged_answer
 
 log = logging.getLogger("open1b.node.devnet.adversaries")
 
@@ -123,6 +128,27 @@ class Refuse(Adversary):
             await stream.receive(1)  # returns (or raises) when the verifier closes or resets the stream
 
         daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, silent)  # in place of the honest answer server
+
+
+class _ForgerAnswers:
+    """What :class:`~..spot_answers.AnswerServer` computes answers with, in place of the worker."""
+
+    async def answer(self, run_dir: Path, step: int, challenge: bytes, out: Path, *, timeout_s: float) -> int:
+        with trio.fail_after(timeout_s):
+            data = await trio.to_thread.run_sync(forged_answer, run_dir, step, challenge)
+        out.write_bytes(data)
+        return len(data)
+
+
+class Forger(Adversary):
+    def replayer(self, honest: Replayer) -> Replayer:
+        return honest
+
+    async def run(self, daemon: Daemon) -> None:
+        server = AnswerServer(_ForgerAnswers(), daemon.ingest.manifests, daemon.store.run_dir,
+                              daemon.config.data_dir / "spot", timeout_s=daemon.config.replay_timeout_s,
+                              stats=daemon.stats)
+        daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
 
 
 def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) -> Attestation:
@@ -361,4 +387,4 @@ async def _serve_garbage(stream, frames: list[bytes]) -> None:
 
 
 BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow,
-                                         "refuse": Refuse}
+                                         "refuse": Refuse, "forger": Forger}

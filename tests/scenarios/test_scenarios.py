@@ -251,7 +251,7 @@ def forged_for_spot_checks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, links", [("forged-data", ("loss", "gradient")), ("skipped-update", ("update",)),
-                                         ("forged-microbatch", ("gradient", "sum", "proof", "update"))])
+                                         ("forged-microbatch", ("loss", "gradient"))])
 def test_spot_checks_catch_each_forgery_before_full_coverage(forged_for_spot_checks, name, links):
     s, manifest = forged_for_spot_checks, forged_for_spot_checks["manifest"]
     assert_network_kept_its_promises(s)

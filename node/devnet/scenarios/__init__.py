@@ -27,6 +27,7 @@ from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 
 from ...client import ApiUnavailable
+from ...identity_file import load_identity
 from ..daemons import Daemons, say
 from ..forged_run import publish_forged_run
 from ..netns import Partition as Netns
@@ -100,6 +101,9 @@ def run_scenarios(opts: DevnetOptions) -> dict:
                 else:
                     half = halves[node.half]
                     daemons.plan(1, host=half.address, api_host=half.api_address, prefix=half.prefix)
+            auditors = [load_identity(daemons.dirs[i]) for i, n in enumerate(nodes) if n.role == "auditor"]
+            for s in chosen:
+                manifest = s.prepare_run(run_dir, manifest, publisher, auditors)
             try:
                 net = Net(opts, manifest, daemons, nodes, started)
                 summary = _drive(net, chosen, redundancy, forgeries)

@@ -11,6 +11,7 @@ class RefusingTrainer(SpotScenario):
     name = "refusing-trainer"
     expected = ("no_answer",)
     what = "a publisher that never answers a challenge"
+    answer_s = 3.0  # every spot check waits it out: short, so that replays are not held up for long
 
     def observer_args(self) -> tuple[str, ...]:
         return ("--behaviour", "refuse")
