@@ -3,9 +3,9 @@
 1. plan: ask the planner (:func:`~.planner.pick`) for the steps this node should replay next,
    from ingest's incremental indexes (:class:`~.deficits.RunIndexes`), skipping steps it attested,
    whose replay failed here, or whose files are in back-off; steps a counted spot check failed
-   come first (:func:`~.planner.pick_first`). Between two replays, one spot check
-   (:mod:`.spot_checker`, when the daemon gives it one): they share the worker and the run's
-   working directory in turn;
+   come first (:func:`~.planner.pick_first`). Between two replays, ``spot_checks_per_replay``
+   spot checks (:mod:`.spot_checker`, when the daemon gives it one): they share the worker and
+   the run's working directory in turn;
 2. claim: take a redundancy slot through the DHT (:class:`~.claim_records.ClaimAgent`), held for
    as long as fetching and replaying take;
 3. fetch: the samples file, then checkpoint k (over the bulk path when a provider serves it
@@ -100,7 +100,11 @@ class Auditor:
                 await trio.sleep_forever()
             await self.bootstrapped.wait()
             while True:
-                spotted = self.spot_check is not None and await self.spot_check()
+                spotted = False
+                for _ in range(self.config.spot_checks_per_replay if self.spot_check is not None else 0):
+                    if not await self.spot_check():
+                        break
+                    spotted = True
                 if not await self.audit_once() and not spotted:
                     await self.clock.sleep(self.config.idle_poll_s)
 

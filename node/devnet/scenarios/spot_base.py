@@ -14,7 +14,6 @@ from __future__ import annotations
 from .base import Net, Scenario, _result
 
 
-
 class SpotScenario(Scenario):
     forgery = ""  # the forged run's kind (node/devnet/forged_run.py); "" publishes an honest run
     expected: tuple[str, ...] = ()  # the links that may catch it (docs/run-format.md §10.3)
