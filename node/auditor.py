@@ -100,12 +100,15 @@ class Auditor:
                 await trio.sleep_forever()
             await self.bootstrapped.wait()
             while True:
+                # A replay first: claims are taken while steps are still open (a spot check's
+                # answer can take a while, and the network covers steps meanwhile).
+                replayed = await self.audit_once()
                 spotted = False
                 for _ in range(self.config.spot_checks_per_replay if self.spot_check is not None else 0):
                     if not await self.spot_check():
                         break
                     spotted = True
-                if not await self.audit_once() and not spotted:
+                if not replayed and not spotted:
                     await self.clock.sleep(self.config.idle_poll_s)
 
     # -- 1. plan -------------------------------------------------------------------------------
