@@ -6,6 +6,8 @@ import shutil
 
 import cbor2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from open1b.deterministic.fingerprint import CHUNK_ELEMENTS, chunk_count
 from open1b.deterministic import PRESETS
@@ -13,7 +15,7 @@ from open1b.deterministic.data import batch_for_step
 from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import state_link, genesis_hash, load_checkpoint, read_manifest
 from open1b.deterministic.spot_run import (
-    MAX_ANSWER_SIZE, SpotInputError, answer_from_run, check_spot, load_fingerprints,
+    MAX_ANSWER_SIZE, SpotInputError, answer_from_run, check_spot, decode_answer, load_fingerprints,
 )  # fmt: skip
 from open1b.deterministic.trainer import config_of, publish_run
 from open1b.protocol import Identity, blake2b256, encode
@@ -164,3 +166,22 @@ def test_two_processes_record_the_fingerprints_of_one(runs, tmp_path):
     assert manifest.model["ranks"] == 2
     assert (tmp_path / "two" / FINGERPRINTS_FILE).read_bytes() == (run_dir / FINGERPRINTS_FILE).read_bytes()
     assert two.data == manifest.data and two.state_hashes == manifest.state_hashes
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=256))
+def test_decoding_arbitrary_bytes_as_an_answer_never_raises(data):
+    assert decode_answer(data, 1, (0, 3, 4, 5), 4, CONFIG.n_params()) is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(min_value=0), bit=st.integers(min_value=0, max_value=7))
+def test_a_flipped_bit_anywhere_in_an_answer_never_raises(answered, at, bit):
+    """Each flip gives bytes that are not an answer (None) or openings of other values, which the
+    checks then refuse at ``proof``; decoding never raises."""
+    challenge, answer = answered
+    chunks = tuple(op["chunk"] for op in cbor2.loads(answer)["openings"])
+    flipped = bytearray(answer)
+    flipped[at % len(answer)] ^= 1 << bit
+    openings = decode_answer(bytes(flipped), 1, chunks, 4, CONFIG.n_params())
+    assert openings is None or len(openings) == len(chunks)

@@ -232,6 +232,10 @@ def cross_field_rules(kind: str, m: dict) -> None:
             raise Refused("witnesses")
         if m["samples"] < 1:
             raise Refused("samples")
+        fingerprints = [m["data"].get(k) for k in ("fingerprints_root", "fingerprints_blob")]
+        if fingerprints != [None, None] and not all(
+                type(h) is str and len(h) == 64 and set(h) <= set("0123456789abcdef") for h in fingerprints):
+            raise Refused("fingerprints")
     if kind == "external_manifest" and m["steps"] < 1:
         raise Refused("state_hashes")
     if kind == "claim" and not m["lease_expiry"] > m["issued_at"]:

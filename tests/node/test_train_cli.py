@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from open1b.deterministic.runfile import read_manifest
+
 from .commands import cli
 
 pytestmark = pytest.mark.integration
@@ -16,9 +18,28 @@ def test_train_with_two_ranks_then_replay_each_step_in_one_process(tmp_path):
     assert rc == 0, err
     summary = json.loads(out)
     assert summary["ranks"] == 2 and summary["steps"] == 2
+    assert summary["fingerprints"] == read_manifest(run_dir).data["fingerprints_root"]  # recorded by default
+    assert (run_dir / "fingerprints.cbor").is_file()
     for step in range(2):
         rc, out, err = cli("replay", str(run_dir), "--step", str(step), "--data-dir", str(data_dir), "--json", timeout=600)
         assert rc == 0 and json.loads(out)["verdict"] == "match", err
+
+
+def test_train_with_and_without_fingerprints_into_the_same_directory(tmp_path):
+    run_dir, data_dir = tmp_path / "run", tmp_path / "node"
+    rc, out, err = cli("train", "--steps", "1", "--no-fingerprints", "--out", str(run_dir), "--data-dir",
+                       str(data_dir), "--json", timeout=600)
+    assert rc == 0, err
+    assert json.loads(out)["fingerprints"] == "none" and "fingerprints_root" not in read_manifest(run_dir).data
+    assert not (run_dir / "fingerprints.cbor").exists()
+    rc, out, err = cli("train", "--steps", "1", "--out", str(run_dir), "--data-dir", str(data_dir), "--json",
+                       timeout=600)
+    assert rc == 0, err
+    assert json.loads(out)["fingerprints"] == read_manifest(run_dir).data["fingerprints_root"]
+    # and a run without them in its place leaves no stale file behind
+    rc, _, err = cli("train", "--steps", "1", "--no-fingerprints", "--out", str(run_dir), "--data-dir", str(data_dir),
+                     timeout=600)
+    assert rc == 0 and not (run_dir / "fingerprints.cbor").exists(), err
 
 
 @pytest.mark.parametrize("ranks", ["0", "-2", "two"])

@@ -99,6 +99,7 @@ def test_constants_table_is_the_code():
         "CHALLENGE_CHUNKS": spotcheck.CHALLENGE_CHUNKS, "ANSWER_SECONDS": spotcheck.ANSWER_SECONDS,
         "MAX_CHALLENGE_REQUEST": spot_answers.MAX_CHALLENGE_REQUEST,
         "MAX_PENDING_ANSWERS": spot_answers.MAX_PENDING_ANSWERS,
+        "MAX_ANSWER_SIZE": spotcheck.MAX_ANSWER_SIZE,
     }
     table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", _section("2. Constants"), re.M))
     assert {k: int(v) for k, v in table.items()} == code

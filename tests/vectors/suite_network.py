@@ -38,6 +38,10 @@ from . import fixtures
 from .common import NOW, hx, ident, unhex
 
 
+FINGERPRINTS = {"fingerprints_root": "7f" * 32, "fingerprints_blob": "0a" * 32}
+"""The two data keys that commit to a run's fingerprints (docs/run-format.md §10.1)."""
+
+
 def forge(signer: int, kind: str, body: dict, *, v=PROTOCOL_VERSION) -> bytes:
     """A correctly signed message whose body the constructors would refuse to build."""
     body = {"kind": kind, "v": v, **body}
@@ -212,6 +216,24 @@ class Validation:
             "manifest-witnesses": ("steps - 1 witness commitments",
                                    forge(0, "manifest", {**_body(m), "witnesses": m.witnesses[:-1]})),
             "manifest-samples": ("no samples", forge(0, "manifest", {**_body(m), "samples": 0})),
+            "manifest-fingerprints-accept": ("a run that commits to fingerprints (docs/run-format.md §10.1)",
+                                             forge(0, "manifest", {**_body(m), "data": {**m.data, **FINGERPRINTS}})),
+            "manifest-fingerprints-alone": ("fingerprints_root without fingerprints_blob",
+                                            forge(0, "manifest", {**_body(m), "data": {
+                                                **m.data, "fingerprints_root": FINGERPRINTS["fingerprints_root"]}})),
+            "manifest-fingerprints-upper": ("a fingerprints_root in uppercase hex",
+                                            forge(0, "manifest", {**_body(m), "data": {
+                                                **m.data, **FINGERPRINTS,
+                                                "fingerprints_root": FINGERPRINTS["fingerprints_root"].upper()}})),
+            "manifest-fingerprints-int": ("a fingerprints_blob that is an integer, not hex text",
+                                          forge(0, "manifest", {**_body(m), "data": {
+                                              **m.data, **FINGERPRINTS, "fingerprints_blob": 7}})),
+            "manifest-fingerprints-short": ("a fingerprints_blob of 63 hex digits",
+                                            forge(0, "manifest", {**_body(m), "data": {
+                                                **m.data, **FINGERPRINTS, "fingerprints_blob": "a" * 63}})),
+            "manifest-samples-before-fingerprints": ("no samples and a malformed fingerprints_root: samples first",
+                                                     forge(0, "manifest", {**_body(m), "samples": 0, "data": {
+                                                         **m.data, "fingerprints_root": "x"}})),
             "manifest-state-hashes-before-checkpoints": ("state hashes and checkpoints both one short: state_hashes first",
                                                         forge(0, "manifest", {**_body(m), "state_hashes": m.state_hashes[:-1],
                                                                               "checkpoints": m.checkpoints[:-1]})),

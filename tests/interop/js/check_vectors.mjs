@@ -47,7 +47,7 @@ function expectCode (fn, code) {
 
 const DECODE_CODES = new Set(['oversize', 'malformed', 'non_canonical', 'kind', 'version', 'unknown_field',
   'missing_field', 'wrong_type', 'bad_signature', 'run_format', 'state_hashes', 'checkpoints', 'witnesses', 'samples',
-  'lease_order', 'device', 'eval_verdict', 'spot_verdict'])
+  'fingerprints', 'lease_order', 'device', 'eval_verdict', 'spot_verdict'])
 const TOPIC_KINDS = {
   attestation: ['attestation'], claim: ['claim'], reveal: ['reveal'], manifest: ['manifest', 'external_manifest'],
   sync: ['attestation', 'reveal', 'spotcheck'], eval: ['eval'], spotcheck: ['spotcheck']

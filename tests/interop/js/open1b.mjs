@@ -252,6 +252,11 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   if (kind === 'manifest' && BigInt(value.get('checkpoints').length) !== value.get('steps') + 1n) throw new ProtocolError('checkpoints', 'steps + 1 addresses')
   if (kind === 'manifest' && BigInt(value.get('witnesses').length) !== value.get('steps')) throw new ProtocolError('witnesses', 'one commitment per step')
   if (kind === 'manifest' && value.get('samples') < 1n) throw new ProtocolError('samples', 'at least one sample')
+  if (kind === 'manifest') {
+    const data = value.get('data')
+    const hashes = ['fingerprints_root', 'fingerprints_blob'].map((k) => data.get(k))
+    if (hashes.some((h) => h !== undefined) && !hashes.every((h) => typeof h === 'string' && /^[0-9a-f]{64}$/.test(h))) throw new ProtocolError('fingerprints', 'fingerprints_root and fingerprints_blob: both or neither, 64 lowercase hex digits each')
+  }
   if (kind === 'external_manifest' && value.get('steps') < 1n) throw new ProtocolError('state_hashes', 'steps >= 1')
   if (kind === 'claim' && value.get('lease_expiry') <= value.get('issued_at')) throw new ProtocolError('lease_order', 'lease_expiry after issued_at')
   if (kind === 'eval' && (value.get('verdict') === 'mismatch') === (value.get('loss') === value.get('claimed'))) throw new ProtocolError('eval_verdict', 'loss = claimed unless a mismatch')
