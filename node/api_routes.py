@@ -40,6 +40,7 @@ from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import P2P
 from .publisher import Publisher
 from .runs import RunFiles, RunFilesError, why_not_auditable
+from .spot_checker import why_not_spot_checked
 from .topics import reveals_topic
 from .web import mount_page
 from .worker import ReplayWorker
@@ -85,6 +86,8 @@ class Components:
             "behaviour": self.config.behaviour or None,
             "reveals_made": ingest.proof.revealed, "witness_commitment_mismatches": ingest.proof.commitment_mismatches,
             "runs_synced": ingest.runs_synced, "blobs": self.blob_status(),
+            "spot_checks": {"signed": {f"{v}/{c}": n for (v, c), n in sorted(s.spot_checks.items())},
+                            "failed_to_run": s.spot_failures, "challenges_answered": s.challenges_answered},
         }
 
     def blob_status(self) -> dict:
@@ -161,6 +164,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
         for m in ingest.manifests.values():
             item = views.run_json(m, str(store.run_dir(m.run_id) or "") or None)
             item["auditable"] = why_not_auditable(m) is None
+            item["spot_checkable"] = why_not_spot_checked(m) is None
             out.append(item)
         return out
 
@@ -170,7 +174,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
         manifest = ingest.manifests[run_id]
         replay = ingest.coverage(run_id, redundancy)
         return {**views.coverage_json(replay, manifest), "evaluations": node.evaluator.status(manifest),
-                "spot_checks": views.spot_json(ingest.spot_coverage(run_id, replay))}
+                "spot_checks": views.spot_json(ingest.spot_coverage(run_id, replay), why_not_spot_checked(manifest))}
 
     @app.get("/v1/attestations/{run}", summary="the signed attestations of a run (or of one step)")
     async def attestations(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
@@ -180,12 +184,17 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     async def reveals(run: RunId) -> list[dict]:
         return [views.reveal_json(r) for r in store.reveals(run_arg(ingest, run))]
 
+    @app.get("/v1/spotchecks/{run}", summary="the signed spot checks of a run (or of one step)")
+    async def spotchecks(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
+        return [views.spotcheck_json(sc) for sc in store.spotchecks(run_arg(ingest, run)) if step in (None, sc.step)]
+
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
     async def evidence(run: RunId, step: Step) -> Response:
         run_id = run_arg(ingest, run)
         k = step_arg(ingest, run_id, step)
-        statements = [a.encoded for a in store.attestations(run_id, k)] + [r.encoded for r in store.reveals(run_id, k)]
+        statements = ([a.encoded for a in store.attestations(run_id, k)] + [r.encoded for r in store.reveals(run_id, k)]
+                      + [sc.encoded for sc in store.spotchecks(run_id) if sc.step == k])
         name = f"open1b-evidence-{run_id.hex()[:16]}-step{k}.cbor"
         return Response(cbor2.dumps(statements, canonical=True), media_type="application/cbor",
                         headers={"content-disposition": f'attachment; filename="{name}"'})

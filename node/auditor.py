@@ -2,7 +2,10 @@
 
 1. plan: ask the planner (:func:`~.planner.pick`) for the steps this node should replay next,
    from ingest's incremental indexes (:class:`~.deficits.RunIndexes`), skipping steps it attested,
-   whose replay failed here, or whose files are in back-off;
+   whose replay failed here, or whose files are in back-off; steps a counted spot check failed
+   come first (:func:`~.planner.pick_first`). Between two replays, ``spot_checks_per_replay``
+   spot checks (:mod:`.spot_checker`, when the daemon gives it one): they share the worker and
+   the run's working directory in turn;
 2. claim: take a redundancy slot through the DHT (:class:`~.claim_records.ClaimAgent`), held for
    as long as fetching and replaying take;
 3. fetch: the samples file, then checkpoint k (over the bulk path when a provider serves it
@@ -19,7 +22,7 @@ from __future__ import annotations
 import logging
 import platform
 from pathlib import Path
-from typing import Protocol
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
@@ -40,6 +43,7 @@ from .runs import (
     RunFiles,
     RunFilesError,
     checkpoint_blob,
+    fingerprints_blob,
     samples_blob,
     why_not_auditable,
 )
@@ -76,11 +80,13 @@ def hardware_description() -> str:
 
 class Auditor:
     def __init__(self, identity: Identity, config: NodeConfig, ingest: Ingest, claims: ClaimAgent, runfiles: RunFiles,
-                 p2p: P2P, replayer: Replayer, *, bootstrapped: trio.Event, clock: Clock, stats: NodeStats) -> None:
+                 p2p: P2P, replayer: Replayer, *, bootstrapped: trio.Event, clock: Clock, stats: NodeStats,
+                 spot_check: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.identity, self.config, self.ingest, self.claims = identity, config, ingest, claims
         self.runfiles, self.p2p, self.replayer = runfiles, p2p, replayer
         self.bootstrapped, self.clock, self.stats = bootstrapped, clock, stats
         self.hardware = hardware_description()
+        self.spot_check = spot_check  # one spot check, False if none is due (node/spot_checker.py)
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
         self._nursery: trio.Nursery | None = None
@@ -94,12 +100,20 @@ class Auditor:
                 await trio.sleep_forever()
             await self.bootstrapped.wait()
             while True:
-                if not await self.audit_once():
+                # A replay first: claims are taken while steps are still open (a spot check's
+                # answer can take a while, and the network covers steps meanwhile).
+                replayed = await self.audit_once()
+                spotted = False
+                for _ in range(self.config.spot_checks_per_replay if self.spot_check is not None else 0):
+                    if not await self.spot_check():
+                        break
+                    spotted = True
+                if not replayed and not spotted:
                     await self.clock.sleep(self.config.idle_poll_s)
 
     # -- 1. plan -------------------------------------------------------------------------------
     def next_candidates(self) -> list[tuple[RunManifest, planner.Candidate]]:
-        # Incremental (node/deficits.py): no pass over every step or every stored statement.
+        # Incremental (node/deficits.py): no pass over every step or every stored attestation.
         out = []
         now = self.clock.now()
         deficits = self.ingest.deficits
@@ -109,9 +123,11 @@ class Auditor:
             index = deficits.index(run)
             done_here = index.mine | self._failed.get(run, set())
             done_here = done_here | {s for (r, s), t in self._fetch_backoff.items() if r == run and t > now}
-            for cand in planner.pick(index, deficits.order(run), exclude=done_here):
-                out.append((manifest, cand))
-        return sorted(out, key=lambda item: item[1].order())
+            first = planner.pick_first(index, deficits.order(run), self.ingest.spot_failed(run), exclude=done_here)
+            out += [(manifest, cand, 0) for cand in first]
+            out += [(manifest, cand, 1) for cand in planner.pick(index, deficits.order(run),
+                                                                 exclude=done_here | {c.step for c in first})]
+        return [(m, c) for m, c, _ in sorted(out, key=lambda item: (item[2], item[1].order()))]
 
     # -- 2. claim ------------------------------------------------------------------------------
     async def audit_once(self) -> bool:
@@ -180,6 +196,25 @@ class Auditor:
         await self.runfiles.fetch(self.p2p, checkpoint, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
                                   bulk=BulkFetch(self.identity, manifest, step))
         return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
+
+    async def spot_files(self, manifest: RunManifest, step: int) -> tuple[Path, Callable[[], None]]:
+        """What a spot check of ``step`` needs (docs/run-format.md §10.2): a replay's files, checkpoint
+        k+1 and the run's fingerprints, each verified as it is fetched; and how to release them."""
+        run_dir, blobs = await self.run_files(manifest, step)
+        after = checkpoint_blob(manifest, step + 1)
+        try:
+            await self.runfiles.fetch(self.p2p, after, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
+                                      bulk=BulkFetch(self.identity, manifest, step + 1))
+            await self.runfiles.fetch_fingerprints(self.p2p, manifest, on_bad_peer=self.p2p.penalise,
+                                                   provide=self._provide_soon)
+            fingerprints = fingerprints_blob(manifest)
+            assert fingerprints is not None  # fetch_fingerprints raised otherwise
+            self.runfiles.assemble(manifest, [after, fingerprints])
+        except BaseException:
+            self.runfiles.release(manifest, blobs[1:])
+            raise
+        # keep samples.bin and fingerprints.cbor (every check reads them), drop the checkpoint links
+        return run_dir, lambda: self.runfiles.release(manifest, [blobs[1], after])
 
     def _provide_soon(self, key: str) -> None:
         """Announce a blob we now hold without holding up the replay that fetched it (a DHT

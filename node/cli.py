@@ -95,7 +95,8 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
-        behaviour=args.behaviour, device=args.device,
+        behaviour=args.behaviour, device=args.device, answer_s=args.answer_seconds,
+        spot_checks_per_replay=args.spot_checks_per_replay,
     )
     harness = None
     if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
@@ -263,7 +264,9 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
         spot = c.get("spot_checks")
         escape = ([f"spot checks (not replays): {spot['spot_checked_steps']} steps passed, failed"
                    f" {spot['spot_failed_steps'] or 'none'}; escape probability of a forged run:"
-                   f" {spot['escape_one_forged']:.3g} (1 step), {spot['escape_one_percent_forged']:.3g} (1% of steps)"]
+                   f" {spot['escape_one_forged']:.3g} (1 step), {spot['escape_one_percent_forged']:.3g} (1% of steps)"
+                   + (f"; this node does not spot check it: {spot['not_spot_checked_because']}"
+                      if spot.get("not_spot_checked_because") else "")]
                   if spot else [])  # fmt: skip
         return "\n".join([head, trust, *escape, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
 
@@ -543,8 +546,13 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--publisher", action="append", default=[], metavar="PEER_ID",
                    help="audit only runs this peer published (repeatable; adds to config: publishers; "
                         "default: runs of any publisher)")
-    # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--device", help=DEVICE_HELP + " (config: device)")
+    d.add_argument("--answer-seconds", type=float, metavar="S",
+                   help="how long a spot check waits for the trainer's answer before signing no_answer"
+                        " (config: answer_seconds; default: the spec's ANSWER_SECONDS, 3600)")
+    d.add_argument("--spot-checks-per-replay", type=int, metavar="N",
+                   help="spot checks between two replays; 0: none (config: spot_checks_per_replay; default 1)")
+    # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
@@ -661,8 +669,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
     n.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
-                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner"
-                        " (docs/reliability.md)")
+                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner,"
+                        " forged-data, skipped-update, forged-microbatch, refusing-trainer (docs/reliability.md)")
     n.add_argument("--device", default="auto", help=DEVICE_HELP + " (the trainer's and every daemon's)")
     n.set_defaults(func=cmd_devnet)
 

@@ -4,7 +4,9 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.ingest` — gossip and sync statements, validated, stored, judged (coverage, flags);
 * :mod:`.publisher` — a run directory imported, its blobs provided, its manifest gossiped;
 * :mod:`.auditor` — plan (:mod:`.planner`) → claim (:mod:`.claim_records`) → fetch (:mod:`.runs`,
-  :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
+  :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip; between
+  replays, a spot check (:mod:`.spot_checker`);
+* :mod:`.spot_answers` — the challenge stream: answers to others' spot checks of runs published here;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
 * :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
 * :mod:`.api_routes` — the local API and web page (:mod:`.api`, :mod:`.web`), and Prometheus
@@ -50,6 +52,8 @@ from .metrics import NodeStats
 from .p2p import P2P, open_p2p
 from .publisher import Publisher, read_run_manifest
 from .runs import RunFiles, why_not_auditable
+from .spot_answers import SPOTCHECK_PROTOCOL, AnswerServer
+from .spot_checker import SpotChecker
 from .store import Store
 from .sync import Syncer
 from .systemd import notify
@@ -62,6 +66,7 @@ API_ADDR_FILE = "api.addr"
 P2P_ADDR_FILE = "p2p.addr"
 STORE_FILE = "store.sqlite"
 BLOBS_DIR = "blobs"
+SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the worker)
 
 
 class Harness(Protocol):
@@ -143,8 +148,16 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     replayer: Replayer = WorkerReplayer(worker, config.replay_timeout_s)
     if harness is not None:
         replayer = harness.replayer(replayer)
+    scratch = config.data_dir / SPOT_DIR
+    answers = AnswerServer(worker, ingest.manifests, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
+                           stats=stats)
+    p2p.set_stream_handler(SPOTCHECK_PROTOCOL, answers.serve)
+    # The spot checker fetches through the auditor, which calls it between replays: the lambda
+    # reads ``auditor`` when called, once both exist.
+    spot = SpotChecker(identity, config, ingest, p2p, worker, lambda m, k: auditor.spot_files(m, k), clock=clock,
+                       stats=stats, scratch=scratch)
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
-                      clock=clock, stats=stats)
+                      clock=clock, stats=stats, spot_check=spot.check_once)
     evaluator = Evaluator(store, identity, publish=p2p.publish, checkpoint=_checkpoint_of(auditor), now=clock.wall,
                           device=cpu_device_class(), policy=ingest.trust, redundancy=config.redundancy,
                           sleep=clock.sleep)

@@ -28,6 +28,7 @@ from open1b.protocol import (
     Open1bError,
     Outcome,
     RunManifest,
+    SpotCheck,
     SpotCoverage,
     StepStatus,
     coverage,
@@ -40,6 +41,7 @@ from open1b.protocol import (
 )
 from open1b.protocol.codec import decode as decode_cbor
 from open1b.protocol.errors import UnjudgeableError
+from open1b.protocol.spotcheck import FAIL
 from open1b.protocol.validation import Verdict, validate_eval, validate_reveal, validate_spotcheck
 from open1b.protocol.witness import WitnessReveal
 
@@ -306,6 +308,15 @@ class Ingest:
             return False
         return self.store.add_spotcheck(verdict.message)
 
+    def add_own_spotcheck(self, sc: SpotCheck) -> bool:
+        """Store a spot check this node signed (validated by construction); True if new."""
+        return self.store.add_spotcheck(sc)
+
+    def spot_failed(self, run: bytes) -> list[int]:
+        """Steps a counted spot check failed (the replay planner takes them first). Stored spot checks
+        passed §7's rules on the way in, so only the trust policy is applied here."""
+        return sorted({s.step for s in self.store.spotchecks(run) if s.verdict == FAIL and self.trust.trusts(s.signer)})
+
     def spot_coverage(self, run: bytes, replay: Coverage) -> SpotCoverage:
         """Spot-check status and escape probabilities (docs/protocol.md §8.7); ``replay``'s verified
         steps count as checks that catch any forgery."""
@@ -320,7 +331,7 @@ class Ingest:
         self.deficits = self._indexes()
 
     def ingest_synced(self, frames: list[bytes], source: str) -> int:
-        """A sync response: attestations and witness reveals, told apart by their kind; the
+        """A sync response: attestations, witness reveals and spot checks, told apart by their kind; the
         attestations are stored in one transaction (the order does not matter: what is judged
         is a function of the set). How many were new."""
         attestations, new = [], 0
@@ -332,6 +343,8 @@ class Ingest:
                 kind = None
             if kind == WitnessReveal.KIND:
                 new += self.ingest_reveal(data, source=source)
+            elif kind == SpotCheck.KIND:
+                new += self.ingest_spotcheck(data, source=source)
             else:
                 attestations.append(data)
         return new + self.ingest_attestations(attestations, source=source)
@@ -341,10 +354,10 @@ class Ingest:
             self.store.add_claim(claim)
             self.deficits.add_claim(claim)
 
-    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal] | None:
+    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck] | None:
         if run not in self.manifests:
             return None
-        return [*self.store.attestations(run), *self.store.reveals(run)]
+        return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run)]
 
     # -- judgements ----------------------------------------------------------------------------
     def coverage(self, run: bytes, redundancy: int | None = None) -> Coverage:

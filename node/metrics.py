@@ -8,6 +8,7 @@ deliberate).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -32,6 +33,9 @@ METRIC_NAMES = (
     "open1b_blob_bad_providers_total",
     "open1b_blob_cache_bytes",
     "open1b_run_steps",
+    "open1b_spot_checks_total",
+    "open1b_spot_check_failures_total",
+    "open1b_challenges_answered_total",
 )
 RUN_STEP_STATUSES = ("verified", "disputed", "refuted")  # the per-run gauge's statuses
 
@@ -54,6 +58,9 @@ class NodeStats:
     # run hex -> status -> steps, as this node's coverage last judged the run (ingest.refresh_flags)
     run_steps: dict[str, dict[str, int]] = field(default_factory=dict)
     replayed: list[tuple[str, int]] = field(default_factory=list)
+    spot_checks: Counter[tuple[str, str]] = field(default_factory=Counter)  # (verdict, caught) -> signed
+    spot_failures: int = 0  # spot checks the worker could not run (no verdict signed)
+    challenges_answered: int = 0  # answers this node gave to others' challenges (node/spot_answers.py)
 
     def record_replay(self, seconds: float) -> None:
         self.replays += 1
@@ -91,6 +98,15 @@ class _Collector:
     def collect(self) -> Iterable:
         s, g = self._stats, self._gauges()
         yield CounterMetricFamily("open1b_replays", "Steps replayed to completion", value=s.replays)
+        spots = CounterMetricFamily("open1b_spot_checks", "Spot checks signed, by verdict and the link caught",
+                                    labels=["verdict", "caught"])
+        for (verdict, caught), n in sorted(s.spot_checks.items()):
+            spots.add_metric([verdict, caught], n)
+        yield spots
+        yield CounterMetricFamily("open1b_spot_check_failures", "Spot checks that could not run (no verdict signed)",
+                                  value=s.spot_failures)
+        yield CounterMetricFamily("open1b_challenges_answered", "Spot-check challenges of our runs answered",
+                                  value=s.challenges_answered)
         yield CounterMetricFamily("open1b_replay_failures", "Replays that failed (bad input, crash, timeout)",
                                   value=s.replay_failures)
         buckets = [(repr(b), n) for b, n in zip(REPLAY_SECONDS_BUCKETS, s.replay_seconds_buckets)]

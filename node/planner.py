@@ -184,6 +184,19 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
     return out
 
 
+def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
+               exclude: Collection[int] = frozenset()) -> list[Candidate]:
+    """Candidates for ``steps`` that still want attesters (spot checks failed them: a replay
+    settles them first, docs/protocol.md §8.7), ahead of whatever :func:`pick` would choose."""
+    out = []
+    for step in sorted(set(steps) - set(exclude)):
+        s = view.state(step)
+        if s.deficit > 0:
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, view.redundancy),
+                                 s.attesters))
+    return out
+
+
 def _best_in_bucket(view: DeficitView, order: StepOrder, bucket: int, exclude: Collection[int], need: int) -> list[int]:
     size = view.bucket_size(bucket)
     if size * len(order.prefix) >= _SCAN_MARGIN * need * order.steps:

@@ -7,7 +7,8 @@ counted spot checks first, so checks spread over the whole run before any step i
 and skips the steps it has checked itself (its challenge of a step is always the same one), the
 steps replay coverage verified (a replay already catches any forgery) and the steps already failed.
 Full replays go where spot checks point: a failed step (``SpotCoverage.failed_steps``) is what
-the replay planner should take first. Not wired into the daemon yet (docs/protocol.md §16).
+the replay planner takes first (:func:`.planner.pick_first`). The daemon's spot checker
+(:mod:`.spot_checker`) plans with these two functions.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from open1b.protocol import (
     Claim,
     Coverage,
     RunManifest,
+    SpotCheck,
     SpotCoverage,
     SpotStatus,
     StepStatus,
@@ -23,6 +24,15 @@ def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
         "engine": f"{att.engine} {att.engine_version}", "hardware": att.hardware, "device": att.device,
         "elapsed_ms": att.elapsed_ms, "issued_at": att.issued_at,
         "encoded": att.encoded.hex(),  # the signed statement itself: anyone can re-check it
+    }
+
+
+def spotcheck_json(sc: SpotCheck) -> dict:
+    return {
+        "digest": sc.digest.hex(), "run": sc.run.hex(), "step": sc.step, "verdict": sc.verdict, "caught": sc.caught,
+        "slot": sc.slot, "chunks": list(sc.chunks), "signer": sc.signer_peer_id, "device": sc.device,
+        "elapsed_ms": sc.elapsed_ms, "issued_at": sc.issued_at,
+        "encoded": sc.encoded.hex(),  # the signed statement itself: anyone can re-check it
     }
 
 
@@ -62,10 +72,12 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
     }
 
 
-def spot_json(spot: SpotCoverage) -> dict:
+def spot_json(spot: SpotCoverage, why_not: str | None = None) -> dict:
     """Spot checks (docs/protocol.md §8.7): their own status, never counted as replays, and the
-    probability that a run with one forged step, or 1% of its steps forged, escaped every check so far."""
+    probability that a run with one forged step, or 1% of its steps forged, escaped every check so far.
+    ``why_not``: why this node does not spot check the run (a run without fingerprints), or None."""
     return {
+        "spot_checkable": why_not is None, "not_spot_checked_because": why_not,
         "spot_checked_steps": spot.count(SpotStatus.SPOT_CHECKED), "spot_failed_steps": spot.failed_steps,
         "detection_per_check": spot.detection, "escape_one_forged": spot.escape_one,
         "escape_one_percent_forged": spot.escape_fraction,

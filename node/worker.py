@@ -10,10 +10,21 @@ is created in this process, never in the daemon's trio process.
 
 Wire protocol (JSON lines over the worker's stdin/stdout): at start the worker writes one hello
 line, ``{"device": class, "label": "cuda:0" | "cpu", "reason": text}`` (or ``{"error": text}``
-and exits); then the daemon writes ``{"run_dir": …, "step": k}`` and the worker answers one line,
-either ``{"pre_state": hex, "post_state": hex, "witness": hex, "elapsed_ms": n}`` or
-``{"error": text}``. The daemon does not believe the worker's verdict: it compares the hashes with
-the manifest itself and signs only what it has checked, with the device class of the hello.
+and exits); then the daemon writes one request line and the worker answers one line, or
+``{"error": text}``. Requests, one at a time (the daemon holds a lock around each):
+
+* ``{"run_dir": …, "step": k}``, a replay: ``{"pre_state": hex, "post_state": hex, "witness": hex,
+  "elapsed_ms": n}``. The daemon does not believe the worker's verdict: it compares the hashes with
+  the manifest itself and signs only what it has checked, with the device class of the hello.
+* ``{"op": "answer", "run_dir": …, "step": k, "challenge": hex, "out": path}``: the trainer's
+  answer to a spot-check challenge (docs/protocol.md §5.5), written to ``out``: ``{"size": n}``.
+  Answers are megabytes (gradient chunks), so they travel as files, not on this pipe.
+* ``{"op": "spot", "run_dir": …, "step": k, "challenge": hex, "answer": path | null}``: a spot
+  check (docs/run-format.md §10.2) of the files in ``run_dir`` against the answer in ``answer``
+  (null: none came): ``{"passed": bool, "caught": link, "slot": s, "chunks": […],
+  "chunks_total": n, "fingerprint": hex, "elapsed_ms": n}``.
+
+Answering and checking run here, never in the daemon's trio process: both recompute part of a step.
 """
 
 from __future__ import annotations
@@ -32,10 +43,11 @@ from pathlib import Path
 import trio
 
 from open1b.protocol import DEVICE_CLASS, Open1bError
+from open1b.protocol.spotcheck import CAUGHT
 
 log = logging.getLogger(__name__)
 
-MAX_REPLY_BYTES = 4096
+MAX_REPLY_BYTES = 4096  # a reply line: hashes and numbers (answers travel as files)
 
 
 class ReplayFailed(Open1bError):
@@ -51,6 +63,20 @@ class WorkerResult:
     device: str  # the class of the device that replayed (docs/protocol.md, the attestation's ``device``)
 
 
+@dataclass(frozen=True)
+class SpotOutcome:
+    """What the worker's spot check found (docs/run-format.md §10.2), for the ``spotcheck`` statement."""
+
+    passed: bool
+    caught: str  # one of protocol.spotcheck.CAUGHT; "none" iff passed
+    slot: int
+    chunks: tuple[int, ...]
+    chunks_total: int
+    fingerprint: bytes  # F_k, the committed fingerprint the step was checked against
+    elapsed_ms: int
+    device: str  # the class of the device that recomputed the slot
+
+
 class ReplayWorker:
     """A handle on the worker process, started on first use and restarted after a failure."""
 
@@ -61,6 +87,7 @@ class ReplayWorker:
         self._proc: trio.Process | None = None
         self._buffer = b""
         self._starting = trio.Lock()  # one process at a time, and its hello read before any request
+        self._busy = trio.Lock()  # one request at a time (fair: callers take turns in arrival order)
         self.restarts = 0
 
     async def start(self, *, timeout_s: float) -> None:
@@ -112,25 +139,35 @@ class ReplayWorker:
             self._proc.kill()
         self._proc = None
 
-    async def replay(self, run_dir: Path, step: int, *, timeout_s: float) -> WorkerResult:
-        """Replay ``step``; raises :class:`ReplayFailed`. Timeout or cancellation kills the process."""
+    async def _request(self, request: dict, *, timeout_s: float, what: str) -> dict:
+        """Send one request and read its reply line; :class:`ReplayFailed` on any failure. Timeout or
+        cancellation kills the process (it may be mid-computation: a restart is the only way out)."""
         ok = False
-        try:
-            with trio.fail_after(timeout_s):
-                proc = await self._ensure_started()
-                assert proc.stdin is not None
-                await proc.stdin.send_all(json.dumps({"run_dir": str(run_dir), "step": step}).encode() + b"\n")
-                reply = json.loads(await self._read_line(proc))
-            ok = True
-        except trio.TooSlowError as exc:
-            raise ReplayFailed(f"replay of step {step} timed out after {timeout_s:.0f} s") from exc
-        except (trio.BrokenResourceError, ValueError) as exc:
-            raise ReplayFailed(f"worker failed: {exc}") from exc
-        finally:
-            if not ok:
-                self.kill()
+        async with self._busy:  # the auditor, the spot checker and the answer server share one process
+            try:
+                with trio.fail_after(timeout_s):
+                    proc = await self._ensure_started()
+                    assert proc.stdin is not None
+                    await proc.stdin.send_all(json.dumps(request).encode() + b"\n")
+                    reply = json.loads(await self._read_line(proc))
+                ok = True
+            except trio.TooSlowError as exc:
+                raise ReplayFailed(f"{what} timed out after {timeout_s:.0f} s") from exc
+            except (trio.BrokenResourceError, ValueError) as exc:
+                raise ReplayFailed(f"worker failed: {exc}") from exc
+            finally:
+                if not ok:
+                    self.kill()
+        if type(reply) is not dict:
+            raise ReplayFailed("malformed worker reply: not an object")
         if "error" in reply:
-            raise ReplayFailed(reply["error"])
+            raise ReplayFailed(str(reply["error"]))
+        return reply
+
+    async def replay(self, run_dir: Path, step: int, *, timeout_s: float) -> WorkerResult:
+        """Replay ``step``; raises :class:`ReplayFailed`."""
+        reply = await self._request({"run_dir": str(run_dir), "step": step}, timeout_s=timeout_s,
+                                    what=f"replay of step {step}")
         try:
             result = WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]),
                                   bytes.fromhex(reply["witness"]), int(reply["elapsed_ms"]), self.device)
@@ -139,6 +176,34 @@ class ReplayWorker:
         if not len(result.pre_state) == len(result.post_state) == len(result.witness) == 32:
             raise ReplayFailed("malformed worker reply: hashes must be 32 bytes")
         return result
+
+    async def answer(self, run_dir: Path, step: int, challenge: bytes, out: Path, *, timeout_s: float) -> int:
+        """Write the trainer's answer to ``challenge`` of ``step`` to ``out``; its size."""
+        reply = await self._request({"op": "answer", "run_dir": str(run_dir), "step": step,
+                                     "challenge": challenge.hex(), "out": str(out)},
+                                    timeout_s=timeout_s, what=f"answer for step {step}")
+        size = reply.get("size")
+        if type(size) is not int or size < 0:
+            raise ReplayFailed("malformed worker reply: size")
+        return size
+
+    async def spot(self, run_dir: Path, step: int, challenge: bytes, answer: Path | None, *,
+                   timeout_s: float) -> SpotOutcome:
+        """Spot check ``step`` with the files in ``run_dir`` and the answer in ``answer`` (None: none came)."""
+        reply = await self._request({"op": "spot", "run_dir": str(run_dir), "step": step, "challenge": challenge.hex(),
+                                     "answer": None if answer is None else str(answer)},
+                                    timeout_s=timeout_s, what=f"spot check of step {step}")
+        try:
+            outcome = SpotOutcome(reply["passed"], reply["caught"], reply["slot"], tuple(reply["chunks"]),
+                                  reply["chunks_total"], bytes.fromhex(reply["fingerprint"]), reply["elapsed_ms"],
+                                  self.device)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayFailed(f"malformed worker reply: {exc}") from exc
+        if (type(outcome.passed) is not bool or len(outcome.fingerprint) != 32 or outcome.caught not in CAUGHT or outcome.passed != (outcome.caught == "none")
+                or not all(type(v) is int and v >= 0 for v in (outcome.slot, outcome.chunks_total, outcome.elapsed_ms,
+                                                              *outcome.chunks))):
+            raise ReplayFailed("malformed worker reply: spot check outcome")
+        return outcome
 
     async def aclose(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
@@ -175,7 +240,6 @@ def _send(reply: dict) -> None:
 
 def _serve(device_spec: str) -> int:
     from open1b.deterministic.device import select_device_or_cpu
-    from open1b.deterministic.replay import replay
 
     try:
         choice = select_device_or_cpu(device_spec)
@@ -186,13 +250,35 @@ def _serve(device_spec: str) -> int:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            result = replay(Path(request["run_dir"]), int(request["step"]), device=choice)
-            reply = {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
-                     "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
+            reply = _handle(request, choice)
         except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         _send(reply)
     return 0
+
+
+def _handle(request: dict, choice) -> dict:
+    from open1b.deterministic.replay import replay
+    from open1b.deterministic.spot_run import answer_from_run, check_spot
+
+    op, run_dir, step = request.get("op", "replay"), Path(request["run_dir"]), int(request["step"])
+    if op == "replay":
+        result = replay(run_dir, step, device=choice)
+        return {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
+                "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
+    challenge = bytes.fromhex(request["challenge"])
+    if op == "answer":
+        answer = answer_from_run(run_dir, step, challenge, device=choice)
+        Path(request["out"]).write_bytes(answer)
+        return {"size": len(answer)}
+    if op == "spot":
+        # the daemon wrote the file after bounding what it received (MAX_ANSWER_SIZE)
+        answer = None if request["answer"] is None else Path(request["answer"]).read_bytes()
+        result = check_spot(run_dir, step, challenge, answer, device=choice)
+        return {"passed": result.passed, "caught": result.caught, "slot": result.slot,
+                "chunks": list(result.chunks), "chunks_total": result.chunks_total,
+                "fingerprint": result.fingerprint.hex(), "elapsed_ms": result.elapsed_ms}
+    raise ValueError(f"unknown request {op!r}")
 
 
 if __name__ == "__main__":

@@ -143,12 +143,15 @@ def validate_spotcheck(data: bytes, manifests: RunLookup, now: int) -> Verdict[S
     return _validate_about_run(SpotCheck.decode, check_spotcheck, data, manifests, now)
 
 
-def validate_sync_frame(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation | WitnessReveal]:
-    """A statement in a sync response (docs/protocol.md §11.1): an attestation or a reveal, judged as
-    on its gossip topic once its kind is known (size first against the larger limit, then its own)."""
-    def check(message: Attestation | WitnessReveal, manifest: Run) -> None:
+def validate_sync_frame(data: bytes, manifests: RunLookup, now: int) -> Verdict[Attestation | WitnessReveal | SpotCheck]:
+    """A statement in a sync response (docs/protocol.md §11.1): an attestation, a reveal or a spot
+    check, judged as on its gossip topic once its kind is known (size first against the largest
+    limit, then its own)."""
+    def check(message: Attestation | WitnessReveal | SpotCheck, manifest: Run) -> None:
         if isinstance(message, Attestation):
             check_attestation(message, manifest)
+        elif isinstance(message, SpotCheck):
+            check_spotcheck(message, manifest)
         else:
             check_reveal(message, manifest)
     return _validate_about_run(lambda d: decode_message(d, _SYNC_KINDS), check, data, manifests, now)
@@ -166,7 +169,7 @@ def decode_message(data: bytes, kinds: frozenset[str] | None = None) -> SignedMe
 
 
 _MANIFEST_KINDS = frozenset({RunManifest.KIND, ExternalRunManifest.KIND})
-_SYNC_KINDS = frozenset({Attestation.KIND, WitnessReveal.KIND})
+_SYNC_KINDS = frozenset({Attestation.KIND, WitnessReveal.KIND, SpotCheck.KIND})
 
 
 def validate_manifest(data: bytes, now: int) -> Verdict[RunManifest | ExternalRunManifest]:

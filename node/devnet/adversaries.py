@@ -19,6 +19,12 @@ running :class:`~open1b.node.daemon.Daemon`'s components. Behaviours:
   sync requests with the same bytes, and writes what it sent to ``<data dir>/injected.json``.
 * ``sybil=N`` — mints N fresh keys and publishes, under each, a match for every step at once.
 * ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``).
+* ``refuse``  — honest, but never answers a spot-check challenge of the runs it publishes: it
+  reads the request and says nothing until the verifier gives up (``refusing-trainer``).
+* ``forger``  — answers challenges of the forged runs it publishes as their forger would,
+  consistently with its forged commitments (:func:`..forged_run.forged_answer`), so that only the
+  checks that need no answer can catch a forged micro-batch (``forged-microbatch``). The answer is
+  computed in a thread of the daemon's process: a devnet's forger, not the honest worker path.
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ from ..auditor import Replayer
 from ..config import ConfigError, NodeConfig
 from ..daemon import Daemon
 from ..files import write_atomic
+from ..p2p import Stream
+from ..spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL, AnswerServer
 from ..sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
 from ..topics import attestations_topic
 from ..worker import WorkerResult
+from .forged_run import forged_answer
 
 log = logging.getLogger("open1b.node.devnet.adversaries")
 
@@ -107,6 +116,39 @@ class Slow(Adversary):
         result = await self.honest.replay(manifest, run_dir, step)
         await trio.sleep(float(self.arg or 3))
         return result
+
+
+class Refuse(Adversary):
+    def replayer(self, honest: Replayer) -> Replayer:
+        return honest
+
+    async def run(self, daemon: Daemon) -> None:
+        async def silent(stream: Stream) -> None:
+            await stream.receive(MAX_CHALLENGE_REQUEST)
+            await stream.receive(1)  # returns (or raises) when the verifier closes or resets the stream
+
+        daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, silent)  # in place of the honest answer server
+
+
+class _ForgerAnswers:
+    """What :class:`~..spot_answers.AnswerServer` computes answers with, in place of the worker."""
+
+    async def answer(self, run_dir: Path, step: int, challenge: bytes, out: Path, *, timeout_s: float) -> int:
+        with trio.fail_after(timeout_s):
+            data = await trio.to_thread.run_sync(forged_answer, run_dir, step, challenge)
+        out.write_bytes(data)
+        return len(data)
+
+
+class Forger(Adversary):
+    def replayer(self, honest: Replayer) -> Replayer:
+        return honest
+
+    async def run(self, daemon: Daemon) -> None:
+        server = AnswerServer(_ForgerAnswers(), daemon.ingest.manifests, daemon.store.run_dir,
+                              daemon.config.data_dir / "spot", timeout_s=daemon.config.replay_timeout_s,
+                              stats=daemon.stats)
+        daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
 
 
 def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) -> Attestation:
@@ -344,4 +386,5 @@ async def _serve_garbage(stream, frames: list[bytes]) -> None:
     await stream.close()
 
 
-BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow}
+BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow,
+                                         "refuse": Refuse, "forger": Forger}

@@ -383,7 +383,7 @@ def run_rules(m: dict, run: dict) -> None:
 
 
 TOPIC_KINDS = {"attestation": {"attestation"}, "claim": {"claim"}, "reveal": {"reveal"},
-               "manifest": {"manifest", "external_manifest"}, "sync": {"attestation", "reveal"}, "eval": {"eval"},
+               "manifest": {"manifest", "external_manifest"}, "sync": {"attestation", "reveal", "spotcheck"}, "eval": {"eval"},
                "spotcheck": {"spotcheck"}}
 
 

@@ -148,3 +148,16 @@ def test_the_planners_view_of_a_run_frees_a_claimed_step_when_its_lease_ends_in_
         return trio.current_time()
 
     assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 7200
+
+
+def test_steps_a_spot_check_failed_come_first_while_they_want_attesters():
+    """pick_first: the failed steps that still want attesters, ahead of pick's choice (docs/protocol.md
+    §8.7: full replays go where spot checks point); covered and excluded ones are left out."""
+    me = ident(3).public_key
+    index = DeficitIndex(64, 1, me=me)
+    index.add_attestation(40, ident(10).public_key, match=True)  # covered: nothing more wanted
+    order = planner.StepOrder(RUN, me, 64)
+    first = planner.pick_first(index, order, [50, 40, 7, 9], exclude={9})
+    assert [c.step for c in first] == [7, 50]
+    assert all(c.deficit == 1 and c.slots == 1 for c in first)
+    assert [c.step for c in planner.pick(index, order, limit=2)] != [7, 50]  # pick alone would choose others

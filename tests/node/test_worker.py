@@ -60,3 +60,35 @@ def test_worker_chooses_its_device_and_falls_back_to_the_cpu(tampered_run):
         broken.kill()
 
     trio.run(main)
+
+
+def test_worker_answers_a_challenge_and_spot_checks_with_it(tampered_run, tmp_path):
+    """The trainer's answer and the verifier's check both run in the worker process; the answer
+    travels as a file. An honest step passes with its answer, fails ``no_answer`` without one, and
+    fails ``proof`` with bytes that are not an answer."""
+    from open1b.protocol import challenge_signature
+    from tests.node.conftest import ident
+
+    run_dir, manifest = tampered_run
+    challenge = challenge_signature(ident(5), manifest.run_id, 1)
+
+    async def main():
+        worker = ReplayWorker()
+        try:
+            size = await worker.answer(run_dir, 1, challenge, tmp_path / "answer.cbor", timeout_s=120)
+            assert size == (tmp_path / "answer.cbor").stat().st_size > 0
+            ok = await worker.spot(run_dir, 1, challenge, tmp_path / "answer.cbor", timeout_s=120)
+            assert ok.passed and ok.caught == "none" and ok.device == cpu_device_class()
+            assert 0 <= ok.slot < 4 and len(ok.chunks) == min(4, ok.chunks_total) and len(ok.fingerprint) == 32
+            silent = await worker.spot(run_dir, 1, challenge, None, timeout_s=120)
+            assert (silent.passed, silent.caught, silent.slot, silent.chunks) == (False, "no_answer", ok.slot, ok.chunks)
+            (tmp_path / "junk.cbor").write_bytes(b"\xa0")
+            junk = await worker.spot(run_dir, 1, challenge, tmp_path / "junk.cbor", timeout_s=120)
+            assert junk.caught == "proof"
+            with pytest.raises(ReplayFailed, match="outside"):  # no verdict on a step the run lacks
+                await worker.spot(run_dir, manifest.steps, challenge, None, timeout_s=120)
+            assert worker.restarts == 1
+        finally:
+            await worker.aclose()
+
+    trio.run(main)

@@ -81,7 +81,7 @@ def test_cddl_is_the_code_schema(cls):
 
 
 def test_constants_table_is_the_code():
-    from open1b.node import blobs, p2p, sync
+    from open1b.node import blobs, p2p, spot_answers, sync
     from open1b.protocol import claims, codec, evaluation, messages, spotcheck, trajectory, validation, witness
 
     code = {
@@ -97,6 +97,8 @@ def test_constants_table_is_the_code():
         "MAX_BLOB_REQUEST": blobs.MAX_REQUEST, "MAX_BLOB_SIZE": blobs.MAX_BLOB_SIZE,
         "MAX_GOSSIP_MESSAGE": p2p.MAX_PUBSUB_MESSAGE, "MAX_SPOTCHECK_SIZE": spotcheck.MAX_SPOTCHECK_SIZE,
         "CHALLENGE_CHUNKS": spotcheck.CHALLENGE_CHUNKS, "ANSWER_SECONDS": spotcheck.ANSWER_SECONDS,
+        "MAX_CHALLENGE_REQUEST": spot_answers.MAX_CHALLENGE_REQUEST,
+        "MAX_PENDING_ANSWERS": spot_answers.MAX_PENDING_ANSWERS,
         "MAX_ANSWER_SIZE": spotcheck.MAX_ANSWER_SIZE,
     }
     table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", _section("2. Constants"), re.M))

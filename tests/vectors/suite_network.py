@@ -268,7 +268,9 @@ class Validation:
             "manifest-external-future": ("an external manifest created in the future",
                                          forge(0, "external_manifest", {**_body(ext_m), "created_at": NOW + 600})),
         }
-        frames = {  # a sync frame holds an attestation or a reveal (§11.1): the largest limit, then the kind's
+        sm = fixtures.spot_manifest()
+        sc = fixtures.spotcheck(1, sm, 2)
+        frames = {  # a sync frame holds an attestation, a reveal or a spot check (§11.1): the largest limit, then the kind's
             "sync-attestation": ("an attestation in a sync frame", good.encoded),
             "sync-reveal": ("a reveal in a sync frame", rv.encoded),
             "sync-reveal-oversize": ("a 600-byte reveal: within the attestation limit, over the reveal limit",
@@ -277,6 +279,9 @@ class Validation:
             "sync-kind": ("a claim in a sync frame", c.encoded),
             "sync-reveal-witness": ("a reveal in a sync frame whose witness does not open C_1",
                                     fixtures.reveal(1, m, 1, witness=rv.witness[::-1]).encoded),
+            "sync-spotcheck": ("a spot check in a sync frame", sc.encoded),
+            "sync-spotcheck-derivation": ("a spot check in a sync frame whose slot the challenge does not select",
+                                          fixtures.spotcheck(1, sm, 2, slot=(sc.slot + 1) % 4).encoded),
         }
         em = fixtures.eval_manifest()
         ev = fixtures.evaluation(1, em, 2)
@@ -312,8 +317,6 @@ class Validation:
             "eval-state-before-signer": ("off the schedule and a result by another key: the schedule first",
                                          fixtures.evaluation(1, em, 1, verdict="result").encoded),
         }
-        sm = fixtures.spot_manifest()
-        sc = fixtures.spotcheck(1, sm, 2)
         spots = {
             "spotcheck-accept-pass": ("a passing spot check of step 2", sc.encoded),
             "spotcheck-accept-fail": ("a spot check of step 1 that caught a broken update link",
@@ -340,8 +343,8 @@ class Validation:
         for topic, group in (("attestation", att), ("claim", claims), ("reveal", reveals), ("manifest", manifests),
                              ("sync", frames), ("eval", evals), ("spotcheck", spots)):
             for name, (description, message) in group.items():
-                runs = ([] if topic == "manifest" else with_eval if topic == "eval" else with_spot if topic == "spotcheck"
-                        else both)  # fmt: skip
+                runs = ([] if topic == "manifest" else with_eval if topic == "eval"
+                        else with_spot if topic == "spotcheck" or name.startswith("sync-spotcheck") else both)  # fmt: skip
                 case = {"description": description, "topic": topic, "runs": runs,
                         "now": NOW, "message": hx(message)}
                 verdict = Validation._judge(case)

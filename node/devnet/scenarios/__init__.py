@@ -27,6 +27,7 @@ from open1b.deterministic.trainer import publish_run
 from open1b.protocol import Identity
 
 from ...client import ApiUnavailable
+from ...identity_file import load_identity
 from ..daemons import Daemons, say
 from ..forged_run import publish_forged_run
 from ..netns import Partition as Netns
@@ -35,14 +36,19 @@ from .base import CONVERGE_TIMEOUT_S, LOST_GRACE_S, POLL_S, Net, Node, Scenario,
 from .copying_auditor import CopyingAuditor
 from .crash import Crash
 from .forged_and_malformed import ForgedAndMalformed
+from .forged_data import ForgedData
+from .forged_microbatch import ForgedMicrobatch
 from .late_joiner import LateJoiner
 from .lying_auditor import LyingAuditor
 from .partition import Partition
+from .refusing_trainer import RefusingTrainer
+from .skipped_update import SkippedUpdate
 from .sybil import Sybil
 from .tampered_step import TamperedStep
 
 TYPES: dict[str, type[Scenario]] = {s.name: s for s in (TamperedStep, LyingAuditor, CopyingAuditor, ForgedAndMalformed,
-                                                        Sybil, Crash, Partition, LateJoiner)}
+                                                        Sybil, Crash, Partition, LateJoiner, ForgedData, SkippedUpdate,
+                                                        ForgedMicrobatch, RefusingTrainer)}
 assert tuple(TYPES) == SCENARIOS
 
 
@@ -53,7 +59,10 @@ def _layout(opts: DevnetOptions, chosen: list[Scenario]) -> list[Node]:
     for s in chosen:
         extra += s.auditor_args()
     nodes = [Node("auditor", audit=True, args=extra, half=i % 2) for i in range(auditors)]
-    nodes.append(Node("observer", audit=False))
+    observer: tuple[str, ...] = ()
+    for s in chosen:
+        observer += s.observer_args()
+    nodes.append(Node("observer", audit=False, args=observer))
     for s in chosen:
         nodes += s.nodes()
     return [n for n in nodes if not n.late] + [n for n in nodes if n.late]  # late nodes start last
@@ -92,6 +101,9 @@ def run_scenarios(opts: DevnetOptions) -> dict:
                 else:
                     half = halves[node.half]
                     daemons.plan(1, host=half.address, api_host=half.api_address, prefix=half.prefix)
+            auditors = [load_identity(daemons.dirs[i]) for i, n in enumerate(nodes) if n.role == "auditor"]
+            for s in chosen:
+                manifest = s.prepare_run(run_dir, manifest, publisher, auditors)
             try:
                 net = Net(opts, manifest, daemons, nodes, started)
                 summary = _drive(net, chosen, redundancy, forgeries)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from open1b.protocol import Identity, RunManifest
 
 from ...client import call
 from ..daemons import Daemons
@@ -89,12 +92,22 @@ class Scenario:
     def auditor_args(self) -> tuple[str, ...]:
         return ()
 
+    def observer_args(self) -> tuple[str, ...]:
+        """Flags of the observer, the node that publishes the run (and answers its challenges)."""
+        return ()
+
     def publishers(self, net: Net) -> list[int]:
         """Nodes besides the observer that publish the run (each serves its files)."""
         return []
 
     def forgeries(self) -> dict[int, str]:
         return {}
+
+    def prepare_run(self, run_dir: Path, manifest: RunManifest, publisher: Identity,
+                    auditors: list[Identity]) -> RunManifest:
+        """The published run, once every node's key exists and before any node starts: a scenario
+        may re-sign the manifest (the same run, another ``created_at``); returns the one to publish."""
+        return manifest
 
     def tick(self, net: Net) -> None:
         """Called every poll until the run is covered and every scenario is done."""

@@ -50,7 +50,7 @@ const DECODE_CODES = new Set(['oversize', 'malformed', 'non_canonical', 'kind', 
   'fingerprints', 'lease_order', 'device', 'eval_verdict', 'spot_verdict'])
 const TOPIC_KINDS = {
   attestation: ['attestation'], claim: ['claim'], reveal: ['reveal'], manifest: ['manifest', 'external_manifest'],
-  sync: ['attestation', 'reveal'], eval: ['eval'], spotcheck: ['spotcheck']
+  sync: ['attestation', 'reveal', 'spotcheck'], eval: ['eval'], spotcheck: ['spotcheck']
 }
 
 const checks = {

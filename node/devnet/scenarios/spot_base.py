@@ -1,0 +1,88 @@
+"""What the four spot-check scenarios share (docs/protocol.md §5.5, docs/run-format.md §10.3): a
+run published with fingerprints, auditors that spot check it between replays with a short answer
+deadline, and a report of which check caught the forgery, when, and the escape probability.
+
+A scenario is caught when the observer's spot coverage fails the forged step (or, for a trainer
+that forged nothing but does not answer, any step). ``flagged_s`` and ``covered_s`` are the
+seconds from the run's publication to the first poll that saw the failure, and to the first poll
+that saw replay coverage complete: "caught before full coverage" is ``flagged_s <= covered_s``
+at the driver's poll granularity (:data:`~.base.POLL_S`), or coverage not complete at all.
+"""
+
+from __future__ import annotations
+
+from .base import Net, Scenario, _result
+
+
+class SpotScenario(Scenario):
+    forgery = ""  # the forged run's kind (node/devnet/forged_run.py); "" publishes an honest run
+    expected: tuple[str, ...] = ()  # the links that may catch it (docs/run-format.md §10.3)
+    what = ""
+    # The devnet's answer deadline (the spec's ANSWER_SECONDS is an hour): long enough for a
+    # publisher's first answer on a loaded machine (its worker starts and compiles on first use).
+    answer_s = 20.0
+    at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
+    min_auditors = 2
+
+    def __init__(self, opts) -> None:
+        super().__init__(opts)
+        self.published_at: float | None = None
+        self.flagged_at: float | None = None
+        self.covered_at: float | None = None
+
+    def forged_step(self) -> int | None:
+        return int(self.opts.steps * self.at) if self.forgery else None
+
+    def forgeries(self) -> dict[int, str]:
+        step = self.forged_step()
+        return {step: self.forgery} if step is not None else {}
+
+    def auditor_args(self) -> tuple[str, ...]:
+        return ("--answer-seconds", str(self.answer_s))
+
+    def _flagged(self, spot: dict) -> bool:
+        step = self.forged_step()
+        return step in spot["spot_failed_steps"] if step is not None else bool(spot["spot_failed_steps"])
+
+    def tick(self, net: Net) -> None:
+        now = net.elapsed()
+        if self.published_at is None:  # the driver ticks first right after publishing
+            self.published_at = now
+        cov = net.coverage(net.observer)
+        if self.flagged_at is None and self._flagged(cov["spot_checks"]):
+            self.flagged_at = now
+        if self.covered_at is None and cov["complete"]:
+            self.covered_at = now
+
+    def done(self, net: Net) -> bool:
+        return self.flagged_at is not None
+
+    def report(self, net: Net) -> dict:
+        cov = net.coverage(net.observer)
+        spot = cov["spot_checks"]
+        per_step = {s["step"]: s for s in spot["per_step"]}
+        failed = spot["spot_failed_steps"]
+        verified = {s["step"] for s in cov["per_step"] if s["status"] == "verified"}
+        step = self.forged_step()
+        # the links that failed this scenario's step (others may share the devnet with their own)
+        caught = sorted({link for k in failed if step is None or k == step for link in per_step[k]["caught"]})
+        start = self.published_at or 0.0
+        flagged_s = None if self.flagged_at is None else round(self.flagged_at - start, 2)
+        covered_s = None if self.covered_at is None else round(self.covered_at - start, 2)
+        held = net.get(net.observer, f"/v1/spotchecks/{net.run}")
+        evidence = [sc["encoded"] for sc in held if sc["verdict"] == "fail" and (step is None or sc["step"] == step)]
+        return _result(
+            {"what": self.what, "count": 1, "step": step},
+            {"what": "steps a spot check failed", "count": len(failed), "failed": failed, "caught": caught,
+             "flagged_s": flagged_s, "covered_s": covered_s,
+             "flag_over_coverage": round(flagged_s / covered_s, 3) if flagged_s is not None and covered_s else None,
+             "escape_one_forged": spot["escape_one_forged"], "detection_per_check": spot["detection_per_check"],
+             "spot_checked_steps": spot["spot_checked_steps"]},
+            0,
+            {"the run was spot checked": spot["spot_checkable"],
+             "a spot check failed it": self._flagged(spot),
+             f"caught by {' or '.join(self.expected)}": bool(caught) and set(caught) <= set(self.expected),
+             "caught before full coverage": flagged_s is not None and (covered_s is None or flagged_s <= covered_s),
+             # (a trainer that does not answer fails honest steps too: that is the rule, §5.5)
+             **({"no step replays verified failed a spot check": not set(failed) & verified} if step is not None else {})},
+            evidence=evidence)  # the failing spot checks themselves (hex), for anyone to re-check

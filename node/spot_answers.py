@@ -1,0 +1,137 @@
+"""The challenge stream ``/open1b/spotcheck/1.0.0`` (docs/protocol.md §5.5, §11.4): a verifier asks
+for the trainer's answer to its spot-check challenge; a node that published the run answers.
+
+Request: one frame, canonical CBOR ``{"run": hash, "step": uint, "challenge": signature}`` (at most
+:data:`MAX_CHALLENGE_REQUEST` bytes). Response: one frame, ``{"answer": bytes}`` (the answer of
+docs/run-format.md §10.2, at most ``MAX_ANSWER_SIZE`` bytes) or ``{"error": code}`` with a code of
+:data:`ERRORS`; then the server closes the stream.
+
+The server (:class:`AnswerServer`) checks the challenge before computing anything: it must be the
+requesting peer's own signature over (run, step), so nobody makes a node recompute a step for a
+challenge it did not sign. Answers are computed in the replay worker process, one at a time, and at
+most :data:`MAX_PENDING_ANSWERS` wait: a request beyond that is refused (``busy``) at once rather
+than queued without bound.
+
+The verifier (:func:`request_answer`) asks the peers it is connected to, then the run's providers,
+until one answers or the answer deadline passes (``None``: the verifier signs ``no_answer``). It
+believes no answer: the spot check verifies every chunk against the run's commitments, and an
+answer whose chunks do not open them (``proof``) is only that peer's failure, so the verifier asks
+the others (:mod:`.spot_checker`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import trio
+
+from open1b.protocol import Open1bError, RunManifest, signing
+from open1b.protocol.codec import decode, encode
+from open1b.protocol.errors import SignatureError, WrongTypeError
+from open1b.protocol.identity import SIGNATURE_SIZE, public_key_from_peer_id
+from open1b.protocol.spotcheck import CHALLENGE_KIND, MAX_ANSWER_SIZE
+
+from .files import FileRefused, read_bounded
+from .metrics import NodeStats
+from .p2p import P2P, NetworkError, Stream
+from .worker import ReplayFailed, ReplayWorker
+
+log = logging.getLogger("open1b.node.spot_answers")
+
+SPOTCHECK_PROTOCOL = "/open1b/spotcheck/1.0.0"
+MAX_CHALLENGE_REQUEST = 256  # {"run": 32 B, "step": u64, "challenge": 64 B} is about 130 bytes
+MAX_ANSWER_FRAME = MAX_ANSWER_SIZE + 64  # the answer inside a one-key map
+MAX_PENDING_ANSWERS = 4  # answers computing or waiting for the worker; more are refused ("busy")
+ASK_RETRY_S = 1.0  # pause between rounds over the candidate peers, while the deadline allows
+ERRORS = ("unknown_run", "bad_challenge", "busy", "failed")
+
+
+class AnswerServer:
+    """Answers challenges of the runs this node published (those whose directory it holds)."""
+
+    def __init__(self, worker: ReplayWorker, manifests: dict[bytes, RunManifest],
+                 run_dir: Callable[[bytes], Path | None], scratch: Path, *, timeout_s: float, stats: NodeStats) -> None:
+        self.worker, self.manifests, self.run_dir, self.scratch = worker, manifests, run_dir, scratch
+        self.timeout_s, self.stats = timeout_s, stats
+        self.pending = 0
+        self._one = trio.Lock()  # one answer at a time: each costs up to one recomputation of a step
+
+    async def serve(self, stream: Stream) -> None:
+        request = decode(await stream.receive(MAX_CHALLENGE_REQUEST), max_size=MAX_CHALLENGE_REQUEST)
+        if (type(request) is not dict or set(request) != {"run", "step", "challenge"} or type(request["run"]) is not bytes
+                or type(request["step"]) is not int or type(request["challenge"]) is not bytes
+                or len(request["challenge"]) != SIGNATURE_SIZE):
+            raise WrongTypeError("malformed spot-check challenge request")  # the handler wrapper resets
+        await stream.send(encode(await self.answer(stream.peer_id, request["run"], request["step"],
+                                                   request["challenge"])))
+        await stream.close()
+
+    async def answer(self, peer_id: str, run: bytes, step: int, challenge: bytes) -> dict:
+        manifest, run_dir = self.manifests.get(run), self.run_dir(run)
+        if manifest is None or run_dir is None or not 0 <= step < manifest.steps:
+            return {"error": "unknown_run"}
+        try:  # the challenge is the asking peer's own signature over (run, step) (docs/protocol.md §5.5)
+            signing.verify(public_key_from_peer_id(peer_id), CHALLENGE_KIND, {"run": run, "step": step}, challenge)
+        except (SignatureError, Open1bError):
+            return {"error": "bad_challenge"}
+        if self.pending >= MAX_PENDING_ANSWERS:
+            return {"error": "busy"}
+        self.pending += 1
+        out = self.scratch / f"answer-{os.urandom(8).hex()}.cbor"
+        try:
+            async with self._one:
+                self.scratch.mkdir(parents=True, exist_ok=True)
+                await self.worker.answer(run_dir, step, challenge, out, timeout_s=self.timeout_s)
+                data = await trio.to_thread.run_sync(read_bounded, out, MAX_ANSWER_SIZE)
+        except (ReplayFailed, FileRefused, OSError) as exc:
+            log.warning("answer to a challenge of step %d of %s failed: %s", step, run.hex()[:12], exc)
+            return {"error": "failed"}
+        finally:
+            self.pending -= 1
+            out.unlink(missing_ok=True)
+        self.stats.challenges_answered += 1
+        return {"answer": data}
+
+
+async def ask(p2p: P2P, peer_id: str, run: bytes, step: int, challenge: bytes) -> bytes | None:
+    """One peer's answer, or None if it has none (an error code, a malformed reply, a network failure)."""
+    try:
+        stream = await p2p.open_stream(peer_id, SPOTCHECK_PROTOCOL)
+        try:
+            await stream.send(encode({"run": run, "step": step, "challenge": challenge}))
+            reply = decode(await stream.receive(MAX_ANSWER_FRAME), max_size=MAX_ANSWER_FRAME)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):  # tell the peer, even when cancelled
+                await stream.reset()
+    except (NetworkError, Open1bError) as exc:
+        log.info("challenge of step %d to %s: %s", step, peer_id, exc)
+        return None
+    if type(reply) is dict and set(reply) == {"answer"} and type(reply["answer"]) is bytes:
+        return reply["answer"]
+    if type(reply) is dict and set(reply) == {"error"} and reply["error"] in ERRORS:
+        log.info("challenge of step %d to %s: %s", step, peer_id, reply["error"])
+    else:
+        log.info("challenge of step %d to %s: malformed reply", step, peer_id)
+    return None
+
+
+async def request_answer(p2p: P2P, candidates: Callable[[], Awaitable[list[str]]], run: bytes, step: int,
+                         challenge: bytes, *, deadline_s: float, skip: set[str],
+                         sleep: Callable[[float], Awaitable[None]]) -> tuple[str, bytes] | None:
+    """(peer, answer): the first answer from ``candidates()`` (asked in turn, round after round,
+    except those in ``skip``) within ``deadline_s``; None if none came. The caller checks it: anyone
+    may answer, and only chunks that open the run's commitments count."""
+    if deadline_s <= 0:
+        return None
+    with trio.move_on_after(deadline_s):
+        while True:
+            for peer in await candidates():
+                if peer not in skip:
+                    answer = await ask(p2p, peer, run, step, challenge)
+                    if answer is not None:
+                        return peer, answer
+            await sleep(ASK_RETRY_S)
+    return None

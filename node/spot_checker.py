@@ -1,0 +1,165 @@
+"""The node's own spot checks: plan → fetch → challenge → check → sign → gossip (docs/protocol.md §5.5,
+docs/run-format.md §10.2).
+
+1. plan: :func:`~.spot_plan.next_spot_checks` over this key's secret order of the run's steps
+   (:func:`~.spot_plan.spot_order`): the steps with the fewest counted spot checks first, never a
+   step replay coverage verified, one this node checked, or one already failed;
+2. fetch: the samples, checkpoints k and k+1 and ``fingerprints.cbor``, as a replay's files
+   (:meth:`~.auditor.Auditor.run_files`), each verified against the manifest;
+3. challenge: this node's signature over (run, k); the answer is asked of its peers over the
+   challenge stream (:mod:`.spot_answers`) for at most ``answer_s`` seconds;
+4. check: in the replay worker (``check_spot``): the micro-batch, the loss sum, the chunks. An
+   answer whose chunks do not open the commitments (``proof``) may come from anyone, so it is only
+   that peer's failure: the others are asked while time is left. No answer is ``no_answer``;
+5. sign the ``spotcheck`` (``pass`` or ``fail`` with the link ``caught``), store it, gossip it.
+
+Runs whose manifest commits no fingerprints (no ``fingerprints_root``) are never spot checked
+(:func:`why_not_spot_checked`). The auditor calls :meth:`SpotChecker.check_once` between its
+replays, so spot checks and replays share the worker and the run's working directory in turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import trio
+
+from open1b.protocol import Identity, RunManifest, SpotCheck, StepStatus, challenge_signature
+from open1b.protocol.fingerprints import committed
+from open1b.protocol.spotcheck import FAIL, PASS
+
+from .blobs import provider_key
+from .clock import Clock
+from .config import NodeConfig
+from .ingest import Ingest
+from .metrics import NodeStats
+from .p2p import P2P
+from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFilesError, samples_blob, why_not_auditable
+from .spot_answers import MAX_PENDING_ANSWERS, request_answer
+from .spot_plan import next_spot_checks, spot_order
+from .topics import spotchecks_topic
+from .worker import ReplayFailed, ReplayWorker, SpotOutcome
+
+log = logging.getLogger("open1b.node.spot_checker")
+
+SPOT_RETRY_S = 10.0  # a step whose files could not be fetched is spot checked again after this long
+
+
+def why_not_spot_checked(manifest: RunManifest) -> str | None:
+    """Why this node does not spot check the run (None: it does)."""
+    if committed(manifest.data) is None:  # a decoded manifest's keys are well-formed (rule fingerprints)
+        return "the run commits no fingerprints (docs/run-format.md §10.1)"
+    return why_not_auditable(manifest)
+
+
+class SpotChecker:
+    def __init__(self, identity: Identity, config: NodeConfig, ingest: Ingest, p2p: P2P, worker: ReplayWorker,
+                 fetch, *, clock: Clock, stats: NodeStats, scratch: Path) -> None:
+        """``fetch(manifest, step)``: the working directory with step k's spot-check files, and
+        the blobs to release after (:meth:`~.auditor.Auditor.spot_files`)."""
+        self.identity, self.config, self.ingest, self.p2p, self.worker = identity, config, ingest, p2p, worker
+        self.fetch, self.clock, self.stats, self.scratch = fetch, clock, stats, scratch
+        self._orders: dict[bytes, list[int]] = {}  # run -> this key's secret order of its steps
+        self._own: dict[bytes, set[int]] = {}  # run -> steps this key has spot checked
+        self._skip: dict[bytes, dict[int, float]] = {}  # run -> step -> clock.now() to retry after
+
+    # -- 1. plan ---------------------------------------------------------------------------------
+    def own_steps(self, run: bytes) -> set[int]:
+        if run not in self._own:  # once per run from the store: what this key signed before a restart
+            key = self.identity.public_key
+            self._own[run] = {s.step for s in self.ingest.store.spotchecks(run) if s.signer == key}
+        return self._own[run]
+
+    def next_check(self) -> tuple[RunManifest, int] | None:
+        now = self.clock.now()
+        for run, manifest in self.ingest.manifests.items():
+            if why_not_spot_checked(manifest) is not None:
+                continue
+            replay = self.ingest.coverage(run)
+            verified = [s.step for s in replay.steps if s.status is StepStatus.VERIFIED]
+            spot = self.ingest.spot_coverage(run, replay)
+            if run not in self._orders:
+                self._orders[run] = spot_order(self.identity, run, manifest.steps)
+            waiting = {k for k, t in self._skip.get(run, {}).items() if t > now}
+            steps = next_spot_checks(self._orders[run], spot, self.own_steps(run) | waiting, verified, 1)
+            if steps:
+                return manifest, steps[0]
+        return None
+
+    # -- 2.–5. ---------------------------------------------------------------------------------
+    async def check_once(self) -> bool:
+        """Spot check one step; False if none is due."""
+        picked = self.next_check()
+        if picked is None:
+            return False
+        manifest, step = picked
+        run = manifest.run_id
+        try:
+            run_dir, release = await self.fetch(manifest, step)
+        except RunFilesError as exc:  # not a verdict: providers may appear; try again later
+            self._skip.setdefault(run, {})[step] = self.clock.now() + SPOT_RETRY_S
+            log.warning("spot check of step %d of %s: files unavailable: %s", step, run.hex()[:12], exc)
+            return True
+        try:
+            outcome = await self._challenge_and_check(manifest, step, run_dir)
+        except ReplayFailed as exc:  # a broken worker or files: no verdict, and not retried
+            self.stats.spot_failures += 1
+            self._skip.setdefault(run, {})[step] = float("inf")
+            log.warning("spot check of step %d of %s failed: %s", step, run.hex()[:12], exc)
+            return True
+        finally:
+            release()
+        await self._sign(manifest, step, outcome)
+        return True
+
+    async def _challenge_and_check(self, manifest: RunManifest, step: int, run_dir: Path) -> SpotOutcome:
+        run = manifest.run_id
+        challenge = challenge_signature(self.identity, run, step)
+        deadline = self.clock.now() + self.config.answer_s
+        tried: set[str] = set()
+        while True:
+            got = await request_answer(self.p2p, self._candidates(manifest), run, step, challenge,
+                                       deadline_s=deadline - self.clock.now(), skip=tried, sleep=self.clock.sleep)
+            path = None
+            if got is not None:
+                path = self.scratch / f"check-{os.urandom(8).hex()}.cbor"
+                self.scratch.mkdir(parents=True, exist_ok=True)
+                await trio.to_thread.run_sync(path.write_bytes, got[1])
+            try:
+                outcome = await self.worker.spot(run_dir, step, challenge, path, timeout_s=self.config.replay_timeout_s)
+            finally:
+                if path is not None:
+                    path.unlink(missing_ok=True)
+            if got is None or outcome.caught != "proof":
+                return outcome
+            log.info("step %d of %s: %s answered chunks that do not open the commitments", step, run.hex()[:12], got[0])
+            tried.add(got[0])
+
+    def _candidates(self, manifest: RunManifest):
+        """Who may answer: connected peers (the publisher among them, usually), then the providers
+        of the run's samples (every node that published the run provides them)."""
+        p2p = self.p2p
+
+        async def candidates() -> list[str]:
+            peers = p2p.connected_peers()
+            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                peers += [p for p in await p2p.find_providers(provider_key(samples_blob(manifest).digest))
+                          if p not in peers and p != p2p.peer_id]
+            return peers[:MAX_PENDING_ANSWERS * 8]
+        return candidates
+
+    async def _sign(self, manifest: RunManifest, step: int, outcome: SpotOutcome) -> None:
+        sc = SpotCheck.create(
+            self.identity, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
+            fingerprint=outcome.fingerprint, challenge=challenge_signature(self.identity, manifest.run_id, step),
+            slot=outcome.slot, chunks_total=outcome.chunks_total, chunks=list(outcome.chunks),
+            verdict=PASS if outcome.passed else FAIL, caught=outcome.caught, engine=manifest.engine,
+            engine_version=manifest.engine_version, device=outcome.device, elapsed_ms=outcome.elapsed_ms,
+            issued_at=self.clock.wall())
+        self.own_steps(manifest.run_id).add(step)
+        self.ingest.add_own_spotcheck(sc)
+        self.stats.spot_checks[(sc.verdict, sc.caught)] += 1
+        log.info("spot check of step %d of %s: %s (%s)", step, manifest.run_id.hex()[:12], sc.verdict, sc.caught)
+        await self.p2p.publish(spotchecks_topic(manifest.run_id), sc.encoded)

@@ -1,0 +1,119 @@
+"""The challenge stream ``/open1b/spotcheck/1.0.0`` between real libp2p hosts on loopback: the
+publishing node answers in its replay worker, checks the challenge is the asker's own signature,
+refuses what it cannot or will not answer, and the verifier gives up at its deadline."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import trio
+import trio.testing
+
+from open1b.node.metrics import NodeStats
+from open1b.node.p2p import open_p2p
+from open1b.node.spot_answers import MAX_PENDING_ANSWERS, SPOTCHECK_PROTOCOL, AnswerServer, ask, request_answer
+from open1b.node.worker import ReplayWorker
+from open1b.protocol import challenge_signature
+
+from .conftest import ident
+
+
+def test_publisher_answers_checked_challenges_and_refuses_the_rest(tampered_run, tmp_path):
+    run_dir, manifest = tampered_run
+    run = manifest.run_id
+
+    async def main():
+        worker = ReplayWorker()
+        try:
+            with trio.fail_after(240):
+                async with AsyncExitStack() as stack:
+                    a, b = [await stack.enter_async_context(open_p2p(ident(60 + i), "127.0.0.1", 0)) for i in range(2)]
+                    stats = NodeStats()
+                    server = AnswerServer(worker, {run: manifest}, lambda r: run_dir if r == run else None,
+                                          tmp_path / "spot", timeout_s=120, stats=stats)
+                    a.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
+                    await b.connect(a.addrs[0])
+                    mine = challenge_signature(b.identity, run, 1)
+
+                    answer = await ask(b, a.peer_id, run, 1, mine)
+                    assert answer is not None and len(answer) > 0 and stats.challenges_answered == 1
+                    # the answer is the one a spot check accepts (the worker checks it, as a verifier's would)
+                    (tmp_path / "a.cbor").write_bytes(answer)
+                    outcome = await worker.spot(run_dir, 1, mine, tmp_path / "a.cbor", timeout_s=120)
+                    assert outcome.passed
+
+                    # another key's challenge, a step outside the run, an unknown run: refused, nothing computed
+                    assert await ask(b, a.peer_id, run, 1, challenge_signature(ident(7), run, 1)) is None
+                    assert await ask(b, a.peer_id, run, manifest.steps, challenge_signature(b.identity, run, 6)) is None
+                    assert await ask(b, a.peer_id, bytes(32), 1, challenge_signature(b.identity, bytes(32), 1)) is None
+                    assert stats.challenges_answered == 1
+                    assert (await server.answer(b.peer_id, run, 1, challenge_signature(ident(7), run, 1))
+                            == {"error": "bad_challenge"})
+                    assert await server.answer(b.peer_id, bytes(32), 1, mine) == {"error": "unknown_run"}
+
+                    # a node that never answers: the verifier waits its deadline and gets None
+                    async def silent(stream):
+                        await stream.receive(256)
+                        await stream.receive(1)
+
+                    a.set_stream_handler(SPOTCHECK_PROTOCOL, silent)
+                    started = trio.current_time()
+                    got = await request_answer(b, _peers(a.peer_id), run, 1, mine, deadline_s=2.0, skip=set(),
+                                               sleep=trio.sleep)
+                    assert got is None and trio.current_time() - started >= 2.0
+                    # a peer already tried is skipped: nobody left to ask, None at the deadline
+                    a.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
+                    assert await request_answer(b, _peers(a.peer_id), run, 1, mine, deadline_s=1.0,
+                                                skip={a.peer_id}, sleep=trio.sleep) is None
+                    got = await request_answer(b, _peers(a.peer_id), run, 1, mine, deadline_s=60, skip=set(),
+                                               sleep=trio.sleep)
+                    assert got is not None and got[0] == a.peer_id and got[1] == answer  # the answer is deterministic
+        finally:
+            await worker.aclose()
+
+    trio.run(main)
+
+
+def _peers(*ids: str):
+    async def candidates() -> list[str]:
+        return list(ids)
+    return candidates
+
+
+class _BlockedWorker:
+    """Stands in for the worker so that answers stay pending until the test releases them."""
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.calls = 0
+
+    async def answer(self, run_dir, step, challenge, out, *, timeout_s):
+        self.calls += 1
+        await self.release.wait()
+        out.write_bytes(b"\xa0")
+        return 1
+
+
+def test_answers_beyond_the_bound_are_refused_at_once(tampered_run, tmp_path):
+    run_dir, manifest = tampered_run
+    run, asker = manifest.run_id, ident(8)
+    worker = _BlockedWorker()
+    server = AnswerServer(worker, {run: manifest}, lambda r: run_dir, tmp_path / "spot", timeout_s=60, stats=NodeStats())
+    replies: list[dict] = []
+
+    async def main():
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                async def one():
+                    replies.append(await server.answer(asker.peer_id, run, 1, challenge_signature(asker, run, 1)))
+
+                for _ in range(MAX_PENDING_ANSWERS):
+                    nursery.start_soon(one)
+                await trio.testing.wait_all_tasks_blocked()
+                assert server.pending == MAX_PENDING_ANSWERS and worker.calls == 1  # one computes, the rest wait
+                await one()
+                assert replies == [{"error": "busy"}]
+                worker.release.set()
+        assert replies[1:] == [{"answer": b"\xa0"}] * MAX_PENDING_ANSWERS and server.pending == 0
+
+    trio.run(main)
