@@ -42,6 +42,11 @@ CREATE INDEX IF NOT EXISTS spotchecks_by_step ON spotchecks (run_id, step);
 CREATE TABLE IF NOT EXISTS replay_witnesses (
     run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
+# Receipt order between a reveal and the attestations (earned trust, node/earned_trust.py): the
+# highest attestation rowid when the reveal was stored. Attestations are never deleted, so rowids
+# only grow. Reveals stored before this column existed read 0: no attestation counts as stored
+# before them (the safe reading).
+_REVEAL_ORDER = "ALTER TABLE reveals ADD COLUMN attestations_before INTEGER NOT NULL DEFAULT 0"
 
 
 class Store:
@@ -54,6 +59,8 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        if "attestations_before" not in {r[1] for r in self._db.execute("PRAGMA table_info(reveals)")}:
+            self._db.execute(_REVEAL_ORDER)
 
     def close(self) -> None:
         self._db.close()
@@ -126,6 +133,12 @@ class Store:
             "SELECT DISTINCT step FROM attestations WHERE run_id = ? AND signer = ?", (run_id, signer))
         return {r[0] for r in rows.fetchall()}
 
+    def attestations_in_order(self, run_id: bytes) -> list[tuple[Attestation, int]]:
+        """A run's attestations with their receipt sequence (rowid: larger = stored later)."""
+        rows = self._db.execute(
+            "SELECT encoded, rowid FROM attestations WHERE run_id = ? ORDER BY rowid", (run_id,))
+        return [(Attestation.decode(r[0]), r[1]) for r in rows.fetchall()]
+
     def attestation_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM attestations").fetchone()[0]
 
@@ -146,8 +159,10 @@ class Store:
 
     # -- proof of replay -------------------------------------------------------------------
     def add_reveal(self, reveal: WitnessReveal) -> bool:
-        return self._insert("INSERT OR IGNORE INTO reveals VALUES (?, ?, ?, ?)",
-                            (reveal.digest, reveal.run, reveal.step, reveal.encoded))
+        return self._insert(
+            "INSERT OR IGNORE INTO reveals (digest, run_id, step, encoded, attestations_before) "
+            "VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(rowid), 0) FROM attestations))",
+            (reveal.digest, reveal.run, reveal.step, reveal.encoded))
 
     def reveals(self, run_id: bytes, step: int | None = None) -> list[WitnessReveal]:
         if step is None:
@@ -156,6 +171,13 @@ class Store:
             rows = self._db.execute(
                 "SELECT encoded FROM reveals WHERE run_id = ? AND step = ? ORDER BY digest", (run_id, step))
         return [WitnessReveal.decode(r[0]) for r in rows.fetchall()]
+
+    def reveals_in_order(self, run_id: bytes) -> list[tuple[WitnessReveal, int]]:
+        """A run's reveals, each with the receipt sequence of the last attestation stored before
+        it (an attestation with a sequence at most that was stored before the reveal)."""
+        rows = self._db.execute(
+            "SELECT encoded, attestations_before FROM reveals WHERE run_id = ? ORDER BY step, digest", (run_id,))
+        return [(WitnessReveal.decode(r[0]), r[1]) for r in rows.fetchall()]
 
     def add_eval(self, ev: EvalStatement) -> bool:
         return self._insert("INSERT OR IGNORE INTO evals VALUES (?, ?, ?, ?)", (ev.digest, ev.run, ev.state, ev.encoded))
