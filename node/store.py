@@ -19,6 +19,8 @@ from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, Spot
 
 log = logging.getLogger(__name__)
 
+STORE_FILE = "store.sqlite"  # in the data dir
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
     run_id BLOB PRIMARY KEY, encoded BLOB NOT NULL, run_dir TEXT, received_at INTEGER NOT NULL);
@@ -50,17 +52,24 @@ _REVEAL_ORDER = "ALTER TABLE reveals ADD COLUMN attestations_before INTEGER NOT 
 
 
 class Store:
-    def __init__(self, path: Path, *, now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+    def __init__(self, path: Path, *, now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 read_only: bool = False) -> None:
         """``now_ms``: wall-clock milliseconds, recorded as when a statement arrived (a node passes
-        its :class:`~.clock.Clock`'s, so tests on a mock clock record virtual times)."""
+        its :class:`~.clock.Clock`'s, so tests on a mock clock record virtual times).
+        ``read_only``: a CLI reading a store that its daemon may be writing (nothing is created)."""
         self.path, self.now_ms = path, now_ms
         self.full = False  # the last write failed for want of disk space
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        if "attestations_before" not in {r[1] for r in self._db.execute("PRAGMA table_info(reveals)")}:
+        if read_only:
+            self._db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        else:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        self._reveal_order = "attestations_before" in {r[1] for r in self._db.execute("PRAGMA table_info(reveals)")}
+        if not self._reveal_order and not read_only:
             self._db.execute(_REVEAL_ORDER)
+            self._reveal_order = True
 
     def close(self) -> None:
         self._db.close()
@@ -176,7 +185,8 @@ class Store:
         """A run's reveals, each with the receipt sequence of the last attestation stored before
         it (an attestation with a sequence at most that was stored before the reveal)."""
         rows = self._db.execute(
-            "SELECT encoded, attestations_before FROM reveals WHERE run_id = ? ORDER BY step, digest", (run_id,))
+            f"SELECT encoded, {'attestations_before' if self._reveal_order else 0} FROM reveals "
+            "WHERE run_id = ? ORDER BY step, digest", (run_id,))
         return [(WitnessReveal.decode(r[0]), r[1]) for r in rows.fetchall()]
 
     def add_eval(self, ev: EvalStatement) -> bool:

@@ -207,7 +207,7 @@ def test_doctor_fails_a_read_only_data_dir_and_explains_untrusted_attesters(tmp_
     ro.mkdir()
     assert subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode == 0
     try:
-        coverage = {"run": "ab" * 32, "untrusted": ["12D3KooWpeer"]}
+        coverage = {"run": "ab" * 32, "untrusted": ["12D3KooWpeer"], "policy": {"roots": ["me"], "earned": []}}
         checks = {c.name: c for c in run_checks(ro, None, "cpu", coverages=[coverage])}
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
