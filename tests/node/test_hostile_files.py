@@ -145,18 +145,6 @@ def test_published_blobs_are_copies_and_changes_on_disk_are_caught(tmp_path, tam
         trio.run(files.import_dir, manifest, trainer)
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mount)], capture_output=True)
-    assert done.returncode == 0, done.stderr  # the suite runs as root (docs/reliability.md)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
 def test_disk_full_import_fails_cleanly_and_leaves_nothing(tmp_path, tampered_run, small_tmpfs):
     run_dir, manifest = tampered_run
     cache = BlobCache(small_tmpfs / "blobs", 1 << 30)
