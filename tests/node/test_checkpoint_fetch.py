@@ -20,7 +20,6 @@ from open1b.deterministic.state import init_state
 from open1b.node.blobs import BlobCache, BlobMismatch, file_digest
 from open1b.node.bulk import BulkPeer, serve_bulk
 from open1b.node.checkpoint_fetch import RECORD_MAGIC, CheckpointFetchError, fetch_checkpoint
-from open1b.node.files import StorageFull
 from open1b.node.chunk_table import (
     ChunkTableError,
     Expectation,
@@ -31,6 +30,7 @@ from open1b.node.chunk_table import (
     read_layout,
     state_expectation,
 )
+from open1b.node.files import StorageFull
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
