@@ -123,11 +123,35 @@ def earned_keys(runs: Iterable[RunEvidence], *, roots: frozenset[bytes], quorum:
     """The keys that earn trust, each with the pairs that earned it (sorted). ``roots``: the
     listed roots (this node's key and ``trusted_peers``); earned keys never vouch for others, so
     one earned key cannot mint more."""
-    runs = list(runs)
+    judged = {ev.manifest.run_id: _RunJudgement(ev, roots, quorum) for ev in runs}
+    return _earn(judged.values(), roots, rule)
+
+
+class _RunJudgement:
+    """One run's part of the rule: its qualifying steps per key, and (computed on demand, kept)
+    whether a key is disqualified in it."""
+
+    def __init__(self, ev: RunEvidence, roots: frozenset[bytes], quorum: int) -> None:
+        self.ev, self.roots, self.quorum = ev, roots, quorum
+        self.qualifying = _qualifying(ev, roots)
+        self.signers = {a.signer for a, _ in ev.attestations}
+        self._disqualified: dict[bytes, bool] = {}
+
+    def disqualifies(self, key: bytes) -> bool:
+        if key not in self.signers:  # every way to be disqualified is a statement the key signed
+            return False
+        if key not in self._disqualified:
+            self._disqualified[key] = _disqualified(key, self.ev, self.roots, self.quorum)
+        return self._disqualified[key]
+
+
+def _earn(judged: Iterable[_RunJudgement], roots: frozenset[bytes], rule: EarnRule) -> dict[bytes, tuple[Pair, ...]]:
+    judged = list(judged)
     pairs: dict[bytes, set[Pair]] = defaultdict(set)
-    for ev in runs:
-        for key, steps in _qualifying(ev, roots).items():
-            pairs[key].update(Pair(ev.manifest.run_id, k, ev.manifest.publisher) for k in steps)
+    for j in judged:
+        run, publisher = j.ev.manifest.run_id, j.ev.manifest.publisher
+        for key, steps in j.qualifying.items():
+            pairs[key].update(Pair(run, k, publisher) for k in steps)
     earned = {}
     for key, held in pairs.items():
         if len(held) < rule.matches:
@@ -136,11 +160,30 @@ def earned_keys(runs: Iterable[RunEvidence], *, roots: frozenset[bytes], quorum:
         # (c) a root's run, whose witnesses its publisher does not leak, or P publishers
         if not publishers & roots and len(publishers) < rule.publishers:
             continue
-        # (d) flagged in no run this node holds
-        if any(_disqualified(key, ev, roots, quorum) for ev in runs):
+        # (d) disqualified in no run this node holds
+        if any(j.disqualifies(key) for j in judged):
             continue
         earned[key] = tuple(sorted(held))
     return earned
+
+
+class EarnedTrust:
+    """:func:`earned_keys` over a store, re-reading only the runs that received statements since
+    the last call (reading a run decodes, so re-verifies, every statement of it); the result is
+    always the rule applied to the whole store, never an updated list."""
+
+    def __init__(self, store: Store, roots: frozenset[bytes], quorum: int, rule: EarnRule) -> None:
+        self.store, self.roots, self.quorum, self.rule = store, roots, quorum, rule
+        self._judged: dict[bytes, _RunJudgement] = {}
+
+    def __call__(self, manifests: Iterable[RunManifest], changed: Iterable[bytes]) -> dict[bytes, tuple[Pair, ...]]:
+        """The earned keys, given every run ``manifests`` and the runs ``changed`` since the last call."""
+        manifests = list(manifests)
+        for run in set(changed):
+            self._judged.pop(run, None)
+        for ev in evidence_from_store(self.store, [m for m in manifests if m.run_id not in self._judged]):
+            self._judged[ev.manifest.run_id] = _RunJudgement(ev, self.roots, self.quorum)
+        return _earn((self._judged[m.run_id] for m in manifests), self.roots, self.rule)
 
 
 def evidence_from_store(store: Store, manifests: Iterable[RunManifest]) -> list[RunEvidence]:

@@ -51,7 +51,7 @@ from open1b.protocol.witness import WitnessReveal
 from .clock import Clock
 from .config import NodeConfig
 from .deficits import RunIndexes
-from .earned_trust import EarnRule, Pair, earned_keys, evidence_from_store
+from .earned_trust import EarnedTrust, EarnRule, Pair
 from .metrics import NodeStats
 from .p2p import GossipHandler, GossipValidator
 from .replay_proof import ReplayProof
@@ -90,7 +90,8 @@ class Ingest:
         # Keys that earned trust (docs/protocol.md §8.1), with the (run, step) pairs that earned
         # them: recomputed from the store whenever statements arrive (refresh_flags), never kept.
         self.earned: dict[bytes, tuple[Pair, ...]] = {}
-        self._earn_rule = EarnRule(config.earn_trust_matches, config.earn_trust_publishers)
+        self._earn = EarnedTrust(store, self.listed.roots, self.listed.quorum,
+                                 EarnRule(config.earn_trust_matches, config.earn_trust_publishers))
         self._policy = self.listed
         self._publishers = frozenset(public_key_from_peer_id(p) for p in config.publishers)
         # Per run, the keys coverage flags (docs/protocol.md §8.1): the planner stops counting
@@ -379,8 +380,7 @@ class Ingest:
         judged again under the new policy)."""
         if not self._earning():
             return False
-        earned = earned_keys(evidence_from_store(self.store, self.manifests.values()), roots=self.listed.roots,
-                             quorum=self.listed.quorum, rule=self._earn_rule)
+        earned = self._earn(self.manifests.values(), self._stale)
         changed = earned.keys() != self.earned.keys()
         if changed:
             log.info("earned trust: %s", sorted(peer_id_from_public_key(k) for k in earned) or "none")

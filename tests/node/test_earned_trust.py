@@ -158,3 +158,26 @@ def test_the_store_orders_reveals_after_the_attestations_received_before_them(tm
     store.add_attestation(att(m, K, 2))  # after the reveal of its step: may be a copy
     assert earned(*evidence_from_store(store, [m])) == {}
     assert [p.step for p in earned(*evidence_from_store(store, [m]), rule=EarnRule(matches=2))[KEY]] == [0, 1]
+
+
+def test_the_daemons_incremental_view_equals_the_rule_over_the_whole_store(tmp_path):
+    from open1b.node.earned_trust import EarnedTrust
+
+    a, b = manifest(ME, tag=9), manifest(PUB_A, tag=10)
+    store = Store(tmp_path / "store.sqlite")
+    view = EarnedTrust(store, ROOTS, 2, EarnRule())
+    assert view([a, b], []) == {}
+    for s in (0, 1):
+        store.add_replay_witness(a.run_id, s, witness_of(s))
+        store.add_attestation(att(a, ME, s))
+        store.add_attestation(att(a, K, s))
+    assert view([a, b], [a.run_id]) == {}  # two pairs
+    store.add_replay_witness(b.run_id, 0, witness_of(0))
+    store.add_attestation(att(b, ME, 0))
+    store.add_attestation(att(b, K, 0))
+    got = view([a, b], [b.run_id])
+    assert got == earned(*evidence_from_store(store, [a, b])) and len(got[KEY]) == 3
+    store.add_attestation(att(b, K, 2, match=False))  # a lone mismatch where no root replayed: no proof of a lie
+    assert view([a, b], [b.run_id]) == got
+    store.add_attestation(att(b, ME, 2))  # a root reported step 2 otherwise: K is disqualified
+    assert view([a, b], [b.run_id]) == {} == earned(*evidence_from_store(store, [a, b]))
