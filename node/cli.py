@@ -223,6 +223,8 @@ def cmd_trust(args: argparse.Namespace) -> CommandResult:
 def _earned(data_dir: Path, config) -> list[dict]:
     """The keys that earned trust at this data dir's node: the daemon's rule over its store (read
     only; no store yet = nobody earned anything)."""
+    import sqlite3
+
     from .earned_trust import EarnRule, earned_keys, evidence_from_store
     from .identity_file import load_identity
     from .store import STORE_FILE, Store
@@ -231,13 +233,17 @@ def _earned(data_dir: Path, config) -> list[dict]:
     path = data_dir / STORE_FILE
     if not (config.earn_trust and config.trust_policy == "allowlist") or not path.is_file():
         return []
-    store = Store(path, read_only=True)
+    roots = config.trust(load_identity(data_dir).public_key).roots
     try:
-        earned = earned_keys(evidence_from_store(store, store.manifests()),
-                             roots=config.trust(load_identity(data_dir).public_key).roots, quorum=config.dispute_quorum,
-                             rule=EarnRule(config.earn_trust_matches, config.earn_trust_publishers))
-    finally:
-        store.close()
+        store = Store(path, read_only=True)
+        try:
+            earned = earned_keys(evidence_from_store(store, store.manifests()), roots=roots,
+                                 quorum=config.dispute_quorum,
+                                 rule=EarnRule(config.earn_trust_matches, config.earn_trust_publishers))
+        finally:
+            store.close()
+    except sqlite3.Error as exc:  # not a store this node wrote (or a damaged one): say so in one line
+        raise Open1bError(f"cannot read the statement store {path}: {exc}") from None
     return earned_json(earned)
 
 
