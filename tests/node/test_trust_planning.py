@@ -12,6 +12,7 @@ import pytest
 
 from open1b.node import cli
 from open1b.node.config import ConfigError, load_config
+from open1b.node.doctor import run_checks
 from open1b.node.ingest import Ingest
 from open1b.node.views import coverage_json
 from open1b.protocol import Attestation
@@ -171,3 +172,5 @@ def test_a_key_earns_trust_from_the_store_without_a_restart_and_the_planner_coun
     monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
     assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
     assert "1 listed keys, 1 earned" in capsys.readouterr().out
+    checks = [c for c in run_checks(tmp_path, None, "cpu", coverages=[view]) if c.name == "trust"]
+    assert [c.level for c in checks] == ["OK"] and "1 listed and 1 earned keys counted" in checks[0].detail
