@@ -65,7 +65,7 @@ class Pair:
 
 
 def _qualifying(ev: RunEvidence, roots: frozenset[bytes]) -> dict[bytes, set[int]]:
-    """Per non-root key, the steps of this run that satisfy conditions (a) and (b) of §8.1."""
+    """Per key that is not a root, the steps of this run that satisfy conditions 1–3 of docs/protocol.md §8.1.1."""
     run, publisher = ev.manifest.run_id, ev.manifest.publisher
     witness = {r.step: r.witness for r, _ in ev.reveals}
     witness.update(ev.own_witnesses)  # ours opened C_k, as every valid reveal does: the same W_k
@@ -85,10 +85,10 @@ def _qualifying(ev: RunEvidence, roots: frozenset[bytes]) -> dict[bytes, set[int
     for att, seq in ev.attestations:
         if att.signer in roots or att.signer == publisher or not proven(att):
             continue
-        # (a) stored before the first reveal of the step: a later match may be a copy of it
+        # 2. stored before the first reveal of the step: a later match may be a copy of it
         if att.step in first_reveal and seq > first_reveal[att.step]:
             continue
-        # (b) a root proved the same step with the same post_state
+        # 3. a root proved the same step with the same post_state
         if att.post_state in rooted.get(att.step, ()):
             out[att.signer].add(att.step)
     return out
@@ -157,10 +157,10 @@ def _earn(judged: Iterable[_RunJudgement], roots: frozenset[bytes], rule: EarnRu
         if len(held) < rule.matches:
             continue
         publishers = {p.publisher for p in held}
-        # (c) a root's run, whose witnesses its publisher does not leak, or P publishers
+        # 4. a root's run, whose witnesses its publisher does not leak, or P publishers
         if not publishers & roots and len(publishers) < rule.publishers:
             continue
-        # (d) disqualified in no run this node holds
+        # disqualified in no run this node holds
         if any(j.disqualifies(key) for j in judged):
             continue
         earned[key] = tuple(sorted(held))
