@@ -176,7 +176,7 @@ def cmd_restart(args: argparse.Namespace) -> CommandResult:
 def cmd_trust(args: argparse.Namespace) -> CommandResult:
     """``trust add|remove|list``: the data dir's ``trusted_peers`` (config.toml), whose attestations
     coverage counts (the daemon reads its config at start: ``restart`` applies a change), and the
-    keys that earned trust, recomputed from the store as the daemon does (docs/protocol.md §8.1)."""
+    keys that earned trust, recomputed from the store as the daemon does (docs/protocol.md §8.1.1)."""
     import dataclasses
 
     from .config import load_config, write_config
@@ -295,7 +295,7 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
                  f"{len(c['untrusted'])} untrusted attesters not counted")
         trust += "".join(f"\n  earned {p}: counted, it proved replays (`open1b-node trust list`)" for p in earned)
         if c["untrusted"]:  # say which keys, and how an operator who knows them makes them count
-            trust += "".join(f"\n  untrusted {p}: it counts once it earns trust (docs/protocol.md §8.1), or "
+            trust += "".join(f"\n  untrusted {p}: it counts once it earns trust (docs/protocol.md §8.1.1), or "
                              f"`open1b-node trust add {p}` and restart" for p in c["untrusted"])
         flags = [f"flagged {f['signer']} at step {f['step']}: statement {f['statement'][:16]}… contradicts"
                  f" {f['conflicting'][:16]}…" if f.get("kind", "contradiction") == "contradiction" else

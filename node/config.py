@@ -102,7 +102,7 @@ class NodeConfig:
     # make the node skip steps they claim to have covered.
     trust_policy: str = ALLOWLIST
     trusted_peers: tuple[str, ...] = ()
-    # Earned trust (docs/protocol.md §8.1): under the allowlist, a key also counts once it has
+    # Earned trust (docs/protocol.md §8.1.1): under the allowlist, a key also counts once it has
     # proven ``earn_trust_matches`` replays on steps this node's listed keys replayed too, spanning
     # ``earn_trust_publishers`` publishers unless one run is a listed key's. Off = the list alone.
     earn_trust: bool = True

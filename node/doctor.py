@@ -117,7 +117,7 @@ def _disk(data_dir: Path) -> list[Check]:
 
 def _trust(coverage: dict) -> Check:
     """Why a run's coverage may not complete: attesters this node's policy does not count (yet:
-    a key counts once it earns trust, docs/protocol.md §8.1)."""
+    a key counts once it earns trust, docs/protocol.md §8.1.1)."""
     untrusted = coverage["untrusted"]
     run = coverage["run"][:16]
     earned = len(coverage["policy"]["earned"])

@@ -1,4 +1,4 @@
-"""Earned trust (docs/protocol.md §8.1): which keys a node adds to its policy's ``roots`` because
+"""Earned trust (docs/protocol.md §8.1.1): which keys a node adds to its policy's ``roots`` because
 they have proven, on steps its own roots also replayed, that they replay.
 
 Coverage stays a pure function of statements and policy; this module only chooses the policy's

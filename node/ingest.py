@@ -87,7 +87,7 @@ class Ingest:
         # Identity derives its public key from the seed on every read: once here, not per statement.
         self.public_key = identity.public_key
         self.listed = config.trust(self.public_key)  # own key and trusted_peers: never lost
-        # Keys that earned trust (docs/protocol.md §8.1), with the (run, step) pairs that earned
+        # Keys that earned trust (docs/protocol.md §8.1.1), with the (run, step) pairs that earned
         # them: recomputed from the store whenever statements arrive (refresh_flags), never kept.
         self.earned: dict[bytes, tuple[Pair, ...]] = {}
         self._earn = EarnedTrust(store, self.listed.roots, self.listed.quorum,

@@ -1,4 +1,4 @@
-"""Earned trust (docs/protocol.md §8.1): each condition failing on its own keeps a key out, and the
+"""Earned trust (docs/protocol.md §8.1.1): each condition failing on its own keeps a key out, and the
 receipt order that makes a match a proof of replay is the store's."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The README's "Running several nodes yourself", command for command, with real daemons (CLI
 subprocesses, libp2p on loopback) and no `trust add`: three nodes (redundancy 3, as the README
 sets it) each train and publish a small run, and every node's coverage of every run completes
-because the others earn its trust (docs/protocol.md §8.1) — issue 15's "coverage never completes
+because the others earn its trust (docs/protocol.md §8.1.1) — issue 15's "coverage never completes
 in the README's own flow"."""
 
 from __future__ import annotations

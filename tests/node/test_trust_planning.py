@@ -145,7 +145,7 @@ def test_per_run_step_metrics_follow_coverage(tmp_path):
 
 
 def test_a_key_earns_trust_from_the_store_without_a_restart_and_the_planner_counts_it(tmp_path, monkeypatch, capsys):
-    """docs/protocol.md §8.1: three proven matches of steps this node replayed, on its own run,
+    """docs/protocol.md §8.1.1: three proven matches of steps this node replayed, on its own run,
     earn the key; coverage, the planner and `coverage`'s text follow at the next judgement. With
     ``earn_trust = false`` the same statements earn nothing."""
     run = MANIFEST.run_id
