@@ -32,7 +32,7 @@ PEERS = [{"peer_id": PEER_ID, "addrs": [str], "rejected": COUNT}]
 RUNS = [{"run": HEX, "steps": COUNT, "engine": str, "run_dir": (str, type(None))}]
 COVERAGE = {"run": HEX, "steps": COUNT, "redundancy": COUNT, "verified_steps": COUNT, "disputed_steps": [int],
             "refuted_steps": [int], "claimed_steps": COUNT, "unaudited_steps": COUNT, "complete": bool,
-            "policy": {"name": str, "roots": [PEER_ID], "quorum": COUNT},
+            "policy": {"name": str, "roots": [PEER_ID], "earned": [PEER_ID], "quorum": COUNT},
             "flagged": [{"signer": PEER_ID, "step": int, "kind": str, "statement": HEX, "conflicting": HEX,
                          "reveal": (HEX, type(None))}],
             "untrusted": [PEER_ID],

@@ -173,7 +173,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
         run_id = run_arg(ingest, run)
         manifest = ingest.manifests[run_id]
         replay = ingest.coverage(run_id, redundancy)
-        return {**views.coverage_json(replay, manifest), "evaluations": node.evaluator.status(manifest),
+        return {**views.coverage_json(replay, manifest, ingest.earned), "evaluations": node.evaluator.status(manifest),
                 "spot_checks": views.spot_json(ingest.spot_coverage(run_id, replay), why_not_spot_checked(manifest))}
 
     @app.get("/v1/attestations/{run}", summary="the signed attestations of a run (or of one step)")

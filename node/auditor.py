@@ -244,7 +244,8 @@ class Auditor:
             device=result.device, elapsed_ms=result.elapsed_ms, issued_at=self.clock.wall(),
             witness=witness_binding(manifest.run_id, step, self.identity.public_key, result.witness),
         )
-        self.ingest.add_own_attestation(att)
+        # The witness first: storing the attestation marks the run for judging (earned trust reads both).
         self.ingest.proof.replayed(manifest, step, result.post_state, result.witness)
+        self.ingest.add_own_attestation(att)
         log.info("step %d of run %s: %s (%d ms)", step, manifest.run_id.hex()[:12], att.verdict, result.elapsed_ms)
         await self.p2p.publish(attestations_topic(manifest.run_id), att.encoded)

@@ -244,8 +244,12 @@ class BlobCache:
     def store_table(self, digest: bytes, table: bytes) -> None:
         """Keep a checkpoint's chunk table, verified against h_k by whoever fetched it, for serving."""
         tmp = self.table_path(digest).with_suffix(".table-tmp")
-        tmp.write_bytes(table)
-        os.replace(tmp, self.table_path(digest))
+        try:
+            tmp.write_bytes(table)
+            os.replace(tmp, self.table_path(digest))
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written table behind
+            raise
 
     async def chunk_table(self, digest: bytes) -> bytes:
         """The chunk table of the cached checkpoint ``digest`` (docs/run-format.md §6.6), computed

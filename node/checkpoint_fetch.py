@@ -25,6 +25,7 @@ a session whose every frame is tagged by the provider's authenticated key.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -54,6 +55,7 @@ from .chunk_table import (
     header_length,
     parse_layout,
 )
+from .files import StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ class FetchReport:
     blamed: list[str] = field(default_factory=list)
 
 
+def _storage_full(exc: OSError, address: bytes) -> OSError | StorageFull:
+    """ENOSPC as the node's "storage full" (our disk: no provider is blamed); other errors as they are."""
+    if exc.errno != errno.ENOSPC:
+        return exc
+    return StorageFull(f"no space left for checkpoint blob {address.hex()[:16]}")
+
+
 class _Assembly:
     """The partial file, its record of verified chunks and the running whole-file hash. Its
     methods run in worker threads; ``_lock`` orders the record and the hash."""
@@ -105,12 +114,22 @@ class _Assembly:
         kept = self._read_record(stamp)
         if not kept:
             self.partial.unlink(missing_ok=True)
-        self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o600)
-        os.ftruncate(self._fd, layout.size)
-        os.pwrite(self._fd, header, 0)
-        self._record_fd = os.open(self.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if kept else os.O_TRUNC), 0o600)
-        if not kept:
-            os.write(self._record_fd, stamp)
+        self._fd = self._record_fd = -1
+        try:
+            self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o600)
+            # Allocate every block now: a disk too small fails here, before a byte is fetched,
+            # not at some chunk halfway (a sparse ftruncate would promise room it does not have).
+            os.posix_fallocate(self._fd, 0, layout.size)
+            os.pwrite(self._fd, header, 0)
+            self._record_fd = os.open(self.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if kept else os.O_TRUNC),
+                                      0o600)
+            if not kept:
+                os.write(self._record_fd, stamp)
+        except OSError as exc:
+            self.close()
+            if exc.errno == errno.ENOSPC:
+                self.discard()
+            raise _storage_full(exc, self.address) from None
         self._hash.update(bytes(header))
 
     def _read_record(self, stamp: bytes) -> bool:
@@ -135,9 +154,13 @@ class _Assembly:
         data = bytes(received)
         if len(data) != piece.length or chunk_digest(piece.chunk, data) != slot:
             return False
-        os.pwrite(self._fd, data, piece.offset)
+        try:
+            os.pwrite(self._fd, data, piece.offset)
+            with self._lock:
+                os.write(self._record_fd, struct.pack("<I", index))
+        except OSError as exc:
+            raise _storage_full(exc, self.address) from None
         with self._lock:
-            os.write(self._record_fd, struct.pack("<I", index))
             self.done[index] = True
             self.verified_bytes += piece.length
             if self._held_bytes + len(data) <= ADDRESS_HOLD_BYTES:  # saves reading it back for the address
@@ -167,8 +190,10 @@ class _Assembly:
         return self._hash.digest()
 
     def close(self) -> None:
-        os.close(self._fd)
-        os.close(self._record_fd)
+        for fd in (self._fd, self._record_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._record_fd = -1
 
     def discard(self) -> None:
         self.partial.unlink(missing_ok=True)
@@ -292,7 +317,13 @@ async def _run_session(channel: Channel, assembly: _Assembly, schedule: _Schedul
 
     async def check_loop(cancel: trio.CancelScope, received: trio.MemoryReceiveChannel) -> None:
         async for index, data in received:
-            if not await trio.to_thread.run_sync(assembly.check_and_write, index, data):
+            try:
+                ok = await trio.to_thread.run_sync(assembly.check_and_write, index, data)
+            except (StorageFull, OSError) as exc:  # our disk, not the provider's chunk
+                failure.append(exc)
+                cancel.cancel()
+                return
+            if not ok:
                 failure.append(_Blame(f"chunk at byte {assembly.pieces[index].offset} does not match the chunk table"))
                 cancel.cancel()
                 return
@@ -375,14 +406,22 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
             raise CheckpointFetchError(f"checkpoint {expect.step}: no provider delivered its header and chunk table: "
                                        + ("; ".join(errors) or "no provider"))
         header, layout, table = first
+        partial = cache.path(expect.address).with_suffix(".partial")
+        # Free space against the announced (and h_k-checked) size, less the blocks a resumed file holds.
+        cache.room(max(0, layout.size - (partial.stat().st_blocks * 512 if partial.exists() else 0)))
         assembly = await trio.to_thread.run_sync(_Assembly, cache, expect, layout, header, table)
         try:
             report.resumed_pieces = assembly.resumed
             schedule = _Schedule(assembly)
 
+            full: list[StorageFull] = []
+
             async def session(channel: Channel) -> None:
                 try:
                     await _run_session(channel, assembly, schedule, report, started, window, timeout_s, progress)
+                except StorageFull as exc:  # no session can write: stop them all, blame no one
+                    full.append(exc)
+                    sessions.cancel_scope.cancel()
                 except _Blame as exc:
                     blame(channel.peer_id, str(exc))
                 except (BulkError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
@@ -401,6 +440,10 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
                     for channel in list(ordered):
                         sessions.start_soon(session, channel)
                 nursery.cancel_scope.cancel()  # finish() hashes whatever is left
+            if full:
+                assembly.close()
+                assembly.discard()  # as the libp2p path: no partial file survives a full disk
+                raise full[0]
             if schedule.remaining:
                 raise CheckpointFetchError(f"checkpoint {expect.step}: {schedule.remaining} chunks missing; "
                                            + "; ".join(errors))
@@ -416,7 +459,10 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
                                resumed=False)
         cache.adopt(assembly.partial, expect.address)
         assembly.record.unlink(missing_ok=True)
-        cache.store_table(expect.address, table)
+        try:
+            cache.store_table(expect.address, table)
+        except OSError as exc:  # the checkpoint is verified and kept; only its table for serving is not
+            log.warning("checkpoint %d: chunk table not kept for serving: %s", expect.step, _storage_full(exc, expect.address))
         cache.evict()
     finally:
         for channel in ordered:

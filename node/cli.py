@@ -176,7 +176,8 @@ def cmd_restart(args: argparse.Namespace) -> CommandResult:
 
 def cmd_trust(args: argparse.Namespace) -> CommandResult:
     """``trust add|remove|list``: the data dir's ``trusted_peers`` (config.toml), whose attestations
-    coverage counts. The daemon reads its config at start: ``restart`` applies a change."""
+    coverage counts (the daemon reads its config at start: ``restart`` applies a change), and the
+    keys that earned trust, recomputed from the store as the daemon does (docs/protocol.md §8.1.1)."""
     import dataclasses
 
     from .config import load_config, write_config
@@ -196,11 +197,55 @@ def cmd_trust(args: argparse.Namespace) -> CommandResult:
     if peers != list(config.trusted_peers):
         write_config(dataclasses.replace(config, trusted_peers=tuple(peers)))  # checked peer IDs, atomically
     running = args.trust_command != "list" and peers != list(config.trusted_peers) and daemon_pid(data_dir) is not None
-    out = {"trust_policy": config.trust_policy, "trusted_peers": peers, "restart_needed": running}
-    return CommandResult(out, lambda o: "\n".join(
-        [f"trust policy {o['trust_policy']}: this node's own key and {len(o['trusted_peers'])} trusted peers"]
-        + [f"  {p}" for p in o["trusted_peers"]]
-        + (["the daemon is running: apply with `open1b-node restart`"] if o["restart_needed"] else [])))
+    out = {"trust_policy": config.trust_policy, "trusted_peers": peers, "restart_needed": running,
+           "earn_trust": config.earn_trust and config.trust_policy == "allowlist",
+           "earn_trust_matches": config.earn_trust_matches, "earn_trust_publishers": config.earn_trust_publishers,
+           "earned": _earned(data_dir, config) if args.trust_command == "list" else []}
+
+    def render(o: dict) -> str:
+        lines = [f"trust policy {o['trust_policy']}: this node's own key and {len(o['trusted_peers'])} trusted peers"]
+        lines += [f"  listed {p}" for p in o["trusted_peers"]]
+        if o["restart_needed"]:
+            lines.append("the daemon is running: apply with `open1b-node restart`")
+        if args.trust_command != "list":
+            return "\n".join(lines)
+        if not o["earn_trust"]:
+            return "\n".join([*lines, "earned trust: off (config: earn_trust, trust_policy)"])
+        lines.append(f"earned trust: {len(o['earned'])} keys (each with {o['earn_trust_matches']} proven matches "
+                     f"on steps a listed key proved, over a listed key's run or {o['earn_trust_publishers']} publishers)")
+        for e in o["earned"]:
+            lines.append(f"  earned {e['peer_id']}")
+            lines += [f"    run {p['run'][:16]} step {p['step']} (publisher {p['publisher']})" for p in e["pairs"]]
+        return "\n".join(lines)
+
+    return CommandResult(out, render)
+
+
+def _earned(data_dir: Path, config) -> list[dict]:
+    """The keys that earned trust at this data dir's node: the daemon's rule over its store (read
+    only; no store yet = nobody earned anything)."""
+    import sqlite3
+
+    from .earned_trust import EarnRule, earned_keys, evidence_from_store
+    from .identity_file import load_identity
+    from .store import STORE_FILE, Store
+    from .views import earned_json
+
+    path = data_dir / STORE_FILE
+    if not (config.earn_trust and config.trust_policy == "allowlist") or not path.is_file():
+        return []
+    roots = config.trust(load_identity(data_dir).public_key).roots
+    try:
+        store = Store(path, read_only=True)
+        try:
+            earned = earned_keys(evidence_from_store(store, store.manifests()), roots=roots,
+                                 quorum=config.dispute_quorum,
+                                 rule=EarnRule(config.earn_trust_matches, config.earn_trust_publishers))
+        finally:
+            store.close()
+    except sqlite3.Error as exc:  # not a store this node wrote (or a damaged one): say so in one line
+        raise Open1bError(f"cannot read the statement store {path}: {exc}") from None
+    return earned_json(earned)
 
 
 def cmd_status(args: argparse.Namespace) -> CommandResult:
@@ -245,11 +290,14 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
                 f"{c['unaudited_steps']} unaudited, disputed {c['disputed_steps'] or 'none'}"
                 f" (refuted {c['refuted_steps'] or 'none'};"
                 f" {'complete' if c['complete'] else 'incomplete'} at redundancy {c['redundancy']})")
-        trust = (f"trust: {c['policy']['name']} ({len(c['policy']['roots'])} trusted keys, quorum "
-                 f"{c['policy']['quorum']}); {len(c['untrusted'])} untrusted attesters not counted")
+        earned = c["policy"]["earned"]
+        trust = (f"trust: {c['policy']['name']} ({len(c['policy']['roots']) - len(earned)} listed keys, "
+                 f"{len(earned)} earned, quorum {c['policy']['quorum']}); "
+                 f"{len(c['untrusted'])} untrusted attesters not counted")
+        trust += "".join(f"\n  earned {p}: counted, it proved replays (`open1b-node trust list`)" for p in earned)
         if c["untrusted"]:  # say which keys, and how an operator who knows them makes them count
-            trust += "".join(f"\n  untrusted {p}: to count it, `open1b-node trust add {p}` and restart"
-                             for p in c["untrusted"])
+            trust += "".join(f"\n  untrusted {p}: it counts once it earns trust (docs/protocol.md §8.1.1), or "
+                             f"`open1b-node trust add {p}` and restart" for p in c["untrusted"])
         flags = [f"flagged {f['signer']} at step {f['step']}: statement {f['statement'][:16]}… contradicts"
                  f" {f['conflicting'][:16]}…" if f.get("kind", "contradiction") == "contradiction" else
                  f"flagged {f['signer']} at step {f['step']} as a copier: statement {f['statement'][:16]}… binds"
@@ -629,7 +677,7 @@ def parser() -> argparse.ArgumentParser:
         ta = trsub.add_parser(name, parents=[reporting], help=what)
         ta.add_argument("peer", nargs="+", metavar="PEER_ID")
         ta.set_defaults(func=cmd_trust)
-    trsub.add_parser("list", parents=[reporting], help="the trust policy and trusted peers").set_defaults(
+    trsub.add_parser("list", parents=[reporting], help="the trust policy, trusted peers and earned keys with their evidence").set_defaults(
         func=cmd_trust)
 
     k = sub.add_parser("key", help="the node key")

@@ -113,6 +113,12 @@ class NodeConfig:
     # make the node skip steps they claim to have covered.
     trust_policy: str = ALLOWLIST
     trusted_peers: tuple[str, ...] = ()
+    # Earned trust (docs/protocol.md §8.1.1): under the allowlist, a key also counts once it has
+    # proven ``earn_trust_matches`` replays on steps this node's listed keys replayed too, spanning
+    # ``earn_trust_publishers`` publishers unless one run is a listed key's. Off = the list alone.
+    earn_trust: bool = True
+    earn_trust_matches: int = 3
+    earn_trust_publishers: int = 2
     # Whether the planner counts attesters the policy does not (coverage never does). Off by
     # default: on, a step that keys outside the list have covered is not replayed again by every
     # node, but fresh keys can then withhold this node's replays — the devnet's sybil scenario
@@ -153,6 +159,8 @@ class NodeConfig:
             _check_peer_addr(addr)
         if self.trust_policy not in (OPEN, ALLOWLIST):
             raise ConfigError(f"trust_policy must be {OPEN!r} or {ALLOWLIST!r}")
+        if self.earn_trust_matches < 1 or self.earn_trust_publishers < 1:
+            raise ConfigError("earn_trust_matches and earn_trust_publishers must be at least 1")
         if self.dispute_quorum != 0 and self.dispute_quorum < 2:
             raise ConfigError("dispute_quorum must be 0 (off) or at least 2")
         for what, peers in (("trusted peer", self.trusted_peers), ("publisher", self.publishers)):
@@ -163,7 +171,7 @@ class NodeConfig:
                     raise ConfigError(f"{what} {peer!r}: {exc}") from None
 
     def trust(self, own_key: bytes) -> TrustPolicy:
-        """The coverage policy this node applies; its own key is always a root."""
+        """The listed policy: its own key is always a root (earned keys are added by node/ingest.py)."""
         roots = frozenset({own_key, *(public_key_from_peer_id(p) for p in self.trusted_peers)})
         return TrustPolicy(self.trust_policy, roots, self.dispute_quorum)
 
@@ -179,6 +187,8 @@ _KEYS: dict[str, tuple[str, type]] = {
     "answer_seconds": ("answer_s", float), "spot_checks_per_replay": ("spot_checks_per_replay", int),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
+    "earn_trust": ("earn_trust", bool), "earn_trust_matches": ("earn_trust_matches", int),
+    "earn_trust_publishers": ("earn_trust_publishers", int),
     "plan_with_untrusted": ("plan_with_untrusted", bool),
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
     "disk_reserve_bytes": ("disk_reserve_bytes", int),

@@ -54,7 +54,7 @@ from .publisher import Publisher, read_run_manifest
 from .runs import RunFiles, why_not_auditable
 from .spot_answers import SPOTCHECK_PROTOCOL, AnswerServer
 from .spot_checker import SpotChecker
-from .store import Store
+from .store import STORE_FILE, Store
 from .sync import Syncer
 from .systemd import notify
 from .topics import RUNS_TOPIC
@@ -64,7 +64,6 @@ log = logging.getLogger("open1b.node")
 
 API_ADDR_FILE = "api.addr"
 P2P_ADDR_FILE = "p2p.addr"
-STORE_FILE = "store.sqlite"
 BLOBS_DIR = "blobs"
 SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the worker)
 
@@ -159,7 +158,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats, spot_check=spot.check_once)
     evaluator = Evaluator(store, identity, publish=p2p.publish, checkpoint=_checkpoint_of(auditor), now=clock.wall,
-                          device=cpu_device_class(), policy=ingest.trust, redundancy=config.redundancy,
+                          device=cpu_device_class(), policy=lambda: ingest.trust, redundancy=config.redundancy,
                           sleep=clock.sleep)
     shutdown = trio.Event()
     node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown, evaluator)

@@ -117,14 +117,18 @@ def _disk(data_dir: Path) -> list[Check]:
 
 
 def _trust(coverage: dict) -> Check:
-    """Why a run's coverage may not complete: attesters this node's policy does not count."""
+    """Why a run's coverage may not complete: attesters this node's policy does not count (yet:
+    a key counts once it earns trust, docs/protocol.md §8.1.1)."""
     untrusted = coverage["untrusted"]
     run = coverage["run"][:16]
+    earned = len(coverage["policy"]["earned"])
+    counted = f"{len(coverage['policy']['roots']) - earned} listed and {earned} earned keys counted"
     if not untrusted:
-        return Check("trust", "OK", f"run {run}: every attester is counted")
+        return Check("trust", "OK", f"run {run}: every attester is counted ({counted})")
     shown = " ".join(untrusted[:3]) + (" …" if len(untrusted) > 3 else "")
-    return Check("trust", "WARN", f"run {run}: {len(untrusted)} untrusted attesters not counted; if you run or know "
-                                  f"them: open1b-node trust add {shown} (then restart)")
+    return Check("trust", "WARN", f"run {run}: {counted}; {len(untrusted)} untrusted attesters not counted until "
+                                  f"they earn trust (open1b-node trust list); if you run or know them: "
+                                  f"open1b-node trust add {shown} (then restart)")
 
 
 def run_checks(data_dir: Path, api_status: dict | None, device: str | None = None,

@@ -4,7 +4,7 @@ by recomputing them, and serves the leaderboard.
 
 It is built with everything it needs — the store, the node key, a ``publish(topic, data)``
 coroutine, a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
-checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy — and
+checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy (read at each use: earned trust changes it while the daemon runs) — and
 serves itself with :meth:`Evaluator.serve_evaluator`; :mod:`.ingest` takes ``eval`` statements from
 gossip into the store, where this component finds them, and the daemon adds :meth:`routes` to
 the API.
@@ -37,7 +37,7 @@ Checkpoint = Callable[[RunManifest, int], Awaitable["Path | None"]]
 
 class Evaluator:
     def __init__(self, store: Store, identity: Identity, *, publish: Publish, checkpoint: Checkpoint,
-                 now: Callable[[], int], device: str, policy: TrustPolicy, redundancy: int,
+                 now: Callable[[], int], device: str, policy: Callable[[], TrustPolicy], redundancy: int,
                  interval: float = 10.0, sleep: Callable[[float], Awaitable[None]] = trio.sleep) -> None:
         self.store, self.identity, self.publish, self.checkpoint = store, identity, publish, checkpoint
         self.now, self.device, self.policy, self.redundancy, self.interval = now, device, policy, redundancy, interval
@@ -129,7 +129,7 @@ class Evaluator:
         a node that joined the run's topic after a statement went by gets it on a later round."""
         sent = 0
         for manifest in self.store.manifests():
-            states = evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy,
+            states = evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy(),
                                  min_keys=self.redundancy)
             if all(e.status.value != "unchecked" for e in states):
                 continue
@@ -154,7 +154,7 @@ class Evaluator:
         return [{"state": e.state, "status": e.status.value, "loss_bits": e.loss, "checkers": list(e.checkers),
                  "dissenters": list(e.dissenters), "evidence": [d.hex() for d in e.evidence],
                  "devices": list(e.devices)}  # fmt: skip
-                for e in evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy,
+                for e in evaluations(manifest, self.store.evals(manifest.run_id), policy=self.policy(),
                                      min_keys=self.redundancy)]
 
     async def submit(self, data: bytes) -> EvalStatement:
@@ -168,4 +168,4 @@ class Evaluator:
 
     def leaderboard_json(self) -> list[dict]:
         """The board this node's statements imply (docs/protocol.md §8.6), for ``/v1/leaderboard``."""
-        return [r.to_json() for r in board(self.store, policy=self.policy, redundancy=self.redundancy, now=self.now())]
+        return [r.to_json() for r in board(self.store, policy=self.policy(), redundancy=self.redundancy, now=self.now())]

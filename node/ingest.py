@@ -5,6 +5,8 @@ then stored — and what is stored is judged (coverage, flags, the planner's ind
   accept / reject / ignore (:mod:`open1b.protocol.validation`) and count every refusal;
 * ``ingest_*`` store what a validator accepted, or what a sync response carried (a provably
   invalid statement from sync counts against its sender, as on gossip);
+* the trust policy is the operator's list plus the keys that earned trust
+  (:mod:`.earned_trust`), recomputed from the store as statements arrive;
 * the planner's view (:class:`~.deficits.RunIndexes`) counts an attestation only when the trust
   policy counts its key, coverage has not flagged the key and no held reveal disproves it;
 * :meth:`Ingest.serve_judgements` re-judges flags and publishes the witness reveals our own
@@ -13,6 +15,7 @@ then stored — and what is stored is judged (coverage, flags, the planner's ind
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from pathlib import Path
@@ -31,6 +34,7 @@ from open1b.protocol import (
     SpotCheck,
     SpotCoverage,
     StepStatus,
+    TrustPolicy,
     coverage,
     peer_id_from_public_key,
     public_key_from_peer_id,
@@ -40,6 +44,7 @@ from open1b.protocol import (
     validate_manifest,
 )
 from open1b.protocol.codec import decode as decode_cbor
+from open1b.protocol.coverage import ALLOWLIST
 from open1b.protocol.errors import UnjudgeableError
 from open1b.protocol.spotcheck import FAIL
 from open1b.protocol.validation import Verdict, validate_eval, validate_reveal, validate_spotcheck
@@ -48,6 +53,7 @@ from open1b.protocol.witness import WitnessReveal
 from .clock import Clock
 from .config import NodeConfig
 from .deficits import RunIndexes
+from .earned_trust import EarnedTrust, EarnRule, Pair
 from .metrics import NodeStats
 from .p2p import GossipHandler, GossipValidator
 from .replay_proof import ReplayProof
@@ -82,7 +88,13 @@ class Ingest:
         self.runs_synced = 0  # manifests learned through the runs sync protocol
         # Identity derives its public key from the seed on every read: once here, not per statement.
         self.public_key = identity.public_key
-        self.trust = config.trust(self.public_key)
+        self.listed = config.trust(self.public_key)  # own key and trusted_peers: never lost
+        # Keys that earned trust (docs/protocol.md §8.1.1), with the (run, step) pairs that earned
+        # them: recomputed from the store whenever statements arrive (refresh_flags), never kept.
+        self.earned: dict[bytes, tuple[Pair, ...]] = {}
+        self._earn = EarnedTrust(store, self.listed.roots, self.listed.quorum,
+                                 EarnRule(config.earn_trust_matches, config.earn_trust_publishers))
+        self._policy = self.listed
         self._publishers = frozenset(public_key_from_peer_id(p) for p in config.publishers)
         # Per run, the keys coverage flags (docs/protocol.md §8.1): the planner stops counting
         # their attestations too, so the steps they alone covered are replayed again.
@@ -92,6 +104,14 @@ class Ingest:
         self.proof = ReplayProof(identity, store, self.counts)  # our replays' witnesses, and the reveals they call for
         self.deficits = self._indexes()
         self._topics: set[str] = set()
+
+    @property
+    def trust(self) -> TrustPolicy:
+        """The policy coverage and the planner apply now: the listed roots and the earned keys."""
+        return self._policy
+
+    def _earning(self) -> bool:
+        return self.config.earn_trust and self.listed.name == ALLOWLIST
 
     def _indexes(self) -> RunIndexes:
         return RunIndexes(self.public_key, self.config.redundancy, self._load_run, self.clock.wall)
@@ -368,10 +388,25 @@ class Ingest:
             now=now, redundancy=redundancy or self.config.redundancy, policy=self.trust,
         )
 
+    def refresh_earned(self) -> bool:
+        """Recompute the earned keys from the store; True if the set changed (then every run is
+        judged again under the new policy)."""
+        if not self._earning():
+            return False
+        earned = self._earn(self.manifests.values(), self._stale)
+        changed = earned.keys() != self.earned.keys()
+        if changed:
+            log.info("earned trust: %s", sorted(peer_id_from_public_key(k) for k in earned) or "none")
+            self._stale.update(self.manifests)
+        self.earned = earned
+        self._policy = dataclasses.replace(self.listed, roots=self.listed.roots | earned.keys())
+        return changed
+
     def refresh_flags(self) -> bool:
-        """Re-judge flags for runs with new statements; when a run's flagged keys change, the
-        planner's indexes are rebuilt without (or again with) their attestations. True if any changed."""
-        changed = False
+        """Re-judge earned trust and flags when runs have new statements; when the policy or a
+        run's flagged keys change, the planner's indexes are rebuilt without (or again with) their
+        attestations. True if any changed."""
+        changed = bool(self._stale) and self.refresh_earned()
         for run in list(self._stale):
             self._stale.discard(run)
             cov = self.coverage(run)

@@ -23,6 +23,7 @@ publisher, fetched from peers by everyone else, always through the blob cache.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -203,6 +204,23 @@ async def _bulk_peers(p2p: P2P, peer_ids: list[str]) -> list[BulkPeer]:
         for peer_id in peer_ids:
             nursery.start_soon(ask, peer_id)
     return [found[p] for p in peer_ids if p in found]
+
+
+COPY_CHUNK = 1 << 20  # what assemble's copy holds in memory at once
+
+
+def _copy_streamed(source: Path, target: Path, name: str) -> None:
+    """Copy ``source`` to ``target`` COPY_CHUNK bytes at a time (a checkpoint can be gigabytes);
+    a full disk removes the partial copy and is the node's "storage full", no one's fault."""
+    try:
+        with open(source, "rb") as src, open(target, "wb") as dst:
+            while chunk := src.read(COPY_CHUNK):
+                dst.write(chunk)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise RunFilesError(f"{name}: no space left on {target.parent} to assemble it") from None
+        raise
 
 
 class RunFiles:
@@ -401,8 +419,8 @@ class RunFiles:
             tmp.unlink(missing_ok=True)
             try:
                 os.link(source, tmp)
-            except OSError:
-                tmp.write_bytes(source.read_bytes())
+            except OSError:  # another filesystem, or links refused: a copy, streamed, never read whole
+                _copy_streamed(source, tmp, blob.name)
             os.replace(tmp, target)
         return work
 

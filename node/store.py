@@ -19,6 +19,8 @@ from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, Spot
 
 log = logging.getLogger(__name__)
 
+STORE_FILE = "store.sqlite"  # in the data dir
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
     run_id BLOB PRIMARY KEY, encoded BLOB NOT NULL, run_dir TEXT, received_at INTEGER NOT NULL);
@@ -42,18 +44,32 @@ CREATE INDEX IF NOT EXISTS spotchecks_by_step ON spotchecks (run_id, step);
 CREATE TABLE IF NOT EXISTS replay_witnesses (
     run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
+# Receipt order between a reveal and the attestations (earned trust, node/earned_trust.py): the
+# highest attestation rowid when the reveal was stored. Attestations are never deleted, so rowids
+# only grow. Reveals stored before this column existed read 0: no attestation counts as stored
+# before them (the safe reading).
+_REVEAL_ORDER = "ALTER TABLE reveals ADD COLUMN attestations_before INTEGER NOT NULL DEFAULT 0"
 
 
 class Store:
-    def __init__(self, path: Path, *, now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+    def __init__(self, path: Path, *, now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 read_only: bool = False) -> None:
         """``now_ms``: wall-clock milliseconds, recorded as when a statement arrived (a node passes
-        its :class:`~.clock.Clock`'s, so tests on a mock clock record virtual times)."""
+        its :class:`~.clock.Clock`'s, so tests on a mock clock record virtual times).
+        ``read_only``: a CLI reading a store that its daemon may be writing (nothing is created)."""
         self.path, self.now_ms = path, now_ms
         self.full = False  # the last write failed for want of disk space
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        if read_only:
+            self._db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        else:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        self._reveal_order = "attestations_before" in {r[1] for r in self._db.execute("PRAGMA table_info(reveals)")}
+        if not self._reveal_order and not read_only:
+            self._db.execute(_REVEAL_ORDER)
+            self._reveal_order = True
 
     def close(self) -> None:
         self._db.close()
@@ -126,6 +142,12 @@ class Store:
             "SELECT DISTINCT step FROM attestations WHERE run_id = ? AND signer = ?", (run_id, signer))
         return {r[0] for r in rows.fetchall()}
 
+    def attestations_in_order(self, run_id: bytes) -> list[tuple[Attestation, int]]:
+        """A run's attestations with their receipt sequence (rowid: larger = stored later)."""
+        rows = self._db.execute(
+            "SELECT encoded, rowid FROM attestations WHERE run_id = ? ORDER BY rowid", (run_id,))
+        return [(Attestation.decode(r[0]), r[1]) for r in rows.fetchall()]
+
     def attestation_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM attestations").fetchone()[0]
 
@@ -146,8 +168,10 @@ class Store:
 
     # -- proof of replay -------------------------------------------------------------------
     def add_reveal(self, reveal: WitnessReveal) -> bool:
-        return self._insert("INSERT OR IGNORE INTO reveals VALUES (?, ?, ?, ?)",
-                            (reveal.digest, reveal.run, reveal.step, reveal.encoded))
+        return self._insert(
+            "INSERT OR IGNORE INTO reveals (digest, run_id, step, encoded, attestations_before) "
+            "VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(rowid), 0) FROM attestations))",
+            (reveal.digest, reveal.run, reveal.step, reveal.encoded))
 
     def reveals(self, run_id: bytes, step: int | None = None) -> list[WitnessReveal]:
         if step is None:
@@ -156,6 +180,14 @@ class Store:
             rows = self._db.execute(
                 "SELECT encoded FROM reveals WHERE run_id = ? AND step = ? ORDER BY digest", (run_id, step))
         return [WitnessReveal.decode(r[0]) for r in rows.fetchall()]
+
+    def reveals_in_order(self, run_id: bytes) -> list[tuple[WitnessReveal, int]]:
+        """A run's reveals, each with the receipt sequence of the last attestation stored before
+        it (an attestation with a sequence at most that was stored before the reveal)."""
+        rows = self._db.execute(
+            f"SELECT encoded, {'attestations_before' if self._reveal_order else 0} FROM reveals "
+            "WHERE run_id = ? ORDER BY step, digest", (run_id,))
+        return [(WitnessReveal.decode(r[0]), r[1]) for r in rows.fetchall()]
 
     def add_eval(self, ev: EvalStatement) -> bool:
         return self._insert("INSERT OR IGNORE INTO evals VALUES (?, ?, ?, ?)", (ev.digest, ev.run, ev.state, ev.encoded))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Collection, Mapping, Sequence
+
 from open1b.protocol import (
     Attestation,
     Claim,
@@ -14,6 +16,8 @@ from open1b.protocol import (
     WitnessReveal,
     peer_id_from_public_key,
 )
+
+from .earned_trust import Pair
 
 
 def attestation_json(att: Attestation, received_ms: int | None = None) -> dict:
@@ -52,7 +56,8 @@ def claim_json(claim: Claim, now: int) -> dict:
     }
 
 
-def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
+def coverage_json(cov: Coverage, manifest: RunManifest, earned: Collection[bytes] = ()) -> dict:
+    """``earned``: the keys among the policy's roots that earned trust (the rest are listed)."""
     return {
         "run": cov.run.hex(), "steps": manifest.steps, "redundancy": cov.redundancy,
         "verified_steps": cov.count(StepStatus.VERIFIED), "disputed_steps": cov.disputed_steps,
@@ -60,6 +65,7 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
         "claimed_steps": cov.count(StepStatus.CLAIMED), "unaudited_steps": cov.count(StepStatus.UNAUDITED),
         "complete": cov.complete,
         "policy": {"name": cov.policy.name, "roots": sorted(peer_id_from_public_key(k) for k in cov.policy.roots),
+                   "earned": sorted(peer_id_from_public_key(k) for k in earned if k in cov.policy.roots),
                    "quorum": cov.policy.quorum},
         # evidence: digests of signed attestations (and, for a copier, of the witness reveal its
         # binding fails), which /v1/attestations and /v1/reveals serve for anyone to re-check
@@ -70,6 +76,13 @@ def coverage_json(cov: Coverage, manifest: RunManifest) -> dict:
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),
                       "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices)} for s in cov.steps],
     }
+
+
+def earned_json(earned: Mapping[bytes, Sequence[Pair]]) -> list[dict]:
+    """Earned keys with their evidence: the (run, step) pairs on which each proved a replay."""
+    return sorted(({"peer_id": peer_id_from_public_key(k),
+                    "pairs": [{"run": p.run.hex(), "step": p.step, "publisher": peer_id_from_public_key(p.publisher)}
+                              for p in pairs]} for k, pairs in earned.items()), key=lambda e: e["peer_id"])
 
 
 def spot_json(spot: SpotCoverage, why_not: str | None = None) -> dict:

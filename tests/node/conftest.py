@@ -1,3 +1,4 @@
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,16 @@ def manifest():
     return run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
                               steps=6, state_hashes=[blake2b256(b"h", bytes([k])) for k in range(7)],
                               created_at=1_800_000_000)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 30 MiB tmpfs: a disk that fills (the suite runs as root, docs/reliability.md)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mount)], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -30,6 +30,7 @@ from open1b.node.chunk_table import (
     read_layout,
     state_expectation,
 )
+from open1b.node.files import StorageFull
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
@@ -393,3 +394,45 @@ def test_a_killed_fetch_resumes(tmp_path, checkpoint):
     report = trio.run(resume)
     assert report.resumed_pieces >= kept >= 5
     assert file_digest(report.path) == expect.address
+
+
+def test_a_full_disk_ends_a_bulk_fetch_as_storage_full_blaming_no_one(tmp_path, checkpoint, small_tmpfs, monkeypatch):
+    """Issue 15's disk safety on the bulk path, as on libp2p: the free-space check refuses before
+    a byte is written; a disk filled by someone else after the check fails the fetch when its
+    blocks are allocated (before any chunk), as "storage full", with no partial file left and no
+    provider blamed; with room again, the same fetch succeeds."""
+    path, expect = checkpoint
+    provider = provider_cache(tmp_path / "p", path, expect.address)
+    fetcher = BlobCache(small_tmpfs / "blobs", 1 << 34, reserve_bytes=10 << 20)  # 23 MB + 10 MB > 30 MiB
+    blamed = []
+
+    async def fetch():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [provider])
+                try:  # the outcome, not wrapped in the serving nursery's exception group
+                    return await fetch_checkpoint(fetcher, FETCHER, peers, expect, on_bad_peer=blamed.append)
+                except StorageFull as exc:
+                    return exc
+                finally:
+                    nursery.cancel_scope.cancel()
+
+    outcome = trio.run(fetch)
+    assert isinstance(outcome, StorageFull) and "reserve" in str(outcome)
+    assert list(fetcher.dir.iterdir()) == []
+    fetcher.reserve_bytes = 0
+    filler = small_tmpfs / "filler"
+    checked = fetcher.room
+
+    def room_then_filled(nbytes):  # the check passes, then another process takes the space
+        checked(nbytes)
+        filler.write_bytes(b"\0" * (16 << 20))
+
+    monkeypatch.setattr(fetcher, "room", room_then_filled)
+    outcome = trio.run(fetch)
+    assert isinstance(outcome, StorageFull) and "no space left" in str(outcome)
+    assert list(fetcher.dir.iterdir()) == [] and blamed == []
+    monkeypatch.setattr(fetcher, "room", checked)
+    filler.unlink()
+    report = trio.run(fetch)
+    assert file_digest(report.path) == expect.address and blamed == []

@@ -47,7 +47,7 @@ def network(tmp_path, manifest, run_dir, names=("publisher", "a1", "a2", "observ
         store = Store(tmp_path / f"{name}.sqlite")
         store.add_manifest(manifest)
         nodes[name] = Evaluator(store, ident(i), publish=publisher(name), checkpoint=checkpoint, now=lambda: NOW,
-                                device=cpu_device_class(), policy=TrustPolicy(), redundancy=2)
+                                device=cpu_device_class(), policy=TrustPolicy, redundancy=2)
     return nodes
 
 

@@ -145,18 +145,6 @@ def test_published_blobs_are_copies_and_changes_on_disk_are_caught(tmp_path, tam
         trio.run(files.import_dir, manifest, trainer)
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mount)], capture_output=True)
-    assert done.returncode == 0, done.stderr  # the suite runs as root (docs/reliability.md)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
 def test_disk_full_import_fails_cleanly_and_leaves_nothing(tmp_path, tampered_run, small_tmpfs):
     run_dir, manifest = tampered_run
     cache = BlobCache(small_tmpfs / "blobs", 1 << 30)
@@ -207,10 +195,41 @@ def test_doctor_fails_a_read_only_data_dir_and_explains_untrusted_attesters(tmp_
     ro.mkdir()
     assert subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode == 0
     try:
-        coverage = {"run": "ab" * 32, "untrusted": ["12D3KooWpeer"]}
+        coverage = {"run": "ab" * 32, "untrusted": ["12D3KooWpeer"], "policy": {"roots": ["me"], "earned": []}}
         checks = {c.name: c for c in run_checks(ro, None, "cpu", coverages=[coverage])}
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
     assert checks["writable"].level == "FAIL" and "not writable" in checks["writable"].detail
     assert checks["disk"].level == "FAIL"  # 1 MiB free: below the minimum
     assert checks["trust"].level == "WARN" and "open1b-node trust add 12D3KooWpeer" in checks["trust"].detail
+
+
+def test_assemble_streams_a_copy_across_filesystems_and_a_full_disk_leaves_nothing(tmp_path, tampered_run, small_tmpfs):
+    """The working directory on another filesystem than the blob cache (no hard link possible):
+    the blob is copied without being read whole (peak Python memory stays near one COPY_CHUNK),
+    and a disk that fills during the copy ends as "no space left", with no partial file left."""
+    import tracemalloc
+
+    from open1b.node.runs import COPY_CHUNK, RunBlob, checkpoint_relpath
+
+    _, manifest = tampered_run
+    cache = BlobCache(tmp_path / "blobs", 1 << 34)
+    blobs = []
+    for i in range(2):  # 2 × 18 MiB: the first fits on the 30 MiB tmpfs, the second does not
+        source = tmp_path / f"blob{i}"
+        source.write_bytes(os.urandom(18 << 20))
+        blobs.append(RunBlob(f"checkpoint {i}", checkpoint_relpath(i), cache.add_file(source), 18 << 20, 1 << 34))
+    files = RunFiles(small_tmpfs, cache)
+    tracemalloc.start()
+    try:
+        work = files.assemble(manifest, blobs[:1])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * COPY_CHUNK, f"assemble held {peak} bytes at once"  # before: the whole 18 MiB blob
+    assert file_digest(work / blobs[0].relpath) == blobs[0].digest
+    assert os.stat(work / blobs[0].relpath).st_dev != os.stat(cache.path(blobs[0].digest)).st_dev  # a copy
+    with pytest.raises(RunFilesError, match="checkpoint 1: no space left"):
+        files.assemble(manifest, blobs[1:])
+    leftovers = [p.name for p in (work / blobs[1].relpath).parent.iterdir()]
+    assert leftovers == [os.path.basename(blobs[0].relpath)]

@@ -12,11 +12,12 @@ import pytest
 
 from open1b.node import cli
 from open1b.node.config import ConfigError, load_config
+from open1b.node.doctor import run_checks
 from open1b.node.ingest import Ingest
 from open1b.node.views import coverage_json
 from open1b.protocol import Attestation
 from open1b.protocol.hashing import blake2b256
-from tests.runs import attestation, run_manifest
+from tests.runs import attestation, run_manifest, witness_of
 
 from .conftest import ident
 from .fakes import make_ingest
@@ -141,3 +142,35 @@ def test_per_run_step_metrics_follow_coverage(tmp_path):
     run = MANIFEST.run_id.hex()
     for status, n in (("verified", 1), ("disputed", 1), ("refuted", 1)):
         assert f'open1b_run_steps{{run="{run}",status="{status}"}} {n}.0' in text, text
+
+
+def test_a_key_earns_trust_from_the_store_without_a_restart_and_the_planner_counts_it(tmp_path, monkeypatch, capsys):
+    """docs/protocol.md §8.1.1: three proven matches of steps this node replayed, on its own run,
+    earn the key; coverage, the planner and `coverage`'s text follow at the next judgement. With
+    ``earn_trust = false`` the same statements earn nothing."""
+    run = MANIFEST.run_id
+    nodes = {on: make_ingest(tmp_path / str(on), MANIFEST, identity=ident(0), redundancy=2, earn_trust=on)
+             for on in (True, False)}
+    for node in nodes.values():
+        for k in range(3):
+            node.proof.replayed(MANIFEST, k, MANIFEST.state_hashes[k + 1], witness_of(k))
+            node.add_own_attestation(att(0, k))
+        for k in range(4):
+            node.ingest_attestation(att(2, k).encoded)
+        assert node.coverage(run).untrusted == (ident(2).peer_id,)
+        assert node.deficits.index(run).deficit(0) == 1
+    assert nodes[True].refresh_flags() and not nodes[False].refresh_flags()
+    node = nodes[True]
+    assert [p.step for p in node.earned[ident(2).public_key]] == [0, 1, 2]
+    cov = node.coverage(run)
+    assert cov.untrusted == () and [len(s.auditors) for s in cov.steps] == [2, 2, 2, 1]
+    index = node.deficits.index(run)
+    assert [index.deficit(k) for k in range(4)] == [0, 0, 0, 1]
+    assert nodes[False].coverage(run).untrusted == (ident(2).peer_id,) and not nodes[False].earned
+    view = coverage_json(cov, MANIFEST, node.earned)
+    assert view["policy"]["earned"] == [ident(2).peer_id] and ident(0).peer_id in view["policy"]["roots"]
+    monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
+    assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0
+    assert "1 listed keys, 1 earned" in capsys.readouterr().out
+    checks = [c for c in run_checks(tmp_path, None, "cpu", coverages=[view]) if c.name == "trust"]
+    assert [c.level for c in checks] == ["OK"] and "1 listed and 1 earned keys counted" in checks[0].detail
