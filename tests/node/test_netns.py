@@ -4,6 +4,8 @@ partition scenario does)."""
 import os
 import subprocess
 
+import pytest
+
 from open1b.node.devnet.netns import Partition, clear_stale
 
 
@@ -12,6 +14,7 @@ def _names(*cmd: str) -> set[str]:
     return {line.split()[0].split("@")[0] for line in out.splitlines() if line.strip()}
 
 
+@pytest.mark.netns
 def test_a_killed_runs_namespaces_and_links_are_cleared_before_the_next_partition():
     live = {int(p) % 100000 for p in os.listdir("/proc") if p.isdigit()}
     dead = next(n for n in range(99999, 0, -1) if n not in live)

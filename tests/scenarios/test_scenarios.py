@@ -218,6 +218,7 @@ def test_crash_mid_replay_leases_expire_others_retake_and_restarts_lose_nothing(
 
 
 # -- partition -----------------------------------------------------------------------------------
+@pytest.mark.netns
 def test_partition_both_halves_keep_working_and_converge_after_healing(tmp_path):
     args = [*CLI, "devnet", "--scenario", "partition", "--workdir", str(tmp_path), "--json", "--deadline", "300"]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=480)
