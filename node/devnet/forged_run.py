@@ -138,7 +138,8 @@ def forged_answer(run_dir: Path, step: int, challenge: bytes) -> bytes:
     """The forger's answer to a challenge of ``step``: for a ``forged-microbatch`` step, the
     chunks of the gradients it committed to (so that only the forged slot's recomputation can
     catch it); for every other step, the honest answer (:func:`answer_from_run`)."""
-    forged = dict(line.split() for line in (Path(run_dir) / FORGERIES_FILE).read_text().splitlines())
+    note = Path(run_dir) / FORGERIES_FILE  # absent: an honest run
+    forged = dict(line.split() for line in note.read_text().splitlines()) if note.is_file() else {}
     if forged.get(str(step)) != "forged-microbatch":
         return answer_from_run(run_dir, step, challenge)
     manifest = read_manifest(Path(run_dir))
