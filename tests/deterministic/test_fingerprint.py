@@ -12,6 +12,7 @@ from open1b.deterministic.fingerprint import (
     fingerprinted_step,
 )  # fmt: skip
 from open1b.deterministic.selfcheck import state_fingerprint
+from open1b.protocol.hashing import blake2b256
 
 CONFIG, TOPOLOGY = PRESETS["tiny"].config, PRESETS["tiny"].topology
 SEED = 5
@@ -38,6 +39,22 @@ def test_fingerprinted_step_is_train_step_bit_for_bit(step1):
     assert len(set(fp.grad_roots)) == len(SLOTS)  # each micro-batch has its own gradient
     again = fingerprinted_step(s1, batch, TOPOLOGY)[2]
     assert again == fp and again.commitment == fp.commitment
+
+
+# The committed bits of step 1 of `tiny` (seed 5): F_1 and a digest of a three-chunk answer. The
+# engine's bits are the same on every backend, so these change only if the fingerprint's format
+# (or the engine) changes: any speed-up of the recording must leave them as they are.
+PINNED_COMMITMENT = "aa5b6d54f37388c472dcca7c101ffa5e03a768cc12833a9a8a200fe60e422713"
+PINNED_ANSWER = "b4a16f18648d9a7fb069aaf8d766d016b9b2103b90bf46e63e5a5c5dd4c1c5fb"
+
+
+def test_fingerprint_and_answer_bits_are_pinned(step1):
+    s1, batch, _, fp, _ = step1
+    assert fp.commitment.hex() == PINNED_COMMITMENT
+    answer = answer_challenge(s1, batch, TOPOLOGY, (0, 3, chunk_count(CONFIG) - 1))
+    parts = [b for op in answer for b in (*(a.tobytes() for a in (*op.micro, op.summed)),
+                                          *(p for proof in op.micro_proofs for p in proof), *op.summed_proof)]
+    assert blake2b256(*parts).hex() == PINNED_ANSWER
 
 
 def test_an_honest_step_passes_every_link(step1):
