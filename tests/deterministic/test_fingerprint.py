@@ -2,15 +2,17 @@
 passes every link; each forgery of docs/run-format.md §10.3 is caught by the link the spec names."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.fingerprint import (
-    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, check_micro, chunk_count, chunk_tree,
-    fingerprinted_step,
+    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, check_micro, chunk_count,
+    chunk_tree, fingerprinted_step, flat_gradient, gradient_tree,
 )  # fmt: skip
+from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.selfcheck import state_fingerprint
 from open1b.protocol.hashing import blake2b256
 
@@ -55,6 +57,22 @@ def test_fingerprint_and_answer_bits_are_pinned(step1):
     parts = [b for op in answer for b in (*(a.tobytes() for a in (*op.micro, op.summed)),
                                           *(p for proof in op.micro_proofs for p in proof), *op.summed_proof)]
     assert blake2b256(*parts).hex() == PINNED_ANSWER
+
+
+def test_chunks_hashed_from_the_tensors_are_the_flat_vectors_chunks():
+    """Chunks that straddle tensors, a tensor spanning several chunks, one ending on a chunk
+    boundary, an empty one and a short last chunk: the same leaves, root and proofs as the
+    flat vector's tree (the definition, docs/run-format.md §10.1)."""
+    n = CHUNK_ELEMENTS
+    shapes = {"a": (3, 1000), "b": (2 * n + 17,), "empty": (0, 4), "c": (n - 3017,), "d": (5, 7, 11), "e": (n,)}
+    rng = np.random.default_rng(1)
+    grads = {k: rng.standard_normal(s, dtype=np.float32) for k, s in reversed(shapes.items())}  # dict order ≠ canonical
+    config, be = SimpleNamespace(param_shapes=lambda: shapes), cpu_backend(False)
+    flat = flat_gradient(grads, config, be)
+    want, got = chunk_tree(flat), gradient_tree(grads, config, be)
+    assert flat.shape[0] % n and got.levels == want.levels and got.size == 5
+    assert all(got.proof(c) == want.proof(c) for c in range(got.size))
+    assert chunk_tree(flat[::-1].copy()).root != got.root  # the order of the elements counts
 
 
 def test_an_honest_step_passes_every_link(step1):
