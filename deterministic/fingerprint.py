@@ -24,7 +24,8 @@ A spot check links each piece of a step to the next, exactly:
    AdamW applied to that chunk of checkpoint k gives the same chunk of checkpoint k+1 (a skipped or
    altered update, a sum that is not the sum of the micro-batches).
 
-The trainer answers a challenge with :func:`answer_challenge`, which recomputes the step once.
+The trainer answers a challenge with :func:`answer_challenge`, which recomputes the step's gradients
+once (not the update).
 """
 
 from __future__ import annotations
@@ -200,28 +201,26 @@ class _Recorder:
 def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
                        ) -> tuple[TrainState, StepReport, StepFingerprint]:
     """:func:`.step.train_step` (same pieces, same bits) and the step's :class:`StepFingerprint`."""
-    new_state, report, fingerprint, _ = _recorded_step(state, batch, topology, backend, ())
-    return new_state, report, fingerprint
-
-
-def _recorded_step(state: TrainState, batch: np.ndarray, topology: Topology, backend, keep: tuple[int, ...]):
-    """:func:`.step.train_step`'s body with a :class:`_Recorder`: (state, report, fingerprint,
-    (recorder, summed gradient, its chunk tree))."""
     config = state.config
-    check_batch(batch, config, topology)
     be = backend or default_backend(config)
-    recorder = _Recorder(config, topology, be, keep)
-    loss, grads = step_gradients(state, batch, topology, be, recorder)
-    summed = _Gradient(grads, config, be)  # the update reads these arrays, never writes them
-    summed_tree = summed.hash_async()  # hashed while the update runs
+    loss, grads, recorder, summed = _recorded_gradients(state, batch, topology, be, ())
+    summed_tree = summed.hash_async()  # hashed while the update runs, which never writes the gradients
     new_state, report = finish_step(state, loss, grads, be)
     recorder.finish()
     slots = range(topology.ranks * topology.micro_batches)
-    tree = summed_tree()
     fingerprint = StepFingerprint(state.step, tuple(recorder.losses[s] for s in slots),
-                                  tuple(recorder.roots[s] for s in slots), tree.root, f32_bits(report.loss),
-                                  f32_bits(report.grad_norm), f32_bits(report.clip_coef))  # fmt: skip
-    return new_state, report, fingerprint, (recorder, summed, tree)
+                                  tuple(recorder.roots[s] for s in slots), summed_tree().root,
+                                  f32_bits(report.loss), f32_bits(report.grad_norm), f32_bits(report.clip_coef))
+    return new_state, report, fingerprint
+
+
+def _recorded_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be, keep: tuple[int, ...]):
+    """:func:`.step.step_gradients` observed by a :class:`_Recorder`: (loss, summed gradients,
+    recorder, the summed gradient as a :class:`_Gradient`)."""
+    check_batch(batch, state.config, topology)
+    recorder = _Recorder(state.config, topology, be, keep)
+    loss, grads = step_gradients(state, batch, topology, be, recorder)
+    return loss, grads, recorder, _Gradient(grads, state.config, be)
 
 
 @dataclass(frozen=True)
@@ -238,9 +237,14 @@ class ChunkOpening:
 
 def answer_challenge(state: TrainState, batch: np.ndarray, topology: Topology, chunks: tuple[int, ...], *,
                      backend=None) -> tuple[ChunkOpening, ...]:
-    """The trainer's answer to a challenge of ``chunks`` of step ``state.step``: one recomputation
-    of the step, keeping only the challenged chunks and their proofs."""
-    *_, (recorder, summed, tree) = _recorded_step(state, batch, topology, backend, tuple(chunks))
+    """The trainer's answer to a challenge of ``chunks`` of step ``state.step``: the step's
+    gradients recomputed once (not its update, which the answer does not need), keeping only the
+    challenged chunks and their proofs."""
+    be = backend or default_backend(state.config)
+    *_, recorder, summed = _recorded_gradients(state, batch, topology, be, tuple(chunks))
+    summed_tree = summed.hash_async()
+    recorder.finish()
+    tree = summed_tree()
     slots = range(topology.ranks * topology.micro_batches)
     return tuple(ChunkOpening(c, tuple(recorder.opened[s][c][0] for s in slots),
                               tuple(tuple(recorder.opened[s][c][1]) for s in slots),
