@@ -69,13 +69,19 @@ def escapes(curve: list, steps: int, p: float | None) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replot", action="store_true", help="redraw from results/escape.json")
+    ap.add_argument("--ratio", type=float, help="a spot check ÷ replay measured elsewhere (default: spotcheck.json)")
+    ap.add_argument("--slots", type=int, default=32, help="with --ratio: the measured shape's ranks × micro-batches")
     args = ap.parse_args()
     if args.replot:
         plot(json.loads((RESULTS / "escape.json").read_text()))
         return
     flagship = json.loads((RESULTS / "scale.json").read_text())
-    cost = next(r for r in json.loads((RESULTS / "spotcheck.json").read_text())["costs"] if r["preset"] == "small-32")
-    ratio, slots = cost["spot_over_step"], cost["topology"][0] * cost["topology"][1]
+    if args.ratio is None:
+        cost = next(r for r in json.loads((RESULTS / "spotcheck.json").read_text())["costs"]
+                    if r["preset"] == "small-32")  # fmt: skip
+        ratio, slots = cost["spot_over_step"], cost["topology"][0] * cost["topology"][1]
+    else:
+        ratio, slots = args.ratio, args.slots
     steps = flagship["steps"]
     sim = simulate(spot_scenario(flagship, ratio))
     out = {
