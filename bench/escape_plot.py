@@ -89,6 +89,7 @@ def main() -> None:
         "spot_over_replay": ratio, "slots": slots,
         "replay_time_to_full_h": flagship["time_to_full_h"], "spot_time_to_full_h": sim["time_to_full_h"],
         "spot_sim": {k: sim[k] for k in ("replays", "replay_ratio", "wall_s") if k in sim},
+        "spot_curve": sim["curve"],  # the simulated coverage curve itself: a replot needs no new simulation
         "replays": escapes(flagship["curves"]["open1b"], steps, None),
         "spot_p1": escapes(sim["curve"], steps, 1.0),
         "spot_micro": escapes(sim["curve"], steps, 1 / slots),
@@ -108,15 +109,15 @@ def plot(out: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey=True)
-    curves = (("replays", "k-", "replays (any forgery)"),
-              ("spot_p1", "b--", "spot checks: forged data, skipped update, refusal (p = 1)"),
-              ("spot_micro", "r:", f"spot checks: one forged micro-batch (p = 1/{out['slots']})"))
+    curves = (("replays", "k-o", "replays (any forgery)"),
+              ("spot_p1", "b--s", "spot checks: forged data, skipped update, refusal (p = 1)"),
+              ("spot_micro", "r:^", f"spot checks: one forged micro-batch (p = 1/{out['slots']})"))
     for row, (x, xlabel) in enumerate((("checks", "checks done"), ("t", "virtual hours (10,000 nodes)"))):
         for col, (f_name, title) in enumerate((("one", "one forged step"), ("one_percent", "1% of the steps forged"))):
             ax = axes[row][col]
             for name, style, label in curves:
                 points = [(r[x], max(r[f_name], 1e-300)) for r in out[name] if r[x] > 0]
-                ax.plot(*zip(*points), style, label=label)
+                ax.plot(*zip(*points), style, label=label, markersize=3)  # markers: the sampled points
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_ylim(1e-12, 2)
@@ -125,7 +126,7 @@ def plot(out: dict) -> None:
         axes[row][0].set_ylabel("P(forged run escaped)")
     axes[0][0].legend(fontsize=7, loc="lower left")
     fig.suptitle(f"simulated: {out['nodes']:,} nodes, each step checked by 2 nodes; a spot check costs"
-                 f" {out['spot_over_replay']:.1%} of a replay (measured)", fontsize=11)
+                 f" {out['spot_over_replay']:.1%} of a replay (measured); {POINTS} points of each curve", fontsize=11)
     fig.tight_layout()
     FIGURE.parent.mkdir(exist_ok=True)
     fig.savefig(FIGURE, dpi=100)
