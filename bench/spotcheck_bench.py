@@ -1,29 +1,35 @@
 """Spot-check benchmark (issue 18): what fingerprints cost the trainer, what a spot check costs the
 verifier and the trainer's answer, each as a ratio to a training step measured in the same run,
-and each forgery's detection per challenge over random challenges.
+and each forgery's detection per challenge over seeded random challenges.
 
-    .venv/bin/python bench/spotcheck_bench.py [--rounds 3] [--trials 200] [--presets tiny small small-32]
+    .venv/bin/python bench/spotcheck_bench.py [--rounds 5] [--trials 400] [--presets tiny small small-32]
 
 * ``fingerprint_overhead``: :func:`.fingerprint.fingerprinted_step` ÷ :func:`.step.train_step` − 1
-  (target ≤ 5%).
+  (target ≤ 5%), wall time; ``fingerprint_cpu_overhead`` the same in the process's CPU time (the
+  hashing threads included: what recording costs a machine with no idle core).
 * ``spot_over_step``: the verifier's compute for one challenge — :func:`.fingerprint.check_micro`
   (one micro-batch), :func:`.fingerprint.check_loss_sum` and :func:`.fingerprint.check_chunks` —
   ÷ one replay of the step (target ≤ 5%). It cannot be below 1 / (ranks × micro_batches): the
   ``small`` preset has one micro-batch per step, so ``small-32`` is ``small``'s model with 32
   one-sequence micro-batches (8 ranks × 4), the shape of a real run's step.
 * ``answer_over_step``: :func:`.fingerprint.answer_challenge` ÷ one step (target ≤ 1).
-* ``detection``: over ``--trials`` challenges with fresh random keys (``tiny``), the fraction of
-  challenges of a forged step that catch it, beside docs/run-format.md §10.3's stated value.
+* ``detection``: over ``--trials`` challenges by keys derived from ``--seed`` (``tiny``; the same
+  seed gives the same challenges and counts), the challenges of a forged step that catch it,
+  beside docs/run-format.md §10.3's stated value, with a 95% Wilson interval and the two-sided
+  binomial p-value of the count under the stated probability.
 
-Times are medians over ``--rounds`` interleaved repetitions on a shared machine; checkpoint I/O
-is excluded on both sides (a replay loads checkpoints too). Writes bench/results/spotcheck.json
-(costs) and bench/results/spotcheck_detection.json (``--trials 0``: no detection run).
+The machine is shared: every ratio is of minima over ``--rounds`` interleaved repetitions (the
+least-disturbed run of each), medians are kept beside them, and the 1-minute load average is
+recorded before and after. Checkpoint I/O is excluded on both sides (a replay loads checkpoints
+too). Writes bench/results/spotcheck.json (costs; a preset's row replaces its earlier one, so
+presets may run separately with their own ``--rounds``) and bench/results/spotcheck_detection.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -31,16 +37,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from open1b.deterministic import PRESETS, Topology, batch_for_step, builtin_dataset, init_state, train_step
+from open1b.deterministic.backend import default_backend
 from open1b.deterministic.fingerprint import (
     Caught,
+    _Gradient,
     answer_challenge,
     check_chunks,
     check_loss_sum,
     check_micro,
     chunk_count,
+    chunk_tree,
     fingerprinted_step,
+    flat_gradient,
+    gradient_tree,
 )  # fmt: skip
 from open1b.protocol import Identity, challenge_signature, derive_challenge
+from open1b.protocol.hashing import blake2b256
 
 RESULTS = Path(__file__).parent / "results"
 SEED = 3
@@ -52,46 +64,108 @@ def shapes(name: str):
     return PRESETS[name].config, PRESETS[name].topology
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of ``fn()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def costs(name: str, rounds: int) -> dict:
+def challenge(key: bytes, slots: int, chunks_total: int) -> tuple[int, tuple[int, ...]]:
+    """The (slot, chunks) that the verifier with Ed25519 seed ``key`` challenges in step 1."""
+    return derive_challenge(challenge_signature(Identity(key), b"\0" * 32, 1), slots, chunks_total)
+
+
+def keys(seed: int, label: str, count: int) -> list[bytes]:
+    return [blake2b256(f"spotcheck-bench/{seed}/{label}/{i}".encode()) for i in range(count)]
+
+
+def costs(name: str, rounds: int, seed: int) -> dict:
     config, topology = shapes(name)
     data = builtin_dataset(config)
+    load_before = os.getloadavg()[0]
     s0 = init_state(config, SEED)
     s1, _ = train_step(s0, batch_for_step(data, SEED, 0, config, topology), topology)  # warm, and moments ≠ 0
     batch = batch_for_step(data, SEED, 1, config, topology)
     s2, _, fp = fingerprinted_step(s1, batch, topology)
-    slots = topology.ranks * topology.micro_batches
-    slot, chunks = derive_challenge(challenge_signature(Identity(os.urandom(32)), b"\0" * 32, 1), slots,
-                                    chunk_count(config))  # fmt: skip
+    slot, chunks = challenge(keys(seed, name, 1)[0], topology.ranks * topology.micro_batches, chunk_count(config))
     rank, micro = divmod(slot, topology.micro_batches)
     answer = answer_challenge(s1, batch, topology, chunks)
-    rows: dict[str, list[float]] = {k: [] for k in ("step", "fingerprinted", "spot", "chunks", "answer")}
+    runs = {
+        "step": lambda: train_step(s1, batch, topology),
+        "fingerprinted": lambda: fingerprinted_step(s1, batch, topology),
+        "spot": lambda: (check_micro(fp, s1, batch, topology, rank, micro), check_loss_sum(fp, config, topology)),
+        "chunks": lambda: check_chunks(fp, answer, s1, s2, topology),
+        "answer": lambda: answer_challenge(s1, batch, topology, chunks),
+    }
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
-        rows["step"].append(timed(lambda: train_step(s1, batch, topology)))
-        rows["fingerprinted"].append(timed(lambda: fingerprinted_step(s1, batch, topology)))
-        rows["spot"].append(timed(lambda: (check_micro(fp, s1, batch, topology, rank, micro),
-                                           check_loss_sum(fp, config, topology))))
-        rows["chunks"].append(timed(lambda: check_chunks(fp, answer, s1, s2, topology)))
-        rows["answer"].append(timed(lambda: answer_challenge(s1, batch, topology, chunks)))
-    med = {k: statistics.median(v) for k, v in rows.items()}
+        for k, fn in runs.items():
+            w, c = timed(fn)
+            wall[k].append(w)
+            cpu[k].append(c)
+    low = {k: min(v) for k, v in wall.items()}
+    low_cpu = {k: min(v) for k, v in cpu.items()}
+    med = {k: statistics.median(v) for k, v in wall.items()}
     return {
         "preset": name, "topology": [topology.ranks, topology.micro_batches, topology.micro_batch_size],
         "params": config.n_params(), "chunks": chunk_count(config), "rounds": rounds,
-        "seconds": med,
-        "fingerprint_overhead": med["fingerprinted"] / med["step"] - 1,
-        "spot_over_step": (med["spot"] + med["chunks"]) / med["step"],
-        "answer_over_step": med["answer"] / med["step"],
-        "load": os.getloadavg()[0],
+        "seconds_min": low, "seconds_median": med, "cpu_seconds_min": low_cpu, "seconds_all": wall,
+        "fingerprint_overhead": low["fingerprinted"] / low["step"] - 1,
+        "fingerprint_overhead_median": med["fingerprinted"] / med["step"] - 1,
+        "fingerprint_cpu_overhead": low_cpu["fingerprinted"] / low_cpu["step"] - 1,
+        "spot_over_step": (low["spot"] + low["chunks"]) / low["step"],
+        "spot_floor": 1 / (topology.ranks * topology.micro_batches),
+        "answer_over_step": low["answer"] / low["step"],
+        "load_before": load_before, "load_after": os.getloadavg()[0],
     }
 
 
-def detection(trials: int) -> dict:
-    """Each scenario's forgery of step 1 of ``tiny``, challenged by ``trials`` fresh random keys."""
+def recording(name: str, rounds: int, reps: int = 10) -> dict:
+    """What recording one gradient costs, and its serial bound on the overhead: hashing one
+    gradient's chunk tree the old way (flatten, copy each chunk, hash), from views on one thread,
+    and from views on the pool, each the minimum of ``reps`` (short, so robust to a shared
+    machine), beside plain steps timed in the same run. A step hashes ranks × micro_batches + 1
+    gradients; ``serial_bound`` is that many one-thread hashes ÷ the step: the overhead if no
+    hashing overlapped the step at all."""
+    config, topology = shapes(name)
+    data = builtin_dataset(config)
+    s1, _ = train_step(init_state(config, SEED), batch_for_step(data, SEED, 0, config, topology), topology)
+    batch = batch_for_step(data, SEED, 1, config, topology)
+    be, grads = default_backend(config), s1.m  # any tensors of the gradient's shapes: the hash cost is per byte
+    ways = {
+        "flatten_copy": lambda: chunk_tree(flat_gradient(grads, config, be)).root,
+        "views_one_thread": lambda: (g := _Gradient(grads, config, be)) and g.leaf_hashes(0, g.leaves),
+        "views_pool": lambda: gradient_tree(grads, config, be).root,
+    }
+    assert gradient_tree(grads, config, be).root == chunk_tree(flat_gradient(grads, config, be)).root
+    step, hashed = [], {k: [] for k in ways}
+    for _ in range(rounds):
+        step.append(timed(lambda: train_step(s1, batch, topology))[0])
+        for k, fn in ways.items():
+            hashed[k] += [timed(fn)[0] for _ in range(reps)]
+    low = {k: min(v) for k, v in hashed.items()}
+    per_step = topology.ranks * topology.micro_batches + 1
+    return {"gradient_mb": config.n_params() * 4 / 1e6, "hash_seconds_min": low, "step_seconds_min": min(step),
+            "hashes_per_step": per_step, "serial_bound": per_step * low["views_one_thread"] / min(step),
+            "flatten_copy_bound": per_step * low["flatten_copy"] / min(step)}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p, d = k / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def binomial_p(k: int, n: int, p: float) -> float:
+    """Two-sided exact binomial test: P(a count at most as likely as ``k`` | n, p)."""
+    pmf = [math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(n + 1)]
+    return min(1.0, sum(q for q in pmf if q <= pmf[k] * (1 + 1e-9)))
+
+
+def detection(trials: int, seed: int) -> dict:
+    """Each scenario's forgery of step 1 of ``tiny``, challenged by ``trials`` seeded keys."""
 
     config, topology = PRESETS["tiny"].config, PRESETS["tiny"].topology
     data = builtin_dataset(config)
@@ -108,9 +182,9 @@ def detection(trials: int) -> dict:
     skipped = replace(s1, step=2)  # the update skipped: checkpoint k+1 holds state k
     slots, total = topology.ranks * topology.micro_batches, chunk_count(config)
 
-    def spot(fp, after, trained) -> Caught:
+    def spot(key: bytes, fp, after, trained) -> Caught:
         """One challenge; ``trained``: the batch the trainer answers from (None: it does not answer)."""
-        slot, chunks = derive_challenge(challenge_signature(Identity(os.urandom(32)), b"\0" * 32, 1), slots, total)
+        slot, chunks = challenge(key, slots, total)
         for caught in (check_micro(fp, s1, batch, topology, *divmod(slot, topology.micro_batches)),
                        check_loss_sum(fp, config, topology)):
             if caught is not Caught.NONE:
@@ -128,32 +202,47 @@ def detection(trials: int) -> dict:
     }
     out = {}
     for name, (fp, after, trained, stated) in scenarios.items():
-        results = [spot(fp, after, trained) for _ in range(trials)]
+        results = [spot(key, fp, after, trained) for key in keys(seed, name, trials)]
         caught = sum(r is not Caught.NONE for r in results)
-        out[name] = {"trials": trials, "caught": caught, "rate": caught / trials, "stated": stated,
+        out[name] = {"trials": trials, "seed": seed, "caught": caught, "rate": caught / trials, "stated": stated,
+                     "wilson95": wilson(caught, trials), "p_value": binomial_p(caught, trials, stated),
                      "links": sorted({r.value for r in results if r is not Caught.NONE})}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=1, help="derives every challenge key")
     ap.add_argument("--presets", nargs="*", default=["tiny", "small", "small-32"])
+    ap.add_argument("--recording-only", action="store_true",
+                    help="add only the recording row (recording()) to each preset's existing costs row")
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.trials:
-        found = detection(args.trials)
+        found = detection(args.trials, args.seed)
         (RESULTS / "spotcheck_detection.json").write_text(json.dumps(found, indent=1) + "\n")
         for name, d in found.items():
-            print(f"{name:20} caught {d['caught']}/{d['trials']} (stated {d['stated']:.2f}) by {d['links']}", flush=True)
-    report: dict = {"costs": []}
-    for preset in args.presets:  # written after each preset: a slow one leaves the others' rows
-        row = costs(preset, args.rounds)
-        report["costs"].append(row)
-        (RESULTS / "spotcheck.json").write_text(json.dumps(report, indent=1) + "\n")
-        print(f"{row['preset']:9} fingerprints +{row['fingerprint_overhead']:.1%} of a step;"
-              f" spot check {row['spot_over_step']:.1%} of a replay; answer {row['answer_over_step']:.2f} steps",
+            print(f"{name:20} caught {d['caught']}/{d['trials']} (stated {d['stated']:.2f}, p {d['p_value']:.2f})"
+                  f" by {d['links']}", flush=True)
+    # a preset's row replaces its earlier one (presets may run separately, with their own --rounds),
+    # written after each preset: a slow one leaves the others' rows
+    path = RESULTS / "spotcheck.json"
+    report = json.loads(path.read_text()) if path.exists() else {"costs": []}
+    for preset in args.presets:
+        if args.recording_only:
+            row = next(r for r in report["costs"] if r["preset"] == preset)
+            row["recording"] = recording(preset, args.rounds)
+            path.write_text(json.dumps(report, indent=1) + "\n")
+            print(preset, row["recording"], flush=True)
+            continue
+        row = {**costs(preset, args.rounds, args.seed), "recording": recording(preset, args.rounds)}
+        report["costs"] = [r for r in report["costs"] if r["preset"] != preset] + [row]
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"{row['preset']:9} fingerprints +{row['fingerprint_overhead']:.1%} of a step"
+              f" (CPU +{row['fingerprint_cpu_overhead']:.1%}); spot check {row['spot_over_step']:.1%} of a replay;"
+              f" answer {row['answer_over_step']:.2f} steps; load {row['load_before']:.1f}→{row['load_after']:.1f}",
               flush=True)
 
 

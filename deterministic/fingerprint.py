@@ -6,10 +6,13 @@ the chunk Merkle root of the summed, pre-clip gradient, and the step's loss, gra
 clipping coefficient. All of it comes out of the one :func:`.step.train_step` path
 (:func:`fingerprinted_step` is its body with an observer), so recording it changes no bit.
 
-A gradient is flattened in :meth:`.config.GPTConfig.param_shapes` order into one float32 vector
-and cut into chunks of :data:`CHUNK_ELEMENTS` (the last one shorter); each chunk's little-endian
+A gradient is read in :meth:`.config.GPTConfig.param_shapes` order as one float32 vector and
+cut into chunks of :data:`CHUNK_ELEMENTS` (the last one shorter); each chunk's little-endian
 bytes are a leaf of a :class:`~open1b.protocol.merkle.MerkleTree`, so one chunk is proven
-against a root with an audit path.
+against a root with an audit path. Recording hashes each chunk straight from views of the
+per-parameter arrays (a chunk may span several), never building the flat vector, on a small
+thread pool that overlaps the next micro-batch: hashlib releases the GIL, the engine's kernels
+too (:data:`.jit.CPU_OPTIONS`).
 
 A spot check links each piece of a step to the next, exactly:
 
@@ -21,21 +24,27 @@ A spot check links each piece of a step to the next, exactly:
    AdamW applied to that chunk of checkpoint k gives the same chunk of checkpoint k+1 (a skipped or
    altered update, a sum that is not the sum of the micro-batches).
 
-The trainer answers a challenge with :func:`answer_challenge`, which recomputes the step once.
+The trainer answers a challenge with :func:`answer_challenge`, which recomputes the step's gradients
+once (not the update).
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from open1b.protocol.codec import encode
 from open1b.protocol.hashing import blake2b256
-from open1b.protocol.merkle import MerkleTree, verify_merkle_proof
+from open1b.protocol.merkle import MerkleTree, leaf_hash, verify_merkle_proof
 
 from .backend import default_backend
 from .config import GPTConfig, Topology
@@ -48,6 +57,12 @@ CHUNK_ELEMENTS = 1 << 14
 """float32 elements per gradient chunk (64 KiB): a constant of the run format, like a tile size."""
 
 _F32 = np.dtype("<f4")
+_CHUNK_BYTES = CHUNK_ELEMENTS * _F32.itemsize
+HASH_THREADS = max(1, min(4, os.cpu_count() or 1))
+"""Threads hashing gradient chunks (speed only): each gradient's leaves are split among them."""
+PENDING = 2
+"""Micro-batch gradients a recording step keeps alive while their hashes finish: bounds its
+memory at that many gradients beyond the step's own."""
 
 
 def chunk_count(config: GPTConfig) -> int:
@@ -70,6 +85,61 @@ def chunk_tree(flat: np.ndarray) -> MerkleTree:
 
 def chunk(flat: np.ndarray, index: int) -> np.ndarray:
     return flat[index * CHUNK_ELEMENTS:(index + 1) * CHUNK_ELEMENTS]
+
+
+class _Gradient:
+    """A gradient read as §10.1's flat vector without concatenating it: the f32le bytes of each
+    parameter's host array in the canonical order, and chunk ``c``'s bytes as views of the one or
+    more arrays it spans."""
+
+    def __init__(self, grads: dict, config: GPTConfig, be) -> None:
+        self.parts = [memoryview(np.ascontiguousarray(be.download(grads[name]), _F32).reshape(-1)).cast("B")
+                      for name in config.param_shapes()]  # fmt: skip
+        self.starts = list(itertools.accumulate((p.nbytes for p in self.parts), initial=0))
+        self.leaves = -(-self.starts[-1] // _CHUNK_BYTES)
+
+    def pieces(self, index: int) -> list[memoryview]:
+        lo, hi = index * _CHUNK_BYTES, min((index + 1) * _CHUNK_BYTES, self.starts[-1])
+        out, t = [], bisect.bisect_right(self.starts, lo) - 1
+        while lo < hi:
+            end = min(hi, self.starts[t + 1])
+            out.append(self.parts[t][lo - self.starts[t]:end - self.starts[t]])
+            lo, t = end, t + 1
+        return out
+
+    def chunk(self, index: int) -> np.ndarray:
+        """A copy of chunk ``index`` (what :func:`chunk` gives of the flat vector)."""
+        return np.frombuffer(b"".join(self.pieces(index)), _F32)
+
+    def leaf_hashes(self, lo: int, hi: int) -> list[bytes]:
+        return [leaf_hash(*self.pieces(i)) for i in range(lo, hi)]
+
+    def hash_async(self) -> Callable[[], MerkleTree]:
+        """Start hashing the leaves on :data:`HASH_THREADS` threads; the returned function waits
+        for them and gives the chunk tree (its inner nodes are a few hundred small hashes)."""
+        cuts = [self.leaves * i // HASH_THREADS for i in range(HASH_THREADS + 1)]
+        parts = [_pool().submit(self.leaf_hashes, lo, hi) for lo, hi in zip(cuts, cuts[1:]) if lo < hi]
+        return lambda: MerkleTree.of_leaf_hashes([h for p in parts for h in p.result()])
+
+
+def gradient_tree(grads: dict, config: GPTConfig, be) -> MerkleTree:
+    """:func:`chunk_tree` of :func:`flat_gradient` (the same root), hashed from views in parallel."""
+    return _Gradient(grads, config, be).hash_async()()
+
+
+_POOL: dict[int, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    # One per process, made on first use: a forked child inherits its parent's executor without
+    # its threads (work submitted there would never run), so it gets its own.
+    with _POOL_LOCK:
+        pid = os.getpid()
+        if pid not in _POOL:
+            _POOL.clear()
+            _POOL[pid] = ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="open1b-fingerprint")
+        return _POOL[pid]
 
 
 @dataclass(frozen=True)
@@ -99,46 +169,58 @@ class StepFingerprint:
 
 class _Recorder:
     """The observer of one step: every micro-batch's loss bits and gradient chunk tree (and, for
-    the chunks in ``keep``, the chunk and its proof)."""
+    the chunks in ``keep``, the chunk and its proof). A micro-batch's chunks are hashed while the
+    next ones run; at most :data:`PENDING` gradients wait for their hashes."""
 
     def __init__(self, config: GPTConfig, topology: Topology, be, keep: tuple[int, ...] = ()) -> None:
         self.config, self.be, self.keep, self.per_rank = config, be, keep, topology.micro_batches
         self.losses: dict[int, int] = {}
         self.roots: dict[int, bytes] = {}
         self.opened: dict[int, dict[int, tuple[np.ndarray, list[bytes]]]] = {}
+        self.pending: dict[int, tuple[_Gradient, Callable[[], MerkleTree]]] = {}
 
     def __call__(self, rank: int, micro: int, loss, grads: dict) -> None:
         slot = rank * self.per_rank + micro
-        flat = flat_gradient(grads, self.config, self.be)
-        tree = chunk_tree(flat)
         self.losses[slot] = f32_bits(self.be.download(loss))
+        gradient = _Gradient(grads, self.config, self.be)  # the engine never writes these arrays again
+        self.pending[slot] = (gradient, gradient.hash_async())
+        while len(self.pending) > PENDING:
+            self._settle(min(self.pending))
+
+    def _settle(self, slot: int) -> None:
+        gradient, tree_of = self.pending.pop(slot)
+        tree = tree_of()
         self.roots[slot] = tree.root
-        self.opened[slot] = {c: (chunk(flat, c).copy(), tree.proof(c)) for c in self.keep}
+        self.opened[slot] = {c: (gradient.chunk(c), tree.proof(c)) for c in self.keep}
+
+    def finish(self) -> None:
+        while self.pending:
+            self._settle(min(self.pending))
 
 
 def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
                        ) -> tuple[TrainState, StepReport, StepFingerprint]:
     """:func:`.step.train_step` (same pieces, same bits) and the step's :class:`StepFingerprint`."""
-    new_state, report, fingerprint, _ = _recorded_step(state, batch, topology, backend, ())
+    config = state.config
+    be = backend or default_backend(config)
+    loss, grads, recorder, summed = _recorded_gradients(state, batch, topology, be, ())
+    summed_tree = summed.hash_async()  # hashed while the update runs, which never writes the gradients
+    new_state, report = finish_step(state, loss, grads, be)
+    recorder.finish()
+    slots = range(topology.ranks * topology.micro_batches)
+    fingerprint = StepFingerprint(state.step, tuple(recorder.losses[s] for s in slots),
+                                  tuple(recorder.roots[s] for s in slots), summed_tree().root,
+                                  f32_bits(report.loss), f32_bits(report.grad_norm), f32_bits(report.clip_coef))
     return new_state, report, fingerprint
 
 
-def _recorded_step(state: TrainState, batch: np.ndarray, topology: Topology, backend, keep: tuple[int, ...]):
-    """:func:`.step.train_step`'s body with a :class:`_Recorder`: (state, report, fingerprint,
-    (recorder, summed gradient, its chunk tree))."""
-    config = state.config
-    check_batch(batch, config, topology)
-    be = backend or default_backend(config)
-    recorder = _Recorder(config, topology, be, keep)
+def _recorded_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be, keep: tuple[int, ...]):
+    """:func:`.step.step_gradients` observed by a :class:`_Recorder`: (loss, summed gradients,
+    recorder, the summed gradient as a :class:`_Gradient`)."""
+    check_batch(batch, state.config, topology)
+    recorder = _Recorder(state.config, topology, be, keep)
     loss, grads = step_gradients(state, batch, topology, be, recorder)
-    summed = flat_gradient(grads, config, be)  # a copy, taken before the update reads the gradients
-    new_state, report = finish_step(state, loss, grads, be)
-    slots = range(topology.ranks * topology.micro_batches)
-    tree = chunk_tree(summed)
-    fingerprint = StepFingerprint(state.step, tuple(recorder.losses[s] for s in slots),
-                                  tuple(recorder.roots[s] for s in slots), tree.root, f32_bits(report.loss),
-                                  f32_bits(report.grad_norm), f32_bits(report.clip_coef))  # fmt: skip
-    return new_state, report, fingerprint, (recorder, summed, tree)
+    return loss, grads, recorder, _Gradient(grads, state.config, be)
 
 
 @dataclass(frozen=True)
@@ -155,13 +237,18 @@ class ChunkOpening:
 
 def answer_challenge(state: TrainState, batch: np.ndarray, topology: Topology, chunks: tuple[int, ...], *,
                      backend=None) -> tuple[ChunkOpening, ...]:
-    """The trainer's answer to a challenge of ``chunks`` of step ``state.step``: one recomputation
-    of the step, keeping only the challenged chunks and their proofs."""
-    *_, (recorder, summed, tree) = _recorded_step(state, batch, topology, backend, tuple(chunks))
+    """The trainer's answer to a challenge of ``chunks`` of step ``state.step``: the step's
+    gradients recomputed once (not its update, which the answer does not need), keeping only the
+    challenged chunks and their proofs."""
+    be = backend or default_backend(state.config)
+    *_, recorder, summed = _recorded_gradients(state, batch, topology, be, tuple(chunks))
+    summed_tree = summed.hash_async()
+    recorder.finish()
+    tree = summed_tree()
     slots = range(topology.ranks * topology.micro_batches)
     return tuple(ChunkOpening(c, tuple(recorder.opened[s][c][0] for s in slots),
                               tuple(tuple(recorder.opened[s][c][1]) for s in slots),
-                              chunk(summed, c).copy(), tuple(tree.proof(c))) for c in chunks)  # fmt: skip
+                              summed.chunk(c), tuple(tree.proof(c))) for c in chunks)  # fmt: skip
 
 
 class Caught(str, enum.Enum):
@@ -191,7 +278,7 @@ def check_micro(fp: StepFingerprint, state: TrainState, batch: np.ndarray, topol
     slot = rank * topology.micro_batches + micro
     if f32_bits(be.download(loss)) != fp.losses[slot]:
         return Caught.LOSS
-    if chunk_tree(flat_gradient(grads, config, be)).root != fp.grad_roots[slot]:
+    if gradient_tree(grads, config, be).root != fp.grad_roots[slot]:
         return Caught.GRADIENT
     return Caught.NONE
 

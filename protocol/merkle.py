@@ -22,8 +22,9 @@ _LEAF = b"\x00"
 _NODE = b"\x01"
 
 
-def leaf_hash(value: bytes) -> bytes:
-    return blake2b256(_LEAF, value)
+def leaf_hash(*value: bytes) -> bytes:
+    """The leaf hash of the concatenation of ``value``'s parts (hashed in place, not joined)."""
+    return blake2b256(_LEAF, *value)
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:
@@ -38,9 +39,19 @@ class MerkleTree:
     (module doc), so a promoted node's level contributes no sibling to a path."""
 
     def __init__(self, values: Sequence[bytes]) -> None:
-        if not values:
+        self._grow([leaf_hash(v) for v in values])
+
+    @classmethod
+    def of_leaf_hashes(cls, leaves: Sequence[bytes]) -> "MerkleTree":
+        """The tree whose leaf hashes are ``leaves`` (:func:`leaf_hash` of each value), for a
+        caller that hashed its leaves elsewhere (in parallel, or from views of its buffers)."""
+        tree = cls.__new__(cls)
+        tree._grow(list(leaves))
+        return tree
+
+    def _grow(self, level: list[bytes]) -> None:
+        if not level:
             raise ValueError("a Merkle tree needs at least one leaf")
-        level = [leaf_hash(v) for v in values]
         self.levels = [level]
         while len(level) > 1:
             paired = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]

@@ -2,16 +2,19 @@
 passes every link; each forgery of docs/run-format.md §10.3 is caught by the link the spec names."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.fingerprint import (
-    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, check_micro, chunk_count, chunk_tree,
-    fingerprinted_step,
+    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, check_micro, chunk_count,
+    chunk_tree, fingerprinted_step, flat_gradient, gradient_tree,
 )  # fmt: skip
+from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.selfcheck import state_fingerprint
+from open1b.protocol.hashing import blake2b256
 
 CONFIG, TOPOLOGY = PRESETS["tiny"].config, PRESETS["tiny"].topology
 SEED = 5
@@ -38,6 +41,38 @@ def test_fingerprinted_step_is_train_step_bit_for_bit(step1):
     assert len(set(fp.grad_roots)) == len(SLOTS)  # each micro-batch has its own gradient
     again = fingerprinted_step(s1, batch, TOPOLOGY)[2]
     assert again == fp and again.commitment == fp.commitment
+
+
+# The committed bits of step 1 of `tiny` (seed 5): F_1 and a digest of a three-chunk answer. The
+# engine's bits are the same on every backend, so these change only if the fingerprint's format
+# (or the engine) changes: any speed-up of the recording must leave them as they are.
+PINNED_COMMITMENT = "aa5b6d54f37388c472dcca7c101ffa5e03a768cc12833a9a8a200fe60e422713"
+PINNED_ANSWER = "b4a16f18648d9a7fb069aaf8d766d016b9b2103b90bf46e63e5a5c5dd4c1c5fb"
+
+
+def test_fingerprint_and_answer_bits_are_pinned(step1):
+    s1, batch, _, fp, _ = step1
+    assert fp.commitment.hex() == PINNED_COMMITMENT
+    answer = answer_challenge(s1, batch, TOPOLOGY, (0, 3, chunk_count(CONFIG) - 1))
+    parts = [b for op in answer for b in (*(a.tobytes() for a in (*op.micro, op.summed)),
+                                          *(p for proof in op.micro_proofs for p in proof), *op.summed_proof)]
+    assert blake2b256(*parts).hex() == PINNED_ANSWER
+
+
+def test_chunks_hashed_from_the_tensors_are_the_flat_vectors_chunks():
+    """Chunks that straddle tensors, a tensor spanning several chunks, one ending on a chunk
+    boundary, an empty one and a short last chunk: the same leaves, root and proofs as the
+    flat vector's tree (the definition, docs/run-format.md §10.1)."""
+    n = CHUNK_ELEMENTS
+    shapes = {"a": (3, 1000), "b": (2 * n + 17,), "empty": (0, 4), "c": (n - 3017,), "d": (5, 7, 11), "e": (n,)}
+    rng = np.random.default_rng(1)
+    grads = {k: rng.standard_normal(s, dtype=np.float32) for k, s in reversed(shapes.items())}  # dict order ≠ canonical
+    config, be = SimpleNamespace(param_shapes=lambda: shapes), cpu_backend(False)
+    flat = flat_gradient(grads, config, be)
+    want, got = chunk_tree(flat), gradient_tree(grads, config, be)
+    assert flat.shape[0] % n and got.levels == want.levels and got.size == 5
+    assert all(got.proof(c) == want.proof(c) for c in range(got.size))
+    assert chunk_tree(flat[::-1].copy()).root != got.root  # the order of the elements counts
 
 
 def test_an_honest_step_passes_every_link(step1):

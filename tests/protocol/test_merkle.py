@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from open1b.protocol import merkle_proof, merkle_root, verify_merkle_proof
+from open1b.protocol.merkle import MerkleTree, leaf_hash
 
 
 def b2(data: bytes) -> bytes:
@@ -42,6 +43,13 @@ def test_roots_and_proofs_are_rfc6962():
             proof = merkle_proof(leaves, i)
             assert proof == path(i, leaves)
             assert verify_merkle_proof(leaves[i], i, n, proof, root)
+
+
+def test_a_tree_of_leaf_hashes_hashed_in_parts_is_the_same_tree():
+    for n in (1, 2, 5, 70):
+        leaves = [leaf_hash(v[:7], v[7:]) for v in LEAVES[:n]]  # a leaf's value hashed in two parts
+        tree = MerkleTree.of_leaf_hashes(leaves)
+        assert tree.root == mth(LEAVES[:n]) and all(tree.proof(i) == path(i, LEAVES[:n]) for i in range(n))
 
 
 @settings(max_examples=300, deadline=None)
