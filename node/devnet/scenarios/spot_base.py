@@ -1,5 +1,5 @@
 """What the four spot-check scenarios share (docs/protocol.md §5.5, docs/run-format.md §10.3): a
-run published with fingerprints, auditors that spot check it between replays with a short answer
+run published with fingerprints, auditors that spot check it beside their replays with a short answer
 deadline, and a report of which check caught the forgery, when, and the escape probability.
 
 A scenario is caught when the observer's spot coverage fails the forged step (or, for a trainer
