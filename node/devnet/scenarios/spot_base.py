@@ -21,6 +21,11 @@ class SpotScenario(Scenario):
     # The devnet's answer deadline (the spec's ANSWER_SECONDS is an hour): long enough for a
     # publisher's first answer on a loaded machine (its worker starts and compiles on first use).
     answer_s = 20.0
+    # Seconds each replay is slowed by (``--behaviour slow``): a `tiny` step costs about as much to
+    # replay as to spot check (fixed costs dominate), while a real step costs a replay tens of spot
+    # checks (docs/benchmarks.md). The delay gives a devnet of a few steps those proportions, so that
+    # "caught before full coverage" tests the spot checks, not a race. bench/flag_time.py sets 0.
+    replay_delay_s = 2.0
     at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
     min_auditors = 2
 
@@ -38,7 +43,8 @@ class SpotScenario(Scenario):
         return {step: self.forgery} if step is not None else {}
 
     def auditor_args(self) -> tuple[str, ...]:
-        return ("--answer-seconds", str(self.answer_s))
+        slow = ("--behaviour", f"slow={self.replay_delay_s}") if self.replay_delay_s else ()
+        return ("--answer-seconds", str(self.answer_s), *slow)
 
     def _flagged(self, spot: dict) -> bool:
         step = self.forged_step()
