@@ -4,7 +4,7 @@ deadline, and a report of which check caught the forgery, when, and the escape p
 
 A scenario is caught when the observer's spot coverage fails the forged step (or, for a trainer
 that forged nothing but does not answer, any step). ``flagged_s`` and ``covered_s`` are the
-seconds from the run's publication to the first poll that saw the failure, and to the first poll
+seconds from the start of the run's publication (the publish call returns only once every blob is provided, and auditors start before) to the first poll that saw the failure, and to the first poll
 that saw replay coverage complete: "caught before full coverage" is ``flagged_s <= covered_s``
 at the driver's poll granularity (:data:`~.base.POLL_S`), or coverage not complete at all.
 """
@@ -52,8 +52,8 @@ class SpotScenario(Scenario):
 
     def tick(self, net: Net) -> None:
         now = net.elapsed()
-        if self.published_at is None:  # the driver ticks first right after publishing
-            self.published_at = now
+        if self.published_at is None:
+            self.published_at = net.publishing_at
         cov = net.coverage(net.observer)
         if self.flagged_at is None and self._flagged(cov["spot_checks"]):
             self.flagged_at = now
