@@ -29,6 +29,7 @@ one opening per challenged chunk, in the challenge's (ascending) order.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,11 +168,12 @@ def _step_fingerprint(entry: dict) -> StepFingerprint:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, a regular file (not a symbolic link) of at most ``limit`` bytes."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limit:
-                raise SpotInputError(f"{path}: {size} bytes, more than the {limit} this run allows")
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+                raise SpotInputError(f"{path}: not a regular file of at most the {limit} bytes this run allows")
             data = f.read(limit + 1)
     except OSError as exc:
         raise SpotInputError(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -19,7 +19,9 @@ replay or a spot check (:func:`open1b.deterministic.spot_run.check_spot`) can ca
 * ``forged-microbatch`` — slot :func:`forged_slot` (k) of the step has its gradient doubled, and
   every commitment follows from that (its root, the sum, the update, the witness): caught at
   ``gradient`` by a challenge that picks that slot, by no other (when the forger answers with
-  :func:`forged_answer`, consistent with its commitments).
+  :func:`forged_answer`, consistent with its commitments);
+* ``forged-loss`` — an honest step whose fingerprint reports another loss (one bit flipped): the
+  state chain is honest, so no replay disagrees; spot checks catch it at ``loss_sum``.
 
 This reuses the engine's public pieces (the same ``train_step`` an honest trainer calls, and
 its step pieces for the forged micro-batch); only the forged steps differ from
@@ -57,7 +59,7 @@ from open1b.deterministic.trainer import DEFAULT_PRESET, config_of, flip_weight_
 from open1b.protocol import Identity, RunManifest
 from open1b.protocol.spotcheck import derive_challenge
 
-FORGERIES = ("bitflip", "batch", "skip", "forged-data", "skipped-update", "forged-microbatch")
+FORGERIES = ("bitflip", "batch", "skip", "forged-data", "skipped-update", "forged-microbatch", "forged-loss")
 FORGERIES_FILE = "forgeries.txt"
 """The forger's own note of what it forged (``<step> <kind>`` lines): not part of the run, read by
 :func:`forged_answer` so that the forger answers challenges consistently with its commitments."""
@@ -101,6 +103,8 @@ def publish_forged_run(out_dir: Path, identity: Identity, *, steps: int, seed: i
             witness = report.witness
             if kind == "bitflip":
                 state = flip_weight_bit(state)
+            elif kind == "forged-loss":
+                fp = replace(fp, loss=fp.loss ^ 1)
         writer.record(state, batch, witness, fp.value())  # h_{k+1} always names the step's own batch
     (Path(out_dir) / FORGERIES_FILE).write_text("".join(f"{k} {v}\n" for k, v in sorted(forgeries.items())))
     return writer.finish(identity, created_at=int(time.time()))
@@ -134,7 +138,8 @@ def forged_answer(run_dir: Path, step: int, challenge: bytes) -> bytes:
     """The forger's answer to a challenge of ``step``: for a ``forged-microbatch`` step, the
     chunks of the gradients it committed to (so that only the forged slot's recomputation can
     catch it); for every other step, the honest answer (:func:`answer_from_run`)."""
-    forged = dict(line.split() for line in (Path(run_dir) / FORGERIES_FILE).read_text().splitlines())
+    note = Path(run_dir) / FORGERIES_FILE  # absent: an honest run
+    forged = dict(line.split() for line in note.read_text().splitlines()) if note.is_file() else {}
     if forged.get(str(step)) != "forged-microbatch":
         return answer_from_run(run_dir, step, challenge)
     manifest = read_manifest(Path(run_dir))

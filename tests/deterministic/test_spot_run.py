@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from open1b.deterministic.fingerprint import CHUNK_ELEMENTS, chunk_count
 from open1b.deterministic import PRESETS
 from open1b.deterministic.data import batch_for_step
+from open1b.deterministic.errors import CheckpointMismatchError
 from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import state_link, genesis_hash, load_checkpoint, read_manifest
 from open1b.deterministic.spot_run import (
@@ -148,8 +149,23 @@ def test_a_fingerprints_file_that_is_not_the_committed_one_is_refused(runs, tmp_
     with pytest.raises(SpotInputError, match=KEY_BLOB):
         load_fingerprints(copy, read_manifest(copy))
     (copy / FINGERPRINTS_FILE).write_bytes(bytes(10_000_000))
-    with pytest.raises(SpotInputError, match="more than"):
+    with pytest.raises(SpotInputError, match="at most"):
         load_fingerprints(copy, manifest)
+    (copy / FINGERPRINTS_FILE).unlink()
+    (copy / FINGERPRINTS_FILE).symlink_to(run_dir / FINGERPRINTS_FILE)  # the right bytes, behind a link
+    with pytest.raises(SpotInputError, match="cannot read"):
+        load_fingerprints(copy, manifest)
+
+
+def test_a_checkpoint_that_is_not_the_runs_is_refused_not_judged(runs, answered, tmp_path):
+    run_dir, *_ = runs
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "checkpoints" / "00000002.safetensors").write_bytes((run_dir / "checkpoints" / "00000001.safetensors")
+                                                                .read_bytes())  # fmt: skip
+    with pytest.raises(CheckpointMismatchError):
+        check_spot(copy, 1, *answered)
+    assert check_spot(copy, 1, answered[0], None).caught == "no_answer"  # without an answer k+1 is not read
 
 
 def test_every_caught_value_is_the_protocols(runs, answered):

@@ -9,8 +9,8 @@ import pytest
 from open1b.deterministic.fingerprint import chunk_count
 from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import MANIFEST_FILE
-from open1b.deterministic.spot_run import check_spot
-from open1b.deterministic.trainer import config_of
+from open1b.deterministic.spot_run import answer_from_run, check_spot
+from open1b.deterministic.trainer import config_of, publish_run
 from open1b.node.devnet.forged_run import forged_answer, forged_slot, publish_forged_run
 from open1b.protocol import Identity, blake2b256, validate_manifest
 from open1b.protocol.spotcheck import challenge_signature, derive_challenge
@@ -60,6 +60,19 @@ def test_honest_steps_of_a_forged_run_pass(forged):
     kind, run_dir, manifest = forged
     challenge, _ = next(_challenges(manifest, FORGED - 1))
     assert check_spot(run_dir, FORGED - 1, challenge, forged_answer(run_dir, FORGED - 1, challenge)).passed
+
+
+def test_the_forgers_answer_for_an_honest_run_is_the_honest_answer(tmp_path):
+    manifest = publish_run(tmp_path, ident(0), steps=1, seed=6)
+    challenge, _ = next(_challenges(manifest, 0))
+    assert forged_answer(tmp_path, 0, challenge) == answer_from_run(tmp_path, 0, challenge)
+
+
+def test_a_forged_loss_is_caught_by_the_loss_sum_and_by_no_replay(tmp_path):
+    manifest = publish_forged_run(tmp_path, ident(0), steps=2, seed=6, forgeries={1: "forged-loss"})
+    assert all(replay(tmp_path, k).match for k in range(2))
+    challenge, _ = next(_challenges(manifest, 1))
+    assert check_spot(tmp_path, 1, challenge, forged_answer(tmp_path, 1, challenge)).caught == "loss_sum"
 
 
 def test_a_forged_micro_batch_escapes_a_challenge_of_another_slot(tmp_path):
