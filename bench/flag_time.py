@@ -20,6 +20,7 @@ from pathlib import Path
 
 from open1b.node.devnet import DevnetOptions
 from open1b.node.devnet.scenarios import run_scenarios
+from open1b.node.devnet.scenarios.spot_base import SpotScenario
 
 OUT = Path(__file__).parent / "results" / "flag_time.json"
 
@@ -31,7 +32,10 @@ def main() -> None:
     cli.add_argument("--scenario", default="forged-data")
     cli.add_argument("--deadline", type=float, default=3600.0)
     cli.add_argument("--device", default="cpu")
+    cli.add_argument("--replay-delay", type=float, default=0.0,
+                     help="seconds each replay is slowed by (the scenarios' tests use 2; the bench measures the daemon as is)")
     args = cli.parse_args()
+    SpotScenario.replay_delay_s = args.replay_delay
     started = time.monotonic()
     summary = run_scenarios(DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=1, deadline_s=args.deadline,
                                           scenarios=(args.scenario,), device=args.device))
@@ -39,6 +43,7 @@ def main() -> None:
     detected = report["detected"]
     out = {
         "scenario": args.scenario, "steps": args.steps, "auditors": args.nodes, "redundancy": 1,
+        "replay_delay_s": args.replay_delay,
         "forged_step": report["injected"]["step"], "caught": detected["caught"],
         "flag_s": detected["flagged_s"], "coverage_s": detected["covered_s"],
         "flag_over_coverage": detected["flag_over_coverage"], "target": 0.25,

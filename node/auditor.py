@@ -3,9 +3,8 @@
 1. plan: ask the planner (:func:`~.planner.pick`) for the steps this node should replay next,
    from ingest's incremental indexes (:class:`~.deficits.RunIndexes`), skipping steps it attested,
    whose replay failed here, or whose files are in back-off; steps a counted spot check failed
-   come first (:func:`~.planner.pick_first`). Between two replays, ``spot_checks_per_replay``
-   spot checks (:mod:`.spot_checker`, when the daemon gives it one): they share the worker and
-   the run's working directory in turn;
+   come first (:func:`~.planner.pick_first`). Spot checks (:mod:`.spot_checker`) run beside the
+   replays: they share the worker (one request at a time) and fetch through :meth:`Auditor.spot_files`;
 2. claim: take a redundancy slot through the DHT (:class:`~.claim_records.ClaimAgent`), held for
    as long as fetching and replaying take;
 3. fetch: the samples file, then checkpoint k (over the bulk path when a provider serves it
@@ -22,7 +21,7 @@ from __future__ import annotations
 import logging
 import platform
 from pathlib import Path
-from typing import Awaitable, Callable, Protocol
+from typing import Callable, Protocol
 
 import trio
 
@@ -52,6 +51,8 @@ from .worker import ReplayFailed, ReplayWorker, WorkerResult
 
 log = logging.getLogger("open1b.node.auditor")
 
+SPOT_DIR = "spot"  # the spot checker's working directory beside the replay's (RunFiles.work_dir)
+
 FETCH_RETRY_S = 10.0  # a step whose files could not be fetched is retried after this long
 CLAIM_TRIES = 4  # candidates tried per round before idling
 
@@ -80,13 +81,11 @@ def hardware_description() -> str:
 
 class Auditor:
     def __init__(self, identity: Identity, config: NodeConfig, ingest: Ingest, claims: ClaimAgent, runfiles: RunFiles,
-                 p2p: P2P, replayer: Replayer, *, bootstrapped: trio.Event, clock: Clock, stats: NodeStats,
-                 spot_check: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 p2p: P2P, replayer: Replayer, *, bootstrapped: trio.Event, clock: Clock, stats: NodeStats) -> None:
         self.identity, self.config, self.ingest, self.claims = identity, config, ingest, claims
         self.runfiles, self.p2p, self.replayer = runfiles, p2p, replayer
         self.bootstrapped, self.clock, self.stats = bootstrapped, clock, stats
         self.hardware = hardware_description()
-        self.spot_check = spot_check  # one spot check, False if none is due (node/spot_checker.py)
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
         self._nursery: trio.Nursery | None = None
@@ -100,15 +99,7 @@ class Auditor:
                 await trio.sleep_forever()
             await self.bootstrapped.wait()
             while True:
-                # A replay first: claims are taken while steps are still open (a spot check's
-                # answer can take a while, and the network covers steps meanwhile).
-                replayed = await self.audit_once()
-                spotted = False
-                for _ in range(self.config.spot_checks_per_replay if self.spot_check is not None else 0):
-                    if not await self.spot_check():
-                        break
-                    spotted = True
-                if not replayed and not spotted:
+                if not await self.audit_once():
                     await self.clock.sleep(self.config.idle_poll_s)
 
     # -- 1. plan -------------------------------------------------------------------------------
@@ -198,23 +189,22 @@ class Auditor:
         return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
 
     async def spot_files(self, manifest: RunManifest, step: int) -> tuple[Path, Callable[[], None]]:
-        """What a spot check of ``step`` needs (docs/run-format.md §10.2): a replay's files, checkpoint
-        k+1 and the run's fingerprints, each verified as it is fetched; and how to release them."""
-        run_dir, blobs = await self.run_files(manifest, step)
-        after = checkpoint_blob(manifest, step + 1)
-        try:
-            await self.runfiles.fetch(self.p2p, after, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
-                                      bulk=BulkFetch(self.identity, manifest, step + 1))
-            await self.runfiles.fetch_fingerprints(self.p2p, manifest, on_bad_peer=self.p2p.penalise,
-                                                   provide=self._provide_soon)
-            fingerprints = fingerprints_blob(manifest)
-            assert fingerprints is not None  # fetch_fingerprints raised otherwise
-            self.runfiles.assemble(manifest, [after, fingerprints])
-        except BaseException:
-            self.runfiles.release(manifest, blobs[1:])
-            raise
+        """What a spot check of ``step`` needs (docs/run-format.md §10.2): the samples, checkpoints k
+        and k+1 and the run's fingerprints, each verified as it is fetched, linked into the spot
+        checker's own working directory (replays release theirs meanwhile); and how to release them."""
+        samples, before, after = samples_blob(manifest), checkpoint_blob(manifest, step), checkpoint_blob(manifest, step + 1)
+        await self.runfiles.fetch(self.p2p, samples, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
+        self.runfiles.assemble(manifest, [samples])  # the bulk path reads them from the replay's directory
+        for k, blob in ((step, before), (step + 1, after)):
+            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
+                                      bulk=BulkFetch(self.identity, manifest, k))
+        await self.runfiles.fetch_fingerprints(self.p2p, manifest, on_bad_peer=self.p2p.penalise,
+                                               provide=self._provide_soon)
+        fingerprints = fingerprints_blob(manifest)
+        assert fingerprints is not None  # fetch_fingerprints raised otherwise
+        run_dir = self.runfiles.assemble(manifest, [samples, before, after, fingerprints], purpose=SPOT_DIR)
         # keep samples.bin and fingerprints.cbor (every check reads them), drop the checkpoint links
-        return run_dir, lambda: self.runfiles.release(manifest, [blobs[1], after])
+        return run_dir, lambda: self.runfiles.release(manifest, [before, after], purpose=SPOT_DIR)
 
     def _provide_soon(self, key: str) -> None:
         """Announce a blob we now hold without holding up the replay that fetched it (a DHT

@@ -96,7 +96,7 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
         behaviour=args.behaviour, device=args.device, answer_s=args.answer_seconds,
-        spot_checks_per_replay=args.spot_checks_per_replay,
+        spot_checks=False if args.no_spot_checks else None,
     )
     harness = None
     if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
@@ -598,8 +598,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--answer-seconds", type=float, metavar="S",
                    help="how long a spot check waits for the trainer's answer before signing no_answer"
                         " (config: answer_seconds; default: the spec's ANSWER_SECONDS, 3600)")
-    d.add_argument("--spot-checks-per-replay", type=int, metavar="N",
-                   help="spot checks between two replays; 0: none (config: spot_checks_per_replay; default 1)")
+    d.add_argument("--no-spot-checks", action="store_true",
+                   help="replay only: never spot check (config: spot_checks = false)")
     # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -68,9 +68,6 @@ def _check_peer_addr(addr: str) -> None:
         raise ConfigError(f"bootstrap address {addr!r}: {exc}") from None
 
 
-MAX_SPOT_CHECKS_PER_REPLAY = 64
-
-
 @dataclass(frozen=True)
 class NodeConfig:
     """Everything a daemon needs; ``data_dir`` is where it lives, the rest is config.toml."""
@@ -91,10 +88,10 @@ class NodeConfig:
     # How long a spot check waits for the trainer's answer to its challenge before it signs
     # fail/no_answer (docs/protocol.md §5.5); the spec's ANSWER_SECONDS, shorter only in tests and devnets.
     answer_s: float = ANSWER_SECONDS
-    # Spot checks the auditor runs between two replays (docs/protocol.md §5.5); 0: none. A spot
-    # check costs the verifier about 1 / (ranks × micro_batches) of a replay, and its answer costs
-    # the publisher up to a step.
-    spot_checks_per_replay: int = 1
+    # Whether an auditing node also spot checks runs with fingerprints (docs/protocol.md §5.5), one
+    # at a time beside its replays. A spot check costs it about 1 / (ranks × micro_batches) of a
+    # replay, and its answer costs the publisher up to a step.
+    spot_checks: bool = True
     # Where the replay worker computes: auto (a CUDA device that passes the self-checks, else the
     # CPU), cpu, cuda or cuda:N. A GPU that is missing or fails a check falls back to the CPU.
     device: str = "auto"
@@ -147,8 +144,6 @@ class NodeConfig:
             raise ConfigError("disk_reserve_bytes must be at least 0")
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
-        if not 0 <= self.spot_checks_per_replay <= MAX_SPOT_CHECKS_PER_REPLAY:
-            raise ConfigError(f"spot_checks_per_replay must be in [0, {MAX_SPOT_CHECKS_PER_REPLAY}]")
         if not 0 < self.answer_s <= ANSWER_SECONDS:
             raise ConfigError(f"answer_seconds must be in (0, {ANSWER_SECONDS}]: a verifier may not wait longer than the spec")
         try:
@@ -184,7 +179,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "listen": ("listen", str), "api": ("api", str), "metrics": ("metrics", str), "bootstrap": ("bootstrap", list),
     "runs": ("run_dirs", list), "audit": ("audit", bool), "redundancy": ("redundancy", int),
     "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
-    "answer_seconds": ("answer_s", float), "spot_checks_per_replay": ("spot_checks_per_replay", int),
+    "answer_seconds": ("answer_s", float), "spot_checks": ("spot_checks", bool),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
     "earn_trust": ("earn_trust", bool), "earn_trust_matches": ("earn_trust_matches", int),

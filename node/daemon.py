@@ -4,8 +4,8 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.ingest` — gossip and sync statements, validated, stored, judged (coverage, flags);
 * :mod:`.publisher` — a run directory imported, its blobs provided, its manifest gossiped;
 * :mod:`.auditor` — plan (:mod:`.planner`) → claim (:mod:`.claim_records`) → fetch (:mod:`.runs`,
-  :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip; between
-  replays, a spot check (:mod:`.spot_checker`);
+  :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
+* :mod:`.spot_checker` — beside the replays, spot checks: plan, fetch, challenge, check, sign;
 * :mod:`.spot_answers` — the challenge stream: answers to others' spot checks of runs published here;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
 * :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
@@ -151,12 +151,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     answers = AnswerServer(worker, ingest.manifests, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
                            stats=stats)
     p2p.set_stream_handler(SPOTCHECK_PROTOCOL, answers.serve)
-    # The spot checker fetches through the auditor, which calls it between replays: the lambda
-    # reads ``auditor`` when called, once both exist.
-    spot = SpotChecker(identity, config, ingest, p2p, worker, lambda m, k: auditor.spot_files(m, k), clock=clock,
-                       stats=stats, scratch=scratch)
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
-                      clock=clock, stats=stats, spot_check=spot.check_once)
+                      clock=clock, stats=stats)
+    spot = SpotChecker(identity, config, ingest, p2p, worker, auditor.spot_files, clock=clock, stats=stats,
+                       scratch=scratch)
     evaluator = Evaluator(store, identity, publish=p2p.publish, checkpoint=_checkpoint_of(auditor), now=clock.wall,
                           device=cpu_device_class(), policy=lambda: ingest.trust, redundancy=config.redundancy,
                           sleep=clock.sleep)
@@ -166,6 +164,8 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     async with trio.open_nursery() as nursery:
         await nursery.start(publisher.serve_publisher)
         await nursery.start(auditor.serve_auditor)
+        if config.audit and config.spot_checks:
+            await nursery.start(partial(spot.serve_spot_checker, bootstrapped=syncer.bootstrapped))
         if config.audit:  # the worker chooses and self-checks its device now, so status shows it
             nursery.start_soon(partial(worker.start, timeout_s=config.replay_timeout_s))
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)

@@ -230,8 +230,10 @@ class RunFiles:
         self.stats = FetchStats()
         self._locks: dict[bytes, trio.Lock] = {}
 
-    def work_dir(self, run: bytes) -> Path:
-        return self.root / run.hex()
+    def work_dir(self, run: bytes, purpose: str = "") -> Path:
+        """Replays use ``<run hex>/``; another user of a run's files (the spot checker) its own
+        ``<run hex>-<purpose>/``, so that neither unlinks what the other is reading."""
+        return self.root / (run.hex() + (f"-{purpose}" if purpose else ""))
 
     # -- publishing ------------------------------------------------------------------------
     async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None) -> int:
@@ -404,9 +406,9 @@ class RunFiles:
         return path
 
     # -- the working directory handed to the replay worker ----------------------------------
-    def assemble(self, manifest: RunManifest, blobs: list[RunBlob]) -> Path:
-        """``<data dir>/runs/<run>/`` with the manifest and ``blobs`` linked in from the cache."""
-        work = self.work_dir(manifest.run_id)
+    def assemble(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> Path:
+        """``<data dir>/runs/<run>/`` (:meth:`work_dir`) with the manifest and ``blobs`` linked in from the cache."""
+        work = self.work_dir(manifest.run_id, purpose)
         if not (work / MANIFEST_FILE).exists():
             write_atomic(work / MANIFEST_FILE, manifest.encoded)
         for blob in blobs:
@@ -424,8 +426,8 @@ class RunFiles:
             os.replace(tmp, target)
         return work
 
-    def release(self, manifest: RunManifest, blobs: list[RunBlob]) -> None:
+    def release(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> None:
         """Drop the working directory's links (the cache keeps, or evicts, the blobs)."""
-        work = self.work_dir(manifest.run_id)
+        work = self.work_dir(manifest.run_id, purpose)
         for blob in blobs:
             (work / blob.relpath).unlink(missing_ok=True)

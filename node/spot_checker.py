@@ -14,8 +14,9 @@ docs/run-format.md §10.2).
 5. sign the ``spotcheck`` (``pass`` or ``fail`` with the link ``caught``), store it, gossip it.
 
 Runs whose manifest commits no fingerprints (no ``fingerprints_root``) are never spot checked
-(:func:`why_not_spot_checked`). The auditor calls :meth:`SpotChecker.check_once` between its
-replays, so spot checks and replays share the worker and the run's working directory in turn.
+(:func:`why_not_spot_checked`). :meth:`SpotChecker.serve_spot_checker` runs one spot check at a
+time beside the auditor's replays: waiting for an answer (up to ``ANSWER_SECONDS``) holds up no
+replay, and both share the worker, one request at a time, in their own working directories.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class SpotChecker:
         self._orders: dict[bytes, list[int]] = {}  # run -> this key's secret order of its steps
         self._own: dict[bytes, set[int]] = {}  # run -> steps this key has spot checked
         self._skip: dict[bytes, dict[int, float]] = {}  # run -> step -> clock.now() to retry after
+
+    async def serve_spot_checker(self, *, bootstrapped: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Spot check, one step at a time, once bootstrap has pulled what peers hold; until cancelled."""
+        task_status.started()
+        await bootstrapped.wait()
+        while True:
+            if not await self.check_once():
+                await self.clock.sleep(self.config.idle_poll_s)
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def own_steps(self, run: bytes) -> set[int]:

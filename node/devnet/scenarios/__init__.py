@@ -126,6 +126,7 @@ def _drive(net: Net, chosen: list[Scenario], redundancy: int, forgeries: dict[in
             net.api(i)
     # The trainer's run directory reaches the network only by being published (as `open1b-node
     # publish` does): the observer checks and serves it; auditors fetch what they replay from peers.
+    net.publishing_at = net.elapsed()  # auditors may start before the publish call returns (it provides every blob)
     for i in dict.fromkeys([net.observer] + [j for s in chosen for j in s.publishers(net)]):
         daemons.publish(i)
     say(f"{len(net.nodes)} daemons ({', '.join(sorted({n.role for n in net.nodes}))}); scenarios: "

@@ -37,6 +37,7 @@ class Net:
         self.run = manifest.run_id.hex()
         self.observer = next(i for i, n in enumerate(nodes) if n.role == "observer")
         self._apis: dict[int, str] = {}
+        self.publishing_at = 0.0  # net.elapsed() when the driver started publishing the run
 
     def api(self, i: int) -> str:
         if i not in self._apis:

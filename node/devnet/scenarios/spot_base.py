@@ -1,10 +1,10 @@
 """What the four spot-check scenarios share (docs/protocol.md §5.5, docs/run-format.md §10.3): a
-run published with fingerprints, auditors that spot check it between replays with a short answer
+run published with fingerprints, auditors that spot check it beside their replays with a short answer
 deadline, and a report of which check caught the forgery, when, and the escape probability.
 
 A scenario is caught when the observer's spot coverage fails the forged step (or, for a trainer
 that forged nothing but does not answer, any step). ``flagged_s`` and ``covered_s`` are the
-seconds from the run's publication to the first poll that saw the failure, and to the first poll
+seconds from the start of the run's publication (the publish call returns only once every blob is provided, and auditors start before) to the first poll that saw the failure, and to the first poll
 that saw replay coverage complete: "caught before full coverage" is ``flagged_s <= covered_s``
 at the driver's poll granularity (:data:`~.base.POLL_S`), or coverage not complete at all.
 """
@@ -21,6 +21,11 @@ class SpotScenario(Scenario):
     # The devnet's answer deadline (the spec's ANSWER_SECONDS is an hour): long enough for a
     # publisher's first answer on a loaded machine (its worker starts and compiles on first use).
     answer_s = 20.0
+    # Seconds each replay is slowed by (``--behaviour slow``): a `tiny` step costs about as much to
+    # replay as to spot check (fixed costs dominate), while a real step costs a replay tens of spot
+    # checks (docs/benchmarks.md). The delay gives a devnet of a few steps those proportions, so that
+    # "caught before full coverage" tests the spot checks, not a race. bench/flag_time.py sets 0.
+    replay_delay_s = 2.0
     at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
     min_auditors = 2
 
@@ -38,7 +43,8 @@ class SpotScenario(Scenario):
         return {step: self.forgery} if step is not None else {}
 
     def auditor_args(self) -> tuple[str, ...]:
-        return ("--answer-seconds", str(self.answer_s))
+        slow = ("--behaviour", f"slow={self.replay_delay_s}") if self.replay_delay_s else ()
+        return ("--answer-seconds", str(self.answer_s), *slow)
 
     def _flagged(self, spot: dict) -> bool:
         step = self.forged_step()
@@ -46,8 +52,8 @@ class SpotScenario(Scenario):
 
     def tick(self, net: Net) -> None:
         now = net.elapsed()
-        if self.published_at is None:  # the driver ticks first right after publishing
-            self.published_at = now
+        if self.published_at is None:
+            self.published_at = net.publishing_at
         cov = net.coverage(net.observer)
         if self.flagged_at is None and self._flagged(cov["spot_checks"]):
             self.flagged_at = now
