@@ -78,10 +78,7 @@ def cmd_init(args: argparse.Namespace) -> CommandResult:
 
 
 def cmd_daemon(args: argparse.Namespace) -> CommandResult:
-    import trio
-
     from .config import load_config
-    from .daemon import run_daemon
     from .datadir import init_data_dir
     from .logs import setup_logging
 
@@ -103,6 +100,12 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         from .devnet.adversaries import from_config
 
         harness = from_config(config)
+    # the network stack loads only once the configuration is known to be good: a bad argument
+    # is refused in a fraction of a second
+    import trio
+
+    from .daemon import run_daemon
+
     try:
         trio.run(lambda: run_daemon(config, harness=harness))
     except KeyboardInterrupt:

@@ -1,20 +1,30 @@
 """Every CLI command with hostile arguments (issue 15): files, directories, FIFOs, symlinks to
 devices, paths under files, a read-only mount, huge and negative numbers, malformed and wrong
-ports. Each must end with one clear line and a defined exit code, never a traceback."""
+ports. Each must end with one clear line and a defined exit code, never a traceback.
+
+Each case runs in its own process, forked from this one once the command's modules are imported:
+what ``open1b-node ARGS`` runs (:func:`open1b.node.cli.main`, its exit code, its stdout and
+stderr, an uncaught exception printed as Python would), without paying the interpreter's and the
+engine's start-up ~250 times (it made this the slowest test of the suite). The real console
+script is started as a subprocess by the other CLI tests."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import os
+import selectors
+import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
+import traceback
 
 import pytest
 
-from open1b.node.cli import parser
-
-from .commands import cli
+from open1b.node.cli import main, parser
 
 pytestmark = pytest.mark.integration
 
@@ -113,15 +123,71 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
     }
 
 
+def forked_cli(*args: str, timeout: float) -> tuple[int, str, str] | None:
+    """``open1b-node ARGS`` in a forked child: (exit code, stdout, stderr), or None if it was
+    still running after ``timeout`` seconds (then it is killed)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exactly what the console script does once its imports are done
+        code = 1
+        try:
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            sys.stdin = open(os.devnull)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors, as the interpreter reports them
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                if not isinstance(exc.code, int | None):
+                    print(exc.code, file=sys.stderr)
+            except BaseException:  # what the interpreter prints for an uncaught exception
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for fd in chunks:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+        timed_out = bool(sel.get_map())
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    for fd in chunks:
+        os.close(fd)
+    if timed_out:
+        return None
+    text = {fd: b"".join(parts).decode(errors="replace") for fd, parts in chunks.items()}
+    return os.waitstatus_to_exitcode(status), text[out_r], text[err_r]
+
+
 def refusals(command: str, argument_lists: list[list[str]]) -> list[str]:
     """Run ``command`` with each argument list in turn; the failures, one paragraph each."""
     failures = []
     for args in argument_lists:
-        try:
-            rc, out, err = cli(command, *args, timeout=60)
-        except subprocess.TimeoutExpired:
+        result = forked_cli(command, *args, timeout=60)
+        if result is None:
             failures.append(f"open1b-node {command} {' '.join(args)} -> still running after 60 s")
             continue
+        rc, out, err = result
         lines = [line for line in err.splitlines() if line.strip()]
         usage = rc == 2 and lines and lines[0].startswith("usage:")
         # progress lines may precede it; the error itself is the last line, and only one
@@ -140,6 +206,13 @@ def test_every_command_refuses_hostile_arguments_in_one_line(hostile, monkeypatc
     monkeypatch.setenv("OPEN1B_PATH", str(root / "default-data-dir"))  # never the real ~/.open1b
     monkeypatch.chdir(root)
     table = cases(busy)
+    # what the commands import, imported once here so that no forked case pays for it
+    import open1b.deterministic.replay  # noqa: F401
+    import open1b.deterministic.trainer  # noqa: F401
+    import open1b.node.daemon  # noqa: F401
+    import open1b.node.devnet  # noqa: F401
+    import open1b.node.doctor  # noqa: F401
+
     commands = set(next(a for a in parser()._actions if a.dest == "command").choices)
     assert commands <= set(table), f"commands without hostile cases: {sorted(commands - set(table))}"
     # `init` may turn the empty `adir` into a data dir, which later commands then name: it runs
