@@ -16,6 +16,7 @@ on the management address). This host does not forward between the halves. Needs
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -54,6 +55,9 @@ class Partition:
     def __enter__(self) -> tuple[Half, Half]:
         if os.geteuid() != 0 or shutil.which("ip") is None:
             raise NetnsUnavailable("network namespaces unavailable: they need root and iproute2's `ip`")
+        # Every partition uses the same host addresses: one at a time on a host (a second waits).
+        self._lock = open(LOCK_PATH, "a")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         clear_stale()
         try:
             self._setup()
@@ -96,9 +100,11 @@ class Partition:
             subprocess.run(["ip", "link", "del", outer], capture_output=True)
         for ns in self.ns:  # deleting a namespace deletes the links inside it
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._lock.close()  # releases the host's partition lock
 
 
 TAG_PREFIX = "o1b"
+LOCK_PATH = "/run/open1b-netns.lock"  # root-only, as network namespaces are
 _OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(a|b|ma|mb|mah|mbh|ab|ba)$")
 
 

@@ -30,7 +30,6 @@ def _launch(half, node_rank: int, master: str, link: str, data_dir: Path, out: P
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.netns
 def test_two_machines_train_the_bits_of_one_process(tmp_path):
     partition = Partition()  # needs root and iproute2, as the devnet's partition scenario does
     with partition as (a, b):

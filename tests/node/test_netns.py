@@ -3,10 +3,9 @@ partition scenario does)."""
 
 import os
 import subprocess
+import sys
 
-import pytest
-
-from open1b.node.devnet.netns import Partition, clear_stale
+from open1b.node.devnet.netns import LOCK_PATH, Partition, clear_stale
 
 
 def _names(*cmd: str) -> set[str]:
@@ -14,7 +13,6 @@ def _names(*cmd: str) -> set[str]:
     return {line.split()[0].split("@")[0] for line in out.splitlines() if line.strip()}
 
 
-@pytest.mark.netns
 def test_a_killed_runs_namespaces_and_links_are_cleared_before_the_next_partition():
     live = {int(p) % 100000 for p in os.listdir("/proc") if p.isdigit()}
     dead = next(n for n in range(99999, 0, -1) if n not in live)
@@ -36,3 +34,15 @@ def test_a_killed_runs_namespaces_and_links_are_cleared_before_the_next_partitio
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", outer], capture_output=True)
+
+
+TRY_LOCK = f"import fcntl; fcntl.flock(open({LOCK_PATH!r}, 'a'), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+
+
+def test_partitions_on_one_host_take_turns():
+    """Every partition uses the same host addresses, so a second (another devnet, another test
+    worker) waits for the first to be torn down."""
+    with Partition():
+        held = subprocess.run([sys.executable, "-c", TRY_LOCK], capture_output=True, text=True)
+        assert held.returncode != 0 and "BlockingIOError" in held.stderr
+    assert subprocess.run([sys.executable, "-c", TRY_LOCK], capture_output=True).returncode == 0
