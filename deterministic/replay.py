@@ -74,6 +74,16 @@ def _samples(run_dir: Path, manifest: RunManifest) -> Dataset:
     return _DATASETS[key]
 
 
+def backend_on(device: DeviceChoice | None, config):
+    """The backend that recomputes a run's step on ``device`` (:func:`.device.select_device`, whose
+    self-checks it trusts); ``None``: the CPU, self-checked here."""
+    if device is None:
+        backend = default_backend(config)
+        require_deterministic_machine(backend)
+        return backend
+    return device.backend_for(config)
+
+
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
            device: DeviceChoice | None = None) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step`` on ``device``
@@ -85,11 +95,7 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
         raise RunFormatError(f"step {step} is outside the run's {manifest.steps} steps")
     check_data_rules(manifest)
     config, topology = config_of(manifest)
-    if device is None:
-        backend = default_backend(config)
-        require_deterministic_machine(backend)
-    else:
-        backend = device.backend_for(config)
+    backend = backend_on(device, config)
     started = time.perf_counter()
     dataset = _samples(run_dir, manifest)
     state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])

@@ -44,7 +44,6 @@ from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, decode_fi
 from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
 from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_challenge
 
-from .backend import default_backend
 from .config import GPTConfig, Topology
 from .data import batch_for_step
 from .device import DeviceChoice
@@ -52,10 +51,9 @@ from .errors import CheckpointMismatchError, RunFormatError
 from .fingerprint import CHUNK_ELEMENTS, Caught, ChunkOpening, StepFingerprint, answer_challenge, check_chunks
 from .fingerprint import check_loss_sum, check_micro, chunk_count
 from .provenance import load_run_samples
-from .replay import check_data_rules, check_engine
+from .replay import backend_on, check_data_rules, check_engine
 from .runfile import genesis_hash, load_checkpoint, next_state_hash, read_manifest
 from .samples import Dataset
-from .selfcheck import require_deterministic_machine
 from .state import TrainState
 from .trainer import config_of
 
@@ -130,11 +128,7 @@ def _open_run(run_dir: Path, step: int, device: DeviceChoice | None):
     if type(step) is not int or not 0 <= step < manifest.steps:
         raise SpotInputError(f"step {step!r} is outside the run's {manifest.steps} steps")
     config, topology = config_of(manifest)
-    if device is None:
-        backend = default_backend(config)
-        require_deterministic_machine(backend)
-    else:
-        backend = device.backend_for(config)
+    backend = backend_on(device, config)
     return _Run(run_dir, manifest, config, topology, load_run_samples(run_dir, manifest)), backend
 
 
