@@ -86,7 +86,8 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
             ["--bootstrap", "/ip4/1.2.3.4/tcp/1"], ["--run", "fifo"], ["--run", "zero"], ["--run", "afile"],
             ["--run", "adir"], ["--redundancy", "-1"], ["--redundancy", HUGE], ["--lease", HUGE], ["--lease", "0"],
             ["--trust", "abc"], ["--publisher", "zero"], ["--log-file", "adir"], ["--log-file", "/proc/x/y"],
-            ["--log-level", "loud"], ["--device", "nope"], ["--device", "cuda:" + HUGE])],
+            ["--log-level", "loud"], ["--device", "nope"], ["--device", "cuda:" + HUGE],
+            ["--answer-seconds", "-1"], ["--answer-seconds", HUGE], ["--answer-seconds", "abc"])],
         "stop": [["--data-dir", p] for p in PATHS] + [["--timeout", t] for t in ("-1", HUGE, "abc")],
         # (a valid data dir would really start a daemon: only refusals here; tests/node/test_lifecycle.py starts one)
         "restart": [["--data-dir", p] for p in PATHS if p not in ("adir", "")] + [["--timeout", t] for t in ("0", "abc")],
