@@ -33,7 +33,6 @@ class SpotScenario(Scenario):
         super().__init__(opts)
         self.published_at: float | None = None
         self.flagged_at: float | None = None
-        self.covered_at: float | None = None
 
     def forged_step(self) -> int | None:
         return int(self.opts.steps * self.at) if self.forgery else None
@@ -51,14 +50,10 @@ class SpotScenario(Scenario):
         return step in spot["spot_failed_steps"] if step is not None else bool(spot["spot_failed_steps"])
 
     def tick(self, net: Net) -> None:
-        now = net.elapsed()
         if self.published_at is None:
             self.published_at = net.publishing_at
-        cov = net.coverage(net.observer)
-        if self.flagged_at is None and self._flagged(cov["spot_checks"]):
-            self.flagged_at = now
-        if self.covered_at is None and cov["complete"]:
-            self.covered_at = now
+        if self.flagged_at is None and self._flagged(net.coverage(net.observer)["spot_checks"]):
+            self.flagged_at = net.poll_at
 
     def done(self, net: Net) -> bool:
         return self.flagged_at is not None
@@ -74,7 +69,7 @@ class SpotScenario(Scenario):
         caught = sorted({link for k in failed if step is None or k == step for link in per_step[k]["caught"]})
         start = self.published_at or 0.0
         flagged_s = None if self.flagged_at is None else round(self.flagged_at - start, 2)
-        covered_s = None if self.covered_at is None else round(self.covered_at - start, 2)
+        covered_s = None if net.covered_at is None else round(net.covered_at - start, 2)
         held = net.get(net.observer, f"/v1/spotchecks/{net.run}")
         evidence = [sc["encoded"] for sc in held if sc["verdict"] == "fail" and (step is None or sc["step"] == step)]
         return _result(
