@@ -34,17 +34,20 @@ def main() -> None:
     cli.add_argument("--device", default="cpu")
     cli.add_argument("--replay-delay", type=float, default=0.0,
                      help="seconds each replay is slowed by (the scenarios' tests use 2; the bench measures the daemon as is)")
+    cli.add_argument("--workdir", type=Path, help="keep the devnet's directories (logs, stores) here")
     args = cli.parse_args()
     SpotScenario.replay_delay_s = args.replay_delay
     started = time.monotonic()
     summary = run_scenarios(DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=1, deadline_s=args.deadline,
-                                          scenarios=(args.scenario,), device=args.device))
+                                          scenarios=(args.scenario,), device=args.device,
+                                          workdir=args.workdir, keep=args.workdir is not None))
     report = summary["scenarios"][args.scenario]
     detected = report["detected"]
     out = {
         "scenario": args.scenario, "steps": args.steps, "auditors": args.nodes, "redundancy": 1,
         "replay_delay_s": args.replay_delay,
         "forged_step": report["injected"]["step"], "caught": detected["caught"],
+        "spot_failed_steps": detected["failed"],
         "flag_s": detected["flagged_s"], "coverage_s": detected["covered_s"],
         "flag_over_coverage": detected["flag_over_coverage"], "target": 0.25,
         "spot_checked_steps_at_end": detected["spot_checked_steps"], "escape_one_forged": detected["escape_one_forged"],

@@ -28,6 +28,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.messages import MAX_MANIFEST_SIZE
 from open1b.protocol.witness import witness_commitment
 
+from .bounded_read import FileRefused, read_bounded
 from .config import GPTConfig
 from .errors import CheckpointMismatchError, RunFormatError
 from .state import TrainState
@@ -183,10 +184,10 @@ def load_checkpoint(run_dir: Path, step: int, config: GPTConfig, address: bytes 
     allows, or when ``address`` is given and the file's BLAKE2b-256 is not it."""
     path = checkpoint_path(run_dir, step)
     try:
-        size = path.stat().st_size
-        if size > max_checkpoint_bytes(config):
-            raise RunFormatError(f"{path}: {size} bytes exceeds the checkpoint limit")
-        data = path.read_bytes()
+        data = read_bounded(path, max_checkpoint_bytes(config))
+    except FileRefused as exc:
+        raise RunFormatError(f"checkpoint {step}: {exc}") from None
+    try:
         if address is not None and blake2b256(data) != address:
             raise CheckpointMismatchError(f"checkpoint {step}: the file is not the one the manifest names")
         tensors = load_safetensors(data)
@@ -201,9 +202,8 @@ def load_checkpoint(run_dir: Path, step: int, config: GPTConfig, address: bytes 
 
 
 def read_manifest(run_dir: Path) -> RunManifest:
-    path = Path(run_dir) / MANIFEST_FILE
     try:
-        data = path.read_bytes()[: MAX_MANIFEST_SIZE + 1]
-    except OSError as exc:
-        raise RunFormatError(f"no run at {run_dir}: {exc}") from exc
+        data = read_bounded(Path(run_dir) / MANIFEST_FILE, MAX_MANIFEST_SIZE)
+    except FileRefused as exc:
+        raise RunFormatError(f"no run at {run_dir}: {exc}") from None
     return RunManifest.decode(data)

@@ -27,6 +27,7 @@ The file is exactly ``32 + N·L·w`` bytes. Sample digest: s_i = B2("open1b/samp
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from open1b.protocol.documents import sample_digest as _protocol_sample_digest
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import merkle_proof, merkle_root, verify_merkle_proof
 
+from .bounded_read import FileRefused, open_regular
 from .errors import SamplesFormatError, SamplesMismatchError
 from .runfile import write_atomic
 
@@ -216,15 +218,18 @@ def read_samples(
     size is checked (against ``expected_size`` and ``max_bytes``) before a byte is read."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise SamplesFormatError(f"{path}: {size} bytes exceeds the samples limit of {max_bytes}")
+        fd, size = open_regular(path, max_bytes)
+    except FileRefused as exc:
+        raise SamplesFormatError(f"samples file: {exc}") from None
+    try:
         if expected_size is not None and size != expected_size:
             raise SamplesMismatchError(f"{path}: {size} bytes; the run names a file of {expected_size}")
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)  # bounded even if the file grew after stat
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)  # bounded even if the file grew after fstat
     except OSError as exc:
-        raise SamplesFormatError(f"cannot read samples file {path}: {exc}") from exc
+        raise SamplesFormatError(f"cannot read samples file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise SamplesFormatError(f"{path}: exceeds the samples limit of {max_bytes} bytes")
     return decode_samples(data, expected_root=expected_root, expected_count=expected_count,

@@ -28,8 +28,6 @@ one opening per challenged chunk, in the challenge's (ascending) order.
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +42,7 @@ from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, decode_fi
 from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
 from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_challenge
 
+from .bounded_read import FileRefused, read_bounded
 from .config import GPTConfig, Topology
 from .data import batch_for_step
 from .device import DeviceChoice
@@ -57,7 +56,7 @@ from .samples import Dataset
 from .state import TrainState
 from .trainer import config_of
 
-__all__ = ["MAX_ANSWER_SIZE", "SpotInputError", "SpotResult", "answer_from_run", "check_spot", "decode_answer",
+__all__ = ["ANSWER", "MAX_ANSWER_SIZE", "MICRO", "SpotInputError", "SpotResult", "answer_from_run", "check_spot", "decode_answer",
            "encode_answer", "load_fingerprints"]
 
 _F32 = np.dtype("<f4")
@@ -145,7 +144,11 @@ def load_fingerprints(run_dir: Path, manifest: RunManifest) -> list[StepFingerpr
     root, blob = commitments
     _, topology = config_of(manifest)
     slots = topology.ranks * topology.micro_batches
-    data = _read_bounded(Path(run_dir) / FINGERPRINTS_FILE, max_fingerprints_size(manifest.steps, slots))
+    path, limit = Path(run_dir) / FINGERPRINTS_FILE, max_fingerprints_size(manifest.steps, slots)
+    try:
+        data = read_bounded(path, limit)
+    except FileRefused as exc:
+        raise SpotInputError(f"cannot read {FINGERPRINTS_FILE} (at most {limit} bytes): {exc}") from None
     if blake2b256(data) != blob:
         raise SpotInputError(f"{FINGERPRINTS_FILE} is not the file the manifest names (fingerprints_blob)")
     try:
@@ -159,21 +162,6 @@ def _step_fingerprint(entry: dict) -> StepFingerprint:
     # StepFingerprint.value() gives back exactly ``entry``, so its commitment is the committed F_k
     return StepFingerprint(entry["step"], tuple(entry["losses"]), tuple(entry["grad_roots"]), entry["sum_root"],
                            entry["loss"], entry["grad_norm"], entry["clip_coef"])  # fmt: skip
-
-
-def _read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, a regular file (not a symbolic link) of at most ``limit`` bytes."""
-    try:
-        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-                raise SpotInputError(f"{path}: not a regular file of at most the {limit} bytes this run allows")
-            data = f.read(limit + 1)
-    except OSError as exc:
-        raise SpotInputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise SpotInputError(f"{path}: grew past the {limit} bytes allowed while being read")
-    return data
 
 
 def _challenge(run: _Run, challenge: bytes) -> tuple[int, tuple[int, ...], int]:
@@ -249,24 +237,39 @@ def answer_from_run(run_dir: Path, step: int, challenge: bytes, *, device: Devic
     return data
 
 
+MICRO, ANSWER = "micro", "answer"
+"""The two halves of a spot check (:func:`check_spot`'s ``links``): the links that need only the
+verifier's files (``loss``, ``gradient``, ``loss_sum``), and those that judge the trainer's answer
+(``proof``, ``sum``, ``update``, or ``no_answer``)."""
+
+
 def check_spot(run_dir: Path, step: int, challenge: bytes, answer: bytes | None, *,
-               device: DeviceChoice | None = None) -> SpotResult:
+               device: DeviceChoice | None = None, links: tuple[str, ...] = (MICRO, ANSWER)) -> SpotResult:
     """Spot check step ``step`` of the run in ``run_dir`` with the verifier's ``challenge`` (its
     signature, docs/protocol.md §5.5) and the trainer's ``answer`` (None: it did not answer in
     time). The links of docs/run-format.md §10.2 in order — micro-batch (``loss``,
     ``gradient``), ``loss_sum``, then the answer's chunks (``proof``, ``sum``, ``update``) —
     and the first that breaks is ``caught``. The first two links need no answer, so a run they
-    convict is reported by them even without one; otherwise a missing answer is ``no_answer``."""
+    convict is reported by them even without one; otherwise a missing answer is ``no_answer``.
+
+    ``links`` runs one half only: :data:`MICRO` (``none`` means those links held, and ``answer``
+    is not read), or :data:`ANSWER` after a :data:`MICRO` call that held. A verifier checks the
+    micro-batch while it waits for the answer, so a trainer that stalls its answer delays no
+    verdict the micro-batch decides."""
+    if not links or not set(links) <= {MICRO, ANSWER}:
+        raise ValueError(f"links must be a non-empty subset of ({MICRO!r}, {ANSWER!r}), not {links!r}")
     started = time.perf_counter()
     run, backend = _open_run(run_dir, step, device)
     fp = load_fingerprints(run.dir, run.manifest)[step]
     slot, chunks, total = _challenge(run, challenge)
-    before, batch = run.state(step), run.batch(step)
-    rank, micro = divmod(slot, run.topology.micro_batches)
-    caught = check_micro(fp, before, batch, run.topology, rank, micro, backend=backend)
-    if caught is Caught.NONE:
-        caught = check_loss_sum(fp, run.config, run.topology, backend=backend)
-    if caught is Caught.NONE:
+    before = run.state(step)
+    caught = Caught.NONE
+    if MICRO in links:
+        rank, micro = divmod(slot, run.topology.micro_batches)
+        caught = check_micro(fp, before, run.batch(step), run.topology, rank, micro, backend=backend)
+        if caught is Caught.NONE:
+            caught = check_loss_sum(fp, run.config, run.topology, backend=backend)
+    if caught is Caught.NONE and ANSWER in links:
         if answer is None:
             caught = Caught.NO_ANSWER
         else:

@@ -21,6 +21,7 @@ replay, and both share the worker, one request at a time, in their own working d
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -41,7 +42,7 @@ from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFilesError, samples_blob, why_not
 from .spot_answers import MAX_PENDING_ANSWERS, request_answer
 from .spot_plan import next_spot_checks, spot_order
 from .topics import spotchecks_topic
-from .worker import ReplayFailed, ReplayWorker, SpotOutcome
+from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOutcome
 
 log = logging.getLogger("open1b.node.spot_checker")
 
@@ -128,23 +129,42 @@ class SpotChecker:
         challenge = challenge_signature(self.identity, run, step)
         deadline = self.clock.now() + self.config.answer_s
         tried: set[str] = set()
-        while True:
+        got: tuple[str, bytes] | None = None
+
+        async def ask() -> None:
+            nonlocal got
             got = await request_answer(self.p2p, self._candidates(manifest), run, step, challenge,
                                        deadline_s=deadline - self.clock.now(), skip=tried, sleep=self.clock.sleep)
+
+        # The micro-batch is checked while the answer is awaited: a trainer that stalls its answer
+        # (up to ANSWER_SECONDS) delays no verdict the micro-batch decides, and an honest answer
+        # costs the verifier no wall time beyond its own recomputation.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            micro = await self.worker.spot(run_dir, step, challenge, None, timeout_s=self.config.replay_timeout_s,
+                                           links=(SPOT_MICRO,))
+            if not micro.passed:
+                nursery.cancel_scope.cancel()
+                return micro
+        spent_ms = micro.elapsed_ms
+        while True:
             path = None
             if got is not None:
                 path = self.scratch / f"check-{os.urandom(8).hex()}.cbor"
                 self.scratch.mkdir(parents=True, exist_ok=True)
                 await trio.to_thread.run_sync(path.write_bytes, got[1])
             try:
-                outcome = await self.worker.spot(run_dir, step, challenge, path, timeout_s=self.config.replay_timeout_s)
+                outcome = await self.worker.spot(run_dir, step, challenge, path, timeout_s=self.config.replay_timeout_s,
+                                                 links=(SPOT_ANSWER,))
             finally:
                 if path is not None:
                     path.unlink(missing_ok=True)
+            spent_ms += outcome.elapsed_ms
             if got is None or outcome.caught != "proof":
-                return outcome
+                return dataclasses.replace(outcome, elapsed_ms=spent_ms)
             log.info("step %d of %s: %s answered chunks that do not open the commitments", step, run.hex()[:12], got[0])
             tried.add(got[0])
+            await ask()
 
     def _candidates(self, manifest: RunManifest):
         """Who may answer: connected peers (the publisher among them, usually), then the providers

@@ -19,9 +19,10 @@ and exits); then the daemon writes one request line and the worker answers one l
 * ``{"op": "answer", "run_dir": …, "step": k, "challenge": hex, "out": path}``: the trainer's
   answer to a spot-check challenge (docs/protocol.md §5.5), written to ``out``: ``{"size": n}``.
   Answers are megabytes (gradient chunks), so they travel as files, not on this pipe.
-* ``{"op": "spot", "run_dir": …, "step": k, "challenge": hex, "answer": path | null}``: a spot
-  check (docs/run-format.md §10.2) of the files in ``run_dir`` against the answer in ``answer``
-  (null: none came): ``{"passed": bool, "caught": link, "slot": s, "chunks": […],
+* ``{"op": "spot", "run_dir": …, "step": k, "challenge": hex, "answer": path | null, "links": […]}``:
+  a spot check (docs/run-format.md §10.2) of the files in ``run_dir`` against the answer in
+  ``answer`` (null: none came), of the halves in ``links`` (``"micro"``, ``"answer"``; a
+  ``"micro"``-only check that holds is ``passed``): ``{"passed": bool, "caught": link, "slot": s, "chunks": […],
   "chunks_total": n, "fingerprint": hex, "elapsed_ms": n}``.
 
 Answering and checking run here, never in the daemon's trio process: both recompute part of a step.
@@ -47,6 +48,8 @@ from open1b.protocol.spotcheck import CAUGHT
 
 log = logging.getLogger(__name__)
 
+# The halves of a spot check (check_spot's ``links``; the daemon does not import the engine).
+SPOT_MICRO, SPOT_ANSWER = "micro", "answer"
 MAX_REPLY_BYTES = 4096  # a reply line: hashes and numbers (answers travel as files)
 
 
@@ -188,10 +191,11 @@ class ReplayWorker:
         return size
 
     async def spot(self, run_dir: Path, step: int, challenge: bytes, answer: Path | None, *,
-                   timeout_s: float) -> SpotOutcome:
-        """Spot check ``step`` with the files in ``run_dir`` and the answer in ``answer`` (None: none came)."""
+                   timeout_s: float, links: tuple[str, ...] = (SPOT_MICRO, SPOT_ANSWER)) -> SpotOutcome:
+        """Spot check ``step`` with the files in ``run_dir`` and the answer in ``answer`` (None: none
+        came); ``links``: which half of the check, or both (``check_spot``'s ``links``)."""
         reply = await self._request({"op": "spot", "run_dir": str(run_dir), "step": step, "challenge": challenge.hex(),
-                                     "answer": None if answer is None else str(answer)},
+                                     "answer": None if answer is None else str(answer), "links": list(links)},
                                     timeout_s=timeout_s, what=f"spot check of step {step}")
         try:
             outcome = SpotOutcome(reply["passed"], reply["caught"], reply["slot"], tuple(reply["chunks"]),
@@ -274,7 +278,7 @@ def _handle(request: dict, choice) -> dict:
     if op == "spot":
         # the daemon wrote the file after bounding what it received (MAX_ANSWER_SIZE)
         answer = None if request["answer"] is None else Path(request["answer"]).read_bytes()
-        result = check_spot(run_dir, step, challenge, answer, device=choice)
+        result = check_spot(run_dir, step, challenge, answer, device=choice, links=tuple(request["links"]))
         return {"passed": result.passed, "caught": result.caught, "slot": result.slot,
                 "chunks": list(result.chunks), "chunks_total": result.chunks_total,
                 "fingerprint": result.fingerprint.hex(), "elapsed_ms": result.elapsed_ms}

@@ -16,7 +16,7 @@ from open1b.deterministic.errors import CheckpointMismatchError
 from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import state_link, genesis_hash, load_checkpoint, read_manifest
 from open1b.deterministic.spot_run import (
-    MAX_ANSWER_SIZE, SpotInputError, answer_from_run, check_spot, decode_answer, load_fingerprints,
+    ANSWER, MAX_ANSWER_SIZE, MICRO, SpotInputError, answer_from_run, check_spot, decode_answer, load_fingerprints,
 )  # fmt: skip
 from open1b.deterministic.trainer import config_of, publish_run
 from open1b.protocol import Identity, blake2b256, encode
@@ -82,6 +82,21 @@ def test_no_answer_is_a_fail(runs, answered):
     run_dir, *_ = runs
     result = check_spot(run_dir, 1, answered[0], None)
     assert (result.passed, result.verdict, result.caught) == (False, "fail", "no_answer")
+
+
+def test_the_two_halves_of_a_check_give_the_whole_checks_verdicts(runs, answered):
+    run_dir, *_ = runs
+    challenge, answer = answered
+    micro = check_spot(run_dir, 1, challenge, None, links=(MICRO,))  # needs no answer, and holds
+    assert (micro.passed, micro.caught) == (True, "none")
+    assert check_spot(run_dir, 1, challenge, answer, links=(ANSWER,)).passed
+    assert check_spot(run_dir, 1, challenge, None, links=(ANSWER,)).caught == "no_answer"
+    bad = _reencode(answer, _flip_first_byte)
+    assert check_spot(run_dir, 1, challenge, bad, links=(ANSWER,)).caught == "proof"
+    assert check_spot(run_dir, 1, challenge, bad, links=(MICRO,)).passed  # the answer is not read
+    for links in [(), ("micro", "chunks"), ("everything",)]:
+        with pytest.raises(ValueError, match="links"):
+            check_spot(run_dir, 1, challenge, answer, links=links)
 
 
 def _reencode(answer: bytes, edit) -> bytes:

@@ -1,0 +1,80 @@
+"""The node's spot check of one step (node/spot_checker.py), with a real replay worker and real
+libp2p hosts on loopback: the micro-batch is judged while the trainer's answer is awaited, so a
+forger that never answers is convicted by ``loss`` without waiting out the answer deadline; an
+honest step whose publisher stays silent is ``no_answer`` at the deadline; one it answers passes."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from open1b.deterministic.spot_run import ANSWER, MICRO
+from open1b.node.clock import Clock
+from open1b.node.config import NodeConfig
+from open1b.node.devnet.forged_run import publish_forged_run
+from open1b.node.metrics import NodeStats
+from open1b.node.p2p import open_p2p
+from open1b.node.spot_answers import SPOTCHECK_PROTOCOL, AnswerServer
+from open1b.node.spot_checker import SpotChecker
+from open1b.node.worker import SPOT_ANSWER, SPOT_MICRO, ReplayWorker
+
+from .conftest import ident
+
+pytestmark = pytest.mark.integration
+
+STEPS, FORGED = 4, 2
+
+
+@pytest.fixture(scope="module")
+def forged_data_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("forged-data")
+    return run_dir, publish_forged_run(run_dir, ident(0), steps=STEPS, seed=6, forgeries={FORGED: "forged-data"})
+
+
+def test_the_daemon_names_the_halves_of_a_spot_check_as_the_engine_does():
+    assert (SPOT_MICRO, SPOT_ANSWER) == (MICRO, ANSWER)
+
+
+def test_a_micro_batch_verdict_does_not_wait_for_the_answer(forged_data_run, tmp_path):
+    run_dir, manifest = forged_data_run
+
+    async def silent(stream):  # the publisher accepts the challenge and never answers
+        await stream.receive(256)
+        await trio.sleep_forever()
+
+    async def main():
+        worker = ReplayWorker()
+        try:
+            async with AsyncExitStack() as stack:
+                publisher, verifier = [await stack.enter_async_context(open_p2p(ident(70 + i), "127.0.0.1", 0))
+                                       for i in range(2)]
+                await verifier.connect(publisher.addrs[0])
+
+                def checker(answer_s: float) -> SpotChecker:
+                    config = NodeConfig(data_dir=tmp_path, answer_s=answer_s, replay_timeout_s=300)
+                    return SpotChecker(verifier.identity, config, None, verifier, worker, None, clock=Clock(),
+                                       stats=NodeStats(), scratch=tmp_path / "spot")
+
+                publisher.set_stream_handler(SPOTCHECK_PROTOCOL, silent)
+                # The spec's hour to answer: the forged step is convicted by its micro-batch anyway.
+                with trio.fail_after(240):
+                    outcome = await checker(3600.0)._challenge_and_check(manifest, FORGED, run_dir)
+                assert (outcome.passed, outcome.caught) == (False, "loss")
+                # An honest step of the same silent publisher: the micro-batch holds, no answer comes.
+                started = trio.current_time()
+                outcome = await checker(3.0)._challenge_and_check(manifest, FORGED - 1, run_dir)
+                assert (outcome.passed, outcome.caught) == (False, "no_answer")
+                assert trio.current_time() - started >= 3.0
+                # The same step answered by the publisher's own worker: it passes.
+                server = AnswerServer(worker, {manifest.run_id: manifest}, lambda r: run_dir, tmp_path / "answers",
+                                      timeout_s=120, stats=NodeStats())
+                publisher.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
+                with trio.fail_after(240):
+                    outcome = await checker(120.0)._challenge_and_check(manifest, FORGED - 1, run_dir)
+                assert (outcome.passed, outcome.caught) == (True, "none") and outcome.elapsed_ms > 0
+        finally:
+            await worker.aclose()
+
+    trio.run(main)
