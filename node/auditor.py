@@ -18,10 +18,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
@@ -195,11 +196,14 @@ class Auditor:
         samples, before, after = samples_blob(manifest), checkpoint_blob(manifest, step), checkpoint_blob(manifest, step + 1)
         await self.runfiles.fetch(self.p2p, samples, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
         self.runfiles.assemble(manifest, [samples])  # the bulk path reads them from the replay's directory
-        for k, blob in ((step, before), (step + 1, after)):
-            await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self.p2p.penalise, provide=self._provide_soon,
-                                      bulk=BulkFetch(self.identity, manifest, k))
-        await self.runfiles.fetch_fingerprints(self.p2p, manifest, on_bad_peer=self.p2p.penalise,
-                                               provide=self._provide_soon)
+        # The three at once: a small blob's fetch is mostly round trips (asking peers, a bulk
+        # handshake), which overlap; each is verified on its own.
+        fetches = [functools.partial(self.runfiles.fetch, self.p2p, blob, on_bad_peer=self.p2p.penalise,
+                                     provide=self._provide_soon, bulk=BulkFetch(self.identity, manifest, k))
+                   for k, blob in ((step, before), (step + 1, after))]
+        fetches.append(functools.partial(self.runfiles.fetch_fingerprints, self.p2p, manifest,
+                                         on_bad_peer=self.p2p.penalise, provide=self._provide_soon))
+        await _all_or_first_error(fetches)
         fingerprints = fingerprints_blob(manifest)
         assert fingerprints is not None  # fetch_fingerprints raised otherwise
         run_dir = self.runfiles.assemble(manifest, [samples, before, after, fingerprints], purpose=SPOT_DIR)
@@ -239,3 +243,21 @@ class Auditor:
         self.ingest.add_own_attestation(att)
         log.info("step %d of run %s: %s (%d ms)", step, manifest.run_id.hex()[:12], att.verdict, result.elapsed_ms)
         await self.p2p.publish(attestations_topic(manifest.run_id), att.encoded)
+
+
+async def _all_or_first_error(fetches: list[Callable[[], Awaitable[object]]]) -> None:
+    """Run ``fetches`` at once; if any failed with :class:`RunFilesError`, raise the first (plain,
+    as one sequential fetch would), once all have finished."""
+    errors: list[RunFilesError] = []
+
+    async def one(fetch: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await fetch()
+        except RunFilesError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for fetch in fetches:
+            nursery.start_soon(one, fetch)
+    if errors:
+        raise errors[0]
