@@ -220,7 +220,7 @@ def read_samples(
     try:
         fd, size = open_regular(path, max_bytes)
     except FileRefused as exc:
-        raise SamplesFormatError(f"samples file: {exc}") from None
+        raise SamplesFormatError(f"cannot read samples file: {exc}") from None
     try:
         if expected_size is not None and size != expected_size:
             raise SamplesMismatchError(f"{path}: {size} bytes; the run names a file of {expected_size}")
