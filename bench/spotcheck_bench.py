@@ -12,7 +12,8 @@ and each forgery's detection per challenge over seeded random challenges.
   ÷ one replay of the step (target ≤ 5%). It cannot be below 1 / (ranks × micro_batches): the
   ``small`` preset has one micro-batch per step, so ``small-32`` is ``small``'s model with 32
   one-sequence micro-batches (8 ranks × 4), the shape of a real run's step.
-* ``answer_over_step``: :func:`.fingerprint.answer_challenge` ÷ one step (target ≤ 1).
+* ``answer_over_step``: :func:`.fingerprint.answer_challenge` ÷ one step (target ≤ 1);
+  ``answer_over_recorded_step`` ÷ the fingerprinted step an auditable run's trainer takes.
 * ``detection``: over ``--trials`` challenges by keys derived from ``--seed`` (``tiny``; the same
   seed gives the same challenges and counts), the challenges of a forged step that catch it,
   beside docs/run-format.md §10.3's stated value, with a 95% Wilson interval and the two-sided
@@ -118,6 +119,8 @@ def costs(name: str, rounds: int, seed: int) -> dict:
         "spot_over_step": (low["spot"] + low["chunks"]) / low["step"],
         "spot_floor": 1 / (topology.ranks * topology.micro_batches),
         "answer_over_step": low["answer"] / low["step"],
+        # ÷ the step the trainer of an auditable run takes, which records the fingerprints
+        "answer_over_recorded_step": low["answer"] / low["fingerprinted"],
         "load_before": load_before, "load_after": os.getloadavg()[0],
     }
 

@@ -113,21 +113,29 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
     with DaemonLock(config.data_dir):
         store = Store(config.data_dir / STORE_FILE, now_ms=clock.wall_ms)
         worker = ReplayWorker(config.device)
+        # A publisher's answers get their own worker process (started on the first challenge): an
+        # answer is owed within ANSWER_SECONDS, and a replay of a real step can take that long, so
+        # an honest trainer that also audits would otherwise miss its deadlines behind its replays.
+        answer_worker = ReplayWorker(config.device)
         try:
             # an operator's local runs (--run): a bad manifest stops the daemon before it listens
             local_runs = [(d, read_run_manifest(d, clock.wall())) for d in (Path(r).resolve() for r in config.run_dirs)]
             async with open_p2p(identity, *split_hostport(config.listen), heartbeat_s=config.heartbeat_s,
                                 max_rejects_per_peer=config.max_rejects_per_peer) as p2p:
-                async with _serve(config, identity, store, worker, p2p, local_runs, clock, rng, harness) as daemon:
+                async with _serve(config, identity, store, (worker, answer_worker), p2p, local_runs, clock, rng,
+                                  harness) as daemon:
                     yield daemon
         finally:
             await worker.aclose()
+            await answer_worker.aclose()
             store.close()
 
 
 @asynccontextmanager
-async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: ReplayWorker, p2p: P2P,
-                 local_runs: list, clock: Clock, rng: random.Random, harness: Harness | None) -> AsyncIterator[Daemon]:
+async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: tuple[ReplayWorker, ReplayWorker],
+                 p2p: P2P, local_runs: list, clock: Clock, rng: random.Random,
+                 harness: Harness | None) -> AsyncIterator[Daemon]:
+    worker, answer_worker = workers  # replays and spot checks; answers to challenges
     stats = NodeStats()
     runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes,
                                                     reserve_bytes=config.disk_reserve_bytes))
@@ -148,7 +156,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, worker: R
     if harness is not None:
         replayer = harness.replayer(replayer)
     scratch = config.data_dir / SPOT_DIR
-    answers = AnswerServer(worker, ingest.manifests, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
+    answers = AnswerServer(answer_worker, ingest.manifests, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
                            stats=stats)
     p2p.set_stream_handler(SPOTCHECK_PROTOCOL, answers.serve)
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,

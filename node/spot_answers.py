@@ -8,7 +8,8 @@ docs/run-format.md §10.2, at most ``MAX_ANSWER_SIZE`` bytes) or ``{"error": cod
 
 The server (:class:`AnswerServer`) checks the challenge before computing anything: it must be the
 requesting peer's own signature over (run, step), so nobody makes a node recompute a step for a
-challenge it did not sign. Answers are computed in the replay worker process, one at a time, and at
+challenge it did not sign. Answers are computed in a worker process of their own (not the one that
+replays: a replay of a real step can outlast the answer deadline), one at a time, and at
 most :data:`MAX_PENDING_ANSWERS` wait: a request beyond that is refused (``busy``) at once rather
 than queued without bound.
 

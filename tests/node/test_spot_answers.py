@@ -4,11 +4,15 @@ refuses what it cannot or will not answer, and the verifier gives up at its dead
 
 from __future__ import annotations
 
+import random
 from contextlib import AsyncExitStack
 
 import trio
 import trio.testing
 
+from open1b.node.clock import Clock
+from open1b.node.config import NodeConfig
+from open1b.node.daemon import open_daemon
 from open1b.node.metrics import NodeStats
 from open1b.node.p2p import open_p2p
 from open1b.node.spot_answers import MAX_PENDING_ANSWERS, SPOTCHECK_PROTOCOL, AnswerServer, ask, request_answer
@@ -115,5 +119,28 @@ def test_answers_beyond_the_bound_are_refused_at_once(tampered_run, tmp_path):
                 assert replies == [{"error": "busy"}]
                 worker.release.set()
         assert replies[1:] == [{"answer": b"\xa0"}] * MAX_PENDING_ANSWERS and server.pending == 0
+
+    trio.run(main)
+
+
+def test_a_publisher_answers_while_its_replay_worker_is_busy(tampered_run, tmp_path):
+    """A replay of a real step can take the whole ANSWER_SECONDS: the daemon's answers must not
+    queue behind it, or an honest trainer that also audits fails every challenge."""
+    run_dir, manifest = tampered_run
+    run = manifest.run_id
+
+    async def main():
+        config = NodeConfig(data_dir=tmp_path / "node", listen="127.0.0.1:0", api="127.0.0.1:0", audit=False)
+        with trio.fail_after(240):
+            async with open_daemon(config, clock=Clock(), rng=random.Random(0)) as daemon:
+                await daemon.ingest.add_run(manifest, run_dir)
+                async with open_p2p(ident(62), "127.0.0.1", 0) as verifier:
+                    await verifier.connect(daemon.p2p.addrs[0])
+                    replays = daemon.auditor.replayer.worker
+                    async with replays._busy:  # a replay in progress, as long as it takes
+                        with trio.fail_after(90):  # an answer on `tiny`: seconds, its worker's start included
+                            answer = await ask(verifier, daemon.p2p.peer_id, run, 1,
+                                               challenge_signature(verifier.identity, run, 1))
+                    assert answer is not None and daemon.stats.challenges_answered == 1
 
     trio.run(main)
