@@ -126,6 +126,16 @@ WHAT = {
                  "the link between two network namespaces down, then heals. Each half must keep attesting on its "
                  "own, and all nodes must converge to identical coverage.",
     "late-joiner": "A node starts after the run is covered. It must report the same coverage as the others.",
+    "forged-data": "The trainer commits batch k but trains step k on other text, with fingerprints consistent with "
+                   "what it trained. Auditors spot check beside their replays (each replay slowed by 2 s, the "
+                   "proportions of a real step); a spot check of that step must fail it, by `loss` or `gradient`.",
+    "skipped-update": "The trainer publishes checkpoint k+1 equal to checkpoint k (the update skipped), with honest "
+                      "fingerprints of step k. A spot check must fail it by `update`.",
+    "forged-microbatch": "One (rank, micro-batch) of step k is trained on other text, the rest honest. The devnet "
+                         "picks `created_at` so that every auditor's challenge lands on the forged slot (the link, "
+                         "not the 1-in-slots odds, which bench/spotcheck_bench.py measures).",
+    "refusing-trainer": "An honest run whose publisher never answers a challenge. Every spot check must fail by "
+                        "`no_answer`, and replays still verify every step.",
 }
 
 
@@ -294,9 +304,12 @@ def main() -> int:
     minutes = round((time.monotonic() - started) / 60, 1)
     if args.scenario and "meta" in results:
         minutes = round(results["meta"]["wall_minutes"] + minutes, 1)
+    date = time.strftime("%Y-%m-%d")
+    if args.scenario and "meta" in results and not results["meta"]["date"].endswith(date):
+        date = f"{results['meta']['date'].split(' to ')[0]} to {date}"  # the others keep their earlier runs
     results["meta"] = {"runs": args.runs, "nodes": args.nodes, "steps": args.steps,
                        "machine": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count(),
-                       "date": time.strftime("%Y-%m-%d"), "wall_minutes": minutes}
+                       "date": date, "wall_minutes": minutes}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     write_doc(results)
