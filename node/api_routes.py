@@ -67,7 +67,8 @@ class Components:
         return Gauges(self.ingest.store.attestation_count(), len(self.p2p.connected_peers()), len(self.p2p.banned),
                       len(self.ingest.manifests), blobs_fetched=f.fetched, blob_fetch_failures=f.failed,
                       blob_fetched_bytes=f.fetched_bytes, blob_served_bytes=cache.served_bytes,
-                      blob_bad_providers=f.bad_providers, blob_cache_bytes=cache.used_bytes())
+                      blob_bad_providers=f.bad_providers, blob_cache_bytes=cache.used_bytes(),
+                      trusted_listed=len(self.ingest.listed.roots), trusted_earned=len(self.ingest.earned))
 
     def status(self) -> dict:
         s, g, ingest, p2p = self.stats, self.gauges(), self.ingest, self.p2p

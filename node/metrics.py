@@ -36,6 +36,7 @@ METRIC_NAMES = (
     "open1b_spot_checks_total",
     "open1b_spot_check_failures_total",
     "open1b_challenges_answered_total",
+    "open1b_trusted_keys",
 )
 RUN_STEP_STATUSES = ("verified", "disputed", "refuted")  # the per-run gauge's statuses
 
@@ -89,6 +90,9 @@ class Gauges:
     blob_served_bytes: int = 0
     blob_bad_providers: int = 0
     blob_cache_bytes: int = 0
+    # keys whose attestations coverage counts: the operator's list, and those that earned trust
+    trusted_listed: int = 0
+    trusted_earned: int = 0
 
 
 class _Collector:
@@ -138,6 +142,11 @@ class _Collector:
         yield CounterMetricFamily("open1b_blob_bad_providers", "Providers caught serving bytes that are not the blob",
                                   value=g.blob_bad_providers)
         yield GaugeMetricFamily("open1b_blob_cache_bytes", "Bytes in the blob cache", value=g.blob_cache_bytes)
+        trusted = GaugeMetricFamily("open1b_trusted_keys", "Keys this node's trust policy counts, by source "
+                                    "(listed by the operator, or earned: docs/protocol.md §8.1.1)", labels=["source"])
+        trusted.add_metric(["listed"], g.trusted_listed)
+        trusted.add_metric(["earned"], g.trusted_earned)
+        yield trusted
         runs = GaugeMetricFamily("open1b_run_steps", "Steps of a run by coverage status (this node's trust policy)",
                                  labels=["run", "status"])
         for run, counts in sorted(s.run_steps.items()):

@@ -133,6 +133,10 @@ def test_metrics_golden_list(network):
     assert set(re.findall(r"^# TYPE (\S+) ", text, re.M)) == set(METRIC_NAMES)
     status = call(network["daemons"].api(0), "/v1/status")
     assert f"open1b_replays_total {float(status['replays'])}" in text
+    policy = call(network["daemons"].api(0), f"/v1/coverage/{network['run']}")["policy"]
+    listed, earned = len(policy["roots"]) - len(policy["earned"]), len(policy["earned"])
+    assert f'open1b_trusted_keys{{source="listed"}} {float(listed)}' in text and listed >= 1
+    assert f'open1b_trusted_keys{{source="earned"}} {float(earned)}' in text
 
 
 def test_second_daemon_on_the_same_data_dir_is_refused(network):
