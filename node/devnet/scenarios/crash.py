@@ -22,29 +22,30 @@ class Crash(Scenario):
     def auditor_args(self):
         return ("--behaviour", "slow=2", "--lease", str(self.LEASE_S))
 
+    def _want(self, net) -> int:
+        return max(1, len(net.indices("auditor")) // 3)
+
     def tick(self, net):
-        if self.killed:
+        if len(self.killed) >= self._want(net):
             return
-        auditors = net.indices("auditor")
-        want = max(1, len(auditors) // 3)
-        busy = {}
-        for i in auditors:
+        candidates = [i for i in net.indices("auditor") if i not in self.killed]
+        # What each has signed, read first: between reading that a node is replaying and killing it
+        # there must be nothing but the kill, or the replay may finish and attest in between (its
+        # step is then covered and never retaken).
+        signed = {i: {a["digest"] for a in net.attestations(i) if a["signer"] == net.peer(i)} for i in candidates}
+        for i in sorted(i for i in candidates if signed[i]):  # with attestations of its own: what a restart must keep
+            if len(self.killed) == self._want(net):
+                break
             step = net.get(i, "/v1/status")["replaying_step"]
-            # mid-replay, and with attestations of its own already stored: what a restart must keep
-            if step is not None and any(a["signer"] == net.peer(i) for a in net.attestations(i)):
-                busy[i] = step
-        if len(busy) < want:
-            return
-        for i in sorted(busy)[:want]:
-            before = {a["digest"] for a in net.attestations(i) if a["signer"] == net.peer(i)}
+            if step is None:
+                continue
             net.daemons.kill(i)
             net.forget_api(i)
-            self.killed[i] = {"step": busy[i], "peer": net.peer(i), "before": before, "at": time.time()}
-        say(f"crash: kill -9 of node(s) {sorted(self.killed)} while replaying steps "
-             f"{[k['step'] for k in self.killed.values()]}")
+            self.killed[i] = {"step": step, "peer": net.peer(i), "before": signed[i], "at": time.time()}
+            say(f"crash: kill -9 of node {i} while replaying step {step}")
 
     def done(self, net):
-        if not self.killed:
+        if len(self.killed) < self._want(net):
             return False
         cov = net.coverage(net.observer)
         return all(set(cov["per_step"][k["step"]]["auditors"] + cov["per_step"][k["step"]]["dissenters"]) - {k["peer"]}
@@ -74,7 +75,7 @@ class Crash(Scenario):
             {"what": "killed steps retaken by others after the lease", "count": sum(1 for v in retaken.values() if v),
              "retake_seconds": retaken},
             lost,
-            {"a third of the auditors killed mid-replay": len(self.killed) == max(1, len(net.indices("auditor")) // 3),
+            {"a third of the auditors killed mid-replay": len(self.killed) == self._want(net),
              "every killed step retaken": bool(retaken) and all(v is not None for v in retaken.values()),
              "restarted nodes lost no attestation": bool(self.restarted_ok) and all(self.restarted_ok.values())},
             attestations_before_kill={str(i): len(k["before"]) for i, k in self.killed.items()})
