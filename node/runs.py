@@ -44,6 +44,7 @@ from open1b.deterministic.runfile import (
     SAMPLES_FILE,
     max_checkpoint_bytes,
 )
+from open1b.deterministic.samples import Dataset
 from open1b.protocol import Identity, Open1bError, RunManifest
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.fingerprints import FINGERPRINTS_FILE, decode_fingerprints, max_fingerprints_size
@@ -191,21 +192,40 @@ class BulkFetch:
     step: int
 
 
-async def _bulk_peers(p2p: P2P, peer_ids: list[str]) -> list[BulkPeer]:
-    """The bulk addresses of ``peer_ids`` that have one, asked in parallel, in ``peer_ids``' order."""
-    found: dict[str, BulkPeer] = {}
-
-    async def ask(peer_id: str) -> None:
-        peer = await find_bulk_peer(p2p, peer_id)
-        if peer is not None:
-            found[peer_id] = peer
-
-    async with trio.open_nursery() as nursery:
-        for peer_id in peer_ids:
-            nursery.start_soon(ask, peer_id)
-    return [found[p] for p in peer_ids if p in found]
+BULK_PORT_TTL_S = 30.0  # how long a peer's bulk port is reused before it is asked again
 
 
+class _BulkPorts:
+    """Peers' bulk addresses, asked over libp2p and kept :data:`BULK_PORT_TTL_S`: every checkpoint
+    fetch asks every candidate, and a round trip per peer per fetch cost as much as fetching a
+    small checkpoint. A stale port costs one failed dial (that peer is then skipped for that
+    fetch, and the libp2p path remains)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[BulkPeer, float]] = {}
+
+    async def of(self, p2p: P2P, peer_ids: list[str]) -> list[BulkPeer]:
+        """The bulk addresses of ``peer_ids`` that have one, those not known asked in parallel, in
+        ``peer_ids``' order."""
+        now = time.monotonic()
+        found = {p: peer for p, (peer, until) in self._known.items() if until > now and p in peer_ids}
+
+        async def ask(peer_id: str) -> None:
+            peer = await find_bulk_peer(p2p, peer_id)
+            if peer is not None:
+                found[peer_id] = peer
+                self._known[peer_id] = (peer, time.monotonic() + BULK_PORT_TTL_S)
+
+        async with trio.open_nursery() as nursery:
+            for peer_id in peer_ids:
+                if peer_id not in found:
+                    nursery.start_soon(ask, peer_id)
+        for p in [p for p, (_, until) in self._known.items() if until <= now]:
+            del self._known[p]
+        return [found[p] for p in peer_ids if p in found]
+
+
+DATASETS_KEPT = 4  # runs whose checked samples stay in memory (each at most MAX_SAMPLES_BYTES)
 COPY_CHUNK = 1 << 20  # what assemble's copy holds in memory at once
 
 
@@ -229,6 +249,8 @@ class RunFiles:
         self.cache = cache
         self.stats = FetchStats()
         self._locks: dict[bytes, trio.Lock] = {}
+        self._datasets: dict[bytes, Dataset] = {}  # run -> its checked samples (:meth:`_dataset`)
+        self._bulk_ports = _BulkPorts()
 
     def work_dir(self, run: bytes, purpose: str = "") -> Path:
         """Replays use ``<run hex>/``; another user of a run's files (the spot checker) its own
@@ -363,6 +385,19 @@ class RunFiles:
                      seconds, size / max(seconds, 1e-6) / 1e6)
             return path, True
 
+    async def _dataset(self, manifest: RunManifest) -> Dataset:
+        """The run's samples, read and checked against the manifest once: every checkpoint fetched
+        on the bulk path needs them (h_k's preimage), and reading and checking them took longer
+        than fetching a small checkpoint."""
+        run = manifest.run_id
+        dataset = self._datasets.pop(run, None)
+        if dataset is None:
+            dataset = await trio.to_thread.run_sync(load_run_samples, self.work_dir(run), manifest)
+        self._datasets[run] = dataset  # most recently used last
+        while len(self._datasets) > DATASETS_KEPT:
+            del self._datasets[next(iter(self._datasets))]
+        return dataset
+
     async def _fetch_bulk(self, p2p: P2P, bulk: BulkFetch, connected: list[str], dht_providers,
                           bad: Callable[[str], None], progress: Callable[[int, int], None]) -> Path | None:
         """The checkpoint over the bulk path from the connected peers, else from the DHT's
@@ -371,9 +406,7 @@ class RunFiles:
         manifest, step = bulk.manifest, bulk.step
         started = time.monotonic()
         try:  # h_k's preimage: nothing a chunk is checked against comes from a provider
-            dataset = None
-            if step > 0:
-                dataset = await trio.to_thread.run_sync(load_run_samples, self.work_dir(manifest.run_id), manifest)
+            dataset = await self._dataset(manifest) if step > 0 else None
             expect = checkpoint_expectation(manifest, step, dataset)
         except Open1bError as exc:  # samples that are not the manifest's: the replay reports it
             log.info("checkpoint %d: no bulk fetch without the run's samples: %s", step, exc)
@@ -382,7 +415,7 @@ class RunFiles:
         for candidates in (connected, None):
             peer_ids = candidates if candidates is not None else await dht_providers()
             asked_at = time.monotonic()
-            peers = await _bulk_peers(p2p, peer_ids)
+            peers = await self._bulk_ports.of(p2p, peer_ids)
             ports_s = time.monotonic() - asked_at
             if not peers:
                 continue

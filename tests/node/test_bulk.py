@@ -175,3 +175,35 @@ def test_a_peer_learns_the_bulk_address_over_libp2p():
                 assert await find_bulk_peer(a, b.peer_id) is None  # b has no bulk listener
 
     trio.run(main)
+
+
+def test_bulk_ports_are_asked_once_and_reused_until_they_expire(monkeypatch):
+    """node/runs.py: every checkpoint fetch needs its candidates' bulk ports; a port learned over
+    libp2p is reused for BULK_PORT_TTL_S, then asked again (a restarted peer may have a new one)."""
+    from open1b.node import runs
+    from open1b.node.bulk import ADDRESS_PROTOCOL, address_handler
+
+    asked = []
+
+    async def main():
+        async with open_p2p(ident(80), "127.0.0.1", 0) as a, open_p2p(ident(81), "127.0.0.1", 0) as b:
+            answer = address_handler(4242)
+
+            async def counting(stream):
+                asked.append(stream.peer_id)
+                await answer(stream)
+
+            a.set_stream_handler(ADDRESS_PROTOCOL, counting)
+            await b.connect(a.addrs[0])
+            ports = runs._BulkPorts()
+            for _ in range(3):
+                peers = await ports.of(b, [a.peer_id])
+                assert [(p.peer_id, p.host, p.port) for p in peers] == [(a.peer_id, "127.0.0.1", 4242)]
+            assert len(asked) == 1
+            monkeypatch.setattr(runs, "BULK_PORT_TTL_S", 0.0)  # kept for no time: asked again, every time
+            ports = runs._BulkPorts()
+            await ports.of(b, [a.peer_id])
+            await ports.of(b, [a.peer_id])
+            assert len(asked) == 3
+
+    trio.run(main)
