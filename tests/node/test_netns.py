@@ -39,10 +39,20 @@ def test_a_killed_runs_namespaces_and_links_are_cleared_before_the_next_partitio
 TRY_LOCK = f"import fcntl; fcntl.flock(open({LOCK_PATH!r}, 'a'), fcntl.LOCK_EX | fcntl.LOCK_NB)"
 
 
+def _holders() -> set[int]:
+    """The pids holding a flock on LOCK_PATH, from /proc/locks ("1: FLOCK ADVISORY WRITE pid maj:min:inode …")."""
+    inode = os.stat(LOCK_PATH).st_ino
+    with open("/proc/locks") as f:
+        fields = [line.split() for line in f]
+    return {int(x[4]) for x in fields if len(x) > 5 and x[1] == "FLOCK" and int(x[5].rsplit(":", 1)[1]) == inode}
+
+
 def test_partitions_on_one_host_take_turns():
     """Every partition uses the same host addresses, so a second (another devnet, another test
     worker) waits for the first to be torn down."""
     with Partition():
+        assert os.getpid() in _holders()
         held = subprocess.run([sys.executable, "-c", TRY_LOCK], capture_output=True, text=True)
         assert held.returncode != 0 and "BlockingIOError" in held.stderr
-    assert subprocess.run([sys.executable, "-c", TRY_LOCK], capture_output=True).returncode == 0
+    # released (another test worker's partition may hold it now: only ours must be gone)
+    assert os.getpid() not in _holders()
