@@ -35,8 +35,6 @@ import enum
 import itertools
 import math
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -47,6 +45,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import MerkleTree, leaf_hash, verify_merkle_proof
 
 from .backend import default_backend
+from .process_pool import PerProcessPool
 from .config import GPTConfig, Topology
 from .gpt import forward_backward
 from .reduction import RANK_GROUP
@@ -127,19 +126,7 @@ def gradient_tree(grads: dict, config: GPTConfig, be) -> MerkleTree:
     return _Gradient(grads, config, be).hash_async()()
 
 
-_POOL: dict[int, ThreadPoolExecutor] = {}
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    # One per process, made on first use: a forked child inherits its parent's executor without
-    # its threads (work submitted there would never run), so it gets its own.
-    with _POOL_LOCK:
-        pid = os.getpid()
-        if pid not in _POOL:
-            _POOL.clear()
-            _POOL[pid] = ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="open1b-fingerprint")
-        return _POOL[pid]
+_pool = PerProcessPool(HASH_THREADS, "open1b-fingerprint")
 
 
 @dataclass(frozen=True)

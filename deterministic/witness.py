@@ -13,14 +13,14 @@ its signer's key (docs/run-format.md §5) and the trainer commits to W_k in the 
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
+
+from .process_pool import PerProcessPool
 
 WITNESS_TAG = b"open1b/witness/v1\x00"
 
@@ -47,19 +47,7 @@ class StepScalars:
     witness: Future
 
 
-_POOL: dict[int, ThreadPoolExecutor] = {}
-_POOL_LOCK = threading.Lock()
-
-
-def _hasher() -> ThreadPoolExecutor:
-    # One per process, made on first use: a forked child inherits its parent's executor without
-    # its thread (work submitted there would never run), so it gets its own.
-    with _POOL_LOCK:
-        pid = os.getpid()
-        if pid not in _POOL:
-            _POOL.clear()
-            _POOL[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="open1b-witness")
-        return _POOL[pid]
+_hasher = PerProcessPool(1, "open1b-witness")  # one thread: W_k is one sequential hash
 
 
 def witness_async(loss: np.float32, grads: Mapping[str, np.ndarray], order: list[str], grad_norm: np.float32,
