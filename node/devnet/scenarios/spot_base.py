@@ -31,7 +31,6 @@ class SpotScenario(Scenario):
 
     def __init__(self, opts) -> None:
         super().__init__(opts)
-        self.published_at: float | None = None
         self.flagged_at: float | None = None
 
     def forged_step(self) -> int | None:
@@ -50,8 +49,6 @@ class SpotScenario(Scenario):
         return step in spot["spot_failed_steps"] if step is not None else bool(spot["spot_failed_steps"])
 
     def tick(self, net: Net) -> None:
-        if self.published_at is None:
-            self.published_at = net.publishing_at
         if self.flagged_at is None and self._flagged(net.coverage(net.observer)["spot_checks"]):
             self.flagged_at = net.poll_at
 
@@ -67,7 +64,7 @@ class SpotScenario(Scenario):
         step = self.forged_step()
         # the links that failed this scenario's step (others may share the devnet with their own)
         caught = sorted({link for k in failed if step is None or k == step for link in per_step[k]["caught"]})
-        start = self.published_at or 0.0
+        start = net.publishing_at
         flagged_s = None if self.flagged_at is None else round(self.flagged_at - start, 2)
         covered_s = None if net.covered_at is None else round(net.covered_at - start, 2)
         held = net.get(net.observer, f"/v1/spotchecks/{net.run}")
