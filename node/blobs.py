@@ -253,8 +253,8 @@ class BlobCache:
 
     async def chunk_table(self, digest: bytes) -> bytes:
         """The chunk table of the cached checkpoint ``digest`` (docs/run-format.md §6.6), computed
-        once in a thread and kept beside the blob. Raises ``ChunkTableError`` for a blob that is
-        not a checkpoint, ``BlobError`` for one the cache does not hold."""
+        once in a thread and kept beside the blob (where there is room). Raises ``ChunkTableError``
+        for a blob that is not a checkpoint, ``BlobError`` for one the cache does not hold."""
         lock = self._table_locks.setdefault(digest, trio.Lock())  # one computation per blob
         try:
             async with lock:
@@ -265,7 +265,11 @@ class BlobCache:
                 if path is None:
                     raise BlobError(f"blob {digest.hex()[:16]} is not in the cache")
                 table = await trio.to_thread.run_sync(compute_table, path)
-                self.store_table(digest, table)
+                try:
+                    self.store_table(digest, table)
+                except OSError as exc:  # kept only to save recomputing it: a full disk must not stop serving it
+                    log.warning("chunk table of blob %s not kept (computed again when next asked): %s",
+                                digest.hex()[:16], exc)
                 return table
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:

@@ -436,3 +436,33 @@ def test_a_full_disk_ends_a_bulk_fetch_as_storage_full_blaming_no_one(tmp_path, 
     filler.unlink()
     report = trio.run(fetch)
     assert file_digest(report.path) == expect.address and blamed == []
+
+
+def test_a_provider_on_a_full_disk_still_serves_its_checkpoints(tmp_path, checkpoint, small_tmpfs):
+    """Issue 15: a node whose disk is full keeps serving reads. Its chunk table of a checkpoint is
+    computed when first asked for, then kept beside the blob; with no room to keep it, it is
+    served all the same (it was the end of the session: no peer could fetch that checkpoint from
+    this provider over the bulk path)."""
+    path, expect = checkpoint
+    provider = BlobCache(small_tmpfs / "p", 1 << 34)
+    shutil.copyfile(path, provider.path(expect.address))  # held, its table not computed yet
+    filler = small_tmpfs / "filler"
+    with open(filler, "wb") as f:  # someone else fills the disk
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    fetcher = BlobCache(tmp_path / "f", 1 << 34)
+
+    async def fetch():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, [provider])
+                report = await fetch_checkpoint(fetcher, FETCHER, peers, expect)
+                nursery.cancel_scope.cancel()
+        return report
+
+    assert file_digest(trio.run(fetch).path) == expect.address
+    assert sorted(p.name for p in provider.dir.iterdir()) == [expect.address.hex()]  # no half-written table
