@@ -229,17 +229,15 @@ DATASETS_KEPT = 4  # runs whose checked samples stay in memory (each at most MAX
 COPY_CHUNK = 1 << 20  # what assemble's copy holds in memory at once
 
 
-def _copy_streamed(source: Path, target: Path, name: str) -> None:
+def _copy_streamed(source: Path, target: Path) -> None:
     """Copy ``source`` to ``target`` COPY_CHUNK bytes at a time (a checkpoint can be gigabytes);
-    a full disk removes the partial copy and is the node's "storage full", no one's fault."""
+    a failed copy (a full disk) removes the partial one."""
     try:
         with open(source, "rb") as src, open(target, "wb") as dst:
             while chunk := src.read(COPY_CHUNK):
                 dst.write(chunk)
-    except OSError as exc:
+    except OSError:
         target.unlink(missing_ok=True)
-        if exc.errno == errno.ENOSPC:
-            raise RunFilesError(f"{name}: no space left on {target.parent} to assemble it") from None
         raise
 
 
@@ -449,23 +447,33 @@ class RunFiles:
 
     # -- the working directory handed to the replay worker ----------------------------------
     def assemble(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> Path:
-        """``<data dir>/runs/<run>/`` (:meth:`work_dir`) with the manifest and ``blobs`` linked in from the cache."""
+        """``<data dir>/runs/<run>/`` (:meth:`work_dir`) with the manifest and ``blobs`` linked in
+        from the cache. A full disk, at any of its writes, is :class:`RunFilesError` ("no space
+        left"), which its callers retry later, as they do a blob no provider delivered: a bare
+        ``OSError`` would end the auditor's task, and the daemon with it."""
         work = self.work_dir(manifest.run_id, purpose)
-        if not (work / MANIFEST_FILE).exists():
-            write_atomic(work / MANIFEST_FILE, manifest.encoded)
-        for blob in blobs:
-            target = work / blob.relpath
-            source = self.cache.open_blob(blob.digest)
-            if source is None:
-                raise RunFilesError(f"{blob.name}: evicted from the cache before use")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.unlink(missing_ok=True)
-            try:
-                os.link(source, tmp)
-            except OSError:  # another filesystem, or links refused: a copy, streamed, never read whole
-                _copy_streamed(source, tmp, blob.name)
-            os.replace(tmp, target)
+        name = "the manifest"
+        try:
+            if not (work / MANIFEST_FILE).exists():
+                write_atomic(work / MANIFEST_FILE, manifest.encoded)
+            for blob in blobs:
+                name = blob.name
+                target = work / blob.relpath
+                source = self.cache.open_blob(blob.digest)
+                if source is None:
+                    raise RunFilesError(f"{blob.name}: evicted from the cache before use")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.unlink(missing_ok=True)
+                try:
+                    os.link(source, tmp)
+                except OSError:  # another filesystem, or links refused: a copy, streamed, never read whole
+                    _copy_streamed(source, tmp)
+                os.replace(tmp, target)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise RunFilesError(f"{name}: no space left on {work} to assemble it") from None
+            raise
         return work
 
     def release(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> None:

@@ -4,6 +4,7 @@ memory or revealing what the daemon could read; published blobs are the node's o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import shutil
@@ -17,7 +18,7 @@ from open1b.node.api import ApiError
 from open1b.node.blobs import BlobCache, file_digest
 from open1b.node.files import FileRefused, StorageFull, read_bounded
 from open1b.node.publisher import read_run_manifest_async
-from open1b.node.runs import RunFiles, RunFilesError, checkpoint_blob, run_blobs
+from open1b.node.runs import RunFiles, RunFilesError, checkpoint_blob, run_blobs, samples_blob
 from open1b.node.store import Store
 from open1b.protocol.hashing import blake2b256
 
@@ -233,3 +234,29 @@ def test_assemble_streams_a_copy_across_filesystems_and_a_full_disk_leaves_nothi
         files.assemble(manifest, blobs[1:])
     leftovers = [p.name for p in (work / blobs[1].relpath).parent.iterdir()]
     assert leftovers == [os.path.basename(blobs[0].relpath)]
+
+
+def test_assemble_on_a_full_disk_is_a_run_files_error_not_a_crash(tmp_path, tampered_run, small_tmpfs):
+    """A full disk when a run's working directory is first written (its manifest) is the
+    RunFilesError "no space left" that the auditor and the spot checker retry later: it was a bare
+    OSError, which no caller catches, so it ended the auditor's task and the daemon with it."""
+    _, manifest = tampered_run
+    cache = BlobCache(tmp_path / "blobs", 1 << 30)
+    samples = tmp_path / "samples"
+    samples.write_bytes(os.urandom(1000))
+    blob = dataclasses.replace(samples_blob(manifest), digest=cache.add_file(samples))
+    files = RunFiles(small_tmpfs, cache)
+    filler = small_tmpfs / "filler"
+    with open(filler, "wb") as f:  # someone else fills the disk
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    with pytest.raises(RunFilesError, match="the manifest: no space left"):
+        files.assemble(manifest, [blob])
+    work = files.work_dir(manifest.run_id)
+    assert not work.exists() or list(work.iterdir()) == []  # no half-written manifest
+    filler.unlink()  # with room again, the same call succeeds
+    assert file_digest(files.assemble(manifest, [blob]) / blob.relpath) == blob.digest
