@@ -7,7 +7,7 @@ and each forgery's detection per challenge over seeded random challenges.
 * ``fingerprint_overhead``: :func:`.fingerprint.fingerprinted_step` ÷ :func:`.step.train_step` − 1
   (target ≤ 5%), wall time; ``fingerprint_cpu_overhead`` the same in the process's CPU time (the
   hashing threads included: what recording costs a machine with no idle core).
-* ``spot_over_step``: the verifier's compute for one challenge — :func:`.fingerprint.check_micro`
+* ``spot_over_step``: the verifier's compute for one challenge — :func:`.fingerprint.recompute_slot`
   (one micro-batch), :func:`.fingerprint.check_loss_sum` and :func:`.fingerprint.check_chunks` —
   ÷ one replay of the step (target ≤ 5%). It cannot be below 1 / (ranks × micro_batches): the
   ``small`` preset has one micro-batch per step, so ``small-32`` is ``small``'s model with 32
@@ -45,14 +45,14 @@ from open1b.deterministic.fingerprint import (
     answer_challenge,
     check_chunks,
     check_loss_sum,
-    check_micro,
     chunk_count,
     chunk_tree,
     fingerprinted_step,
     flat_gradient,
     gradient_tree,
+    recompute_slot,
 )  # fmt: skip
-from open1b.protocol import Identity, challenge_signature, derive_challenge
+from open1b.protocol import Identity, challenge_signature, derive_chunks, derive_slot, slot_signature
 from open1b.protocol.hashing import blake2b256
 
 RESULTS = Path(__file__).parent / "results"
@@ -74,7 +74,9 @@ def timed(fn) -> tuple[float, float]:
 
 def challenge(key: bytes, slots: int, chunks_total: int) -> tuple[int, tuple[int, ...]]:
     """The (slot, chunks) that the verifier with Ed25519 seed ``key`` challenges in step 1."""
-    return derive_challenge(challenge_signature(Identity(key), b"\0" * 32, 1), slots, chunks_total)
+    identity = Identity(key)
+    return (derive_slot(slot_signature(identity, b"\0" * 32, 1), slots),
+            derive_chunks(challenge_signature(identity, b"\0" * 32, 1), chunks_total))
 
 
 def keys(seed: int, label: str, count: int) -> list[bytes]:
@@ -90,13 +92,13 @@ def costs(name: str, rounds: int, seed: int) -> dict:
     batch = batch_for_step(data, SEED, 1, config, topology)
     s2, _, fp = fingerprinted_step(s1, batch, topology)
     slot, chunks = challenge(keys(seed, name, 1)[0], topology.ranks * topology.micro_batches, chunk_count(config))
-    rank, micro = divmod(slot, topology.micro_batches)
     answer = answer_challenge(s1, batch, topology, chunks)
+    _, mine = recompute_slot(fp, s1, batch, topology, slot, chunks)
     runs = {
         "step": lambda: train_step(s1, batch, topology),
         "fingerprinted": lambda: fingerprinted_step(s1, batch, topology),
-        "spot": lambda: (check_micro(fp, s1, batch, topology, rank, micro), check_loss_sum(fp, config, topology)),
-        "chunks": lambda: check_chunks(fp, answer, s1, s2, topology),
+        "spot": lambda: (recompute_slot(fp, s1, batch, topology, slot, chunks), check_loss_sum(fp, config, topology)),
+        "chunks": lambda: check_chunks(fp, answer, slot, mine, s1, s2, topology),
         "answer": lambda: answer_challenge(s1, batch, topology, chunks),
     }
     wall: dict[str, list[float]] = {k: [] for k in runs}
@@ -129,9 +131,9 @@ def recording(name: str, rounds: int, reps: int = 10) -> dict:
     """What recording one gradient costs, and its serial bound on the overhead: hashing one
     gradient's chunk tree the old way (flatten, copy each chunk, hash), from views on one thread,
     and from views on the pool, each the minimum of ``reps`` (short, so robust to a shared
-    machine), beside plain steps timed in the same run. A step hashes ranks × micro_batches + 1
-    gradients; ``serial_bound`` is that many one-thread hashes ÷ the step: the overhead if no
-    hashing overlapped the step at all."""
+    machine), beside plain steps timed in the same run. A step hashes one gradient, the sum;
+    ``serial_bound`` is that one-thread hash ÷ the step: the overhead if no hashing overlapped
+    the update at all."""
     config, topology = shapes(name)
     data = builtin_dataset(config)
     s1, _ = train_step(init_state(config, SEED), batch_for_step(data, SEED, 0, config, topology), topology)
@@ -149,7 +151,7 @@ def recording(name: str, rounds: int, reps: int = 10) -> dict:
         for k, fn in ways.items():
             hashed[k] += [timed(fn)[0] for _ in range(reps)]
     low = {k: min(v) for k, v in hashed.items()}
-    per_step = topology.ranks * topology.micro_batches + 1
+    per_step = 1
     return {"gradient_mb": config.n_params() * 4 / 1e6, "hash_seconds_min": low, "step_seconds_min": min(step),
             "hashes_per_step": per_step, "serial_bound": per_step * low["views_one_thread"] / min(step),
             "flatten_copy_bound": per_step * low["flatten_copy"] / min(step)}
@@ -178,7 +180,7 @@ def detection(trials: int, seed: int) -> dict:
     other = batch_for_step(data, SEED + 1, 1, config, topology)
     substituted = fingerprinted_step(s1, other, topology)[2]
     # the worst case of a forged micro-batch: slot 2's gradient comes from other text, and everything
-    # the trainer commits and answers (its root, the sum, checkpoint k+1) is consistent with it
+    # the trainer commits and answers (the sum, checkpoint k+1) is consistent with it
     one_forged = batch.copy()
     one_forged[1, 0] = other[1, 0]
     s2_forged, _, forged_micro = fingerprinted_step(s1, one_forged, topology)
@@ -188,13 +190,14 @@ def detection(trials: int, seed: int) -> dict:
     def spot(key: bytes, fp, after, trained) -> Caught:
         """One challenge; ``trained``: the batch the trainer answers from (None: it does not answer)."""
         slot, chunks = challenge(key, slots, total)
-        for caught in (check_micro(fp, s1, batch, topology, *divmod(slot, topology.micro_batches)),
-                       check_loss_sum(fp, config, topology)):
-            if caught is not Caught.NONE:
-                return caught
+        caught, mine = recompute_slot(fp, s1, batch, topology, slot, chunks)
+        if caught is Caught.NONE:
+            caught = check_loss_sum(fp, config, topology)
+        if caught is not Caught.NONE:
+            return caught
         if trained is None:
             return Caught.NO_ANSWER
-        return check_chunks(fp, answer_challenge(s1, trained, topology, chunks), s1, after, topology)
+        return check_chunks(fp, answer_challenge(s1, trained, topology, chunks), slot, mine, s1, after, topology)
 
     scenarios = {  # name: (fingerprint, checkpoint k+1, batch answered from, stated detection per challenge)
         "honest": (honest, s2, batch, 0.0),

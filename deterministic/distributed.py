@@ -40,7 +40,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import struct
 import time
 import tempfile
 import traceback
@@ -87,7 +86,7 @@ STOP_GRACE_S = 5.0
 
 _SHARE_TAG = b"open1b/rank-share/v1\x00"
 _DIGEST_BYTES = 32
-_PRINT_WORDS = 1 + _DIGEST_BYTES // 4  # a micro-batch's loss bits and gradient root
+_PRINT_WORDS = 1  # a micro-batch's loss bits
 _STORE_PREFIX = "open1b/pg"
 _COMPUTE, _EXCHANGE = b"compute", b"exchange"
 _HANDOFF_STATE, _HANDOFF_RUN = "state0.safetensors", "run.pickle"
@@ -105,8 +104,8 @@ class ExchangeLayout:
     """Where each piece of a rank term sits in its exchange vector (float32 words): every
     parameter's gradient in canonical order (C order), the loss share, then the share digest's
     32 bytes carried as 8 words of raw bits; for a run that records fingerprints, then each of
-    the rank's ``micro_prints`` micro-batches' loss bits (1 word) and gradient chunk root (8
-    words), raw bits too (docs/run-format.md §10.1: rank 0 assembles the step's fingerprint)."""
+    the rank's ``micro_prints`` micro-batches' loss bits (1 word), raw bits too
+    (docs/run-format.md §10.1: rank 0 assembles the step's fingerprint)."""
 
     def __init__(self, config: GPTConfig, micro_prints: int = 0) -> None:
         self.slots: dict[str, tuple[int, tuple[int, ...]]] = {}
@@ -120,28 +119,22 @@ class ExchangeLayout:
         self.size = self.prints_at + micro_prints * _PRINT_WORDS
 
     def pack(self, term: dict[str, np.ndarray], digest: bytes, out: np.ndarray,
-             prints: list[tuple[int, bytes]] = ()) -> None:  # fmt: skip
+             prints: list[int] = ()) -> None:  # fmt: skip
         for name, (offset, shape) in self.slots.items():
             out[offset : offset + math.prod(shape)] = term[name].reshape(-1)
         out[self.digest_at : self.prints_at].view(np.uint8)[:] = np.frombuffer(digest, np.uint8)
         if len(prints) != self.micro_prints:
             raise ValueError(f"{len(prints)} micro-batch fingerprints for a layout of {self.micro_prints}")
-        raw = out[self.prints_at :].view(np.uint8)
-        for i, (loss_bits, root) in enumerate(prints):
-            raw[i * 4 * _PRINT_WORDS : (i + 1) * 4 * _PRINT_WORDS] = np.frombuffer(
-                struct.pack("<I", loss_bits) + root, np.uint8)
+        out[self.prints_at :].view("<u4")[:] = np.asarray(prints, "<u4")
 
     def unpack(self, vector: np.ndarray) -> tuple[dict[str, np.ndarray], bytes]:
         """Views into ``vector`` (no copies) and the digest."""
         term = {name: vector[o : o + math.prod(s)].reshape(s) for name, (o, s) in self.slots.items()}
         return term, vector[self.digest_at : self.prints_at].tobytes()
 
-    def prints(self, vector: np.ndarray) -> list[tuple[int, bytes]]:
-        """The (loss bits, gradient root) of each micro-batch of the rank that packed ``vector``."""
-        raw = vector[self.prints_at :].tobytes()
-        step = 4 * _PRINT_WORDS
-        return [(struct.unpack_from("<I", raw, i * step)[0], raw[i * step + 4 : (i + 1) * step])
-                for i in range(self.micro_prints)]
+    def prints(self, vector: np.ndarray) -> list[int]:
+        """The loss bits of each micro-batch of the rank that packed ``vector``."""
+        return [int(b) for b in vector[self.prints_at :].view("<u4")]
 
 
 def local_steps(
@@ -334,10 +327,10 @@ class _Rank:
         batch = self.batch_fn(k)
         check_batch(batch, self.config, self.topology)
         share = batch[self.rank]
-        prints: list[tuple[int, bytes]] = []
+        prints: list[int] = []
 
         def observe(rank: int, micro: int, loss, grads: dict) -> None:  # .fingerprint's _Recorder, per rank
-            prints.append((f32_bits(be.download(loss)), chunk_tree(flat_gradient(grads, self.config, be)).root))
+            prints.append(f32_bits(be.download(loss)))
 
         term = rank_gradients(state, share, self.topology, be, rank=self.rank,
                               observe=observe if self.fingerprints else None)
@@ -357,8 +350,7 @@ class _Rank:
         fingerprint = None
         if summed is not None:
             slots = [p for v in self.recv for p in self.layout.prints(v.numpy())]  # rank-major: the slot order
-            fingerprint = StepFingerprint(before.step, tuple(b for b, _ in slots), tuple(r for _, r in slots),
-                                          chunk_tree(summed).root, f32_bits(report.loss), f32_bits(report.grad_norm),
+            fingerprint = StepFingerprint(before.step, tuple(slots), chunk_tree(summed).root, f32_bits(report.loss), f32_bits(report.grad_norm),
                                           f32_bits(report.clip_coef))  # fmt: skip
         if self.after_step is not None:
             state = self.after_step(state)

@@ -1,31 +1,37 @@
 """Step fingerprints and spot checks (docs/run-format.md §10): cheap, exact checks of one step.
 
-A trainer commits, for every step k, a :class:`StepFingerprint`: the float32 loss and a chunk
-Merkle root of the gradient of every (rank, micro-batch), in the engine's order (rank-major),
-the chunk Merkle root of the summed, pre-clip gradient, and the step's loss, gradient norm and
-clipping coefficient. All of it comes out of the one :func:`.step.train_step` path
-(:func:`fingerprinted_step` is its body with an observer), so recording it changes no bit.
+A trainer commits, for every step k, a :class:`StepFingerprint`: the float32 loss of every
+(rank, micro-batch), in the engine's order (rank-major), the chunk Merkle root of the summed,
+pre-clip gradient, and the step's loss, gradient norm and clipping coefficient. All of it comes
+out of the one :func:`.step.train_step` path (:func:`fingerprinted_step` is its body with an
+observer), so recording it changes no bit. Recording hashes one gradient a step (the sum), not
+one per micro-batch: the micro-batch gradients are never committed, because the verifier's
+recomputed slot stays secret until the trainer has answered (below).
 
 A gradient is read in :meth:`.config.GPTConfig.param_shapes` order as one float32 vector and
 cut into chunks of :data:`CHUNK_ELEMENTS` (the last one shorter); each chunk's little-endian
 bytes are a leaf of a :class:`~open1b.protocol.merkle.MerkleTree`, so one chunk is proven
-against a root with an audit path. Recording hashes each chunk straight from views of the
-per-parameter arrays (a chunk may span several), never building the flat vector, on a small
-thread pool that overlaps the next micro-batch: hashlib releases the GIL, the engine's kernels
-too (:data:`.jit.CPU_OPTIONS`).
+against a root with an audit path. The summed gradient's chunks are hashed straight from views of
+the per-parameter arrays (a chunk may span several), never building the flat vector, on a small
+thread pool while the update runs: hashlib releases the GIL, the engine's kernels too
+(:data:`.jit.CPU_OPTIONS`).
 
-A spot check links each piece of a step to the next, exactly:
+A spot check links each piece of a step to the next, exactly. The verifier holds a slot s, secret
+until the trainer has answered, and challenged chunks the trainer knows:
 
-1. :func:`check_micro`: one (rank, micro-batch) recomputed from checkpoint k and the committed
-   batch gives the committed loss bits and gradient root (substituted data, a forged micro-batch);
+1. :func:`recompute_slot`: slot s recomputed from checkpoint k and the committed batch gives the
+   committed loss bits (substituted data), and its gradient's challenged chunks, kept for link 4;
 2. :func:`check_loss_sum`: the committed losses summed in the step's order give the step's loss;
-3. :func:`check_chunks`: for each challenged chunk, the trainer's chunks of every micro-batch's
-   gradient and of the sum open their roots, sum in the step's order to the summed chunk, and
-   AdamW applied to that chunk of checkpoint k gives the same chunk of checkpoint k+1 (a skipped or
-   altered update, a sum that is not the sum of the micro-batches).
+3. :func:`check_chunks`, for each challenged chunk of the trainer's answer: the summed chunk opens
+   the committed sum root, and AdamW applied to it and to that chunk of checkpoint k gives the same
+   chunk of checkpoint k+1 (a skipped or altered update);
+4. then slot s's answered chunk is the verifier's recomputation (a forged micro-batch), and every
+   slot's chunks sum in the step's order to the summed chunk (a sum that is not the sum of the
+   micro-batches). The trainer does not know s, so a forged micro-batch it hides in its answer is
+   in slot s with probability 1 / (ranks × micro_batches).
 
 The trainer answers a challenge with :func:`answer_challenge`, which recomputes the step's gradients
-once (not the update).
+once (not the update) and hashes one gradient, the sum.
 """
 
 from __future__ import annotations
@@ -58,10 +64,7 @@ CHUNK_ELEMENTS = 1 << 14
 _F32 = np.dtype("<f4")
 _CHUNK_BYTES = CHUNK_ELEMENTS * _F32.itemsize
 HASH_THREADS = max(1, min(4, os.cpu_count() or 1))
-"""Threads hashing gradient chunks (speed only): each gradient's leaves are split among them."""
-PENDING = 2
-"""Micro-batch gradients a recording step keeps alive while their hashes finish: bounds its
-memory at that many gradients beyond the step's own."""
+"""Threads hashing gradient chunks (speed only): the summed gradient's leaves are split among them."""
 
 
 def chunk_count(config: GPTConfig) -> int:
@@ -131,12 +134,11 @@ _pool = PerProcessPool(HASH_THREADS, "open1b-fingerprint")
 
 @dataclass(frozen=True)
 class StepFingerprint:
-    """What a trainer commits for step ``step`` (module doc). ``losses`` and ``grad_roots`` are
-    indexed by ``rank * micro_batches + micro_batch``; losses and scalars are float32 bits."""
+    """What a trainer commits for step ``step`` (module doc). ``losses`` is indexed by
+    ``rank * micro_batches + micro_batch``; losses and scalars are float32 bits."""
 
     step: int
     losses: tuple[int, ...]
-    grad_roots: tuple[bytes, ...]
     sum_root: bytes
     loss: int
     grad_norm: int
@@ -144,8 +146,7 @@ class StepFingerprint:
 
     def value(self) -> dict:
         """The canonical CBOR map of the run's fingerprints file (docs/run-format.md §10)."""
-        return {"step": self.step, "losses": list(self.losses), "grad_roots": list(self.grad_roots),
-                "sum_root": self.sum_root, "loss": self.loss, "grad_norm": self.grad_norm,
+        return {"step": self.step, "losses": list(self.losses), "sum_root": self.sum_root, "loss": self.loss, "grad_norm": self.grad_norm,
                 "clip_coef": self.clip_coef}  # fmt: skip
 
     @property
@@ -155,34 +156,20 @@ class StepFingerprint:
 
 
 class _Recorder:
-    """The observer of one step: every micro-batch's loss bits and gradient chunk tree (and, for
-    the chunks in ``keep``, the chunk and its proof). A micro-batch's chunks are hashed while the
-    next ones run; at most :data:`PENDING` gradients wait for their hashes."""
+    """The observer of one step: every micro-batch's loss bits and, for the chunks in ``keep``
+    (an answer's), copies of those chunks of its gradient. Nothing is hashed per micro-batch."""
 
     def __init__(self, config: GPTConfig, topology: Topology, be, keep: tuple[int, ...] = ()) -> None:
         self.config, self.be, self.keep, self.per_rank = config, be, keep, topology.micro_batches
         self.losses: dict[int, int] = {}
-        self.roots: dict[int, bytes] = {}
-        self.opened: dict[int, dict[int, tuple[np.ndarray, list[bytes]]]] = {}
-        self.pending: dict[int, tuple[_Gradient, Callable[[], MerkleTree]]] = {}
+        self.kept: dict[int, dict[int, np.ndarray]] = {}
 
     def __call__(self, rank: int, micro: int, loss, grads: dict) -> None:
         slot = rank * self.per_rank + micro
         self.losses[slot] = f32_bits(self.be.download(loss))
-        gradient = _Gradient(grads, self.config, self.be)  # the engine never writes these arrays again
-        self.pending[slot] = (gradient, gradient.hash_async())
-        while len(self.pending) > PENDING:
-            self._settle(min(self.pending))
-
-    def _settle(self, slot: int) -> None:
-        gradient, tree_of = self.pending.pop(slot)
-        tree = tree_of()
-        self.roots[slot] = tree.root
-        self.opened[slot] = {c: (gradient.chunk(c), tree.proof(c)) for c in self.keep}
-
-    def finish(self) -> None:
-        while self.pending:
-            self._settle(min(self.pending))
+        if self.keep:
+            gradient = _Gradient(grads, self.config, self.be)
+            self.kept[slot] = {c: gradient.chunk(c) for c in self.keep}
 
 
 def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None
@@ -193,10 +180,8 @@ def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology,
     loss, grads, recorder, summed = _recorded_gradients(state, batch, topology, be, ())
     summed_tree = summed.hash_async()  # hashed while the update runs, which never writes the gradients
     new_state, report = finish_step(state, loss, grads, be)
-    recorder.finish()
     slots = range(topology.ranks * topology.micro_batches)
-    fingerprint = StepFingerprint(state.step, tuple(recorder.losses[s] for s in slots),
-                                  tuple(recorder.roots[s] for s in slots), summed_tree().root,
+    fingerprint = StepFingerprint(state.step, tuple(recorder.losses[s] for s in slots), summed_tree().root,
                                   f32_bits(report.loss), f32_bits(report.grad_norm), f32_bits(report.clip_coef))
     return new_state, report, fingerprint
 
@@ -212,12 +197,11 @@ def _recorded_gradients(state: TrainState, batch: np.ndarray, topology: Topology
 
 @dataclass(frozen=True)
 class ChunkOpening:
-    """Chunk ``index`` of every micro-batch's gradient (slot order) and of the summed gradient,
-    each with its audit path against the fingerprint's roots."""
+    """Chunk ``index`` of every micro-batch's gradient (slot order), and of the summed gradient
+    with its audit path against the fingerprint's ``sum_root``."""
 
     index: int
     micro: tuple[np.ndarray, ...]
-    micro_proofs: tuple[tuple[bytes, ...], ...]
     summed: np.ndarray
     summed_proof: tuple[bytes, ...]
 
@@ -226,48 +210,44 @@ def answer_challenge(state: TrainState, batch: np.ndarray, topology: Topology, c
                      backend=None) -> tuple[ChunkOpening, ...]:
     """The trainer's answer to a challenge of ``chunks`` of step ``state.step``: the step's
     gradients recomputed once (not its update, which the answer does not need), keeping only the
-    challenged chunks and their proofs."""
+    challenged chunks, and the summed gradient hashed for their proofs."""
     be = backend or default_backend(state.config)
     *_, recorder, summed = _recorded_gradients(state, batch, topology, be, tuple(chunks))
-    summed_tree = summed.hash_async()
-    recorder.finish()
-    tree = summed_tree()
+    tree = summed.hash_async()()
     slots = range(topology.ranks * topology.micro_batches)
-    return tuple(ChunkOpening(c, tuple(recorder.opened[s][c][0] for s in slots),
-                              tuple(tuple(recorder.opened[s][c][1]) for s in slots),
-                              summed.chunk(c), tuple(tree.proof(c))) for c in chunks)  # fmt: skip
+    return tuple(ChunkOpening(c, tuple(recorder.kept[s][c] for s in slots), summed.chunk(c), tuple(tree.proof(c)))
+                 for c in chunks)
 
 
 class Caught(str, enum.Enum):
     """Which link of a step a spot check found broken (docs/run-format.md §10.3); NONE: all held."""
 
     NONE = "none"
-    LOSS = "loss"  # a recomputed micro-batch loss differs from the committed one
-    GRADIENT = "gradient"  # a recomputed micro-batch gradient root differs from the committed one
+    LOSS = "loss"  # the recomputed slot's loss differs from the committed one
+    GRADIENT = "gradient"  # the answered chunks of the secret slot differ from its recomputation
     LOSS_SUM = "loss_sum"  # the committed losses do not sum to the step's loss
-    PROOF = "proof"  # an answered chunk does not open its committed root (or is malformed)
+    PROOF = "proof"  # an answered summed chunk does not open the sum root (or the answer is malformed)
     SUM = "sum"  # the micro-batch chunks do not sum to the committed summed chunk
     UPDATE = "update"  # AdamW on the summed chunk does not give checkpoint k+1's chunk
     NO_ANSWER = "no_answer"  # the trainer did not answer in the stated time
 
 
-def check_micro(fp: StepFingerprint, state: TrainState, batch: np.ndarray, topology: Topology, rank: int,
-                micro: int, *, backend=None) -> Caught:
-    """Link 1: recompute (``rank``, ``micro``) of the step from ``state`` (checkpoint k) and its
-    committed ``batch``; compare loss bits and gradient root with ``fp``. About 1/(ranks ×
-    micro_batches) of a replay."""
+def recompute_slot(fp: StepFingerprint, state: TrainState, batch: np.ndarray, topology: Topology, slot: int,
+                   chunks: tuple[int, ...], *, backend=None) -> tuple[Caught, tuple[np.ndarray, ...]]:
+    """Link 1: recompute ``slot`` (rank · micro_batches + micro-batch) of the step from ``state``
+    (checkpoint k) and its committed ``batch``; compare its loss bits with ``fp``. Gives the verdict
+    and the gradient's ``chunks``, which :func:`check_chunks` compares with the trainer's answer.
+    About 1/(ranks × micro_batches) of a replay."""
     config = state.config
     check_batch(batch, config, topology)
     be = backend or default_backend(config)
     params, _, _ = be.load_state(state)
+    rank, micro = divmod(slot, topology.micro_batches)
     mb = be.micro_batches(batch[rank:rank + 1, micro:micro + 1], config.vocab_size)[0][0]
     loss, grads = forward_backward(params, mb, _inv_tokens(config, topology), config, be)
-    slot = rank * topology.micro_batches + micro
-    if f32_bits(be.download(loss)) != fp.losses[slot]:
-        return Caught.LOSS
-    if gradient_tree(grads, config, be).root != fp.grad_roots[slot]:
-        return Caught.GRADIENT
-    return Caught.NONE
+    gradient = _Gradient(grads, config, be)
+    mine = tuple(gradient.chunk(c) for c in chunks)
+    return (Caught.LOSS if f32_bits(be.download(loss)) != fp.losses[slot] else Caught.NONE), mine
 
 
 def check_loss_sum(fp: StepFingerprint, config: GPTConfig, topology: Topology, *, backend=None) -> Caught:
@@ -278,30 +258,33 @@ def check_loss_sum(fp: StepFingerprint, config: GPTConfig, topology: Topology, *
     return Caught.NONE if f32_bits(total["x"]) == fp.loss else Caught.LOSS_SUM
 
 
-def check_chunks(fp: StepFingerprint, openings: tuple[ChunkOpening, ...], before: TrainState, after: TrainState,
-                 topology: Topology, *, backend=None) -> Caught:
-    """Link 3 for every opened chunk: proofs, the sum in the step's order, and AdamW from
-    checkpoint k (``before``) to checkpoint k+1 (``after``) on that chunk."""
+def check_chunks(fp: StepFingerprint, openings: tuple[ChunkOpening, ...], slot: int, mine: tuple[np.ndarray, ...],
+                 before: TrainState, after: TrainState, topology: Topology, *, backend=None) -> Caught:
+    """Links 3 and 4 for every opened chunk: the summed chunk's proof and AdamW from checkpoint k
+    (``before``) to checkpoint k+1 (``after``) on it, which bind the trainer's commitments whoever
+    answered; then the secret ``slot``'s chunks against the verifier's recomputation ``mine`` (in
+    ``openings``' order) and the sum in the step's order, which bind only the answerer."""
     config = before.config
     be = backend or default_backend(config)
     n, slots, leaves = config.n_params(), topology.ranks * topology.micro_batches, chunk_count(config)
     for op in openings:
         length = min(CHUNK_ELEMENTS, n - op.index * CHUNK_ELEMENTS) if 0 <= op.index < leaves else -1
-        shaped = [op.summed, *op.micro]
         # the answer's shape first: nothing is computed on arrays of a length the run does not give
-        if length < 1 or len(op.micro) != slots or len(op.micro_proofs) != slots or any(
-                not isinstance(a, np.ndarray) or a.dtype != _F32 or a.shape != (length,) for a in shaped):
+        if length < 1 or len(op.micro) != slots or any(
+                not isinstance(a, np.ndarray) or a.dtype != _F32 or a.shape != (length,) for a in (op.summed, *op.micro)):
             return Caught.PROOF
-        if not verify_merkle_proof(op.summed.tobytes(), op.index, leaves, op.summed_proof, fp.sum_root) or not all(
-                verify_merkle_proof(a.tobytes(), op.index, leaves, p, fp.grad_roots[s])
-                for s, (a, p) in enumerate(zip(op.micro, op.micro_proofs))):
+        if not verify_merkle_proof(op.summed.tobytes(), op.index, leaves, op.summed_proof, fp.sum_root):
             return Caught.PROOF
+        if not _update_holds(op, before, after, np.array([fp.clip_coef], np.uint32).view(_F32)[0], be):
+            return Caught.UPDATE
+    if len(mine) != len(openings) or any(op.micro[slot].tobytes() != np.asarray(m, _F32).tobytes()
+                                         for op, m in zip(openings, mine)):
+        return Caught.GRADIENT
+    for op in openings:
         per_rank = [[{"x": op.micro[r * topology.micro_batches + m]} for m in range(topology.micro_batches)]
                     for r in range(topology.ranks)]
         if _reduce(per_rank, be.add, be.plus_zero)["x"].tobytes() != op.summed.tobytes():
             return Caught.SUM
-        if not _update_holds(op, before, after, np.array([fp.clip_coef], np.uint32).view(_F32)[0], be):
-            return Caught.UPDATE
     return Caught.NONE
 
 

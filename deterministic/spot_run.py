@@ -5,22 +5,23 @@ and the verifier's check of it. The two functions the node calls.
   once and open the challenged chunks (:func:`.fingerprint.answer_challenge`), encoded as the
   canonical CBOR *answer* below, at most :data:`MAX_ANSWER_SIZE` bytes.
 * :func:`check_spot` — the verifier's side: from a run directory holding the manifest, the
-  samples file, checkpoints k and k+1 and ``fingerprints.cbor``, run the links of §10.2 in
-  order and report the first that breaks (a :class:`SpotResult`, whose fields are those of the
-  ``spotcheck`` statement).
+  samples file, checkpoints k and k+1 and ``fingerprints.cbor``, and its two challenge signatures
+  (the chunks' and the secret slot's), run the links of §10.2 in order and report the first that
+  breaks (a :class:`SpotResult`, whose fields are those of the ``spotcheck`` statement).
 
 Everything is untrusted: the manifest is decoded and authenticated, the fingerprints file is
 size-bounded before it is read and checked against both of the manifest's commitments, each
 checkpoint against its address and recomputed state hash, and the answer (the trainer's bytes)
 is size-bounded, decoded as canonical CBOR and shape-checked before any arithmetic; a malformed
-answer is a ``fail`` caught by ``proof``, never an exception. What the verifier cannot judge —
+answer is a ``fail`` caught by ``proof``, never an exception. The micro-batch chunks of an answer
+open no commitment: they bind the answerer, not the trainer, unless the trainer answered
+(``sum`` and ``gradient``; docs/protocol.md §5.5 says who may sign such a ``fail``). What the verifier cannot judge —
 its own files missing or not the run's, a run without fingerprints, another engine — raises
 (:class:`SpotInputError` and the replayer's errors), and the caller signs nothing.
 
 The answer::
 
     {"step": k, "openings": [{"chunk": c, "micro": [f32le bytes, … one per slot],
-                              "micro_proofs": [[32-byte hash, …], … one per slot],
                               "summed": f32le bytes, "summed_proof": [32-byte hash, …]}, …]}
 
 one opening per challenged chunk, in the challenge's (ascending) order.
@@ -28,6 +29,7 @@ one opening per challenged chunk, in the challenge's (ascending) order.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,7 @@ from open1b.protocol.codec import decode
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, decode_fingerprints, max_fingerprints_size
 from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
-from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_challenge
+from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_chunks, derive_slot
 
 from .bounded_read import FileRefused, read_bounded
 from .config import GPTConfig, Topology
@@ -48,7 +50,7 @@ from .data import batch_for_step
 from .device import DeviceChoice
 from .errors import CheckpointMismatchError, RunFormatError
 from .fingerprint import CHUNK_ELEMENTS, Caught, ChunkOpening, StepFingerprint, answer_challenge, check_chunks
-from .fingerprint import check_loss_sum, check_micro, chunk_count
+from .fingerprint import check_loss_sum, chunk_count, recompute_slot
 from .provenance import load_run_samples
 from .replay import backend_on, check_data_rules, check_engine
 from .runfile import genesis_hash, load_checkpoint, next_state_hash, read_manifest
@@ -56,8 +58,8 @@ from .samples import Dataset
 from .state import TrainState
 from .trainer import config_of
 
-__all__ = ["ANSWER", "MAX_ANSWER_SIZE", "MICRO", "SpotInputError", "SpotResult", "answer_from_run", "check_spot", "decode_answer",
-           "encode_answer", "load_fingerprints"]
+__all__ = ["ANSWER", "MAX_ANSWER_SIZE", "MICRO", "SpotInputError", "SpotResult", "answer_from_run", "check_spot",
+           "decode_answer", "encode_answer", "load_fingerprints"]
 
 _F32 = np.dtype("<f4")
 _MAX_PROOF = 64
@@ -83,6 +85,7 @@ class SpotResult:
     chunks_total: int
     caught: str  # one of protocol.spotcheck.CAUGHT: the first link that broke, "none" for a pass
     elapsed_ms: int
+    recomputed: bytes = b""  # the micro half's f32le chunks of the slot's gradient, for the answer half
 
     @property
     def passed(self) -> bool:
@@ -160,23 +163,21 @@ def load_fingerprints(run_dir: Path, manifest: RunManifest) -> list[StepFingerpr
 
 def _step_fingerprint(entry: dict) -> StepFingerprint:
     # StepFingerprint.value() gives back exactly ``entry``, so its commitment is the committed F_k
-    return StepFingerprint(entry["step"], tuple(entry["losses"]), tuple(entry["grad_roots"]), entry["sum_root"],
-                           entry["loss"], entry["grad_norm"], entry["clip_coef"])  # fmt: skip
+    return StepFingerprint(entry["step"], tuple(entry["losses"]), entry["sum_root"], entry["loss"],
+                           entry["grad_norm"], entry["clip_coef"])  # fmt: skip
 
 
-def _challenge(run: _Run, challenge: bytes) -> tuple[int, tuple[int, ...], int]:
+def _chunks(run: _Run, challenge: bytes) -> tuple[tuple[int, ...], int]:
     if not isinstance(challenge, bytes):
         raise TypeError("a challenge is the verifier's signature bytes")
     total = chunk_count(run.config)
-    slot, chunks = derive_challenge(challenge, run.slots, total)
-    return slot, chunks, total
+    return derive_chunks(challenge, total), total
 
 
 # -- the answer --------------------------------------------------------------------------------
 def encode_answer(step: int, openings: tuple[ChunkOpening, ...]) -> bytes:
     return encode({"step": step, "openings": [
         {"chunk": op.index, "micro": [np.ascontiguousarray(a, _F32).tobytes() for a in op.micro],
-         "micro_proofs": [list(p) for p in op.micro_proofs],
          "summed": np.ascontiguousarray(op.summed, _F32).tobytes(), "summed_proof": list(op.summed_proof)}
         for op in openings]})  # fmt: skip
 
@@ -188,7 +189,7 @@ class _Malformed(Exception):
 def decode_answer(answer: Any, step: int, chunks: tuple[int, ...], slots: int, n_params: int) -> tuple[ChunkOpening, ...]:
     """The openings of an answer to a challenge of ``chunks`` of step ``step``; ``None`` when the
     bytes are not such an answer (too large, not canonical CBOR, another step or other chunks,
-    arrays of the wrong length, proofs that are not lists of hashes)."""
+    arrays of the wrong length, a proof that is not a list of hashes)."""
     try:
         if not isinstance(answer, bytes):
             raise _Malformed
@@ -207,19 +208,16 @@ def _expect(condition: bool) -> None:
 
 
 def _opening(value: Any, index: int, slots: int, n_params: int) -> ChunkOpening:
-    _expect(type(value) is dict and set(value) == {"chunk", "micro", "micro_proofs", "summed", "summed_proof"})
+    _expect(type(value) is dict and set(value) == {"chunk", "micro", "summed", "summed_proof"})
     length = 4 * min(CHUNK_ELEMENTS, n_params - index * CHUNK_ELEMENTS)
-    micro, proofs = value["micro"], value["micro_proofs"]
-    _expect(value["chunk"] == index and type(value["chunk"]) is int and type(micro) is list and len(micro) == slots
-            and type(proofs) is list and len(proofs) == slots)
+    micro, proof = value["micro"], value["summed_proof"]
+    _expect(value["chunk"] == index and type(value["chunk"]) is int and type(micro) is list and len(micro) == slots)
     arrays = [*micro, value["summed"]]
     _expect(all(type(a) is bytes and len(a) == length for a in arrays))
-    paths = [*proofs, value["summed_proof"]]
-    _expect(all(type(p) is list and len(p) <= _MAX_PROOF and all(type(h) is bytes and len(h) == DIGEST_SIZE for h in p)
-                for p in paths))
+    _expect(type(proof) is list and len(proof) <= _MAX_PROOF and all(type(h) is bytes and len(h) == DIGEST_SIZE
+                                                                     for h in proof))
     as_f32 = [np.frombuffer(a, _F32) for a in arrays]
-    return ChunkOpening(index, tuple(as_f32[:-1]), tuple(tuple(p) for p in proofs), as_f32[-1],
-                        tuple(value["summed_proof"]))
+    return ChunkOpening(index, tuple(as_f32[:-1]), as_f32[-1], tuple(proof))
 
 
 # -- the two sides -----------------------------------------------------------------------------
@@ -229,7 +227,7 @@ def answer_from_run(run_dir: Path, step: int, challenge: bytes, *, device: Devic
     keeping the chunks the challenge derives (docs/protocol.md §5.5). Raises
     :class:`SpotInputError` when the answer would exceed :data:`MAX_ANSWER_SIZE`."""
     run, backend = _open_run(run_dir, step, device)
-    _, chunks, _ = _challenge(run, challenge)
+    chunks, _ = _chunks(run, challenge)
     openings = answer_challenge(run.state(step), run.batch(step), run.topology, chunks, backend=backend)
     data = encode_answer(step, openings)
     if len(data) > MAX_ANSWER_SIZE:
@@ -239,34 +237,42 @@ def answer_from_run(run_dir: Path, step: int, challenge: bytes, *, device: Devic
 
 MICRO, ANSWER = "micro", "answer"
 """The two halves of a spot check (:func:`check_spot`'s ``links``): the links that need only the
-verifier's files (``loss``, ``gradient``, ``loss_sum``), and those that judge the trainer's answer
-(``proof``, ``sum``, ``update``, or ``no_answer``)."""
+verifier's files (``loss``, ``loss_sum``), and those that judge the trainer's answer (``proof``,
+``update``, ``gradient``, ``sum``, or ``no_answer``)."""
 
 
-def check_spot(run_dir: Path, step: int, challenge: bytes, answer: bytes | None, *,
-               device: DeviceChoice | None = None, links: tuple[str, ...] = (MICRO, ANSWER)) -> SpotResult:
-    """Spot check step ``step`` of the run in ``run_dir`` with the verifier's ``challenge`` (its
-    signature, docs/protocol.md §5.5) and the trainer's ``answer`` (None: it did not answer in
-    time). The links of docs/run-format.md §10.2 in order — micro-batch (``loss``,
-    ``gradient``), ``loss_sum``, then the answer's chunks (``proof``, ``sum``, ``update``) —
-    and the first that breaks is ``caught``. The first two links need no answer, so a run they
-    convict is reported by them even without one; otherwise a missing answer is ``no_answer``.
+def check_spot(run_dir: Path, step: int, challenge: bytes, slot_challenge: bytes, answer: bytes | None, *,
+               device: DeviceChoice | None = None, links: tuple[str, ...] = (MICRO, ANSWER),
+               recomputed: bytes | None = None) -> SpotResult:
+    """Spot check step ``step`` of the run in ``run_dir`` with the verifier's ``challenge`` and
+    ``slot_challenge`` (its two signatures, docs/protocol.md §5.5) and the trainer's ``answer``
+    (None: it did not answer in time). The links of docs/run-format.md §10.2 in order — the
+    slot's ``loss``, ``loss_sum``, then the answer's chunks (``proof``, ``update``, ``gradient``,
+    ``sum``) — and the first that breaks is ``caught``. The first two links need no answer, so a
+    run they convict is reported by them even without one; otherwise a missing answer is
+    ``no_answer``.
 
     ``links`` runs one half only: :data:`MICRO` (``none`` means those links held, and ``answer``
-    is not read), or :data:`ANSWER` after a :data:`MICRO` call that held. A verifier checks the
-    micro-batch while it waits for the answer, so a trainer that stalls its answer delays no
+    is not read; the result's ``recomputed`` holds the slot's challenged chunks), or
+    :data:`ANSWER` with that ``recomputed`` from a :data:`MICRO` call that held. A verifier checks
+    the micro-batch while it waits for the answer, so a trainer that stalls its answer delays no
     verdict the micro-batch decides."""
     if not links or not set(links) <= {MICRO, ANSWER}:
         raise ValueError(f"links must be a non-empty subset of ({MICRO!r}, {ANSWER!r}), not {links!r}")
+    if MICRO not in links and recomputed is None:
+        raise ValueError("the answer half compares the answer with the micro half's recomputation")
+    if not isinstance(slot_challenge, bytes):
+        raise TypeError("a slot challenge is the verifier's signature bytes")
     started = time.perf_counter()
     run, backend = _open_run(run_dir, step, device)
     fp = load_fingerprints(run.dir, run.manifest)[step]
-    slot, chunks, total = _challenge(run, challenge)
+    chunks, total = _chunks(run, challenge)
+    slot = derive_slot(slot_challenge, run.slots)
     before = run.state(step)
     caught = Caught.NONE
     if MICRO in links:
-        rank, micro = divmod(slot, run.topology.micro_batches)
-        caught = check_micro(fp, before, run.batch(step), run.topology, rank, micro, backend=backend)
+        caught, mine = recompute_slot(fp, before, run.batch(step), run.topology, slot, chunks, backend=backend)
+        recomputed = b"".join(np.ascontiguousarray(m, _F32).tobytes() for m in mine)
         if caught is Caught.NONE:
             caught = check_loss_sum(fp, run.config, run.topology, backend=backend)
     if caught is Caught.NONE and ANSWER in links:
@@ -275,6 +281,17 @@ def check_spot(run_dir: Path, step: int, challenge: bytes, answer: bytes | None,
         else:
             openings = decode_answer(answer, step, chunks, run.slots, run.config.n_params())
             caught = Caught.PROOF if openings is None else check_chunks(
-                fp, openings, before, run.state(step + 1), run.topology, backend=backend)
+                fp, openings, slot, _split(recomputed, openings), before, run.state(step + 1), run.topology,
+                backend=backend)
     return SpotResult(run.manifest.run_id, step, run.manifest.state_hashes[step], fp.commitment, slot, chunks, total,
-                      caught.value, int((time.perf_counter() - started) * 1000))
+                      caught.value, int((time.perf_counter() - started) * 1000), recomputed)
+
+
+def _split(recomputed: bytes, openings: tuple[ChunkOpening, ...]) -> tuple[np.ndarray, ...]:
+    """The micro half's concatenated chunks, cut to the lengths of the opened chunks (the run's).
+    Bytes of another length are the verifier's own input gone wrong: no verdict on the trainer."""
+    sizes = [op.summed.nbytes for op in openings]
+    if sum(sizes) != len(recomputed):
+        raise SpotInputError("the micro half's recomputation does not fit the challenged chunks")
+    cuts = [0, *itertools.accumulate(sizes)]
+    return tuple(np.frombuffer(recomputed[a:b], _F32) for a, b in zip(cuts, cuts[1:]))

@@ -13,11 +13,12 @@ replays: a replay of a real step can outlast the answer deadline), one at a time
 most :data:`MAX_PENDING_ANSWERS` wait: a request beyond that is refused (``busy``) at once rather
 than queued without bound.
 
-The verifier (:func:`request_answer`) asks the peers it is connected to, then the run's providers,
-until one answers or the answer deadline passes (``None``: the verifier signs ``no_answer``). It
-believes no answer: the spot check verifies every chunk against the run's commitments, and an
-answer whose chunks do not open them (``proof``) is only that peer's failure, so the verifier asks
-the others (:mod:`.spot_checker`).
+The verifier (:func:`request_answer`) asks the peers it is connected to (the run's publisher
+first), then the run's providers, until one answers or the answer deadline passes (``None``: the
+verifier signs ``no_answer``). It believes no answer: the summed chunks must open the run's
+commitments, and the micro-batch chunks, which open none, bind only the peer that sent them. So
+an answer that breaks ``proof``, ``gradient`` or ``sum`` is only that peer's failure unless the
+peer is the run's publisher, and the verifier asks the others (:mod:`.spot_checker`).
 """
 
 from __future__ import annotations

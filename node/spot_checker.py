@@ -6,11 +6,14 @@ docs/run-format.md §10.2).
    step replay coverage verified, one this node checked, or one already failed;
 2. fetch: the samples, checkpoints k and k+1 and ``fingerprints.cbor``, as a replay's files
    (:meth:`~.auditor.Auditor.run_files`), each verified against the manifest;
-3. challenge: this node's signature over (run, k); the answer is asked of its peers over the
-   challenge stream (:mod:`.spot_answers`) for at most ``answer_s`` seconds;
-4. check: in the replay worker (``check_spot``): the micro-batch, the loss sum, the chunks. An
-   answer whose chunks do not open the commitments (``proof``) may come from anyone, so it is only
-   that peer's failure: the others are asked while time is left. No answer is ``no_answer``;
+3. challenge: this node's signature over (run, k); the answer is asked of its peers, the run's
+   publisher first, over the challenge stream (:mod:`.spot_answers`) for at most ``answer_s``
+   seconds. The slot it recomputes comes from a second signature, revealed only in step 5;
+4. check: in the replay worker (``check_spot``): the slot's loss and the loss sum while the answer
+   is awaited, then the answer's chunks. Only the summed chunk and the update bind the trainer's
+   commitments; the micro-batch chunks bind whoever answered. So an answer caught by ``proof``,
+   ``gradient`` or ``sum`` from a peer that is not the run's publisher is only that peer's failure:
+   the others are asked while time is left (docs/protocol.md §5.5). No answer is ``no_answer``;
 5. sign the ``spotcheck`` (``pass`` or ``fail`` with the link ``caught``), store it, gossip it.
 
 Runs whose manifest commits no fingerprints (no ``fingerprints_root``) are never spot checked
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-from open1b.protocol import Identity, RunManifest, SpotCheck, StepStatus, challenge_signature
+from open1b.protocol import Identity, RunManifest, SpotCheck, StepStatus, challenge_signature, slot_signature
 from open1b.protocol.fingerprints import committed
 from open1b.protocol.spotcheck import FAIL, PASS
 
@@ -47,6 +50,7 @@ from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOut
 log = logging.getLogger("open1b.node.spot_checker")
 
 SPOT_RETRY_S = 10.0  # a step whose files could not be fetched is spot checked again after this long
+ANSWERER_LINKS = ("proof", "gradient", "sum")  # links an answer breaks by its answerer's bytes alone
 
 
 def why_not_spot_checked(manifest: RunManifest) -> str | None:
@@ -126,53 +130,63 @@ class SpotChecker:
 
     async def _challenge_and_check(self, manifest: RunManifest, step: int, run_dir: Path) -> SpotOutcome:
         run = manifest.run_id
-        challenge = challenge_signature(self.identity, run, step)
+        challenges = (challenge_signature(self.identity, run, step), slot_signature(self.identity, run, step))
         deadline = self.clock.now() + self.config.answer_s
         tried: set[str] = set()
         got: tuple[str, bytes] | None = None
 
         async def ask() -> None:
             nonlocal got
-            got = await request_answer(self.p2p, self._candidates(manifest), run, step, challenge,
+            got = await request_answer(self.p2p, self._candidates(manifest), run, step, challenges[0],
                                        deadline_s=deadline - self.clock.now(), skip=tried, sleep=self.clock.sleep)
 
-        # The micro-batch is checked while the answer is awaited: a trainer that stalls its answer
-        # (up to ANSWER_SECONDS) delays no verdict the micro-batch decides, and an honest answer
-        # costs the verifier no wall time beyond its own recomputation.
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask)
-            micro = await self.worker.spot(run_dir, step, challenge, None, timeout_s=self.config.replay_timeout_s,
-                                           links=(SPOT_MICRO,))
-            if not micro.passed:
-                nursery.cancel_scope.cancel()
-                return micro
-        spent_ms = micro.elapsed_ms
-        while True:
-            path = None
-            if got is not None:
-                path = self.scratch / f"check-{os.urandom(8).hex()}.cbor"
-                self.scratch.mkdir(parents=True, exist_ok=True)
-                await trio.to_thread.run_sync(path.write_bytes, got[1])
-            try:
-                outcome = await self.worker.spot(run_dir, step, challenge, path, timeout_s=self.config.replay_timeout_s,
-                                                 links=(SPOT_ANSWER,))
-            finally:
-                if path is not None:
-                    path.unlink(missing_ok=True)
-            spent_ms += outcome.elapsed_ms
-            if got is None or outcome.caught != "proof":
-                return dataclasses.replace(outcome, elapsed_ms=spent_ms)
-            log.info("step %d of %s: %s answered chunks that do not open the commitments", step, run.hex()[:12], got[0])
-            tried.add(got[0])
-            await ask()
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        recomputed = self.scratch / f"slot-{os.urandom(8).hex()}.f32"
+        try:
+            # The slot is checked while the answer is awaited: a trainer that stalls its answer (up to
+            # ANSWER_SECONDS) delays no verdict the slot's loss decides, and an honest answer costs the
+            # verifier no wall time beyond its own recomputation.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                micro = await self.worker.spot(run_dir, step, challenges, None, recomputed,
+                                               timeout_s=self.config.replay_timeout_s, links=(SPOT_MICRO,))
+                if not micro.passed:
+                    nursery.cancel_scope.cancel()
+                    return micro
+            spent_ms = micro.elapsed_ms
+            while True:
+                outcome = await self._check_answer(run_dir, step, challenges, got, recomputed)
+                spent_ms += outcome.elapsed_ms
+                if got is None or outcome.caught not in ANSWERER_LINKS or got[0] == manifest.signer_peer_id:
+                    return dataclasses.replace(outcome, elapsed_ms=spent_ms)
+                log.info("step %d of %s: %s, not the publisher, answered chunks that break %s", step, run.hex()[:12],
+                         got[0], outcome.caught)
+                tried.add(got[0])
+                await ask()
+        finally:
+            recomputed.unlink(missing_ok=True)
+
+    async def _check_answer(self, run_dir: Path, step: int, challenges: tuple[bytes, bytes],
+                            got: tuple[str, bytes] | None, recomputed: Path) -> SpotOutcome:
+        path = None
+        if got is not None:
+            path = self.scratch / f"check-{os.urandom(8).hex()}.cbor"
+            await trio.to_thread.run_sync(path.write_bytes, got[1])
+        try:
+            return await self.worker.spot(run_dir, step, challenges, path, recomputed,
+                                          timeout_s=self.config.replay_timeout_s, links=(SPOT_ANSWER,))
+        finally:
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def _candidates(self, manifest: RunManifest):
-        """Who may answer: connected peers (the publisher among them, usually), then the providers
-        of the run's samples (every node that published the run provides them)."""
-        p2p = self.p2p
+        """Who may answer: the run's publisher if connected (its answer binds it), the other
+        connected peers, then the providers of the run's samples (every node that published the run
+        provides them)."""
+        p2p, publisher = self.p2p, manifest.signer_peer_id
 
         async def candidates() -> list[str]:
-            peers = p2p.connected_peers()
+            peers = sorted(p2p.connected_peers(), key=lambda p: p != publisher)
             with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
                 peers += [p for p in await p2p.find_providers(provider_key(samples_blob(manifest).digest))
                           if p not in peers and p != p2p.peer_id]
@@ -183,7 +197,7 @@ class SpotChecker:
         sc = SpotCheck.create(
             self.identity, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
             fingerprint=outcome.fingerprint, challenge=challenge_signature(self.identity, manifest.run_id, step),
-            slot=outcome.slot, chunks_total=outcome.chunks_total, chunks=list(outcome.chunks),
+            slot_challenge=slot_signature(self.identity, manifest.run_id, step), slot=outcome.slot, chunks_total=outcome.chunks_total, chunks=list(outcome.chunks),
             verdict=PASS if outcome.passed else FAIL, caught=outcome.caught, engine=manifest.engine,
             engine_version=manifest.engine_version, device=outcome.device, elapsed_ms=outcome.elapsed_ms,
             issued_at=self.clock.wall())

@@ -19,11 +19,13 @@ and exits); then the daemon writes one request line and the worker answers one l
 * ``{"op": "answer", "run_dir": …, "step": k, "challenge": hex, "out": path}``: the trainer's
   answer to a spot-check challenge (docs/protocol.md §5.5), written to ``out``: ``{"size": n}``.
   Answers are megabytes (gradient chunks), so they travel as files, not on this pipe.
-* ``{"op": "spot", "run_dir": …, "step": k, "challenge": hex, "answer": path | null, "links": […]}``:
-  a spot check (docs/run-format.md §10.2) of the files in ``run_dir`` against the answer in
-  ``answer`` (null: none came), of the halves in ``links`` (``"micro"``, ``"answer"``; a
-  ``"micro"``-only check that holds is ``passed``): ``{"passed": bool, "caught": link, "slot": s, "chunks": […],
-  "chunks_total": n, "fingerprint": hex, "elapsed_ms": n}``.
+* ``{"op": "spot", "run_dir": …, "step": k, "challenge": hex, "slot_challenge": hex, "answer": path | null,
+  "links": […], "recomputed": path}``: a spot check (docs/run-format.md §10.2) of the files in
+  ``run_dir`` against the answer in ``answer`` (null: none came), of the halves in ``links``
+  (``"micro"``, ``"answer"``; a ``"micro"``-only check that holds is ``passed``): ``{"passed": bool,
+  "caught": link, "slot": s, "chunks": […], "chunks_total": n, "fingerprint": hex, "elapsed_ms": n}``.
+  The micro half writes the secret slot's recomputed chunks to ``recomputed``; the answer half reads
+  them there (kilobytes: a file, like the answer).
 
 Answering and checking run here, never in the daemon's trio process: both recompute part of a step.
 """
@@ -190,12 +192,17 @@ class ReplayWorker:
             raise ReplayFailed("malformed worker reply: size")
         return size
 
-    async def spot(self, run_dir: Path, step: int, challenge: bytes, answer: Path | None, *,
-                   timeout_s: float, links: tuple[str, ...] = (SPOT_MICRO, SPOT_ANSWER)) -> SpotOutcome:
-        """Spot check ``step`` with the files in ``run_dir`` and the answer in ``answer`` (None: none
-        came); ``links``: which half of the check, or both (``check_spot``'s ``links``)."""
-        reply = await self._request({"op": "spot", "run_dir": str(run_dir), "step": step, "challenge": challenge.hex(),
-                                     "answer": None if answer is None else str(answer), "links": list(links)},
+    async def spot(self, run_dir: Path, step: int, challenges: tuple[bytes, bytes], answer: Path | None,
+                   recomputed: Path, *, timeout_s: float,
+                   links: tuple[str, ...] = (SPOT_MICRO, SPOT_ANSWER)) -> SpotOutcome:
+        """Spot check ``step`` with the files in ``run_dir``, the verifier's ``challenges`` (the
+        chunks' and the slot's signatures) and the answer in ``answer`` (None: none came);
+        ``links``: which half of the check, or both (``check_spot``'s ``links``); ``recomputed``:
+        where the micro half leaves the slot's chunks for the answer half."""
+        reply = await self._request({"op": "spot", "run_dir": str(run_dir), "step": step,
+                                     "challenge": challenges[0].hex(), "slot_challenge": challenges[1].hex(),
+                                     "answer": None if answer is None else str(answer), "links": list(links),
+                                     "recomputed": str(recomputed)},
                                     timeout_s=timeout_s, what=f"spot check of step {step}")
         try:
             outcome = SpotOutcome(reply["passed"], reply["caught"], reply["slot"], tuple(reply["chunks"]),
@@ -278,7 +285,11 @@ def _handle(request: dict, choice) -> dict:
     if op == "spot":
         # the daemon wrote the file after bounding what it received (MAX_ANSWER_SIZE)
         answer = None if request["answer"] is None else Path(request["answer"]).read_bytes()
-        result = check_spot(run_dir, step, challenge, answer, device=choice, links=tuple(request["links"]))
+        links, mine = tuple(request["links"]), Path(request["recomputed"])
+        result = check_spot(run_dir, step, challenge, bytes.fromhex(request["slot_challenge"]), answer, device=choice,
+                            links=links, recomputed=None if SPOT_MICRO in links else mine.read_bytes())
+        if SPOT_MICRO in links and SPOT_ANSWER not in links:
+            mine.write_bytes(result.recomputed)
         return {"passed": result.passed, "caught": result.caught, "slot": result.slot,
                 "chunks": list(result.chunks), "chunks_total": result.chunks_total,
                 "fingerprint": result.fingerprint.hex(), "elapsed_ms": result.elapsed_ms}

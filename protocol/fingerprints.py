@@ -25,8 +25,8 @@ from .merkle import merkle_root
 
 FINGERPRINTS_FILE = "fingerprints.cbor"
 KEY_ROOT, KEY_BLOB = "fingerprints_root", "fingerprints_blob"
-FIELDS = ("step", "losses", "grad_roots", "sum_root", "loss", "grad_norm", "clip_coef")
-_MAP_BYTES, _SLOT_BYTES, _LIST_BYTES = 160, 40, 16  # bounds on one map's encoding without and per slot, the list head
+FIELDS = ("step", "losses", "sum_root", "loss", "grad_norm", "clip_coef")
+_MAP_BYTES, _SLOT_BYTES, _LIST_BYTES = 128, 5, 16  # bounds on one map's encoding without and per slot (a uint32), the list head
 
 
 class FingerprintsError(DecodeError):
@@ -74,16 +74,16 @@ def committed(data: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
 def _check_entry(value: Any, step: int, slots: int) -> dict:
     if type(value) is not dict or set(value) != set(FIELDS):
         raise FingerprintsError(f"fingerprint {step}: not a map of exactly {', '.join(FIELDS)}")
-    losses, roots = value["losses"], value["grad_roots"]
+    losses = value["losses"]
     if value["step"] != step or type(value["step"]) is not int:
         raise FingerprintsError(f"fingerprint {step}: names step {value['step']!r}")
-    if type(losses) is not list or len(losses) != slots or type(roots) is not list or len(roots) != slots:
-        raise FingerprintsError(f"fingerprint {step}: not one loss and one gradient root per slot ({slots})")
+    if type(losses) is not list or len(losses) != slots:
+        raise FingerprintsError(f"fingerprint {step}: not one loss per slot ({slots})")
     bits = [*losses, value["loss"], value["grad_norm"], value["clip_coef"]]
     if any(type(b) is not int or not 0 <= b < 1 << 32 for b in bits):
         raise FingerprintsError(f"fingerprint {step}: a loss or scalar is not float32 bits")
-    if any(type(r) is not bytes or len(r) != DIGEST_SIZE for r in [*roots, value["sum_root"]]):
-        raise FingerprintsError(f"fingerprint {step}: a root is not a 32-byte hash")
+    if type(value["sum_root"]) is not bytes or len(value["sum_root"]) != DIGEST_SIZE:
+        raise FingerprintsError(f"fingerprint {step}: sum_root is not a 32-byte hash")
     return value
 
 

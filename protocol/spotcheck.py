@@ -1,11 +1,14 @@
 """Spot checks (docs/protocol.md §5.5, §7, §8.7): a cheap, exact check of one step, stated as its
 own kind so that it never counts as a replay (design invariant 10).
 
-A verifier derives its challenge of step k from its own Ed25519 signature over (run, k) in the
-domain ``spotcheck-challenge`` (:func:`challenge_signature`): unknown to the trainer when it
-published, unique to the verifier's key, and checkable by anyone (:func:`derive_challenge`).
-It recomputes one (rank, micro-batch) ``slot`` of the step and checks ``chunks`` of every
-gradient against the run's fingerprints (docs/run-format.md §10), then signs a ``spotcheck``
+A verifier derives its challenge of step k from two of its own Ed25519 signatures over (run, k):
+in the domain ``spotcheck-challenge`` the gradient ``chunks`` it asks the trainer for
+(:func:`challenge_signature`, :func:`derive_chunks`), and in the domain ``spotcheck-slot`` the
+(rank, micro-batch) ``slot`` it recomputes (:func:`slot_signature`, :func:`derive_slot`). Both are
+unknown to the trainer when it published, unique to the verifier's key and checkable by anyone;
+the slot's signature is revealed only in the ``spotcheck``, after the trainer has answered, so the
+trainer answers every slot's chunks without knowing which one is compared with a recomputation
+(docs/run-format.md §10). The verifier then signs a ``spotcheck``
 with verdict ``pass`` or ``fail`` and ``caught``, the link that failed. :func:`spot_coverage`
 turns the set of them into a status per step — unchecked, spot checked, failed — and the
 probability that a forged run escaped (:mod:`.escape`), as a pure function of the set and the
@@ -28,6 +31,7 @@ from .schema import Bytes, Enum, FieldType, ListOf, Text, UInt
 
 MAX_SPOTCHECK_SIZE = 1024
 CHALLENGE_KIND = "spotcheck-challenge"
+SLOT_KIND = "spotcheck-slot"
 CHALLENGE_CHUNKS = 4
 """Gradient chunks one challenge opens (fewer when the gradient has fewer)."""
 ANSWER_SECONDS = 3600
@@ -35,8 +39,8 @@ ANSWER_SECONDS = 3600
 (docs/protocol.md §5.5): at most one recomputation of a step, which is about an hour on an H100."""
 MAX_ANSWER_SIZE = 1 << 26
 """Bytes of a trainer's answer to one challenge (docs/run-format.md §10.2): the challenged chunks
-(64 KiB each) of every slot's gradient and of the sum, with their audit paths. 64 MiB holds
-CHALLENGE_CHUNKS openings for up to 240 slots (ranks × micro_batches); a run with more slots
+(64 KiB each) of every slot's gradient and of the sum, the sum's with its audit path. 64 MiB holds
+CHALLENGE_CHUNKS openings for up to 254 slots (ranks × micro_batches); a run with more slots
 cannot be spot checked."""
 PASS, FAIL = "pass", "fail"
 CAUGHT = ("none", "loss", "gradient", "loss_sum", "proof", "sum", "update", "no_answer")
@@ -53,8 +57,8 @@ class SpotStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SpotCheck(SignedMessage):
-    """"I spot checked ``step`` of ``run``: slot ``slot``, chunks ``chunks``, derived from
-    ``challenge``; every link held (``pass``) or ``caught`` broke (``fail``)"."""
+    """"I spot checked ``step`` of ``run``: chunks ``chunks`` derived from ``challenge``, slot
+    ``slot`` derived from ``slot_challenge``; every link held (``pass``) or ``caught`` broke (``fail``)"."""
 
     KIND: ClassVar[str] = "spotcheck"
     MAX_SIZE: ClassVar[int] = MAX_SPOTCHECK_SIZE
@@ -65,6 +69,7 @@ class SpotCheck(SignedMessage):
         "pre_state": Bytes(size=HASH_SIZE),
         "fingerprint": Bytes(size=HASH_SIZE),
         "challenge": Bytes(size=SIGNATURE_SIZE),
+        "slot_challenge": Bytes(size=SIGNATURE_SIZE),
         "slot": UInt(),
         "chunks_total": UInt(),
         "chunks": ListOf(UInt(), max_length=CHALLENGE_CHUNKS),
@@ -82,7 +87,8 @@ class SpotCheck(SignedMessage):
     step: int
     pre_state: bytes  # h_step, the checkpoint the slot was recomputed from
     fingerprint: bytes  # F_step, the fingerprint checked against
-    challenge: bytes  # the signer's signature over (run, step): the challenge's only randomness
+    challenge: bytes  # the signer's signature over (run, step): the chunks' only randomness
+    slot_challenge: bytes  # its signature over (run, step) in the slot domain, secret until the answer
     slot: int  # rank * micro_batches + micro_batch
     chunks_total: int  # the engine's chunk count for the run's model
     chunks: list[int]
@@ -103,25 +109,38 @@ class SpotCheck(SignedMessage):
 
 
 def challenge_signature(identity: Identity, run: bytes, step: int) -> bytes:
-    """The verifier's challenge of step ``step``: its signature over (run, step)."""
+    """The verifier's challenge of step ``step``: its signature over (run, step), sent to the trainer."""
     return signing.sign(identity, CHALLENGE_KIND, {"run": run, "step": step})
 
 
-def derive_challenge(challenge: bytes, slots: int, chunks_total: int) -> tuple[int, tuple[int, ...]]:
-    """The (slot, sorted chunks) a challenge signature selects (docs/protocol.md §5.5): the slot
-    from B2(seed ‖ "slot"), then the first min(CHALLENGE_CHUNKS, chunks_total) distinct chunks of
-    B2(seed ‖ i) mod chunks_total for i = 0, 1, … (a 256-bit value mod a small count: no
-    measurable bias)."""
-    if slots < 1 or chunks_total < 1:
-        raise ValueError("a step has at least one slot and one chunk")
-    seed = blake2b256(b"open1b/spotcheck/v1\x00", challenge)
-    slot = int.from_bytes(blake2b256(seed, b"slot"), "big") % slots
-    chunks: set[int] = set()
-    i = 0
+def slot_signature(identity: Identity, run: bytes, step: int) -> bytes:
+    """The verifier's secret slot of step ``step``: its signature over (run, step) in the slot
+    domain, revealed only in its ``spotcheck``."""
+    return signing.sign(identity, SLOT_KIND, {"run": run, "step": step})
+
+
+def _seed(signature: bytes) -> bytes:
+    return blake2b256(b"open1b/spotcheck/v1\x00", signature)
+
+
+def derive_chunks(challenge: bytes, chunks_total: int) -> tuple[int, ...]:
+    """The sorted chunks a challenge selects (docs/protocol.md §5.5): the first
+    min(CHALLENGE_CHUNKS, chunks_total) distinct values of B2(seed ‖ u64be(i)) mod chunks_total for
+    i = 0, 1, … (a 256-bit value mod a small count: no measurable bias)."""
+    if chunks_total < 1:
+        raise ValueError("a gradient has at least one chunk")
+    seed, chunks, i = _seed(challenge), set(), 0
     while len(chunks) < min(CHALLENGE_CHUNKS, chunks_total):
         chunks.add(int.from_bytes(blake2b256(seed, i.to_bytes(8, "big")), "big") % chunks_total)
         i += 1
-    return slot, tuple(sorted(chunks))
+    return tuple(sorted(chunks))
+
+
+def derive_slot(slot_challenge: bytes, slots: int) -> int:
+    """The slot a slot signature selects (docs/protocol.md §5.5): B2(seed ‖ "slot") mod slots."""
+    if slots < 1:
+        raise ValueError("a step has at least one slot")
+    return int.from_bytes(blake2b256(_seed(slot_challenge), b"slot"), "big") % slots
 
 
 def run_slots(run: Any) -> int:
@@ -148,11 +167,17 @@ def check_spotcheck(sc: SpotCheck, run: Any) -> None:
     except SignatureError as exc:
         raise InvalidStatementError("challenge is not the signer's signature over (run, step)",
                                     code="challenge") from exc
-    # [REJECT] the run names its topology, and the slot and chunks are those the challenge derives
+    # [REJECT] the slot challenge is the signer's signature over (run, step) in the slot domain
+    try:
+        signing.verify(sc.signer, SLOT_KIND, {"run": sc.run, "step": sc.step}, sc.slot_challenge)
+    except SignatureError as exc:
+        raise InvalidStatementError("slot_challenge is not the signer's slot signature over (run, step)",
+                                    code="challenge") from exc
+    # [REJECT] the run names its topology, and the slot and chunks are those the challenges derive
     slots = run_slots(run)
-    if not slots or sc.chunks_total < 1 or (sc.slot, tuple(sc.chunks)) != derive_challenge(
-            sc.challenge, slots, sc.chunks_total):
-        raise InvalidStatementError("slot and chunks are not the challenge's", code="challenge_derivation")
+    if (not slots or sc.chunks_total < 1 or sc.slot != derive_slot(sc.slot_challenge, slots)
+            or tuple(sc.chunks) != derive_chunks(sc.challenge, sc.chunks_total)):
+        raise InvalidStatementError("slot and chunks are not the challenges'", code="challenge_derivation")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ replay or a spot check (:func:`open1b.deterministic.spot_run.check_spot`) can ca
 * ``skipped-update`` — the honest fingerprint and witness of the committed batch, but
   checkpoint k+1 is checkpoint k relabelled, not AdamW of the committed sum: caught at ``update``;
 * ``forged-microbatch`` — slot :func:`forged_slot` (k) of the step has its gradient doubled, and
-  every commitment follows from that (its root, the sum, the update, the witness): caught at
-  ``gradient`` by a challenge that picks that slot, by no other (when the forger answers with
+  every commitment follows from that (the sum, the update, the witness): caught at ``gradient``
+  by a challenge whose secret slot is that one, by no other (when the forger answers with
   :func:`forged_answer`, consistent with its commitments);
 * ``forged-loss`` — an honest step whose fingerprint reports another loss (one bit flipped): the
   state chain is honest, so no replay disagrees; spot checks catch it at ``loss_sum``.
@@ -57,7 +57,7 @@ from open1b.deterministic.state import TrainState, init_state
 from open1b.deterministic.step import finish_step, step_gradients
 from open1b.deterministic.trainer import DEFAULT_PRESET, config_of, flip_weight_bit, run_fields
 from open1b.protocol import Identity, RunManifest
-from open1b.protocol.spotcheck import derive_challenge
+from open1b.protocol.spotcheck import derive_chunks
 
 FORGERIES = ("bitflip", "batch", "skip", "forged-data", "skipped-update", "forged-microbatch", "forged-loss")
 FORGERIES_FILE = "forgeries.txt"
@@ -129,8 +129,8 @@ def _forged_micro_step(state: TrainState, batch: np.ndarray, topology: Topology)
     loss, grads = step_gradients(state, batch, topology, be, observe)
     summed = flat_gradient(grads, config, be)
     new_state, report = finish_step(state, loss, grads, be)
-    fp = StepFingerprint(state.step, tuple(losses), tuple(chunk_tree(f).root for f in flats), chunk_tree(summed).root,
-                         f32_bits(report.loss), f32_bits(report.grad_norm), f32_bits(report.clip_coef))  # fmt: skip
+    fp = StepFingerprint(state.step, tuple(losses), chunk_tree(summed).root, f32_bits(report.loss),
+                         f32_bits(report.grad_norm), f32_bits(report.clip_coef))  # fmt: skip
     return new_state, report, fp, (flats, summed)
 
 
@@ -147,8 +147,7 @@ def forged_answer(run_dir: Path, step: int, challenge: bytes) -> bytes:
     state = load_checkpoint(Path(run_dir), step, config, manifest.checkpoints[step])
     batch = batch_for_step(load_run_samples(Path(run_dir), manifest), manifest.seed, step, config, topology)
     *_, (flats, summed) = _forged_micro_step(state, batch, topology)
-    _, chunks = derive_challenge(challenge, len(flats), chunk_count(config))
-    trees, sum_tree = [chunk_tree(f) for f in flats], chunk_tree(summed)
-    return encode_answer(step, tuple(ChunkOpening(c, tuple(chunk(f, c) for f in flats),
-                                                  tuple(tuple(t.proof(c)) for t in trees), chunk(summed, c),
-                                                  tuple(sum_tree.proof(c))) for c in chunks))  # fmt: skip
+    sum_tree = chunk_tree(summed)
+    return encode_answer(step, tuple(ChunkOpening(c, tuple(chunk(f, c) for f in flats), chunk(summed, c),
+                                                  tuple(sum_tree.proof(c)))
+                                     for c in derive_chunks(challenge, chunk_count(config))))

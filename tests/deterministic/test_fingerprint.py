@@ -9,8 +9,8 @@ import pytest
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.fingerprint import (
-    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, check_micro, chunk_count,
-    chunk_tree, fingerprinted_step, flat_gradient, gradient_tree,
+    CHUNK_ELEMENTS, Caught, answer_challenge, check_chunks, check_loss_sum, chunk, chunk_count, chunk_tree,
+    fingerprinted_step, flat_gradient, gradient_tree, recompute_slot,
 )  # fmt: skip
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.selfcheck import state_fingerprint
@@ -18,7 +18,7 @@ from open1b.protocol.hashing import blake2b256
 
 CONFIG, TOPOLOGY = PRESETS["tiny"].config, PRESETS["tiny"].topology
 SEED = 5
-SLOTS = [(r, m) for r in range(TOPOLOGY.ranks) for m in range(TOPOLOGY.micro_batches)]
+SLOTS = range(TOPOLOGY.ranks * TOPOLOGY.micro_batches)
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +36,9 @@ def test_fingerprinted_step_is_train_step_bit_for_bit(step1):
     s1, batch, s2, fp, _ = step1
     plain, report = train_step(s1, batch, TOPOLOGY)
     assert state_fingerprint(plain) == state_fingerprint(s2)
-    assert fp.step == 1 and len(fp.losses) == len(fp.grad_roots) == len(SLOTS)
+    assert fp.step == 1 and len(fp.losses) == len(SLOTS) and len(set(fp.losses)) == len(SLOTS)
     assert fp.loss == int(np.float32(report.loss).view(np.uint32))
-    assert len(set(fp.grad_roots)) == len(SLOTS)  # each micro-batch has its own gradient
+    assert fp.sum_root == chunk_tree(flat_gradient(_summed(s1, batch), CONFIG, cpu_backend(False))).root
     again = fingerprinted_step(s1, batch, TOPOLOGY)[2]
     assert again == fp and again.commitment == fp.commitment
 
@@ -46,16 +46,15 @@ def test_fingerprinted_step_is_train_step_bit_for_bit(step1):
 # The committed bits of step 1 of `tiny` (seed 5): F_1 and a digest of a three-chunk answer. The
 # engine's bits are the same on every backend, so these change only if the fingerprint's format
 # (or the engine) changes: any speed-up of the recording must leave them as they are.
-PINNED_COMMITMENT = "aa5b6d54f37388c472dcca7c101ffa5e03a768cc12833a9a8a200fe60e422713"
-PINNED_ANSWER = "b4a16f18648d9a7fb069aaf8d766d016b9b2103b90bf46e63e5a5c5dd4c1c5fb"
+PINNED_COMMITMENT = "3ecf6c6d586fc58687382c319803101a5d94d7f8b1ce22a81baf21b1d2d67b14"
+PINNED_ANSWER = "b3377d588db57826fe767cac3236d90c4a3da15ec4c6e13253a1715547a5c006"
 
 
 def test_fingerprint_and_answer_bits_are_pinned(step1):
     s1, batch, _, fp, _ = step1
     assert fp.commitment.hex() == PINNED_COMMITMENT
     answer = answer_challenge(s1, batch, TOPOLOGY, (0, 3, chunk_count(CONFIG) - 1))
-    parts = [b for op in answer for b in (*(a.tobytes() for a in (*op.micro, op.summed)),
-                                          *(p for proof in op.micro_proofs for p in proof), *op.summed_proof)]
+    parts = [b for op in answer for b in (*(a.tobytes() for a in (*op.micro, op.summed)), *op.summed_proof)]
     assert blake2b256(*parts).hex() == PINNED_ANSWER
 
 
@@ -75,13 +74,39 @@ def test_chunks_hashed_from_the_tensors_are_the_flat_vectors_chunks():
     assert chunk_tree(flat[::-1].copy()).root != got.root  # the order of the elements counts
 
 
+def _summed(state, batch) -> dict:
+    """The summed, pre-clip gradient of the step from ``state`` on ``batch`` (what sum_root commits)."""
+    from open1b.deterministic.step import step_gradients
+    return step_gradients(state, batch, TOPOLOGY, cpu_backend(False))[1]
+
+
+def _check(fp, s1, batch, after, answered_from, slot, chunks) -> Caught:
+    """Every link of one challenge, in §10.2's order: the verifier recomputes ``slot`` on the
+    committed ``batch``; the trainer answers ``chunks`` from the batch it trained on."""
+    caught, mine = recompute_slot(fp, s1, batch, TOPOLOGY, slot, chunks)
+    if caught is Caught.NONE:
+        caught = check_loss_sum(fp, CONFIG, TOPOLOGY)
+    if caught is not Caught.NONE:
+        return caught
+    return check_chunks(fp, answer_challenge(s1, answered_from, TOPOLOGY, chunks), slot, mine, s1, after, TOPOLOGY)
+
+
 def test_an_honest_step_passes_every_link(step1):
     s1, batch, s2, fp, _ = step1
-    assert all(check_micro(fp, s1, batch, TOPOLOGY, r, m) is Caught.NONE for r, m in SLOTS)
-    assert check_loss_sum(fp, CONFIG, TOPOLOGY) is Caught.NONE
     chunks = (0, chunk_count(CONFIG) // 2, chunk_count(CONFIG) - 1)  # the last chunk is shorter
     assert CONFIG.n_params() % CHUNK_ELEMENTS != 0
-    assert check_chunks(fp, answer_challenge(s1, batch, TOPOLOGY, chunks), s1, s2, TOPOLOGY) is Caught.NONE
+    assert [_check(fp, s1, batch, s2, batch, slot, chunks) for slot in SLOTS] == [Caught.NONE] * len(SLOTS)
+
+
+def test_the_recomputed_slot_chunks_are_the_micro_batch_gradients_chunks(step1):
+    s1, batch, _, fp, _ = step1
+    chunks = (1, chunk_count(CONFIG) - 1)
+    answer = answer_challenge(s1, batch, TOPOLOGY, chunks)
+    for slot in SLOTS:
+        _, mine = recompute_slot(fp, s1, batch, TOPOLOGY, slot, chunks)
+        assert [m.tobytes() for m in mine] == [op.micro[slot].tobytes() for op in answer]
+    assert answer[0].micro[0].tobytes() != answer[0].micro[1].tobytes()
+    assert answer[0].summed.tobytes() == chunk(flat_gradient(_summed(s1, batch), CONFIG, cpu_backend(False)), 1).tobytes()
 
 
 def test_substituted_data_is_caught_by_every_micro_batch(step1):
@@ -89,16 +114,21 @@ def test_substituted_data_is_caught_by_every_micro_batch(step1):
     s1, batch, _, _, data = step1
     other = batch_for_step(data, SEED + 1, 1, CONFIG, TOPOLOGY)
     forged = fingerprinted_step(s1, other, TOPOLOGY)[2]
-    assert [check_micro(forged, s1, batch, TOPOLOGY, r, m) for r, m in SLOTS] == [Caught.LOSS] * len(SLOTS)
+    assert [recompute_slot(forged, s1, batch, TOPOLOGY, slot, (0,))[0] for slot in SLOTS] == [Caught.LOSS] * len(SLOTS)
 
 
-def test_forged_micro_batch_gradient_is_caught_at_its_slot_only(step1):
-    s1, batch, _, fp, _ = step1
-    roots = list(fp.grad_roots)
-    roots[1] = bytes(32)
-    forged = replace(fp, grad_roots=tuple(roots))
-    assert [check_micro(forged, s1, batch, TOPOLOGY, r, m) for r, m in SLOTS] == [
-        Caught.NONE, Caught.GRADIENT, Caught.NONE, Caught.NONE]
+def test_forged_micro_batch_gradient_is_caught_at_its_secret_slot_only(step1):
+    """Slot 2 trained on other text, every commitment consistent with it but its loss, which the
+    trainer reports as the honest one (and the honest total): only a verifier whose secret slot is
+    2 catches it, by comparing its recomputation with the answered chunks."""
+    s1, batch, _, honest, data = step1
+    one_forged = batch.copy()
+    one_forged[1, 0] = batch_for_step(data, SEED + 1, 1, CONFIG, TOPOLOGY)[1, 0]
+    after, _, fp = fingerprinted_step(s1, one_forged, TOPOLOGY)
+    fp = replace(fp, losses=honest.losses, loss=honest.loss)
+    chunks = (0, chunk_count(CONFIG) - 1)
+    assert [_check(fp, s1, batch, after, one_forged, slot, chunks) for slot in SLOTS] == [
+        Caught.NONE, Caught.NONE, Caught.GRADIENT, Caught.NONE]
 
 
 def test_altered_loss_is_caught_by_the_loss_sum(step1):
@@ -110,27 +140,35 @@ def test_skipped_update_is_caught_on_any_chunk(step1):
     s1, batch, _, fp, _ = step1
     skipped = replace(s1, step=2)
     for c in (0, chunk_count(CONFIG) - 1):
-        assert check_chunks(fp, answer_challenge(s1, batch, TOPOLOGY, (c,)), s1, skipped, TOPOLOGY) is Caught.UPDATE
+        assert _check(fp, s1, batch, skipped, batch, 0, (c,)) is Caught.UPDATE
 
 
-def test_a_summed_gradient_that_is_not_the_sum_is_caught(step1):
-    """A trainer commits honest micro-batch roots but the root of another sum, and opens it."""
+def test_answered_micro_chunks_that_do_not_sum_are_caught(step1):
+    """An answerer moves a chunk's mass from one slot to another: the slot it did not touch in the
+    verifier's secret slot's place sees the sum break, the slots it touched their own gradient."""
     s1, batch, s2, fp, _ = step1
-    openings = answer_challenge(s1, batch, TOPOLOGY, tuple(range(chunk_count(CONFIG))))
-    summed = np.concatenate([op.summed for op in openings])
-    summed[3] = np.float32(summed[3]) * np.float32(2)
-    tree = chunk_tree(summed)
-    forged = replace(fp, sum_root=tree.root)
-    op = replace(openings[0], summed=summed[:CHUNK_ELEMENTS], summed_proof=tuple(tree.proof(0)))
-    assert check_chunks(forged, (op,), s1, s2, TOPOLOGY) is Caught.SUM
-    # a micro-batch chunk changed in transit does not open its committed root
-    micro = (op.micro[0] + np.float32(1), *op.micro[1:])
-    assert check_chunks(fp, (replace(openings[0], micro=micro),), s1, s2, TOPOLOGY) is Caught.PROOF
+    (op,) = answer_challenge(s1, batch, TOPOLOGY, (0,))
+    micro = list(op.micro)
+    micro[3] = micro[3] + np.float32(1)
+    moved = (replace(op, micro=tuple(micro)),)
+    mine = {slot: recompute_slot(fp, s1, batch, TOPOLOGY, slot, (0,))[1] for slot in SLOTS}
+    assert [check_chunks(fp, moved, slot, mine[slot], s1, s2, TOPOLOGY) for slot in SLOTS] == [
+        Caught.SUM, Caught.SUM, Caught.SUM, Caught.GRADIENT]
+
+
+def test_a_summed_chunk_that_is_not_committed_is_a_proof_failure(step1):
+    s1, batch, s2, fp, _ = step1
+    (op,) = answer_challenge(s1, batch, TOPOLOGY, (0,))
+    summed = op.summed.copy()
+    summed[3] = summed[3] * np.float32(2)
+    _, mine = recompute_slot(fp, s1, batch, TOPOLOGY, 0, (0,))
+    assert check_chunks(fp, (replace(op, summed=summed),), 0, mine, s1, s2, TOPOLOGY) is Caught.PROOF
 
 
 def test_malformed_answers_are_proof_failures(step1):
     s1, batch, s2, fp, _ = step1
     (op,) = answer_challenge(s1, batch, TOPOLOGY, (0,))
+    _, mine = recompute_slot(fp, s1, batch, TOPOLOGY, 0, (0,))
     bad = [replace(op, index=chunk_count(CONFIG)), replace(op, micro=op.micro[:-1]),
            replace(op, summed=op.summed.astype(np.float64)), replace(op, summed_proof=op.summed_proof[:-1])]
-    assert [check_chunks(fp, (b,), s1, s2, TOPOLOGY) for b in bad] == [Caught.PROOF] * len(bad)
+    assert [check_chunks(fp, (b,), 0, mine, s1, s2, TOPOLOGY) for b in bad] == [Caught.PROOF] * len(bad)

@@ -5,6 +5,7 @@ passes an honest answer and fails each malformed one with ``proof``, never with 
 import shutil
 
 import cbor2
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ from open1b.deterministic.trainer import config_of, publish_run
 from open1b.protocol import Identity, blake2b256, encode
 from open1b.protocol.commitments import state_hash_of_root
 from open1b.protocol.fingerprints import FINGERPRINTS_FILE, KEY_BLOB, KEY_ROOT
-from open1b.protocol.spotcheck import CAUGHT, challenge_signature, derive_challenge
+from open1b.protocol.spotcheck import CAUGHT, challenge_signature, derive_chunks, derive_slot, slot_signature
 
 TRAINER, VERIFIER = Identity(blake2b256(b"tests/spot-run/trainer")), Identity(blake2b256(b"tests/spot-run/verifier"))
 STEPS, SEED = 2, 4
@@ -40,10 +41,10 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def answered(runs):
-    """Step 1's challenge by VERIFIER and the trainer's answer to it."""
+    """Step 1's challenges by VERIFIER (the chunks', the slot's) and the trainer's answer."""
     run_dir, manifest, *_ = runs
     challenge = challenge_signature(VERIFIER, manifest.run_id, 1)
-    return challenge, answer_from_run(run_dir, 1, challenge)
+    return challenge, slot_signature(VERIFIER, manifest.run_id, 1), answer_from_run(run_dir, 1, challenge)
 
 
 def test_recording_fingerprints_changes_no_bit_of_training(runs):
@@ -66,11 +67,11 @@ def test_recording_fingerprints_changes_no_bit_of_training(runs):
 
 def test_an_honest_answer_passes_and_names_what_was_checked(runs, answered):
     run_dir, manifest, *_ = runs
-    challenge, answer = answered
-    result = check_spot(run_dir, 1, challenge, answer)
+    challenge, slot_challenge, answer = answered
+    result = check_spot(run_dir, 1, challenge, slot_challenge, answer)
     slots = manifest.model["ranks"] * manifest.model["micro_batches"]
     config_chunks = chunk_count(CONFIG)
-    assert (result.slot, result.chunks) == derive_challenge(challenge, slots, config_chunks)
+    assert result.slot == derive_slot(slot_challenge, slots) and result.chunks == derive_chunks(challenge, config_chunks)
     assert result.passed and result.verdict == "pass" and result.caught == "none"
     assert result.chunks_total == config_chunks and result.step == 1 and result.run == manifest.run_id
     assert result.pre_state == manifest.state_hashes[1]
@@ -80,23 +81,53 @@ def test_an_honest_answer_passes_and_names_what_was_checked(runs, answered):
 
 def test_no_answer_is_a_fail(runs, answered):
     run_dir, *_ = runs
-    result = check_spot(run_dir, 1, answered[0], None)
+    result = check_spot(run_dir, 1, *answered[:2], None)
     assert (result.passed, result.verdict, result.caught) == (False, "fail", "no_answer")
 
 
 def test_the_two_halves_of_a_check_give_the_whole_checks_verdicts(runs, answered):
     run_dir, *_ = runs
-    challenge, answer = answered
-    micro = check_spot(run_dir, 1, challenge, None, links=(MICRO,))  # needs no answer, and holds
-    assert (micro.passed, micro.caught) == (True, "none")
-    assert check_spot(run_dir, 1, challenge, answer, links=(ANSWER,)).passed
-    assert check_spot(run_dir, 1, challenge, None, links=(ANSWER,)).caught == "no_answer"
-    bad = _reencode(answer, _flip_first_byte)
-    assert check_spot(run_dir, 1, challenge, bad, links=(ANSWER,)).caught == "proof"
-    assert check_spot(run_dir, 1, challenge, bad, links=(MICRO,)).passed  # the answer is not read
+    challenge, slot_challenge, answer = answered
+    micro = check_spot(run_dir, 1, challenge, slot_challenge, None, links=(MICRO,))  # needs no answer, and holds
+    lengths = [min(CHUNK_ELEMENTS, CONFIG.n_params() - c * CHUNK_ELEMENTS) for c in micro.chunks]
+    assert (micro.passed, micro.caught) == (True, "none") and len(micro.recomputed) == 4 * sum(lengths)
+    mine = micro.recomputed
+    assert check_spot(run_dir, 1, challenge, slot_challenge, answer, links=(ANSWER,), recomputed=mine).passed
+    assert check_spot(run_dir, 1, challenge, slot_challenge, None, links=(ANSWER,), recomputed=mine).caught == "no_answer"
+    bad = _reencode(answer, _flip_summed_byte)
+    assert check_spot(run_dir, 1, challenge, slot_challenge, bad, links=(ANSWER,), recomputed=mine).caught == "proof"
+    assert check_spot(run_dir, 1, challenge, slot_challenge, bad, links=(MICRO,)).passed  # the answer is not read
+    with pytest.raises(ValueError, match="recomputation"):
+        check_spot(run_dir, 1, challenge, slot_challenge, answer, links=(ANSWER,))
+    with pytest.raises(SpotInputError, match="recomputation"):
+        check_spot(run_dir, 1, challenge, slot_challenge, answer, links=(ANSWER,), recomputed=mine[:-4])
     for links in [(), ("micro", "chunks"), ("everything",)]:
         with pytest.raises(ValueError, match="links"):
-            check_spot(run_dir, 1, challenge, answer, links=links)
+            check_spot(run_dir, 1, challenge, slot_challenge, answer, links=links)
+
+
+def test_the_secret_slot_decides_which_answered_micro_batch_is_compared(runs, answered):
+    """An answer that swaps one element between slots 0 and 1 (rank 0's two micro-batches, whose
+    sum is the same either way round): a verifier whose secret slot is either catches it at
+    ``gradient``; one with another slot passes it (the sum holds), which is why the slot is secret
+    until the answer is in."""
+    run_dir, manifest, *_ = runs
+    challenge, _, answer = answered
+    value = cbor2.loads(answer)
+    for op in value["openings"]:
+        a, b = (np.frombuffer(x, "<f4").copy() for x in op["micro"][:2])
+        i = int(np.flatnonzero(a != b)[0])
+        a[i], b[i] = b[i], a[i]
+        op["micro"][:2] = [a.tobytes(), b.tobytes()]
+    moved = encode(value)
+    assert moved != answer
+    caught = {}
+    for i in range(64):  # verifiers until every slot is someone's secret slot
+        verifier = Identity(blake2b256(f"tests/spot-run/verifier/{i}".encode()))
+        slot_challenge = slot_signature(verifier, manifest.run_id, 1)
+        result = check_spot(run_dir, 1, challenge, slot_challenge, moved)
+        caught[result.slot] = result.caught
+    assert caught == {0: "gradient", 1: "gradient", 2: "none", 3: "none"}
 
 
 def _reencode(answer: bytes, edit) -> bytes:
@@ -105,9 +136,9 @@ def _reencode(answer: bytes, edit) -> bytes:
     return encode(value)
 
 
-def _flip_first_byte(value):
+def _flip_summed_byte(value):
     first = value["openings"][0]
-    first["micro"][0] = bytes([first["micro"][0][0] ^ 1]) + first["micro"][0][1:]
+    first["summed"] = bytes([first["summed"][0] ^ 1]) + first["summed"][1:]
 
 
 MALFORMED = {
@@ -125,8 +156,9 @@ MALFORMED = {
     "a truncated array": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed", v["openings"][0]["summed"][:-1])),
     "float64 bytes": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed", v["openings"][0]["summed"] * 2)),
     "a proof that is not a list": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed_proof", b"x")),
-    "a short hash in a proof": lambda a: _reencode(a, lambda v: v["openings"][0]["micro_proofs"][0].append(b"x")),
-    "a changed chunk": lambda a: _reencode(a, _flip_first_byte),
+    "a short hash in a proof": lambda a: _reencode(a, lambda v: v["openings"][0]["summed_proof"].append(b"x")),
+    "a changed summed chunk": lambda a: _reencode(a, _flip_summed_byte),
+    "a proof per slot (an r6 answer)": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("micro_proofs", [])),
     "a dropped proof entry": lambda a: _reencode(a, lambda v: v["openings"][0]["summed_proof"].pop()),
 }
 
@@ -134,14 +166,14 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_malformed_answer_fails_with_proof(runs, answered, case):
     run_dir, *_ = runs
-    challenge, answer = answered
+    challenge, slot_challenge, answer = answered
     bad = MALFORMED[case](answer)
     assert bad != answer
-    assert check_spot(run_dir, 1, challenge, bad).caught == "proof"
+    assert check_spot(run_dir, 1, challenge, slot_challenge, bad).caught == "proof"
 
 
 def test_the_answer_is_canonical_and_holds_whole_chunks(answered):
-    _, answer = answered
+    *_, answer = answered
     assert encode(cbor2.loads(answer)) == answer
     lengths = {len(op["summed"]) for op in cbor2.loads(answer)["openings"]}
     last = 4 * (CONFIG.n_params() - (chunk_count(CONFIG) - 1) * CHUNK_ELEMENTS)
@@ -152,7 +184,7 @@ def test_a_run_without_fingerprints_cannot_be_spot_checked(runs):
     _, _, plain_dir, plain = runs
     challenge = challenge_signature(VERIFIER, plain.run_id, 0)
     with pytest.raises(SpotInputError, match="no fingerprints"):
-        check_spot(plain_dir, 0, challenge, None)
+        check_spot(plain_dir, 0, challenge, slot_signature(VERIFIER, plain.run_id, 0), None)
 
 
 def test_a_fingerprints_file_that_is_not_the_committed_one_is_refused(runs, tmp_path):
@@ -180,7 +212,7 @@ def test_a_checkpoint_that_is_not_the_runs_is_refused_not_judged(runs, answered,
                                                                 .read_bytes())  # fmt: skip
     with pytest.raises(CheckpointMismatchError):
         check_spot(copy, 1, *answered)
-    assert check_spot(copy, 1, answered[0], None).caught == "no_answer"  # without an answer k+1 is not read
+    assert check_spot(copy, 1, *answered[:2], None).caught == "no_answer"  # without an answer k+1 is not read
 
 
 def test_every_caught_value_is_the_protocols(runs, answered):
@@ -210,7 +242,7 @@ def test_decoding_arbitrary_bytes_as_an_answer_never_raises(data):
 def test_a_flipped_bit_anywhere_in_an_answer_never_raises(answered, at, bit):
     """Each flip gives bytes that are not an answer (None) or openings of other values, which the
     checks then refuse at ``proof``; decoding never raises."""
-    challenge, answer = answered
+    *_, answer = answered
     chunks = tuple(op["chunk"] for op in cbor2.loads(answer)["openings"])
     flipped = bytearray(answer)
     flipped[at % len(answer)] ^= 1 << bit

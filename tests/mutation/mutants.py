@@ -309,11 +309,18 @@ MUTANTS = [
        ('    if kind == "spotcheck" and (m["verdict"] == "pass") != (m["caught"] == "none"):\n'
         '        raise Refused("spot_verdict")\n', "")),
     _m("spot-challenge-any-key", "§7", "the challenge is any valid signature over (run, step)",
-       ('        raise Refused("challenge")\n', "        pass\n")),
+       ('signing_bytes("spotcheck-challenge", body), m["challenge"]):\n        raise Refused("challenge")',
+        'signing_bytes("spotcheck-challenge", body), m["challenge"]):\n        pass')),
     _m("spot-counter-little-endian", "§5.5", "the chunk counter is u64 little-endian",
        ('b2(seed, i.to_bytes(8, "big"))', 'b2(seed, i.to_bytes(8, "little"))')),
     _m("spot-slot-from-seed", "§5.5", "the slot is the seed itself mod S",
-       ('int.from_bytes(b2(seed, b"slot"), "big") % slots', 'int.from_bytes(seed, "big") % slots')),
+       ('int.from_bytes(b2(b2(b"open1b/spotcheck/v1\\0", slot_challenge), b"slot"), "big") % slots',
+        'int.from_bytes(b2(b"open1b/spotcheck/v1\\0", slot_challenge), "big") % slots')),
+    _m("spot-slot-from-challenge", "§5.5", "the slot derives from the chunks' challenge (known to the trainer)",
+       ('b2(b"open1b/spotcheck/v1\\0", slot_challenge), b"slot")', 'b2(b"open1b/spotcheck/v1\\0", challenge), b"slot")')),
+    _m("spot-slot-unsigned", "§7", "the slot challenge is not checked",
+       ('signing_bytes("spotcheck-slot", body), m["slot_challenge"]):\n        raise Refused("challenge")',
+        'signing_bytes("spotcheck-slot", body), m["slot_challenge"]):\n        pass')),
     _m("spot-after-engine-first", "§7", "the engine rule comes before pre_state",
        ('    if m["pre_state"] != run["h"][m["step"]]:\n        raise Refused("pre_state")\n'
         '    if [m["engine"], m["engine_version"]] != [run["engine"], run["engine_version"]]:\n'

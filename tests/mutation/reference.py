@@ -329,10 +329,10 @@ def eval_rules(m: dict, run: dict) -> None:
         raise Refused("eval_signer")
 
 
-def spot_challenge(challenge: bytes, slots: int, total: int) -> tuple[int, list[int]]:
-    """§5.5: the slot and the chunks a challenge derives."""
+def spot_challenge(challenge: bytes, slot_challenge: bytes, slots: int, total: int) -> tuple[int, list[int]]:
+    """§5.5: the slot the slot challenge derives and the chunks the challenge derives."""
+    slot = int.from_bytes(b2(b2(b"open1b/spotcheck/v1\0", slot_challenge), b"slot"), "big") % slots
     seed = b2(b"open1b/spotcheck/v1\0", challenge)
-    slot = int.from_bytes(b2(seed, b"slot"), "big") % slots
     chunks, i = [], 0
     while len(chunks) < min(CONST["CHALLENGE_CHUNKS"], total):
         c = int.from_bytes(b2(seed, i.to_bytes(8, "big")), "big") % total
@@ -350,10 +350,13 @@ def spotcheck_rules(m: dict, run: dict) -> None:
     body = {"run": m["run"], "step": m["step"]}
     if not ed25519_valid(m["signer"], signing_bytes("spotcheck-challenge", body), m["challenge"]):
         raise Refused("challenge")
+    if not ed25519_valid(m["signer"], signing_bytes("spotcheck-slot", body), m["slot_challenge"]):
+        raise Refused("challenge")
     ranks, micro = run["model"].get("ranks"), run["model"].get("micro_batches")
     if type(ranks) is not int or type(micro) is not int or ranks < 1 or micro < 1 or m["chunks_total"] < 1:
         raise Refused("challenge_derivation")
-    if [m["slot"], list(m["chunks"])] != list(spot_challenge(m["challenge"], ranks * micro, m["chunks_total"])):
+    derived = spot_challenge(m["challenge"], m["slot_challenge"], ranks * micro, m["chunks_total"])
+    if [m["slot"], list(m["chunks"])] != list(derived):
         raise Refused("challenge_derivation")
 
 

@@ -17,7 +17,7 @@ from open1b.node.metrics import NodeStats
 from open1b.node.p2p import open_p2p
 from open1b.node.spot_answers import MAX_PENDING_ANSWERS, SPOTCHECK_PROTOCOL, AnswerServer, ask, request_answer
 from open1b.node.worker import ReplayWorker
-from open1b.protocol import challenge_signature
+from open1b.protocol import challenge_signature, slot_signature
 
 from .conftest import ident
 
@@ -43,7 +43,8 @@ def test_publisher_answers_checked_challenges_and_refuses_the_rest(tampered_run,
                     assert answer is not None and len(answer) > 0 and stats.challenges_answered == 1
                     # the answer is the one a spot check accepts (the worker checks it, as a verifier's would)
                     (tmp_path / "a.cbor").write_bytes(answer)
-                    outcome = await worker.spot(run_dir, 1, mine, tmp_path / "a.cbor", timeout_s=120)
+                    outcome = await worker.spot(run_dir, 1, (mine, slot_signature(b.identity, run, 1)),
+                                                tmp_path / "a.cbor", tmp_path / "slot.f32", timeout_s=120)
                     assert outcome.passed
 
                     # another key's challenge, a step outside the run, an unknown run: refused, nothing computed

@@ -78,3 +78,52 @@ def test_a_micro_batch_verdict_does_not_wait_for_the_answer(forged_data_run, tmp
             await worker.aclose()
 
     trio.run(main)
+
+
+def test_only_the_publishers_answer_convicts_at_the_micro_batch_links(tmp_path):
+    """The micro-batch chunks of an answer open no commitment (docs/protocol.md §5.5, "Who
+    answers"): the forger's answer of a forged micro-batch, sent by another peer, is that peer's
+    failure and the verifier asks on (here: no_answer at the deadline); sent by the run's
+    publisher, it convicts the step at ``gradient``."""
+    from open1b.deterministic.trainer import config_of
+    from open1b.node.devnet.forged_run import forged_answer, forged_slot
+    from open1b.protocol import decode, derive_slot, encode, slot_signature
+
+    publisher_key = ident(80)
+    run_dir = tmp_path / "run"
+    manifest = publish_forged_run(run_dir, publisher_key, steps=STEPS, seed=6, forgeries={FORGED: "forged-microbatch"})
+    _, topology = config_of(manifest)
+    slots = topology.ranks * topology.micro_batches
+    # a verifier whose secret slot of the forged step is the forged one (a real forger cannot aim)
+    verifier_key = next(k for k in (ident(n) for n in range(81, 200))
+                        if derive_slot(slot_signature(k, manifest.run_id, FORGED), slots) == forged_slot(FORGED, slots))
+
+    async def forger(stream):  # answers as the forger would, consistently with its commitments
+        request = decode(await stream.receive(256), max_size=256)
+        answer = await trio.to_thread.run_sync(forged_answer, run_dir, request["step"], request["challenge"])
+        await stream.send(encode({"answer": answer}))
+        await stream.close()
+
+    async def main():
+        worker = ReplayWorker()
+        try:
+            async with AsyncExitStack() as stack:
+                publisher, other, verifier = [await stack.enter_async_context(open_p2p(key, "127.0.0.1", 0))
+                                              for key in (publisher_key, ident(79), verifier_key)]
+                await verifier.connect(publisher.addrs[0])
+                await verifier.connect(other.addrs[0])
+                config = NodeConfig(data_dir=tmp_path, answer_s=8.0, replay_timeout_s=300)
+                checker = SpotChecker(verifier.identity, config, None, verifier, worker, None, clock=Clock(),
+                                      stats=NodeStats(), scratch=tmp_path / "spot")
+                other.set_stream_handler(SPOTCHECK_PROTOCOL, forger)  # the publisher does not answer yet
+                with trio.fail_after(240):
+                    outcome = await checker._challenge_and_check(manifest, FORGED, run_dir)
+                assert (outcome.passed, outcome.caught) == (False, "no_answer")
+                publisher.set_stream_handler(SPOTCHECK_PROTOCOL, forger)
+                with trio.fail_after(240):
+                    outcome = await checker._challenge_and_check(manifest, FORGED, run_dir)
+                assert (outcome.passed, outcome.caught, outcome.slot) == (False, "gradient", forged_slot(FORGED, slots))
+        finally:
+            await worker.aclose()
+
+    trio.run(main)

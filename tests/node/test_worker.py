@@ -66,27 +66,37 @@ def test_worker_answers_a_challenge_and_spot_checks_with_it(tampered_run, tmp_pa
     """The trainer's answer and the verifier's check both run in the worker process; the answer
     travels as a file. An honest step passes with its answer, fails ``no_answer`` without one, and
     fails ``proof`` with bytes that are not an answer."""
-    from open1b.protocol import challenge_signature
+    from open1b.protocol import challenge_signature, slot_signature
     from tests.node.conftest import ident
 
     run_dir, manifest = tampered_run
     challenge = challenge_signature(ident(5), manifest.run_id, 1)
+    challenges, mine = (challenge, slot_signature(ident(5), manifest.run_id, 1)), tmp_path / "slot.f32"
 
     async def main():
         worker = ReplayWorker()
         try:
             size = await worker.answer(run_dir, 1, challenge, tmp_path / "answer.cbor", timeout_s=120)
             assert size == (tmp_path / "answer.cbor").stat().st_size > 0
-            ok = await worker.spot(run_dir, 1, challenge, tmp_path / "answer.cbor", timeout_s=120)
+            ok = await worker.spot(run_dir, 1, challenges, tmp_path / "answer.cbor", mine, timeout_s=120)
             assert ok.passed and ok.caught == "none" and ok.device == cpu_device_class()
             assert 0 <= ok.slot < 4 and len(ok.chunks) == min(4, ok.chunks_total) and len(ok.fingerprint) == 32
-            silent = await worker.spot(run_dir, 1, challenge, None, timeout_s=120)
+            silent = await worker.spot(run_dir, 1, challenges, None, mine, timeout_s=120)
             assert (silent.passed, silent.caught, silent.slot, silent.chunks) == (False, "no_answer", ok.slot, ok.chunks)
             (tmp_path / "junk.cbor").write_bytes(b"\xa0")
-            junk = await worker.spot(run_dir, 1, challenge, tmp_path / "junk.cbor", timeout_s=120)
+            junk = await worker.spot(run_dir, 1, challenges, tmp_path / "junk.cbor", mine, timeout_s=120)
             assert junk.caught == "proof"
+            # the halves: the micro half leaves the slot's chunks in the file the answer half reads
+            micro = await worker.spot(run_dir, 1, challenges, None, mine, timeout_s=120, links=("micro",))
+            assert micro.passed and mine.stat().st_size > 0
+            half = await worker.spot(run_dir, 1, challenges, tmp_path / "answer.cbor", mine, timeout_s=120,
+                                     links=("answer",))
+            assert half.passed
+            mine.write_bytes(bytes(mine.stat().st_size))  # not the slot's chunks: the trainer's answer is not them
+            assert (await worker.spot(run_dir, 1, challenges, tmp_path / "answer.cbor", mine, timeout_s=120,
+                                      links=("answer",))).caught == "gradient"
             with pytest.raises(ReplayFailed, match="outside"):  # no verdict on a step the run lacks
-                await worker.spot(run_dir, manifest.steps, challenge, None, timeout_s=120)
+                await worker.spot(run_dir, manifest.steps, challenges, None, mine, timeout_s=120)
             assert worker.restarts == 1
         finally:
             await worker.aclose()

@@ -8,8 +8,8 @@ from fractions import Fraction
 import pytest
 
 from open1b.protocol import (
-    SpotCheck, SpotStatus, TrustPolicy, challenge_signature, derive_challenge, escape_probability, spot_coverage,
-    validate_spotcheck,
+    SpotCheck, SpotStatus, TrustPolicy, challenge_signature, derive_chunks, derive_slot, escape_probability,
+    slot_signature, spot_coverage, validate_spotcheck,
 )
 from open1b.protocol.errors import WrongTypeError
 from open1b.protocol.escape import forged_steps_at
@@ -31,10 +31,10 @@ def spot_manifest(steps: int = 8):
 
 def spotcheck(n: int, run, step: int, *, caught: str = "none", **over) -> SpotCheck:
     signer = ident(n)
-    challenge = challenge_signature(signer, run.run_id, step)
-    slot, chunks = derive_challenge(challenge, SLOTS, CHUNKS)
+    challenge, slot_challenge = challenge_signature(signer, run.run_id, step), slot_signature(signer, run.run_id, step)
     fields = dict(run=run.run_id, step=step, pre_state=run.state_hashes[step], fingerprint=bytes(32),
-                  challenge=challenge, slot=slot, chunks_total=CHUNKS, chunks=list(chunks),
+                  challenge=challenge, slot_challenge=slot_challenge, slot=derive_slot(slot_challenge, SLOTS),
+                  chunks_total=CHUNKS, chunks=list(derive_chunks(challenge, CHUNKS)),
                   verdict="pass" if caught == "none" else "fail", caught=caught, engine=run.engine,
                   engine_version=run.engine_version, device="cpu/x86_64-avx2", elapsed_ms=5, issued_at=NOW)
     return SpotCheck.create(signer, **{**fields, **over})
@@ -56,6 +56,7 @@ def test_a_spot_check_round_trips_and_is_accepted():
     ({"pre_state": bytes(32)}, "pre_state"),
     ({"engine_version": "2"}, "engine"),
     ({"challenge": bytes(64)}, "challenge"),
+    ({"slot_challenge": bytes(64)}, "challenge"),
     ({"chunks_total": CHUNKS + 1}, "challenge_derivation"),
 ])
 def test_rules_reject_with_their_codes(over, expected):
@@ -68,8 +69,12 @@ def test_a_slot_the_challenge_does_not_derive_is_rejected():
     run = spot_manifest()
     sc = spotcheck(1, run, 3)
     assert code(spotcheck(1, run, 3, slot=(sc.slot + 1) % SLOTS), run) == "challenge_derivation"
-    # another key's challenge is another key's: the signer cannot borrow it
+    # another key's challenge is another key's: the signer cannot borrow it, nor its slot
     assert code(spotcheck(2, run, 3, challenge=sc.challenge, slot=sc.slot, chunks=sc.chunks), run) == "challenge"
+    assert code(spotcheck(2, run, 3, slot_challenge=sc.slot_challenge, slot=sc.slot), run) == "challenge"
+    # the chunks' signature is not the slot's: the slot stays secret while the trainer holds the first
+    assert code(spotcheck(1, run, 3, slot_challenge=sc.challenge, slot=derive_slot(sc.challenge, SLOTS)),
+                run) == "challenge"
 
 
 def test_a_pass_catches_nothing_and_a_fail_names_its_link():
@@ -81,10 +86,11 @@ def test_a_pass_catches_nothing_and_a_fail_names_its_link():
 
 
 def test_derived_challenges_are_spread_and_distinct():
-    slots = [derive_challenge(blake2b256(i.to_bytes(2, "big")) * 2, SLOTS, CHUNKS) for i in range(400)]
-    assert {s for s, _ in slots} == set(range(SLOTS))
-    assert all(len(set(c)) == len(c) == CHALLENGE_CHUNKS and list(c) == sorted(c) for _, c in slots)
-    assert derive_challenge(bytes(64), 3, 2)[1] == (0, 1)  # fewer chunks than a challenge opens: all
+    sigs = [blake2b256(i.to_bytes(2, "big")) * 2 for i in range(400)]
+    assert {derive_slot(s, SLOTS) for s in sigs} == set(range(SLOTS))
+    assert all(len(set(c)) == len(c) == CHALLENGE_CHUNKS and list(c) == sorted(c)
+               for c in (derive_chunks(s, CHUNKS) for s in sigs))
+    assert derive_chunks(bytes(64), 2) == (0, 1)  # fewer chunks than a challenge opens: all
 
 
 def test_spot_checked_is_its_own_status_and_a_failure_names_the_link():

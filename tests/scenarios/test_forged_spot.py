@@ -6,14 +6,13 @@ import itertools
 
 import pytest
 
-from open1b.deterministic.fingerprint import chunk_count
 from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import MANIFEST_FILE
 from open1b.deterministic.spot_run import answer_from_run, check_spot
 from open1b.deterministic.trainer import config_of, publish_run
 from open1b.node.devnet.forged_run import forged_answer, forged_slot, publish_forged_run
 from open1b.protocol import Identity, blake2b256, validate_manifest
-from open1b.protocol.spotcheck import challenge_signature, derive_challenge
+from open1b.protocol.spotcheck import challenge_signature, derive_slot, slot_signature
 
 from ..node.conftest import ident
 
@@ -22,12 +21,13 @@ NOW = 2**40
 
 
 def _challenges(manifest, step):
-    """(challenge, slot) of a run of verifier keys."""
-    config, topology = config_of(manifest)
+    """((challenge, slot challenge), slot) of a run of verifier keys."""
+    _, topology = config_of(manifest)
     slots = topology.ranks * topology.micro_batches
     for i in itertools.count():
-        challenge = challenge_signature(Identity(blake2b256(b"tests/forged-spot", bytes([i]))), manifest.run_id, step)
-        yield challenge, derive_challenge(challenge, slots, chunk_count(config))[0]
+        key = Identity(blake2b256(b"tests/forged-spot", bytes([i])))
+        sigs = challenge_signature(key, manifest.run_id, step), slot_signature(key, manifest.run_id, step)
+        yield sigs, derive_slot(sigs[1], slots)
 
 
 @pytest.fixture(scope="module", params=["forged-data", "skipped-update", "forged-microbatch"])
@@ -50,29 +50,29 @@ def test_a_spot_check_of_the_forged_step_catches_it_with_the_specs_link(forged):
     kind, run_dir, manifest = forged
     slots = manifest.model["ranks"] * manifest.model["micro_batches"]
     want = forged_slot(FORGED, slots)
-    # forged-microbatch is caught only by a challenge that picks the forged slot; the others by any
+    # forged-microbatch is caught only by a challenge whose secret slot is the forged one; the others by any
     challenge, _ = next((c, s) for c, s in _challenges(manifest, FORGED) if kind != "forged-microbatch" or s == want)
-    result = check_spot(run_dir, FORGED, challenge, forged_answer(run_dir, FORGED, challenge))
+    result = check_spot(run_dir, FORGED, *challenge, forged_answer(run_dir, FORGED, challenge[0]))
     assert (result.passed, result.caught) == (False, EXPECTED[kind])
 
 
 def test_honest_steps_of_a_forged_run_pass(forged):
     kind, run_dir, manifest = forged
     challenge, _ = next(_challenges(manifest, FORGED - 1))
-    assert check_spot(run_dir, FORGED - 1, challenge, forged_answer(run_dir, FORGED - 1, challenge)).passed
+    assert check_spot(run_dir, FORGED - 1, *challenge, forged_answer(run_dir, FORGED - 1, challenge[0])).passed
 
 
 def test_the_forgers_answer_for_an_honest_run_is_the_honest_answer(tmp_path):
     manifest = publish_run(tmp_path, ident(0), steps=1, seed=6)
     challenge, _ = next(_challenges(manifest, 0))
-    assert forged_answer(tmp_path, 0, challenge) == answer_from_run(tmp_path, 0, challenge)
+    assert forged_answer(tmp_path, 0, challenge[0]) == answer_from_run(tmp_path, 0, challenge[0])
 
 
 def test_a_forged_loss_is_caught_by_the_loss_sum_and_by_no_replay(tmp_path):
     manifest = publish_forged_run(tmp_path, ident(0), steps=2, seed=6, forgeries={1: "forged-loss"})
     assert all(replay(tmp_path, k).match for k in range(2))
     challenge, _ = next(_challenges(manifest, 1))
-    assert check_spot(tmp_path, 1, challenge, forged_answer(tmp_path, 1, challenge)).caught == "loss_sum"
+    assert check_spot(tmp_path, 1, *challenge, forged_answer(tmp_path, 1, challenge[0])).caught == "loss_sum"
 
 
 def test_a_forged_micro_batch_escapes_a_challenge_of_another_slot(tmp_path):
@@ -80,4 +80,4 @@ def test_a_forged_micro_batch_escapes_a_challenge_of_another_slot(tmp_path):
     manifest = publish_forged_run(tmp_path, ident(0), steps=STEPS, seed=6, forgeries={FORGED: "forged-microbatch"})
     slots = manifest.model["ranks"] * manifest.model["micro_batches"]
     challenge, _ = next((c, s) for c, s in _challenges(manifest, FORGED) if s != forged_slot(FORGED, slots))
-    assert check_spot(tmp_path, FORGED, challenge, forged_answer(tmp_path, FORGED, challenge)).passed
+    assert check_spot(tmp_path, FORGED, *challenge, forged_answer(tmp_path, FORGED, challenge[0])).passed

@@ -6,7 +6,7 @@ import json
 
 from open1b.protocol import (
     Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, SpotCheck, WitnessReveal, blake2b256,
-    challenge_signature, derive_challenge, merkle_root,
+    challenge_signature, derive_chunks, derive_slot, merkle_root, slot_signature,
 )
 
 from .common import NOW, ident
@@ -44,9 +44,10 @@ SPOT_CHUNKS = 10  # the chunk count the vectors' spot checks state
 def spotcheck(signer: int, run, step: int, *, caught: str = "none", **changes) -> SpotCheck:
     """A ``spotcheck`` of ``step`` with the challenge of ``signer``'s key: by default a pass."""
     challenge = challenge_signature(ident(signer), run.run_id, step)
-    slot, chunks = derive_challenge(challenge, 4, SPOT_CHUNKS)
+    slot_challenge = slot_signature(ident(signer), run.run_id, step)
     fields = dict(run=run.run_id, step=step, pre_state=run.state_hashes[step], fingerprint=state(step, b"vector-fp"),
-                  challenge=challenge, slot=slot, chunks_total=SPOT_CHUNKS, chunks=list(chunks),
+                  challenge=challenge, slot_challenge=slot_challenge, slot=derive_slot(slot_challenge, 4),
+                  chunks_total=SPOT_CHUNKS, chunks=list(derive_chunks(challenge, SPOT_CHUNKS)),
                   verdict="pass" if caught == "none" else "fail", caught=caught, engine=run.engine,
                   engine_version=run.engine_version, device="cpu/x86_64-avx2", elapsed_ms=321, issued_at=NOW)
     fields.update(changes)

@@ -332,7 +332,10 @@ class Validation:
                                                                      engine_version="2").encoded),
             "spotcheck-challenge": ("another key's challenge", fixtures.spotcheck(
                 1, sm, 2, challenge=fixtures.spotcheck(2, sm, 2).challenge).encoded),
-            "spotcheck-derivation": ("a slot the challenge does not select", fixtures.spotcheck(
+            "spotcheck-slot-challenge": ("the chunks' signature given as the slot's (the slot must stay secret "
+                                         "while the trainer holds the chunks' challenge)", fixtures.spotcheck(
+                1, sm, 2, slot_challenge=sc.challenge, slot=fixtures.derive_slot(sc.challenge, 4)).encoded),
+            "spotcheck-derivation": ("a slot the slot challenge does not select", fixtures.spotcheck(
                 1, sm, 2, slot=(sc.slot + 1) % 4).encoded),
             "spotcheck-no-topology": ("a spot check of a run whose model map names no topology",
                                       fixtures.spotcheck(1, m, 2).encoded),

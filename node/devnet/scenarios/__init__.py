@@ -16,7 +16,6 @@ test re-checks it without trusting the devnet's own judgement.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
@@ -24,7 +23,6 @@ from pathlib import Path
 
 from open1b.deterministic.device import select_device_or_cpu
 from open1b.deterministic.trainer import publish_run
-from open1b.protocol import Identity
 
 from ...client import ApiUnavailable
 from ...identity_file import load_identity
@@ -80,13 +78,7 @@ def run_scenarios(opts: DevnetOptions) -> dict:
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="open1b-scenario-"))
     workdir.mkdir(parents=True, exist_ok=True)
     run_dir = workdir / "run"
-    publisher = Identity(os.urandom(32))
     try:
-        if forgeries:
-            manifest = publish_forged_run(run_dir, publisher, steps=opts.steps, seed=opts.seed, forgeries=forgeries)
-        else:
-            manifest = publish_run(run_dir, publisher, steps=opts.steps, seed=opts.seed,
-                                   device=select_device_or_cpu(opts.device))
         nodes = _layout(opts, chosen)
         with contextlib.ExitStack() as stack:
             halves = None
@@ -102,6 +94,14 @@ def run_scenarios(opts: DevnetOptions) -> dict:
                     half = halves[node.half]
                     daemons.plan(1, host=half.address, api_host=half.api_address, prefix=half.prefix)
             auditors = [load_identity(daemons.dirs[i]) for i, n in enumerate(nodes) if n.role == "auditor"]
+            # The trainer publishes through its own node, the observer: an answer to a spot-check
+            # challenge binds the trainer only when the run's publisher sends it (docs/protocol.md §5.5).
+            publisher = load_identity(daemons.dirs[next(i for i, n in enumerate(nodes) if n.role == "observer")])
+            if forgeries:
+                manifest = publish_forged_run(run_dir, publisher, steps=opts.steps, seed=opts.seed, forgeries=forgeries)
+            else:
+                manifest = publish_run(run_dir, publisher, steps=opts.steps, seed=opts.seed,
+                                       device=select_device_or_cpu(opts.device))
             for s in chosen:
                 manifest = s.prepare_run(run_dir, manifest, publisher, auditors)
             try:

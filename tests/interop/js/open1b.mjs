@@ -200,7 +200,7 @@ export const SCHEMAS = {
   attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), device: text(70), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
   reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } },
   eval: { signer: 'signer', maxSize: 512, fields: { run: HASH, state: UINT, loss: ['uint', 2n ** 32n - 1n], claimed: ['uint', 2n ** 32n - 1n], verdict: ['enum', ['result', 'match', 'mismatch']], engine: text(64), engine_version: text(64), device: text(70), signer: KEY, issued_at: UINT } },
-  spotcheck: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, fingerprint: HASH, challenge: ['bytes', 64], slot: UINT, chunks_total: UINT, chunks: ['uints', 4], verdict: ['enum', ['pass', 'fail']], caught: ['enum', ['none', 'loss', 'gradient', 'loss_sum', 'proof', 'sum', 'update', 'no_answer']], engine: text(64), engine_version: text(64), device: text(70), elapsed_ms: UINT, signer: KEY, issued_at: UINT } }
+  spotcheck: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, fingerprint: HASH, challenge: ['bytes', 64], slot_challenge: ['bytes', 64], slot: UINT, chunks_total: UINT, chunks: ['uints', 4], verdict: ['enum', ['pass', 'fail']], caught: ['enum', ['none', 'loss', 'gradient', 'loss_sum', 'proof', 'sum', 'update', 'no_answer']], engine: text(64), engine_version: text(64), device: text(70), elapsed_ms: UINT, signer: KEY, issued_at: UINT } }
 }
 
 const utf8len = (s) => new TextEncoder().encode(s).length
