@@ -5,8 +5,9 @@ and each forgery's detection per challenge over seeded random challenges.
     .venv/bin/python bench/spotcheck_bench.py [--rounds 5] [--trials 400] [--presets tiny small small-32]
 
 * ``fingerprint_overhead``: :func:`.fingerprint.fingerprinted_step` ÷ :func:`.step.train_step` − 1
-  (target ≤ 5%), wall time; ``fingerprint_cpu_overhead`` the same in the process's CPU time (the
-  hashing threads included: what recording costs a machine with no idle core).
+  (target ≤ 5%), wall time; ``fingerprint_cpu_overhead`` the same in the process's CPU time (what
+  recording costs a machine with no idle core). Recording hashes nothing: it keeps the loss bits
+  of each micro-batch, so the overhead is the observer's calls and one host read of each loss.
 * ``spot_over_step``: the verifier's compute for one challenge — :func:`.fingerprint.recompute_slot`
   (one micro-batch), :func:`.fingerprint.check_loss_sum` and :func:`.fingerprint.check_chunks` —
   ÷ one replay of the step (target ≤ 5%). It cannot be below 1 / (ranks × micro_batches): the
@@ -38,18 +39,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from open1b.deterministic import PRESETS, Topology, batch_for_step, builtin_dataset, init_state, train_step
-from open1b.deterministic.backend import default_backend
 from open1b.deterministic.fingerprint import (
     Caught,
-    _Gradient,
     answer_challenge,
     check_chunks,
     check_loss_sum,
     chunk_count,
-    chunk_tree,
     fingerprinted_step,
-    flat_gradient,
-    gradient_tree,
     recompute_slot,
 )  # fmt: skip
 from open1b.protocol import Identity, challenge_signature, derive_chunks, derive_slot, slot_signature
@@ -127,36 +123,6 @@ def costs(name: str, rounds: int, seed: int) -> dict:
     }
 
 
-def recording(name: str, rounds: int, reps: int = 10) -> dict:
-    """What recording one gradient costs, and its serial bound on the overhead: hashing one
-    gradient's chunk tree the old way (flatten, copy each chunk, hash), from views on one thread,
-    and from views on the pool, each the minimum of ``reps`` (short, so robust to a shared
-    machine), beside plain steps timed in the same run. A step hashes one gradient, the sum;
-    ``serial_bound`` is that one-thread hash ÷ the step: the overhead if no hashing overlapped
-    the update at all."""
-    config, topology = shapes(name)
-    data = builtin_dataset(config)
-    s1, _ = train_step(init_state(config, SEED), batch_for_step(data, SEED, 0, config, topology), topology)
-    batch = batch_for_step(data, SEED, 1, config, topology)
-    be, grads = default_backend(config), s1.m  # any tensors of the gradient's shapes: the hash cost is per byte
-    ways = {
-        "flatten_copy": lambda: chunk_tree(flat_gradient(grads, config, be)).root,
-        "views_one_thread": lambda: (g := _Gradient(grads, config, be)) and g.leaf_hashes(0, g.leaves),
-        "views_pool": lambda: gradient_tree(grads, config, be).root,
-    }
-    assert gradient_tree(grads, config, be).root == chunk_tree(flat_gradient(grads, config, be)).root
-    step, hashed = [], {k: [] for k in ways}
-    for _ in range(rounds):
-        step.append(timed(lambda: train_step(s1, batch, topology))[0])
-        for k, fn in ways.items():
-            hashed[k] += [timed(fn)[0] for _ in range(reps)]
-    low = {k: min(v) for k, v in hashed.items()}
-    per_step = 1
-    return {"gradient_mb": config.n_params() * 4 / 1e6, "hash_seconds_min": low, "step_seconds_min": min(step),
-            "hashes_per_step": per_step, "serial_bound": per_step * low["views_one_thread"] / min(step),
-            "flatten_copy_bound": per_step * low["flatten_copy"] / min(step)}
-
-
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     p, d = k / n, 1 + z * z / n
     mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
@@ -222,8 +188,6 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=400)
     ap.add_argument("--seed", type=int, default=1, help="derives every challenge key")
     ap.add_argument("--presets", nargs="*", default=["tiny", "small", "small-32"])
-    ap.add_argument("--recording-only", action="store_true",
-                    help="add only the recording row (recording()) to each preset's existing costs row")
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.trials:
@@ -237,13 +201,7 @@ def main() -> None:
     path = RESULTS / "spotcheck.json"
     report = json.loads(path.read_text()) if path.exists() else {"costs": []}
     for preset in args.presets:
-        if args.recording_only:
-            row = next(r for r in report["costs"] if r["preset"] == preset)
-            row["recording"] = recording(preset, args.rounds)
-            path.write_text(json.dumps(report, indent=1) + "\n")
-            print(preset, row["recording"], flush=True)
-            continue
-        row = {**costs(preset, args.rounds, args.seed), "recording": recording(preset, args.rounds)}
+        row = costs(preset, args.rounds, args.seed)
         report["costs"] = [r for r in report["costs"] if r["preset"] != preset] + [row]
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"{row['preset']:9} fingerprints +{row['fingerprint_overhead']:.1%} of a step"

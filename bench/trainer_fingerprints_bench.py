@@ -27,7 +27,7 @@ from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import read_manifest
 from open1b.deterministic.spot_run import answer_from_run, check_spot
 from open1b.deterministic.trainer import publish_run
-from open1b.protocol import Identity, blake2b256, challenge_signature
+from open1b.protocol import Identity, blake2b256, challenge_signature, slot_signature
 
 RESULTS = Path(__file__).parent / "results"
 TRAINER, VERIFIER = Identity(blake2b256(b"bench/trainer")), Identity(blake2b256(b"bench/verifier"))
@@ -49,10 +49,11 @@ def measure(preset: str, steps: int, rounds: int, root: Path) -> dict:
                                                    preset=preset, fingerprints=fingerprints), time.process_time)
             train[fingerprints].append(seconds)
         run_dir, k = root / f"{r}-True", steps - 1
-        challenge = challenge_signature(VERIFIER, read_manifest(run_dir).run_id, k)
+        run_id = read_manifest(run_dir).run_id
+        challenge, slot_challenge = challenge_signature(VERIFIER, run_id, k), slot_signature(VERIFIER, run_id, k)
         replay_s, _ = timed(lambda: replay(run_dir, k))
         answer_s, reply = timed(lambda: answer_from_run(run_dir, k, challenge))
-        check_s, result = timed(lambda: check_spot(run_dir, k, challenge, reply))
+        check_s, result = timed(lambda: check_spot(run_dir, k, challenge, slot_challenge, reply))
         assert result.passed
         check.append(check_s / replay_s)
         answer.append(answer_s / replay_s)

@@ -53,7 +53,7 @@ from safetensors.numpy import save_file as save_safetensors
 from .backend import default_backend
 from .config import GPTConfig, Topology
 from .errors import ConfigError, DistributedError
-from .fingerprint import StepFingerprint, chunk_tree, f32_bits, fingerprinted_step, flat_gradient
+from .fingerprint import StepFingerprint, f32_bits, fingerprinted_step
 from .jit import SOURCE_DIGEST
 from .selfcheck import require_deterministic_machine
 from .state import TrainState
@@ -345,13 +345,12 @@ class _Rank:
                 )  # fmt: skip
         terms = ({n: be.upload(a) for n, a in term.items()} for term, _ in unpacked)
         loss, grads = reduce_ranks(terms, be)
-        summed = flat_gradient(grads, self.config, be) if self.assemble else None  # before the update reads them
         state, report = finish_step(state, loss, grads, be)
         fingerprint = None
-        if summed is not None:
+        if self.assemble:
             slots = [p for v in self.recv for p in self.layout.prints(v.numpy())]  # rank-major: the slot order
-            fingerprint = StepFingerprint(before.step, tuple(slots), chunk_tree(summed).root, f32_bits(report.loss), f32_bits(report.grad_norm),
-                                          f32_bits(report.clip_coef))  # fmt: skip
+            fingerprint = StepFingerprint(before.step, tuple(slots), f32_bits(report.loss), f32_bits(report.grad_norm),
+                                          f32_bits(report.clip_coef))
         if self.after_step is not None:
             state = self.after_step(state)
         return state, batch, report, fingerprint

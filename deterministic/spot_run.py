@@ -13,16 +13,15 @@ Everything is untrusted: the manifest is decoded and authenticated, the fingerpr
 size-bounded before it is read and checked against both of the manifest's commitments, each
 checkpoint against its address and recomputed state hash, and the answer (the trainer's bytes)
 is size-bounded, decoded as canonical CBOR and shape-checked before any arithmetic; a malformed
-answer is a ``fail`` caught by ``proof``, never an exception. The micro-batch chunks of an answer
-open no commitment: they bind the answerer, not the trainer, unless the trainer answered
-(``sum`` and ``gradient``; docs/protocol.md §5.5 says who may sign such a ``fail``). What the verifier cannot judge —
+answer is a ``fail`` caught by ``proof``, never an exception. An answer opens no commitment: its
+chunks bind the answerer, and the trainer only when the trainer answered (docs/protocol.md §5.5
+says who may sign a ``fail`` of the answer's links). What the verifier cannot judge —
 its own files missing or not the run's, a run without fingerprints, another engine — raises
 (:class:`SpotInputError` and the replayer's errors), and the caller signs nothing.
 
 The answer::
 
-    {"step": k, "openings": [{"chunk": c, "micro": [f32le bytes, … one per slot],
-                              "summed": f32le bytes, "summed_proof": [32-byte hash, …]}, …]}
+    {"step": k, "openings": [{"chunk": c, "micro": [f32le bytes, … one per slot], "summed": f32le bytes}, …]}
 
 one opening per challenged chunk, in the challenge's (ascending) order.
 """
@@ -41,7 +40,7 @@ from open1b.protocol import RunManifest, encode
 from open1b.protocol.codec import decode
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.fingerprints import FINGERPRINTS_FILE, committed, decode_fingerprints, max_fingerprints_size
-from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
+from open1b.protocol.hashing import blake2b256
 from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_chunks, derive_slot
 
 from .bounded_read import FileRefused, read_bounded
@@ -62,8 +61,6 @@ __all__ = ["ANSWER", "MAX_ANSWER_SIZE", "MICRO", "SpotInputError", "SpotResult",
            "decode_answer", "encode_answer", "load_fingerprints"]
 
 _F32 = np.dtype("<f4")
-_MAX_PROOF = 64
-"""Audit-path entries an answer may hold per chunk: a tree of 2^64 leaves needs no more."""
 
 
 class SpotInputError(RunFormatError):
@@ -163,8 +160,8 @@ def load_fingerprints(run_dir: Path, manifest: RunManifest) -> list[StepFingerpr
 
 def _step_fingerprint(entry: dict) -> StepFingerprint:
     # StepFingerprint.value() gives back exactly ``entry``, so its commitment is the committed F_k
-    return StepFingerprint(entry["step"], tuple(entry["losses"]), entry["sum_root"], entry["loss"],
-                           entry["grad_norm"], entry["clip_coef"])  # fmt: skip
+    return StepFingerprint(entry["step"], tuple(entry["losses"]), entry["loss"], entry["grad_norm"],
+                           entry["clip_coef"])
 
 
 def _chunks(run: _Run, challenge: bytes) -> tuple[tuple[int, ...], int]:
@@ -178,7 +175,7 @@ def _chunks(run: _Run, challenge: bytes) -> tuple[tuple[int, ...], int]:
 def encode_answer(step: int, openings: tuple[ChunkOpening, ...]) -> bytes:
     return encode({"step": step, "openings": [
         {"chunk": op.index, "micro": [np.ascontiguousarray(a, _F32).tobytes() for a in op.micro],
-         "summed": np.ascontiguousarray(op.summed, _F32).tobytes(), "summed_proof": list(op.summed_proof)}
+         "summed": np.ascontiguousarray(op.summed, _F32).tobytes()}
         for op in openings]})  # fmt: skip
 
 
@@ -189,7 +186,7 @@ class _Malformed(Exception):
 def decode_answer(answer: Any, step: int, chunks: tuple[int, ...], slots: int, n_params: int) -> tuple[ChunkOpening, ...]:
     """The openings of an answer to a challenge of ``chunks`` of step ``step``; ``None`` when the
     bytes are not such an answer (too large, not canonical CBOR, another step or other chunks,
-    arrays of the wrong length, a proof that is not a list of hashes)."""
+    arrays of the wrong length)."""
     try:
         if not isinstance(answer, bytes):
             raise _Malformed
@@ -208,16 +205,14 @@ def _expect(condition: bool) -> None:
 
 
 def _opening(value: Any, index: int, slots: int, n_params: int) -> ChunkOpening:
-    _expect(type(value) is dict and set(value) == {"chunk", "micro", "summed", "summed_proof"})
+    _expect(type(value) is dict and set(value) == {"chunk", "micro", "summed"})
     length = 4 * min(CHUNK_ELEMENTS, n_params - index * CHUNK_ELEMENTS)
-    micro, proof = value["micro"], value["summed_proof"]
+    micro = value["micro"]
     _expect(value["chunk"] == index and type(value["chunk"]) is int and type(micro) is list and len(micro) == slots)
     arrays = [*micro, value["summed"]]
     _expect(all(type(a) is bytes and len(a) == length for a in arrays))
-    _expect(type(proof) is list and len(proof) <= _MAX_PROOF and all(type(h) is bytes and len(h) == DIGEST_SIZE
-                                                                     for h in proof))
     as_f32 = [np.frombuffer(a, _F32) for a in arrays]
-    return ChunkOpening(index, tuple(as_f32[:-1]), as_f32[-1], tuple(proof))
+    return ChunkOpening(index, tuple(as_f32[:-1]), as_f32[-1])
 
 
 # -- the two sides -----------------------------------------------------------------------------
@@ -237,8 +232,8 @@ def answer_from_run(run_dir: Path, step: int, challenge: bytes, *, device: Devic
 
 MICRO, ANSWER = "micro", "answer"
 """The two halves of a spot check (:func:`check_spot`'s ``links``): the links that need only the
-verifier's files (``loss``, ``loss_sum``), and those that judge the trainer's answer (``proof``,
-``update``, ``gradient``, ``sum``, or ``no_answer``)."""
+verifier's files (``loss``, ``loss_sum``), and those that judge the trainer's answer (``proof``
+for a malformed one, ``update``, ``gradient``, ``sum``, or ``no_answer``)."""
 
 
 def check_spot(run_dir: Path, step: int, challenge: bytes, slot_challenge: bytes, answer: bytes | None, *,

@@ -15,10 +15,9 @@ than queued without bound.
 
 The verifier (:func:`request_answer`) asks the peers it is connected to (the run's publisher
 first), then the run's providers, until one answers or the answer deadline passes (``None``: the
-verifier signs ``no_answer``). It believes no answer: the summed chunks must open the run's
-commitments, and the micro-batch chunks, which open none, bind only the peer that sent them. So
-an answer that breaks ``proof``, ``gradient`` or ``sum`` is only that peer's failure unless the
-peer is the run's publisher, and the verifier asks the others (:mod:`.spot_checker`).
+verifier signs ``no_answer``). It believes no answer: an answer opens no commitment, so its chunks
+bind only the peer that sent them. An answer that breaks a link is only that peer's failure unless
+the peer is the run's publisher, and the verifier asks the others (:mod:`.spot_checker`).
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ docs/run-format.md §10.2).
    publisher first, over the challenge stream (:mod:`.spot_answers`) for at most ``answer_s``
    seconds. The slot it recomputes comes from a second signature, revealed only in step 5;
 4. check: in the replay worker (``check_spot``): the slot's loss and the loss sum while the answer
-   is awaited, then the answer's chunks. Only the summed chunk and the update bind the trainer's
-   commitments; the micro-batch chunks bind whoever answered. So an answer caught by ``proof``,
-   ``gradient`` or ``sum`` from a peer that is not the run's publisher is only that peer's failure:
-   the others are asked while time is left (docs/protocol.md §5.5). No answer is ``no_answer``;
+   is awaited, then the answer's chunks. An answer opens no commitment: its chunks bind whoever
+   answered. So an answer that breaks a link, from a peer that is not the run's publisher, is only
+   that peer's failure: the others are asked while time is left (docs/protocol.md §5.5). No answer
+   is ``no_answer``;
 5. sign the ``spotcheck`` (``pass`` or ``fail`` with the link ``caught``), store it, gossip it.
 
 Runs whose manifest commits no fingerprints (no ``fingerprints_root``) are never spot checked
@@ -50,7 +50,7 @@ from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOut
 log = logging.getLogger("open1b.node.spot_checker")
 
 SPOT_RETRY_S = 10.0  # a step whose files could not be fetched is spot checked again after this long
-ANSWERER_LINKS = ("proof", "gradient", "sum")  # links an answer breaks by its answerer's bytes alone
+ANSWERER_LINKS = ("proof", "update", "gradient", "sum")  # an answer's links: they bind only its answerer
 
 
 def why_not_spot_checked(manifest: RunManifest) -> str | None:

@@ -25,8 +25,8 @@ from .merkle import merkle_root
 
 FINGERPRINTS_FILE = "fingerprints.cbor"
 KEY_ROOT, KEY_BLOB = "fingerprints_root", "fingerprints_blob"
-FIELDS = ("step", "losses", "sum_root", "loss", "grad_norm", "clip_coef")
-_MAP_BYTES, _SLOT_BYTES, _LIST_BYTES = 128, 5, 16  # bounds on one map's encoding without and per slot (a uint32), the list head
+FIELDS = ("step", "losses", "loss", "grad_norm", "clip_coef")
+_MAP_BYTES, _SLOT_BYTES, _LIST_BYTES = 96, 5, 16  # bounds on one map's encoding without and per slot (a uint32), the list head
 
 
 class FingerprintsError(DecodeError):
@@ -82,8 +82,6 @@ def _check_entry(value: Any, step: int, slots: int) -> dict:
     bits = [*losses, value["loss"], value["grad_norm"], value["clip_coef"]]
     if any(type(b) is not int or not 0 <= b < 1 << 32 for b in bits):
         raise FingerprintsError(f"fingerprint {step}: a loss or scalar is not float32 bits")
-    if type(value["sum_root"]) is not bytes or len(value["sum_root"]) != DIGEST_SIZE:
-        raise FingerprintsError(f"fingerprint {step}: sum_root is not a 32-byte hash")
     return value
 
 

@@ -17,7 +17,7 @@ replay or a spot check (:func:`open1b.deterministic.spot_run.check_spot`) can ca
 * ``skipped-update`` — the honest fingerprint and witness of the committed batch, but
   checkpoint k+1 is checkpoint k relabelled, not AdamW of the committed sum: caught at ``update``;
 * ``forged-microbatch`` — slot :func:`forged_slot` (k) of the step has its gradient doubled, and
-  every commitment follows from that (the sum, the update, the witness): caught at ``gradient``
+  every commitment follows from that (the update, the witness): caught at ``gradient``
   by a challenge whose secret slot is that one, by no other (when the forger answers with
   :func:`forged_answer`, consistent with its commitments);
 * ``forged-loss`` — an honest step whose fingerprint reports another loss (one bit flipped): the
@@ -45,7 +45,6 @@ from open1b.deterministic.fingerprint import (
     StepFingerprint,
     chunk,
     chunk_count,
-    chunk_tree,
     f32_bits,
     fingerprinted_step,
     flat_gradient,
@@ -129,8 +128,8 @@ def _forged_micro_step(state: TrainState, batch: np.ndarray, topology: Topology)
     loss, grads = step_gradients(state, batch, topology, be, observe)
     summed = flat_gradient(grads, config, be)
     new_state, report = finish_step(state, loss, grads, be)
-    fp = StepFingerprint(state.step, tuple(losses), chunk_tree(summed).root, f32_bits(report.loss),
-                         f32_bits(report.grad_norm), f32_bits(report.clip_coef))  # fmt: skip
+    fp = StepFingerprint(state.step, tuple(losses), f32_bits(report.loss), f32_bits(report.grad_norm),
+                         f32_bits(report.clip_coef))
     return new_state, report, fp, (flats, summed)
 
 
@@ -147,7 +146,5 @@ def forged_answer(run_dir: Path, step: int, challenge: bytes) -> bytes:
     state = load_checkpoint(Path(run_dir), step, config, manifest.checkpoints[step])
     batch = batch_for_step(load_run_samples(Path(run_dir), manifest), manifest.seed, step, config, topology)
     *_, (flats, summed) = _forged_micro_step(state, batch, topology)
-    sum_tree = chunk_tree(summed)
-    return encode_answer(step, tuple(ChunkOpening(c, tuple(chunk(f, c) for f in flats), chunk(summed, c),
-                                                  tuple(sum_tree.proof(c)))
+    return encode_answer(step, tuple(ChunkOpening(c, tuple(chunk(f, c) for f in flats), chunk(summed, c))
                                      for c in derive_chunks(challenge, chunk_count(config))))

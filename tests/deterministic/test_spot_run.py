@@ -95,7 +95,7 @@ def test_the_two_halves_of_a_check_give_the_whole_checks_verdicts(runs, answered
     assert check_spot(run_dir, 1, challenge, slot_challenge, answer, links=(ANSWER,), recomputed=mine).passed
     assert check_spot(run_dir, 1, challenge, slot_challenge, None, links=(ANSWER,), recomputed=mine).caught == "no_answer"
     bad = _reencode(answer, _flip_summed_byte)
-    assert check_spot(run_dir, 1, challenge, slot_challenge, bad, links=(ANSWER,), recomputed=mine).caught == "proof"
+    assert check_spot(run_dir, 1, challenge, slot_challenge, bad, links=(ANSWER,), recomputed=mine).caught == "update"
     assert check_spot(run_dir, 1, challenge, slot_challenge, bad, links=(MICRO,)).passed  # the answer is not read
     with pytest.raises(ValueError, match="recomputation"):
         check_spot(run_dir, 1, challenge, slot_challenge, answer, links=(ANSWER,))
@@ -137,8 +137,10 @@ def _reencode(answer: bytes, edit) -> bytes:
 
 
 def _flip_summed_byte(value):
+    """An exponent bit of the first answered summed element: no commitment holds the summed
+    chunk, so only the update to checkpoint k+1 can tell."""
     first = value["openings"][0]
-    first["summed"] = bytes([first["summed"][0] ^ 1]) + first["summed"][1:]
+    first["summed"] = first["summed"][:3] + bytes([first["summed"][3] ^ 0x40]) + first["summed"][4:]
 
 
 MALFORMED = {
@@ -155,11 +157,9 @@ MALFORMED = {
     "a slot short": lambda a: _reencode(a, lambda v: v["openings"][0]["micro"].pop()),
     "a truncated array": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed", v["openings"][0]["summed"][:-1])),
     "float64 bytes": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed", v["openings"][0]["summed"] * 2)),
-    "a proof that is not a list": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed_proof", b"x")),
-    "a short hash in a proof": lambda a: _reencode(a, lambda v: v["openings"][0]["summed_proof"].append(b"x")),
-    "a changed summed chunk": lambda a: _reencode(a, _flip_summed_byte),
     "a proof per slot (an r6 answer)": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("micro_proofs", [])),
-    "a dropped proof entry": lambda a: _reencode(a, lambda v: v["openings"][0]["summed_proof"].pop()),
+    "a summed proof (an r8-draft answer)": lambda a: _reencode(a, lambda v: v["openings"][0].__setitem__("summed_proof", [])),
+    "a micro chunk as a list": lambda a: _reencode(a, lambda v: v["openings"][0]["micro"].__setitem__(0, [1.0])),
 }
 
 
