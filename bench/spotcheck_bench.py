@@ -145,11 +145,13 @@ def detection(trials: int, seed: int) -> dict:
     s2, _, honest = fingerprinted_step(s1, batch, topology)
     other = batch_for_step(data, SEED + 1, 1, config, topology)
     substituted = fingerprinted_step(s1, other, topology)[2]
-    # the worst case of a forged micro-batch: slot 2's gradient comes from other text, and everything
-    # the trainer commits and answers (the sum, checkpoint k+1) is consistent with it
+    # the worst case of a forged micro-batch: slot 2's gradient comes from other text, everything
+    # the trainer commits and answers (the sum, checkpoint k+1) is consistent with it, and it
+    # commits the honest losses, so only the secret slot's gradient can tell
     one_forged = batch.copy()
     one_forged[1, 0] = other[1, 0]
     s2_forged, _, forged_micro = fingerprinted_step(s1, one_forged, topology)
+    forged_micro = replace(forged_micro, losses=honest.losses, loss=honest.loss)
     skipped = replace(s1, step=2)  # the update skipped: checkpoint k+1 holds state k
     slots, total = topology.ranks * topology.micro_batches, chunk_count(config)
 
