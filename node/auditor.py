@@ -189,10 +189,11 @@ class Auditor:
                                   bulk=BulkFetch(self.identity, manifest, step))
         return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
 
-    async def spot_files(self, manifest: RunManifest, step: int) -> tuple[Path, Callable[[], None]]:
+    async def spot_files(self, manifest: RunManifest, step: int, lane: int = 0) -> tuple[Path, Callable[[], None]]:
         """What a spot check of ``step`` needs (docs/run-format.md §10.2): the samples, checkpoints k
-        and k+1 and the run's fingerprints, each verified as it is fetched, linked into the spot
-        checker's own working directory (replays release theirs meanwhile); and how to release them."""
+        and k+1 and the run's fingerprints, each verified as it is fetched, linked into the working
+        directory of the spot checker's ``lane`` (replays and the other lanes release theirs
+        meanwhile: checks of steps k and k+1 share a checkpoint); and how to release them."""
         samples, before, after = samples_blob(manifest), checkpoint_blob(manifest, step), checkpoint_blob(manifest, step + 1)
         await self.runfiles.fetch(self.p2p, samples, on_bad_peer=self.p2p.penalise, provide=self._provide_soon)
         self.runfiles.assemble(manifest, [samples])  # the bulk path reads them from the replay's directory
@@ -206,9 +207,10 @@ class Auditor:
         await _all_or_first_error(fetches)
         fingerprints = fingerprints_blob(manifest)
         assert fingerprints is not None  # fetch_fingerprints raised otherwise
-        run_dir = self.runfiles.assemble(manifest, [samples, before, after, fingerprints], purpose=SPOT_DIR)
+        purpose = f"{SPOT_DIR}{lane}"
+        run_dir = self.runfiles.assemble(manifest, [samples, before, after, fingerprints], purpose=purpose)
         # keep samples.bin and fingerprints.cbor (every check reads them), drop the checkpoint links
-        return run_dir, lambda: self.runfiles.release(manifest, [before, after], purpose=SPOT_DIR)
+        return run_dir, lambda: self.runfiles.release(manifest, [before, after], purpose=purpose)
 
     def _provide_soon(self, key: str) -> None:
         """Announce a blob we now hold without holding up the replay that fetched it (a DHT

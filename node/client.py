@@ -61,7 +61,8 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
             timeout: float = 24 * 3600.0, *, token: str | None) -> dict:
     """Ask the daemon at ``api`` to publish ``run_dir`` (docs/run-format.md §6) and follow the job
     until it is done; ``update`` sees every state. Raises :class:`ApiUnavailable` if the daemon
-    refuses the manifest, and :class:`PublishFailed` if a file does not match it."""
+    refuses the manifest, and :class:`PublishFailed` if a file does not match it or the job makes
+    no progress for ``timeout`` seconds (a run of many checkpoints takes long, but never stalls)."""
     from urllib.parse import quote
 
     job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST", shape=PUBLICATION,
@@ -76,9 +77,12 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
         if job["state"] == JobState.DONE:
             return job
         if time.monotonic() > deadline:
-            raise PublishFailed(f"{job['dir']}: still {job['state']} after {timeout:.0f} s")
+            raise PublishFailed(f"{job['dir']}: still {job['state']}, no progress for {timeout:.0f} s")
         time.sleep(PUBLISH_POLL_S)
+        before = job
         job = call(api, f"/v1/publications/{job['run']}", shape=PUBLICATION, token=token)
+        if job != before:
+            deadline = time.monotonic() + timeout
 
 
 class PublishFailed(Open1bError):

@@ -27,6 +27,7 @@ from .files import FileRefused, read_bounded, write_atomic
 
 CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 1 << 20
+MAX_SPOT_CHECKS_IN_FLIGHT = 8  # each holds two checkpoints in its own working directory
 
 
 class ConfigError(Open1bError):
@@ -88,10 +89,14 @@ class NodeConfig:
     # How long a spot check waits for the trainer's answer to its challenge before it signs
     # fail/no_answer (docs/protocol.md §5.5); the spec's ANSWER_SECONDS, shorter only in tests and devnets.
     answer_s: float = ANSWER_SECONDS
-    # Whether an auditing node also spot checks runs with fingerprints (docs/protocol.md §5.5), one
-    # at a time beside its replays. A spot check costs it about 1 / (ranks × micro_batches) of a
+    # Whether an auditing node also spot checks runs with fingerprints (docs/protocol.md §5.5),
+    # beside its replays. A spot check costs it about 1 / (ranks × micro_batches) of a
     # replay, and its answer costs the publisher up to a step.
     spot_checks: bool = True
+    # Spot checks a node runs at once. Most of a small step's spot check is waiting (two checkpoint
+    # fetches, the publisher's answer), and the worker takes requests in turn, so two lanes give the
+    # spot checks a larger share of it: a forged step is flagged sooner, replays finish a little later.
+    spot_checks_in_flight: int = 2
     # Where the replay worker computes: auto (a CUDA device that passes the self-checks, else the
     # CPU), cpu, cuda or cuda:N. A GPU that is missing or fails a check falls back to the CPU.
     device: str = "auto"
@@ -144,6 +149,8 @@ class NodeConfig:
             raise ConfigError("disk_reserve_bytes must be at least 0")
         if self.redundancy < 1:
             raise ConfigError("redundancy must be at least 1")
+        if not 1 <= self.spot_checks_in_flight <= MAX_SPOT_CHECKS_IN_FLIGHT:
+            raise ConfigError(f"spot_checks_in_flight must be in [1, {MAX_SPOT_CHECKS_IN_FLIGHT}]")
         if not 0 < self.answer_s <= ANSWER_SECONDS:
             raise ConfigError(f"answer_seconds must be in (0, {ANSWER_SECONDS}]: a verifier may not wait longer than the spec")
         try:
@@ -180,6 +187,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "runs": ("run_dirs", list), "audit": ("audit", bool), "redundancy": ("redundancy", int),
     "lease_seconds": ("lease_s", int), "replay_timeout_seconds": ("replay_timeout_s", float),
     "answer_seconds": ("answer_s", float), "spot_checks": ("spot_checks", bool),
+    "spot_checks_in_flight": ("spot_checks_in_flight", int),
     "sync_interval_seconds": ("sync_interval_s", float), "max_rejects_per_peer": ("max_rejects_per_peer", int),
     "trust_policy": ("trust_policy", str), "trusted_peers": ("trusted_peers", list),
     "earn_trust": ("earn_trust", bool), "earn_trust_matches": ("earn_trust_matches", int),

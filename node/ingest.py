@@ -177,8 +177,10 @@ class Ingest:
         manifest = verdict.message
         if manifest.run_id in self.manifests:
             return False
-        await self.add_run(manifest, None)
+        # Counted first: add_run shows the run before it awaits the topic joins, and a reader of
+        # the status must never see a synced run that the counter has not counted yet.
         self.runs_synced += source is not None
+        await self.add_run(manifest, None)
         why = why_not_auditable(manifest)
         log.info("learned run %s (%d steps, publisher %s)%s", manifest.run_id.hex()[:16], manifest.steps,
                  manifest.signer_peer_id, f"; not auditing it: {why}" if why else "")

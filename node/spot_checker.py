@@ -63,20 +63,27 @@ def why_not_spot_checked(manifest: RunManifest) -> str | None:
 class SpotChecker:
     def __init__(self, identity: Identity, config: NodeConfig, ingest: Ingest, p2p: P2P, worker: ReplayWorker,
                  fetch, *, clock: Clock, stats: NodeStats, scratch: Path) -> None:
-        """``fetch(manifest, step)``: the working directory with step k's spot-check files, and
-        the blobs to release after (:meth:`~.auditor.Auditor.spot_files`)."""
+        """``fetch(manifest, step, lane)``: the working directory of ``lane`` with step k's
+        spot-check files, and the blobs to release after (:meth:`~.auditor.Auditor.spot_files`)."""
         self.identity, self.config, self.ingest, self.p2p, self.worker = identity, config, ingest, p2p, worker
         self.fetch, self.clock, self.stats, self.scratch = fetch, clock, stats, scratch
         self._orders: dict[bytes, list[int]] = {}  # run -> this key's secret order of its steps
         self._own: dict[bytes, set[int]] = {}  # run -> steps this key has spot checked
         self._skip: dict[bytes, dict[int, float]] = {}  # run -> step -> clock.now() to retry after
+        self._in_flight: dict[bytes, set[int]] = {}  # run -> steps a lane is checking now
 
     async def serve_spot_checker(self, *, bootstrapped: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Spot check, one step at a time, once bootstrap has pulled what peers hold; until cancelled."""
+        """Spot check, ``spot_checks_in_flight`` steps at a time, once bootstrap has pulled what
+        peers hold; until cancelled."""
         task_status.started()
         await bootstrapped.wait()
+        async with trio.open_nursery() as nursery:
+            for lane in range(self.config.spot_checks_in_flight):
+                nursery.start_soon(self._serve_lane, lane)
+
+    async def _serve_lane(self, lane: int) -> None:
         while True:
-            if not await self.check_once():
+            if not await self.check_once(lane):
                 await self.clock.sleep(self.config.idle_poll_s)
 
     # -- 1. plan ---------------------------------------------------------------------------------
@@ -96,22 +103,30 @@ class SpotChecker:
             spot = self.ingest.spot_coverage(run, replay)
             if run not in self._orders:
                 self._orders[run] = spot_order(self.identity, run, manifest.steps)
-            waiting = {k for k, t in self._skip.get(run, {}).items() if t > now}
+            waiting = {k for k, t in self._skip.get(run, {}).items() if t > now} | self._in_flight.get(run, set())
             steps = next_spot_checks(self._orders[run], spot, self.own_steps(run) | waiting, verified, 1)
             if steps:
                 return manifest, steps[0]
         return None
 
     # -- 2.–5. ---------------------------------------------------------------------------------
-    async def check_once(self) -> bool:
-        """Spot check one step; False if none is due."""
+    async def check_once(self, lane: int = 0) -> bool:
+        """Spot check one step in ``lane``'s working directory; False if none is due."""
         picked = self.next_check()
         if picked is None:
             return False
         manifest, step = picked
+        in_flight = self._in_flight.setdefault(manifest.run_id, set())
+        in_flight.add(step)  # no other lane picks it meanwhile
+        try:
+            return await self._check(manifest, step, lane)
+        finally:
+            in_flight.discard(step)
+
+    async def _check(self, manifest: RunManifest, step: int, lane: int) -> bool:
         run = manifest.run_id
         try:
-            run_dir, release = await self.fetch(manifest, step)
+            run_dir, release = await self.fetch(manifest, step, lane)
         except RunFilesError as exc:  # not a verdict: providers may appear; try again later
             self._skip.setdefault(run, {})[step] = self.clock.now() + SPOT_RETRY_S
             log.warning("spot check of step %d of %s: files unavailable: %s", step, run.hex()[:12], exc)

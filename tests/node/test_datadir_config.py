@@ -62,7 +62,7 @@ def test_config_roundtrip_and_strictness(tmp_path):
     peer = Identity(bytes(32)).peer_id
     config = NodeConfig(data_dir=tmp_path, listen="127.0.0.1:4801", bootstrap=(f"/ip4/1.2.3.4/tcp/1/p2p/{peer}",),
                         redundancy=3, lease_s=300, audit=False, device="cuda:1", answer_s=30.0,
-                        spot_checks=False)
+                        spot_checks=False, spot_checks_in_flight=3)
     write_config(config)
     assert load_config(tmp_path) == config
     assert "redundancy = 3" in render_config(config)
@@ -75,7 +75,9 @@ def test_config_roundtrip_and_strictness(tmp_path):
                          ('[node]\ndevice = 0\n', "node.device must be a string"),
                          # a verifier may wait less than the spec's ANSWER_SECONDS, never more
                          ('[node]\nanswer_seconds = 3601\n', "answer_seconds must be in"),
-                         ('[node]\nspot_checks = 1\n', "node.spot_checks must be true or false")]:
+                         ('[node]\nspot_checks = 1\n', "node.spot_checks must be true or false"),
+                         ('[node]\nspot_checks_in_flight = 0\n', "spot_checks_in_flight must be in"),
+                         ('[node]\nspot_checks_in_flight = 9\n', "spot_checks_in_flight must be in")]:
         (tmp_path / "config.toml").write_text(bad)
         with pytest.raises(ConfigError, match=message):
             load_config(tmp_path)

@@ -169,3 +169,30 @@ def test_spot_checks_have_their_topic_validator_are_stored_and_never_count_as_re
     own = make_ingest(tmp_path / "own", run, clock=Clock(wall_at_zero=fixtures.NOW))
     assert own.ingest_spotcheck(passed.encoded)
     assert own.spot_coverage(run.run_id, own.coverage(run.run_id)).escape_one == 1.0
+
+
+def test_a_synced_run_is_counted_before_any_reader_can_see_it(tmp_path):
+    """Joining a run's topics takes a network round; a status read during it (the late-joiner
+    test's, on a loaded CI machine) must not see the run uncounted."""
+
+    class SlowGossip(FakeGossip):
+        def __init__(self) -> None:
+            super().__init__()
+            self.joined = trio.Event()
+
+        async def subscribe(self, topic, handler) -> None:
+            await self.joined.wait()
+
+    gossip = SlowGossip()
+    ingest = make_ingest(tmp_path / "node", clock=Clock(wall_at_zero=T0), gossip=gossip)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ingest.ingest_manifest, MANIFEST.encoded, "peer")
+            while MANIFEST.run_id not in ingest.manifests:
+                await trio.sleep(0)
+            assert ingest.runs_synced == 1  # the run is visible, and already counted
+            gossip.joined.set()
+        assert ingest.runs_synced == 1
+
+    trio.run(main)

@@ -127,3 +127,36 @@ def test_only_the_publishers_answer_convicts_at_the_micro_batch_links(tmp_path):
             await worker.aclose()
 
     trio.run(main)
+
+
+def test_two_lanes_never_check_the_same_step_at_once(forged_data_run, tmp_path):
+    """Each lane takes a step no other lane holds, fetches into its own working directory, and
+    gives the step back when its fetch fails (so a later pass may take it again)."""
+    from open1b.node.runs import RunFilesError
+
+    from .fakes import make_ingest
+
+    _, manifest = forged_data_run
+    ingest = make_ingest(tmp_path / "node", manifest)
+    fetched: list[tuple[int, int]] = []
+    both = trio.Event()
+
+    async def fetch(m, step, lane):
+        fetched.append((step, lane))
+        if len(fetched) == 2:
+            both.set()
+        await both.wait()  # both lanes hold their step at once
+        raise RunFilesError("no provider (the test's)")
+
+    checker = SpotChecker(ident(80), NodeConfig(data_dir=tmp_path, spot_checks_in_flight=2), ingest, None, None,
+                          fetch, clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            for lane in (0, 1):
+                nursery.start_soon(checker.check_once, lane)
+
+    trio.run(main)
+    (step_a, lane_a), (step_b, lane_b) = fetched
+    assert step_a != step_b and {lane_a, lane_b} == {0, 1}
+    assert checker._in_flight[manifest.run_id] == set()
