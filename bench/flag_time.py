@@ -18,6 +18,7 @@ import platform
 import time
 from pathlib import Path
 
+from open1b.node.config import NodeConfig
 from open1b.node.devnet import DevnetOptions
 from open1b.node.devnet.scenarios import run_scenarios
 from open1b.node.devnet.scenarios.spot_base import SpotScenario
@@ -34,9 +35,11 @@ def main() -> None:
     cli.add_argument("--device", default="cpu")
     cli.add_argument("--replay-delay", type=float, default=0.0,
                      help="seconds each replay is slowed by (the scenarios' tests use 2; the bench measures the daemon as is)")
+    cli.add_argument("--lanes", type=int, default=NodeConfig.spot_checks_in_flight,
+                     help="spot_checks_in_flight of every auditor (written to each node's config.toml)")
     cli.add_argument("--workdir", type=Path, help="keep the devnet's directories (logs, stores) here")
     args = cli.parse_args()
-    SpotScenario.replay_delay_s = args.replay_delay
+    SpotScenario.replay_delay_s, SpotScenario.lanes = args.replay_delay, args.lanes
     started = time.monotonic()
     summary = run_scenarios(DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=1, deadline_s=args.deadline,
                                           scenarios=(args.scenario,), device=args.device,
@@ -48,7 +51,8 @@ def main() -> None:
         "replay_delay_s": args.replay_delay,
         "forged_step": report["injected"]["step"], "caught": detected["caught"],
         "spot_failed_steps": detected["failed"],
-        "flag_s": detected["flagged_s"], "coverage_s": detected["covered_s"],
+        "flag_s": detected["flagged_s"], "coverage_s": detected["covered_s"], "published_s": detected["published_s"],
+        "spot_checks_in_flight": args.lanes,
         "flag_over_coverage": detected["flag_over_coverage"], "target": 0.25,
         "spot_checked_steps_at_end": detected["spot_checked_steps"], "escape_one_forged": detected["escape_one_forged"],
         "ok": summary["ok"], "checks": report["checks"], "wall_s": round(time.monotonic() - started, 1),

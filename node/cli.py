@@ -93,7 +93,7 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
         behaviour=args.behaviour, device=args.device, answer_s=args.answer_seconds,
-        spot_checks=False if args.no_spot_checks else None,
+        spot_checks=False if args.no_spot_checks else None, spot_checks_in_flight=args.spot_checks_in_flight,
     )
     harness = None
     if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
@@ -603,6 +603,8 @@ def parser() -> argparse.ArgumentParser:
                         " (config: answer_seconds; default: the spec's ANSWER_SECONDS, 3600)")
     d.add_argument("--no-spot-checks", action="store_true",
                    help="replay only: never spot check (config: spot_checks = false)")
+    d.add_argument("--spot-checks-in-flight", type=int, metavar="N",
+                   help="spot checks at once while some step has none (config: spot_checks_in_flight; default 1)")
     # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
     d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

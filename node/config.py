@@ -93,10 +93,12 @@ class NodeConfig:
     # beside its replays. A spot check costs it about 1 / (ranks × micro_batches) of a
     # replay, and its answer costs the publisher up to a step.
     spot_checks: bool = True
-    # Spot checks a node runs at once. Most of a small step's spot check is waiting (two checkpoint
-    # fetches, the publisher's answer), and the worker takes requests in turn, so two lanes give the
-    # spot checks a larger share of it: a forged step is flagged sooner, replays finish a little later.
-    spot_checks_in_flight: int = 2
+    # Spot checks a node runs at once while some step of a run has none; after that first sweep,
+    # one. Most of a spot check can be waiting (two checkpoint fetches, the publisher's answer), so
+    # more lanes give the first sweep a larger share of the worker. On `tiny` two lanes did 10% more
+    # spot checks but flagged no sooner within the noise of a draw (docs/benchmarks.md), so the
+    # default keeps one.
+    spot_checks_in_flight: int = 1
     # Where the replay worker computes: auto (a CUDA device that passes the self-checks, else the
     # CPU), cpu, cuda or cuda:N. A GPU that is missing or fails a check falls back to the CPU.
     device: str = "auto"

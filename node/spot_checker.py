@@ -50,6 +50,10 @@ from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOut
 log = logging.getLogger("open1b.node.spot_checker")
 
 SPOT_RETRY_S = 10.0  # a step whose files could not be fetched is spot checked again after this long
+# A lane with nothing to check looks again after this long: new work comes only with a new run, a
+# retry (SPOT_RETRY_S) or a replay failing, and each look reads the run's coverage (0.1 s for a
+# 256-step run on a loaded machine), which every idle lane of every daemon on the machine pays.
+SPOT_IDLE_S = 2.0
 ANSWERER_LINKS = ("proof", "update", "gradient", "sum")  # an answer's links: they bind only its answerer
 
 
@@ -84,7 +88,7 @@ class SpotChecker:
     async def _serve_lane(self, lane: int) -> None:
         while True:
             if not await self.check_once(lane):
-                await self.clock.sleep(self.config.idle_poll_s)
+                await self.clock.sleep(max(self.config.idle_poll_s, SPOT_IDLE_S))
 
     # -- 1. plan ---------------------------------------------------------------------------------
     def own_steps(self, run: bytes) -> set[int]:
@@ -93,7 +97,11 @@ class SpotChecker:
             self._own[run] = {s.step for s in self.ingest.store.spotchecks(run) if s.signer == key}
         return self._own[run]
 
-    def next_check(self) -> tuple[RunManifest, int] | None:
+    def next_check(self, lane: int = 0) -> tuple[RunManifest, int] | None:
+        """The next (run, step) for ``lane``. Lane 0 checks for as long as there are steps to
+        check; the other lanes only take steps no one has spot checked yet: they speed up the first
+        sweep over a run, which is what decides how soon a forged step is flagged, and then stand
+        idle, so that checking steps again never takes more of the worker from replays than one lane."""
         now = self.clock.now()
         for run, manifest in self.ingest.manifests.items():
             if why_not_spot_checked(manifest) is not None:
@@ -104,7 +112,8 @@ class SpotChecker:
             if run not in self._orders:
                 self._orders[run] = spot_order(self.identity, run, manifest.steps)
             waiting = {k for k, t in self._skip.get(run, {}).items() if t > now} | self._in_flight.get(run, set())
-            steps = next_spot_checks(self._orders[run], spot, self.own_steps(run) | waiting, verified, 1)
+            steps = next_spot_checks(self._orders[run], spot, self.own_steps(run) | waiting, verified, 1,
+                                     unchecked_only=lane > 0)
             if steps:
                 return manifest, steps[0]
         return None
@@ -112,7 +121,7 @@ class SpotChecker:
     # -- 2.–5. ---------------------------------------------------------------------------------
     async def check_once(self, lane: int = 0) -> bool:
         """Spot check one step in ``lane``'s working directory; False if none is due."""
-        picked = self.next_check()
+        picked = self.next_check(lane)
         if picked is None:
             return False
         manifest, step = picked

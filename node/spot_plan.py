@@ -25,11 +25,12 @@ def spot_order(identity: Identity, run: bytes, steps: int) -> list[int]:
 
 
 def next_spot_checks(order: list[int], spot: SpotCoverage, own: Iterable[int], replayed: Iterable[int],
-                     count: int) -> list[int]:
-    """Up to ``count`` steps to spot check next: fewest counted checks first, then ``order``."""
+                     count: int, *, unchecked_only: bool = False) -> list[int]:
+    """Up to ``count`` steps to spot check next: fewest counted checks first, then ``order``;
+    with ``unchecked_only``, only steps no one has spot checked yet."""
     skip = set(own) | set(replayed) | set(spot.failed_steps)
     checks = {s.step: len(s.checkers) for s in spot.steps}
     rank = {k: i for i, k in enumerate(order)}
-    todo = [k for k in order if k not in skip]
+    todo = [k for k in order if k not in skip and not (unchecked_only and checks.get(k, 0))]
     return sorted(todo, key=lambda k: (checks.get(k, 0), rank[k]))[:count]
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..client import ApiUnavailable, call, publish
 from ..daemon import API_ADDR_FILE
@@ -103,9 +104,10 @@ class Daemons:
         (the partition scenario's APIs listen on a management link)."""
         return read_api_token(self.dirs[index])
 
-    def publish(self, index: int) -> dict:
-        """Publish the run directory through node ``index``'s API (what ``open1b-node publish`` does)."""
-        return publish(self.api(index), self.run_dir, timeout=START_TIMEOUT_S * 5,
+    def publish(self, index: int, update: Callable[[dict], None] = lambda job: None) -> dict:
+        """Publish the run directory through node ``index``'s API (what ``open1b-node publish``
+        does); ``update`` sees the job at every poll."""
+        return publish(self.api(index), self.run_dir, update, timeout=START_TIMEOUT_S * 5,
                        token=self.token(index))
 
     def kill(self, index: int) -> None:

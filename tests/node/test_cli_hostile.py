@@ -87,7 +87,8 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
             ["--run", "adir"], ["--redundancy", "-1"], ["--redundancy", HUGE], ["--lease", HUGE], ["--lease", "0"],
             ["--trust", "abc"], ["--publisher", "zero"], ["--log-file", "adir"], ["--log-file", "/proc/x/y"],
             ["--log-level", "loud"], ["--device", "nope"], ["--device", "cuda:" + HUGE],
-            ["--answer-seconds", "-1"], ["--answer-seconds", HUGE], ["--answer-seconds", "abc"])],
+            ["--answer-seconds", "-1"], ["--answer-seconds", HUGE], ["--answer-seconds", "abc"],
+            ["--spot-checks-in-flight", "0"], ["--spot-checks-in-flight", HUGE], ["--spot-checks-in-flight", "x"])],
         "stop": [["--data-dir", p] for p in PATHS] + [["--timeout", t] for t in ("-1", HUGE, "abc")],
         # (a valid data dir would really start a daemon: only refusals here; tests/node/test_lifecycle.py starts one)
         "restart": [["--data-dir", p] for p in PATHS if p not in ("adir", "")] + [["--timeout", t] for t in ("0", "abc")],

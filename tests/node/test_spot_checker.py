@@ -160,3 +160,35 @@ def test_two_lanes_never_check_the_same_step_at_once(forged_data_run, tmp_path):
     (step_a, lane_a), (step_b, lane_b) = fetched
     assert step_a != step_b and {lane_a, lane_b} == {0, 1}
     assert checker._in_flight[manifest.run_id] == set()
+
+
+def test_lanes_past_the_first_take_only_steps_no_one_has_checked(forged_data_run, tmp_path):
+    """Once every step open to spot checks has a counted check, the second lane stands idle and the
+    first alone checks steps again: repeated checks never take two lanes of the worker from replays."""
+    from open1b.protocol import derive_slot, slot_signature
+    from open1b.protocol.spotcheck import run_slots
+    from tests.vectors import fixtures
+    from tests.vectors.common import ident as vector_ident
+
+    from .fakes import make_ingest
+
+    _, manifest = forged_data_run
+    ingest = make_ingest(tmp_path / "node", manifest, trusted_peers=(vector_ident(1).peer_id,))
+    checker = SpotChecker(ident(80), NodeConfig(data_dir=tmp_path, spot_checks_in_flight=2), ingest, None, None,
+                          None, clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
+
+    def passed(step):  # a trusted key's pass of ``step``, valid for this run
+        slot = derive_slot(slot_signature(vector_ident(1), manifest.run_id, step), run_slots(manifest))
+        return fixtures.spotcheck(1, manifest, step, slot=slot, engine=manifest.engine,
+                                  engine_version=manifest.engine_version, issued_at=ingest.clock.wall())
+
+    for step in range(1, manifest.steps):  # every step is checked but 0
+        assert ingest.ingest_spotcheck(passed(step).encoded)
+
+    async def main():
+        assert checker.next_check(1) == (manifest, 0)
+        assert ingest.ingest_spotcheck(passed(0).encoded)
+        assert checker.next_check(1) is None  # the first sweep is done: lane 1 idles
+        assert checker.next_check(0) is not None  # lane 0 goes round again
+
+    trio.run(main)

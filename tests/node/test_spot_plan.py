@@ -23,3 +23,6 @@ def test_unchecked_steps_first_and_never_the_settled_ones():
     assert next_spot_checks(order, spot, own=(), replayed=[3], count=4) == [2, 0]
     assert next_spot_checks(order, spot, own=[2], replayed=[3], count=4) == [0]
     assert next_spot_checks([3, 2, 1, 0], spot, own=(), replayed=(), count=2) == [3, 2]
+    # the extra lanes: only what no one has checked (step 0 was, by key 1)
+    assert next_spot_checks(order, spot, own=(), replayed=[3], count=4, unchecked_only=True) == [2]
+    assert next_spot_checks(order, spot, own=[2], replayed=[3], count=4, unchecked_only=True) == []

@@ -26,6 +26,7 @@ from open1b.deterministic.trainer import publish_run
 
 from ...client import ApiUnavailable
 from ...identity_file import load_identity
+from ...jobs import JobState
 from ..daemons import Daemons, say
 from ..forged_run import publish_forged_run
 from ..netns import Partition as Netns
@@ -126,9 +127,17 @@ def _drive(net: Net, chosen: list[Scenario], redundancy: int, forgeries: dict[in
             net.api(i)
     # The trainer's run directory reaches the network only by being published (as `open1b-node
     # publish` does): the observer checks and serves it; auditors fetch what they replay from peers.
-    net.publishing_at = net.elapsed()  # auditors may start before the publish call returns (it provides every blob)
+    net.publishing_at = net.elapsed()
+
+    def poll_while_providing(job: dict) -> None:
+        # The publisher holds the run once its files are checked, and auditors learn it by sync
+        # while its blobs are provided (a few minutes for 256 steps): the scenarios watch from then.
+        if job["state"] in (JobState.PROVIDING, JobState.ANNOUNCING):
+            _poll(net, chosen)
+
     for i in dict.fromkeys([net.observer] + [j for s in chosen for j in s.publishers(net)]):
-        daemons.publish(i)
+        daemons.publish(i, poll_while_providing)
+    net.published_at = net.elapsed()
     say(f"{len(net.nodes)} daemons ({', '.join(sorted({n.role for n in net.nodes}))}); scenarios: "
          f"{', '.join(opts.scenarios)}; run {net.run[:16]}…")
     deadline = net.started + opts.deadline_s

@@ -38,6 +38,7 @@ class Net:
         self.observer = next(i for i, n in enumerate(nodes) if n.role == "observer")
         self._apis: dict[int, str] = {}
         self.publishing_at = 0.0  # net.elapsed() when the driver started publishing the run
+        self.published_at = 0.0  # ... and when the publish call returned (every blob provided)
         # One clock per poll, so that what scenarios see in one poll is timed alike; and the first
         # poll at which the observer's coverage was complete (it may go back: a late contradiction
         # discounts a trusted liar's attestations, and the driver then keeps going).

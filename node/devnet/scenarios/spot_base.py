@@ -4,8 +4,9 @@ deadline, and a report of which check caught the forgery, when, and the escape p
 
 A scenario is caught when the observer's spot coverage fails the forged step (or, for a trainer
 that forged nothing but does not answer, any step). ``flagged_s`` and ``covered_s`` are the
-seconds from the start of the run's publication (the publish call returns only once every blob is provided, and auditors start before) to the first poll that saw the failure, and to the first poll
-that saw replay coverage complete: "caught before full coverage" is ``flagged_s <= covered_s``
+seconds from the start of the run's publication to the first poll that saw the failure, and to the
+first poll that saw replay coverage complete (the driver polls from when the publisher holds the
+run: auditors learn it by sync while its blobs are still being provided): "caught before full coverage" is ``flagged_s <= covered_s``
 at the driver's poll granularity (:data:`~.base.POLL_S`), or coverage not complete at all.
 """
 
@@ -26,6 +27,7 @@ class SpotScenario(Scenario):
     # checks (docs/benchmarks.md). The delay gives a devnet of a few steps those proportions, so that
     # "caught before full coverage" tests the spot checks, not a race. bench/flag_time.py sets 0.
     replay_delay_s = 2.0
+    lanes: int | None = None  # every auditor's --spot-checks-in-flight (bench/flag_time.py); None: the default
     at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
     min_auditors = 2
 
@@ -42,7 +44,8 @@ class SpotScenario(Scenario):
 
     def auditor_args(self) -> tuple[str, ...]:
         slow = ("--behaviour", f"slow={self.replay_delay_s}") if self.replay_delay_s else ()
-        return ("--answer-seconds", str(self.answer_s), *slow)
+        lanes = ("--spot-checks-in-flight", str(self.lanes)) if self.lanes is not None else ()
+        return ("--answer-seconds", str(self.answer_s), *slow, *lanes)
 
     def _flagged(self, spot: dict) -> bool:
         step = self.forged_step()
@@ -72,7 +75,7 @@ class SpotScenario(Scenario):
         return _result(
             {"what": self.what, "count": 1, "step": step},
             {"what": "steps a spot check failed", "count": len(failed), "failed": failed, "caught": caught,
-             "flagged_s": flagged_s, "covered_s": covered_s,
+             "flagged_s": flagged_s, "covered_s": covered_s, "published_s": round(net.published_at - start, 2),
              "flag_over_coverage": round(flagged_s / covered_s, 3) if flagged_s is not None and covered_s else None,
              "escape_one_forged": spot["escape_one_forged"], "detection_per_check": spot["detection_per_check"],
              "spot_checked_steps": spot["spot_checked_steps"]},
