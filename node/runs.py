@@ -449,8 +449,9 @@ class RunFiles:
     def assemble(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> Path:
         """``<data dir>/runs/<run>/`` (:meth:`work_dir`) with the manifest and ``blobs`` linked in
         from the cache. A full disk, at any of its writes, is :class:`RunFilesError` ("no space
-        left"), which its callers retry later, as they do a blob no provider delivered: a bare
-        ``OSError`` would end the auditor's task, and the daemon with it."""
+        left"), as is any other failure to write there (a read-only remount): its callers retry
+        later, as they do a blob no provider delivered, where a bare ``OSError`` would end the
+        auditor's task, and the daemon with it."""
         work = self.work_dir(manifest.run_id, purpose)
         name = "the manifest"
         try:
@@ -473,7 +474,9 @@ class RunFiles:
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise RunFilesError(f"{name}: no space left on {work} to assemble it") from None
-            raise
+            # A disk remounted read-only, a quota, an I/O error: the node's disk, not a verdict on
+            # the run and no peer's fault; retried later like a full disk.
+            raise RunFilesError(f"{name}: cannot write it to {work}: {exc.strerror or exc}") from None
         return work
 
     def release(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> None:

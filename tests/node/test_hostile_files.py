@@ -260,3 +260,21 @@ def test_assemble_on_a_full_disk_is_a_run_files_error_not_a_crash(tmp_path, tamp
     assert not work.exists() or list(work.iterdir()) == []  # no half-written manifest
     filler.unlink()  # with room again, the same call succeeds
     assert file_digest(files.assemble(manifest, [blob]) / blob.relpath) == blob.digest
+
+
+def test_assemble_on_a_read_only_remount_is_a_run_files_error_not_a_crash(tmp_path, tampered_run, small_tmpfs):
+    """The data dir's disk remounted read-only under a running node: the same retry-later
+    RunFilesError as a full disk, where the bare OSError would have ended the auditor's task."""
+    _, manifest = tampered_run
+    cache = BlobCache(tmp_path / "blobs", 1 << 30)
+    samples = tmp_path / "samples"
+    samples.write_bytes(os.urandom(1000))
+    blob = dataclasses.replace(samples_blob(manifest), digest=cache.add_file(samples))
+    files = RunFiles(small_tmpfs, cache)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    try:
+        with pytest.raises(RunFilesError, match="the manifest: cannot write it to .*: Read-only file system"):
+            files.assemble(manifest, [blob])
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=True)
+    assert file_digest(files.assemble(manifest, [blob]) / blob.relpath) == blob.digest  # writable again: it works
