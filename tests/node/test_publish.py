@@ -101,15 +101,15 @@ def test_publish_refuses_bad_files_then_auditors_fetch_replay_and_a_late_joiner_
         assert file_digest(work / "samples.bin") == manifest.samples_blob
         assert [r["run_dir"] for r in call(auditor, "/v1/runs")] == [None]  # nothing local: all fetched
 
-        # a node that joins afterwards learns the manifest through the runs sync protocol
-        # past gossipsub's message cache (5 heartbeats of 1 s; a loaded machine stretches them), so only
-        # sync can tell it
+        # a node that joins afterwards learns the manifest, past gossipsub's message cache (5
+        # heartbeats of 1 s), through the runs sync protocol. A loaded machine stretches the
+        # heartbeats and gossip can still hand it over (CI saw that twice), so which path delivered
+        # it is pinned by tests/node/test_sync.py's joiner that hears no gossip, not here
         time.sleep(12)
         daemons.start(3, audit=False, bootstrap=[addrs[1]])
         late = daemons.api(3)
         wait_for(lambda: call(late, "/v1/status")["runs"] == [run_hex], 120,
                  what="the late joiner to learn the run")
-        assert call(late, "/v1/status")["runs_synced"] >= 1
         wait_for(lambda: verdicts(late, run_hex) == verdicts(auditor, run_hex), 60, what="the late joiner's coverage")
     finally:
         daemons.stop()

@@ -74,3 +74,36 @@ def test_bootstrap_backs_off_until_a_peer_dials_in_then_rounds_pick_peers_with_t
     rng = random.Random(7)
     replay = [rng.choice(net.peers) for _ in range(40)]
     assert any(replay[k:k + 20] == rounds for k in range(10))
+
+
+@pytest.mark.integration
+def test_a_node_that_hears_no_gossip_learns_a_run_through_the_runs_sync_protocol(tmp_path):
+    """Two real libp2p hosts on loopback; the joiner never subscribes to the runs topic, so the run
+    can reach it only through ``/open1b/sync/runs``: it is learned, counted as synced, and its
+    statements follow in the same round. (The publish integration test cannot pin the path: on a
+    loaded machine a stretched gossipsub heartbeat can still hand its late joiner the manifest.)"""
+    from open1b.node.p2p import open_p2p
+    from tests.runs import attestation, run_manifest
+
+    wall = 1_800_000_000
+    run = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0, steps=2,
+                       state_hashes=[bytes([k]) * 32 for k in range(3)], created_at=wall - 100)
+    att = attestation(ident(0), run=run.run_id, step=0, pre_state=run.state_hashes[0], post_state=run.state_hashes[1],
+                      verdict="match", engine="test-engine", engine_version="1", hardware="t",
+                      device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=wall)
+
+    async def main():
+        async with open_p2p(ident(1), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(2), "127.0.0.1", 0) as joiner_p2p:
+            holder = make_ingest(tmp_path / "holder", run, clock=Clock(wall_at_zero=wall), gossip=holder_p2p)
+            assert holder.ingest_attestation(att.encoded)
+            joiner = make_ingest(tmp_path / "joiner", clock=Clock(wall_at_zero=wall), gossip=joiner_p2p)
+            Syncer(holder_p2p, holder, holder.config, clock=holder.clock, rng=random.Random(1),
+                   stats=holder.stats)  # its stream handlers answer the joiner
+            syncer = Syncer(joiner_p2p, joiner, joiner.config, clock=joiner.clock, rng=random.Random(1),
+                            stats=joiner.stats)
+            peer = await joiner_p2p.connect(holder_p2p.addrs[0])
+            assert await syncer.sync_with(peer) == 2  # the manifest, then its attestation
+            assert list(joiner.manifests) == [run.run_id] and joiner.runs_synced == 1
+            assert [a.encoded for a in joiner.store.attestations(run.run_id)] == [att.encoded]
+
+    trio.run(main)
