@@ -236,16 +236,21 @@ def test_assemble_streams_a_copy_across_filesystems_and_a_full_disk_leaves_nothi
     assert leftovers == [os.path.basename(blobs[0].relpath)]
 
 
+def _samples_to_assemble(tmp_path, manifest, data_dir):
+    """RunFiles over ``data_dir`` with a cache (outside it) holding a samples blob of ``manifest``,
+    and that blob: what a working directory on ``data_dir`` is assembled from."""
+    cache = BlobCache(tmp_path / "blobs", 1 << 30)
+    samples = tmp_path / "samples"
+    samples.write_bytes(os.urandom(1000))
+    return RunFiles(data_dir, cache), dataclasses.replace(samples_blob(manifest), digest=cache.add_file(samples))
+
+
 def test_assemble_on_a_full_disk_is_a_run_files_error_not_a_crash(tmp_path, tampered_run, small_tmpfs):
     """A full disk when a run's working directory is first written (its manifest) is the
     RunFilesError "no space left" that the auditor and the spot checker retry later: it was a bare
     OSError, which no caller catches, so it ended the auditor's task and the daemon with it."""
     _, manifest = tampered_run
-    cache = BlobCache(tmp_path / "blobs", 1 << 30)
-    samples = tmp_path / "samples"
-    samples.write_bytes(os.urandom(1000))
-    blob = dataclasses.replace(samples_blob(manifest), digest=cache.add_file(samples))
-    files = RunFiles(small_tmpfs, cache)
+    files, blob = _samples_to_assemble(tmp_path, manifest, small_tmpfs)
     filler = small_tmpfs / "filler"
     with open(filler, "wb") as f:  # someone else fills the disk
         try:
@@ -266,11 +271,7 @@ def test_assemble_on_a_read_only_remount_is_a_run_files_error_not_a_crash(tmp_pa
     """The data dir's disk remounted read-only under a running node: the same retry-later
     RunFilesError as a full disk, where the bare OSError would have ended the auditor's task."""
     _, manifest = tampered_run
-    cache = BlobCache(tmp_path / "blobs", 1 << 30)
-    samples = tmp_path / "samples"
-    samples.write_bytes(os.urandom(1000))
-    blob = dataclasses.replace(samples_blob(manifest), digest=cache.add_file(samples))
-    files = RunFiles(small_tmpfs, cache)
+    files, blob = _samples_to_assemble(tmp_path, manifest, small_tmpfs)
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
     try:
         with pytest.raises(RunFilesError, match="the manifest: cannot write it to .*: Read-only file system"):
