@@ -38,7 +38,9 @@ class Net:
         self.observer = next(i for i, n in enumerate(nodes) if n.role == "observer")
         self._apis: dict[int, str] = {}
         self.publishing_at = 0.0  # net.elapsed() when the driver started publishing the run
-        self.published_at = 0.0  # ... and when the publish call returned (every blob provided)
+        # ... and when every publisher's publish call returned (every blob provided); None until
+        # then, while scenarios are already polled (the spot scenarios time flags from publishing)
+        self.published_at: float | None = None
         # One clock per poll, so that what scenarios see in one poll is timed alike; and the first
         # poll at which the observer's coverage was complete (it may go back: a late contradiction
         # discounts a trusted liar's attestations, and the driver then keeps going).
@@ -88,6 +90,7 @@ class Scenario:
     name = ""
     min_redundancy = 1
     min_auditors = 1
+    min_steps = 1  # a run shorter than this is covered before the scenario can do what it tests
     needs_forgery = False
 
     def __init__(self, opts: DevnetOptions) -> None:
