@@ -78,6 +78,7 @@ huge numbers and wrong ports: no traceback) and `tests/node/test_lifecycle.py`.
 | a later publish whose file differs from a blob the cache holds | `checkpoint k: its bytes do not hash …` | the directory is checked, not only the cache |
 | a run larger than the free space (minus `disk_reserve_bytes`) | `… bytes needed plus a reserve of …, but only … bytes are free` | refused before a byte is copied |
 | the disk fills during an import or a fetch | `no space left on …` | the partial file is removed; no provider is blamed; the store degrades to read-only ("storage full", logged once) and reads keep working |
+| the disk fills, or is remounted read-only, while a replay's or spot check's working directory is assembled | `… no space left on … to assemble it` / `… cannot write it to …: Read-only file system` | no half-written file; the step is retried later; the auditor keeps running |
 | a second daemon on a libp2p port in use | `cannot listen on HOST:PORT for libp2p: Address already in use` | no SO_REUSEPORT: the first daemon keeps every connection |
 | a metrics port in use | `cannot serve metrics on HOST:PORT: Address already in use` | the daemon does not start half-way |
 | `--data-dir` a file, under a file, under `/proc`, read-only, empty | `data directory … is a file` / `cannot create …` / `… is not writable` / `--data-dir is empty` | nothing created |
@@ -123,8 +124,10 @@ WHAT = {
              "with 5 s leases. Others must retake the steps and complete coverage; restarted nodes must keep "
              "every attestation they had.",
     "partition": "The network splits into two halves of 3 daemons (2 auditors and an observer each) by taking "
-                 "the link between two network namespaces down, then heals. Each half must keep attesting on its "
-                 "own, and all nodes must converge to identical coverage.",
+                 "the link between two network namespaces down, then heals. The split comes once every publisher "
+                 "has provided the run and a step is covered; replays are slowed by 1 s and the run has at least "
+                 "16 steps, so the halves still have work (`verified_steps_at_split`). Each half must keep "
+                 "attesting on its own, and all nodes must converge to identical coverage.",
     "late-joiner": "A node starts after the run is covered. It must report the same coverage as the others.",
     "forged-data": "The trainer commits batch k but trains step k on other text, with fingerprints consistent with "
                    "what it trained. Auditors spot check beside their replays (each replay slowed by 2 s, the "
