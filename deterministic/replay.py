@@ -23,9 +23,8 @@ from .backend import default_backend
 from .data import DATA_ORDER, TOKENIZER, batch_for_step
 from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
-from .provenance import load_run_samples
+from .provenance import checked_run_samples
 from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest
-from .samples import Dataset
 from .selfcheck import require_deterministic_machine
 from .step import train_step
 from .trainer import config_of
@@ -61,19 +60,6 @@ def check_data_rules(manifest: RunManifest) -> None:
                              f"({DATA_ORDER}, {TOKENIZER}, {SCHEDULE})")
 
 
-# A worker replays many steps of one run: verify its samples file once (by blob address, which
-# the manifest signs), not once per step.
-_DATASETS: dict[tuple[str, bytes], Dataset] = {}
-
-
-def _samples(run_dir: Path, manifest: RunManifest) -> Dataset:
-    key = (str(run_dir.resolve()), manifest.samples_blob)
-    if key not in _DATASETS:
-        _DATASETS.clear()
-        _DATASETS[key] = load_run_samples(run_dir, manifest)
-    return _DATASETS[key]
-
-
 def backend_on(device: DeviceChoice | None, config):
     """The backend that recomputes a run's step on ``device`` (:func:`.device.select_device`, whose
     self-checks it trusts); ``None``: the CPU, self-checked here."""
@@ -97,7 +83,7 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     config, topology = config_of(manifest)
     backend = backend_on(device, config)
     started = time.perf_counter()
-    dataset = _samples(run_dir, manifest)
+    dataset = checked_run_samples(run_dir, manifest)
     state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
     if step == 0:
         recomputed = next_state_hash(genesis_hash(manifest.body()), state, None)

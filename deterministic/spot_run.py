@@ -50,7 +50,7 @@ from .device import DeviceChoice
 from .errors import CheckpointMismatchError, RunFormatError
 from .fingerprint import CHUNK_ELEMENTS, Caught, ChunkOpening, StepFingerprint, answer_challenge, check_chunks
 from .fingerprint import check_loss_sum, chunk_count, recompute_slot
-from .provenance import load_run_samples
+from .provenance import checked_run_samples
 from .replay import backend_on, check_data_rules, check_engine
 from .runfile import genesis_hash, load_checkpoint, next_state_hash, read_manifest
 from .samples import Dataset
@@ -128,7 +128,7 @@ def _open_run(run_dir: Path, step: int, device: DeviceChoice | None):
         raise SpotInputError(f"step {step!r} is outside the run's {manifest.steps} steps")
     config, topology = config_of(manifest)
     backend = backend_on(device, config)
-    return _Run(run_dir, manifest, config, topology, load_run_samples(run_dir, manifest)), backend
+    return _Run(run_dir, manifest, config, topology, checked_run_samples(run_dir, manifest)), backend
 
 
 def load_fingerprints(run_dir: Path, manifest: RunManifest) -> list[StepFingerprint]:

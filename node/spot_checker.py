@@ -134,12 +134,14 @@ class SpotChecker:
 
     async def _check(self, manifest: RunManifest, step: int, lane: int) -> bool:
         run = manifest.run_id
+        started = self.clock.now()
         try:
             run_dir, release = await self.fetch(manifest, step, lane)
         except RunFilesError as exc:  # not a verdict: providers may appear; try again later
             self._skip.setdefault(run, {})[step] = self.clock.now() + SPOT_RETRY_S
             log.warning("spot check of step %d of %s: files unavailable: %s", step, run.hex()[:12], exc)
             return True
+        fetched = self.clock.now()
         try:
             outcome = await self._challenge_and_check(manifest, step, run_dir)
         except ReplayFailed as exc:  # a broken worker or files: no verdict, and not retried
@@ -149,6 +151,10 @@ class SpotChecker:
             return True
         finally:
             release()
+        # Where a spot check's time goes: what decides how fast spot checks sweep a run
+        log.info("spot check of step %d of %s took %.2f s: files %.2f s, then the checks %.2f s (worker %.2f s)",
+                 step, run.hex()[:12], self.clock.now() - started, fetched - started, self.clock.now() - fetched,
+                 outcome.elapsed_ms / 1000)
         await self._sign(manifest, step, outcome)
         return True
 
@@ -177,7 +183,11 @@ class SpotChecker:
                 if not micro.passed:
                     nursery.cancel_scope.cancel()
                     return micro
+                checked = self.clock.now()
+            waited_s = self.clock.now() - checked
             spent_ms = micro.elapsed_ms
+            if waited_s > 0.01:  # what the publisher's answer added to this check
+                log.info("step %d of %s: the answer came %.2f s after the slot's check", step, run.hex()[:12], waited_s)
             while True:
                 outcome = await self._check_answer(run_dir, step, challenges, got, recomputed)
                 spent_ms += outcome.elapsed_ms

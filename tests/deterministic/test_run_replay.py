@@ -1,12 +1,15 @@
 """Publish a run, replay its steps: matches, the forged step, tampered inputs, the run format."""
 
+import os
+
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset
 from open1b.deterministic.device import select_device
-from open1b.deterministic.errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
+from open1b.deterministic import provenance
+from open1b.deterministic.errors import CheckpointMismatchError, EngineMismatchError, RunFormatError, SamplesMismatchError
 from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import (
     ENGINE, ENGINE_VERSION, as_tensor_bytes, checkpoint_path, load_checkpoint, max_checkpoint_bytes, step_batch_digest,
@@ -73,6 +76,35 @@ def test_a_tampered_checkpoint_is_refused_before_the_step_runs(forged_run, tmp_p
     with pytest.raises(CheckpointMismatchError):
         replay(copy, 2, manifest)
     assert replay(copy, 0, manifest).match
+
+
+def test_samples_are_checked_once_per_file_and_again_for_a_rewrite_or_another_file(forged_run, tmp_path, monkeypatch):
+    # Replays and spot checks share one check of the run's samples (one hard-linked blob in each
+    # working directory): a second step does not read the file again, but a rewritten or another
+    # file is checked before use.
+    run_dir, manifest = forged_run
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("manifest.cbor", "samples.bin"):
+        (copy / name).write_bytes((run_dir / name).read_bytes())
+    (tmp_path / "linked").mkdir()
+    os.link(copy / "samples.bin", tmp_path / "linked" / "samples.bin")
+    reads = []
+    real = provenance.load_run_samples
+    monkeypatch.setattr(provenance, "load_run_samples", lambda d, m: reads.append(d) or real(d, m))
+    first = provenance.checked_run_samples(copy, manifest)
+    assert provenance.checked_run_samples(copy, manifest) is first
+    assert provenance.checked_run_samples(tmp_path / "linked", manifest) is first  # the same file
+    assert reads == [copy]
+    data = bytearray((copy / "samples.bin").read_bytes())
+    data[-1] ^= 1  # a token of the last sample: its digest, so the root, changes
+    (copy / "samples.bin").write_bytes(bytes(data))
+    with pytest.raises(SamplesMismatchError):
+        provenance.checked_run_samples(copy, manifest)
+    with pytest.raises(SamplesMismatchError):
+        replay(copy, 0, manifest)
+    assert provenance.checked_run_samples(run_dir, manifest).n == first.n  # another file: read, and sound
+    assert reads == [copy, copy, copy, run_dir]
 
 
 def test_engine_and_range_are_checked(forged_run):
