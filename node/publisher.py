@@ -33,6 +33,10 @@ log = logging.getLogger("open1b.node.publisher")
 
 MAX_GOSSIP_MANIFEST = MAX_PUBSUB_MESSAGE - 4096  # room for the pubsub envelope; larger ones travel by sync
 REPROVIDE_S = 12 * 3600.0  # provider records expire after 48 h (py-libp2p): announce again well before
+# A provide is a DHT walk, mostly waiting on peers' replies: one after another, a run of S steps
+# took S walks end to end (~1 s each in a loaded devnet, seconds each across the internet: a day
+# for a real run's 80,957 checkpoints). A few at once overlap the waits without flooding peers.
+PROVIDES_IN_FLIGHT = 8
 
 
 @dataclass
@@ -55,6 +59,23 @@ class Publication:
 
     def as_json(self) -> dict:
         return asdict(self)
+
+
+async def provide_all(p2p: P2P, digests: list[bytes], provided=lambda done, ok: None) -> None:
+    """Provide every blob in ``digests``, :data:`PROVIDES_IN_FLIGHT` at a time, calling
+    ``provided(done so far, this one succeeded)`` as each ends."""
+    todo, done = iter(digests), 0
+
+    async def provider() -> None:
+        nonlocal done
+        for digest in todo:  # one iterator shared by the providers: each blob is taken once
+            ok = bool(await p2p.provide(provider_key(digest)))
+            done += 1
+            provided(done, ok)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(PROVIDES_IN_FLIGHT, len(digests))):
+            nursery.start_soon(provider)
 
 
 def read_run_manifest(run_dir: Path, now: int) -> RunManifest:
@@ -90,9 +111,8 @@ class Publisher:
             await self.bootstrapped.wait()
             while True:
                 await self.clock.sleep(REPROVIDE_S)
-                for path in list(self.runfiles.cache.dir.iterdir()):
-                    if len(path.name) == 64:
-                        await self.p2p.provide(provider_key(bytes.fromhex(path.name)))
+                held = [bytes.fromhex(p.name) for p in self.runfiles.cache.dir.iterdir() if len(p.name) == 64]
+                await provide_all(self.p2p, held)
 
     async def publish_dir(self, run_dir: Path) -> Publication:
         """Read and validate ``run_dir``'s manifest now (off the event loop); check, import, provide
@@ -132,9 +152,12 @@ class Publisher:
                 job.note = "waiting to reach a bootstrap peer (see `open1b-node doctor`)"
                 await self.bootstrapped.wait()
             blobs = run_blobs(manifest)
-            for i, blob in enumerate(blobs):
-                progress(i, len(blobs), f"providing {blob.name}")
-                job.provided += bool(await self.p2p.provide(provider_key(blob.digest)))
+            progress(0, len(blobs), f"providing {len(blobs)} blobs")
+
+            def provided(done: int, ok: bool) -> None:
+                job.provided += ok
+                progress(done, len(blobs), f"providing {len(blobs)} blobs")
+            await provide_all(self.p2p, [blob.digest for blob in blobs], provided)
             job.state = JobState.ANNOUNCING
             progress(len(blobs), len(blobs), "gossiping the manifest")
             job.gossiped, why_not = await self._announce(manifest)
