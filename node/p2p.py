@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 PUBLISH_QUEUE_HIGH_WATER = 16
 PUBLISH_PACING_TIMEOUT_S = 10.0
 MAX_PUBSUB_MESSAGE = 1 << 20
+# The longest one DHT operation (a walk and its queries) may take. py-libp2p bounds each query by
+# its QUERY_TIMEOUT (10 s) but not the whole operation, so a walk over many unreachable peers (a
+# network partition) could hold a claim, a publish or a fetch for as long as it liked.
+DHT_OP_TIMEOUT_S = 30.0
 
 GossipValidator = Callable[[str, bytes], Outcome]  # (author peer ID, data) -> outcome
 GossipHandler = Callable[[str, bytes], Awaitable[None]]
@@ -269,11 +273,12 @@ class P2P:
     async def put_record(self, key: str, value: bytes) -> bool:
         """Store ``value`` under ``key``; False if a value we already hold is preferred to it."""
         try:
-            await self.dht.put_value(key, value)
+            with trio.fail_after(DHT_OP_TIMEOUT_S):
+                await self.dht.put_value(key, value)
         except ValueError:  # a storing node's validator preferred the value it holds
             return False
-        except Exception as exc:
-            raise NetworkError(f"DHT put {key} failed: {exc}") from exc
+        except Exception as exc:  # trio.TooSlowError included
+            raise NetworkError(f"DHT put {key} failed: {exc!r}") from exc
         return True
 
     async def get_record(self, key: str, *, from_network: bool = False) -> bytes | None:
@@ -283,11 +288,12 @@ class P2P:
         local = self.dht.value_store.get(key.encode()) if from_network else None
         if from_network:
             self.dht.value_store.remove(key.encode())  # get_value answers from local data when it has any
+        found = None
         try:
-            found = await self.dht.get_value(key)
+            with trio.move_on_after(DHT_OP_TIMEOUT_S):
+                found = await self.dht.get_value(key)
         except Exception as exc:
             log.debug("DHT get %s failed: %s", key, exc)
-            found = None
         if not from_network:
             return found
         arrived = self.dht.value_store.get(key.encode())  # get_value stored its pick; a PUT may have come in
@@ -301,7 +307,8 @@ class P2P:
             # the network answered with a record ours beats: store ours again at the closest peers
             # (a last-writer-wins server now holds it too), so later readers see it without us
             try:
-                await self.dht.put_value(key, best)
+                with trio.move_on_after(DHT_OP_TIMEOUT_S):
+                    await self.dht.put_value(key, best)
             except Exception as exc:
                 log.debug("DHT re-put %s failed: %s", key, exc)
         return best
@@ -309,15 +316,18 @@ class P2P:
     async def provide(self, key: str) -> bool:
         """Announce in the DHT that we hold the content under ``key`` (a hex multihash)."""
         try:
-            return await self.dht.provide(key)
+            with trio.move_on_after(DHT_OP_TIMEOUT_S):
+                return await self.dht.provide(key)
         except Exception as exc:
             log.debug("DHT provide %s failed: %s", key, exc)
-            return False
+        return False
 
     async def find_providers(self, key: str, count: int = 20) -> list[str]:
         """Peers that announced ``key``, best effort; their addresses go into the peerstore."""
+        infos = []
         try:
-            infos = await self.dht.find_providers(key, count)
+            with trio.move_on_after(DHT_OP_TIMEOUT_S):
+                infos = await self.dht.find_providers(key, count)
         except Exception as exc:
             log.debug("DHT find_providers %s failed: %s", key, exc)
             return []

@@ -2,10 +2,12 @@
 
 from contextlib import AsyncExitStack
 
+import pytest
 import trio
+from trio.testing import MockClock
 
 from open1b.node.claim_records import ClaimRecords
-from open1b.node.p2p import open_p2p
+from open1b.node.p2p import DHT_OP_TIMEOUT_S, P2P, NetworkError, open_p2p
 from open1b.protocol import Claim, Outcome, claim_key, select_claim
 
 from .conftest import ident
@@ -88,3 +90,35 @@ def test_identity_gossip_validation_dht_arbitration_and_stream_isolation(tampere
                 assert await s2.receive(64) == b"echo:hi"
 
     trio.run(main)
+
+
+class _StuckDHT:
+    """A DHT whose every walk hangs, as py-libp2p's did on a peer a partition made unreachable."""
+
+    class value_store:  # noqa: N801 - the attribute py-libp2p's DHT has
+        get = remove = put = staticmethod(lambda *args: None)
+
+    async def _hang(self, *args):
+        await trio.sleep_forever()
+
+    get_value = put_value = provide = find_providers = _hang
+
+
+def test_a_dht_operation_stuck_on_an_unreachable_peer_ends_at_its_bound():
+    p2p = P2P(ident(7))
+    p2p.dht = _StuckDHT()
+
+    async def main() -> float:
+        started = trio.current_time()
+        with trio.fail_after(10 * DHT_OP_TIMEOUT_S):  # unbounded, the test fails instead of hanging
+            return await walks(started)
+
+    async def walks(started: float) -> float:
+        assert await p2p.get_record("/open1b/c/k", from_network=True) is None  # cannot tell: as if unclaimed
+        with pytest.raises(NetworkError):  # the claim was not taken: the auditor tries another step
+            await p2p.put_record("/open1b/c/k", b"v")
+        assert await p2p.provide("k") is False
+        assert await p2p.find_providers("k") == []
+        return trio.current_time() - started
+
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 4 * DHT_OP_TIMEOUT_S
