@@ -272,10 +272,13 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   each claim takes tens of seconds. On a quiet machine both halves keep attesting (the partition
   table). Next to other devnets on the same two cores (2026-12-02, three runs), the half holding
   the run's first publisher made 0–1 attestations in 240 s, while the other half made one about
-  every 72 s: a claim per 60-s lease round. Its auditors logged nothing while split and
-  attested within seconds of the heal. Bounding each DHT operation (`DHT_OP_TIMEOUT_S`, 30 s)
-  did not change that. The cause is not found yet. After healing, coverage converged within
-  seconds.
+  every 72 s. It is not a hang. A run with each claim attempt logged showed, in both halves while
+  split, single attempts of 60.8–80.7 s: a claim is two slot reads, a write, a 0.5–1 s pause and
+  a re-read. Each is a DHT walk that waits on the unreachable half, up to the per-operation
+  bound (`DHT_OP_TIMEOUT_S`, 30 s). An attempt that loses (to an earlier claim in the same 60-s
+  lease round, or to the other half's claim once healed) costs as much as one that wins. Under
+  load a few such attempts fill the whole split. Claiming without waiting on peers the node
+  cannot reach is not built. After healing, coverage converged within seconds.
 - **Fixed while building these scenarios:** a node whose only bootstrap peer was down never
   started auditing even when other peers had connected to it (now it proceeds once any peer is
   connected); `decode_message` raised `TypeError` on a non-text `kind` and the trajectory and
