@@ -277,8 +277,9 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   a re-read. Each is a DHT walk that waits on the unreachable half, up to the per-operation
   bound (`DHT_OP_TIMEOUT_S`, 30 s). An attempt that loses (to an earlier claim in the same 60-s
   lease round, or to the other half's claim once healed) costs as much as one that wins. Under
-  load a few such attempts fill the whole split. Claiming without waiting on peers the node
-  cannot reach is not built. After healing, coverage converged within seconds.
+  load a few such attempts fill the whole split, so the scenario asks each half for one
+  attestation within 480 s (the runs above asked for two). Claiming without waiting on peers the
+  node cannot reach is not built. After healing, coverage converged within seconds.
 - **Fixed while building these scenarios:** a node whose only bootstrap peer was down never
   started auditing even when other peers had connected to it (now it proceeds once any peer is
   connected); `decode_message` raised `TypeError` on a non-text `kind` and the trajectory and
