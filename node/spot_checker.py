@@ -152,9 +152,9 @@ class SpotChecker:
         finally:
             release()
         # Where a spot check's time goes: what decides how fast spot checks sweep a run
+        ended = self.clock.now()
         log.info("spot check of step %d of %s took %.2f s: files %.2f s, then the checks %.2f s (worker %.2f s)",
-                 step, run.hex()[:12], self.clock.now() - started, fetched - started, self.clock.now() - fetched,
-                 outcome.elapsed_ms / 1000)
+                 step, run.hex()[:12], ended - started, fetched - started, ended - fetched, outcome.elapsed_ms / 1000)
         await self._sign(manifest, step, outcome)
         return True
 

@@ -48,4 +48,6 @@ def test_fewer_blobs_than_lanes_and_none_at_all():
     dht = SlowDHT(1.0, failing=set())
     trio.run(provide_all, dht, [b"\1" * 32, b"\2" * 32], clock=MockClock(autojump_threshold=0))
     assert dht.most_in_flight == 2 and len(dht.provided) == 2
-    trio.run(provide_all, SlowDHT(1.0, set()), [], clock=MockClock(autojump_threshold=0))
+    idle = SlowDHT(1.0, failing=set())
+    trio.run(provide_all, idle, [], clock=MockClock(autojump_threshold=0))
+    assert idle.provided == [] and idle.most_in_flight == 0
