@@ -200,15 +200,57 @@ class EvaluationSuite:
                        res(other, 6, 0x3f800000), ok(other, 1, 6, 0x3f800000),
                        res(fixtures.eval_manifest(steps=8), 2), ok(fixtures.eval_manifest(steps=8), 1, 2)], 1, None),
         }
+        scenarios.update(EvaluationSuite._board_rules())
         out = {}
-        for name, (description, runs, atts, evals, min_keys, roots) in scenarios.items():
+        for name, (description, runs, atts, evals, min_keys, roots, *quorum) in scenarios.items():
             case = {"description": description, "runs": [hx(r.encoded) for r in runs],
                     "attestations": [hx(a.encoded) for a in atts], "evals": [hx(e.encoded) for e in evals],
                     "policy": {"name": "open" if roots is None else "allowlist",
-                               "roots": [ident(i).peer_id for i in roots or ()], "quorum": 0},
+                               "roots": [ident(i).peer_id for i in roots or ()], "quorum": quorum[0] if quorum else 0},
                     "now": NOW, "min_keys": min_keys}  # fmt: skip
             out[name] = {**case, **EvaluationSuite._result(case)}
         return out
+
+    @staticmethod
+    def _board_rules() -> dict[str, tuple]:
+        """One case per rule of §8.6 that a reading of the text could get wrong."""
+        ev, A = fixtures.evaluation, fixtures.attestation
+        em = fixtures.eval_manifest
+        a, b, c, d = em(), em(steps=6), em(steps=8), em(steps=10)
+        nan, one, two, three = 0x7FC00000, 0x3F800000, 0x40000000, 0x40400000
+
+        def certified(run, k, loss, checker=1):
+            return [ev(0, run, k, verdict="result", loss=loss, claimed=loss), ev(checker, run, k, loss=loss, claimed=loss)]
+
+        other_set = em(eval_set=b"vector-eval-set-2")
+        refuted = [A(1, a, 0), A(2, a, 0, match=False), A(3, a, 0, match=False)]
+        return {
+            "latest-not-best": ("the latest certified loss is ranked, not the best: run a fell to 1.0 at state 2 and "
+                                "rose to 3.0 at state 4, so run b's 2.0 ranks first", [a, b], [],
+                                certified(a, 2, one) + certified(a, 4, three) + certified(b, 6, two), 1, None),
+            "nan-latest": ("a NaN latest certified loss is not ranked, although an earlier certified loss was finite",
+                           [a, b], [], certified(a, 2, one) + certified(a, 4, nan) + certified(b, 6, two), 1, None),
+            "reason-order": ("each unranked run names the first rule it fails: a (no certified evaluation, and a "
+                             "disputed step), b (a NaN loss and a disputed evaluation), c (a disputed evaluation and a "
+                             "disputed step)", [a, b, c], [A(2, a, 1, match=False), A(2, c, 1, match=False)],
+                             [ev(0, a, 2, verdict="result", loss=one, claimed=one)] + certified(b, 6, nan)
+                             + [ev(0, b, 2, verdict="result", loss=one, claimed=one),
+                                ev(2, b, 2, verdict="mismatch", loss=two, claimed=one)]
+                             + certified(c, 2, one) + [ev(0, c, 4, verdict="result", loss=one, claimed=one),
+                                                       ev(2, c, 4, verdict="mismatch", loss=two, claimed=one)], 1, None),
+            "eval-sets": ("ranks count within each evaluation set: a and b on one set, d on another, each set from 1; "
+                          "d's higher loss still ranks 1st on its set", [a, b, other_set], [],
+                          certified(a, 2, two) + certified(b, 6, one) + certified(other_set, 4, three), 1, None),
+            "tie": ("equal losses: ordered by run ID bytewise, with distinct ranks", [a, b, d], [],
+                    certified(a, 2, two) + certified(b, 2, two) + certified(d, 2, two), 1, None),
+            "refuted-never-ranked": ("quorum 2: two agreeing mismatches refute run a's step 0 (its one match's key is "
+                                     "flagged); a is not ranked though its loss is the lowest, and b is ranked 1st",
+                                     [a, b], refuted, certified(a, 2, one) + certified(b, 6, two), 1, None, 2),
+            "devices-of-verified-steps": ("devices are those of the verified steps: a cuda match of a disputed step "
+                                          "adds none", [a],
+                                          [A(1, a, 0), A(1, a, 1, device="cuda/sm_90"), A(2, a, 1, match=False)],
+                                          certified(a, 2, one), 1, None),
+        }
 
     @staticmethod
     def _result(case: dict) -> dict:
