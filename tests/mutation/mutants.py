@@ -329,3 +329,81 @@ MUTANTS = [
         '        raise Refused("engine")\n    if m["pre_state"] != run["h"][m["step"]]:\n'
         '        raise Refused("pre_state")\n    body')),
 ]
+
+MUTANTS += [
+    # §8.5 evaluations
+    _m("eval-check-of-any-number", "§8.5 step 3", "a check counts whatever loss it claims",
+       ('e["verdict"] != "result" and e["claimed"] == loss and counted(e["signer"])]',
+        'e["verdict"] != "result" and counted(e["signer"])]')),
+    _m("eval-checks-any-key", "§8.5 step 3", "every key's check counts, whatever the policy",
+       ('e["claimed"] == loss and counted(e["signer"])]', 'e["claimed"] == loss]')),
+    _m("eval-certified-before-mismatch", "§8.5 step 4", "enough matches certify, whatever a mismatch says",
+       ('status = "disputed" if mismatches else "certified" if len(checkers) >= m else "unchecked"  # 4.',
+        'status = "certified" if len(checkers) >= m else "disputed" if mismatches else "unchecked"')),
+    _m("eval-min-keys-exclusive", "§8.5 step 4", "more than m keys certify",
+       ("if len(checkers) >= m else", "if len(checkers) > m else")),
+    _m("eval-first-result-wins", "§8.5 step 2", "of two results, the lowest digest's loss stands",
+       ('        losses = {e["loss"] for e in results}\n',
+        '        losses = {min(results, key=lambda e: e["digest"])["loss"]} if results else set()\n')),
+    # §8.6 leaderboard
+    _m("board-best-loss", "§8.6", "a run is ranked at its best certified loss",
+       ('latest = certified[-1] if certified else None  # the largest certified state',
+        'latest = min(certified, key=lambda e: _f32(e["loss"])) if certified else None')),
+    _m("board-last-finite", "§8.6 rule 2.2", "a NaN evaluation is passed over for the last finite one",
+       ('latest = certified[-1] if certified else None  # the largest certified state',
+        'finite = [e for e in certified if 0 <= _f32(e["loss"]) < math.inf]\n'
+        '        latest = (finite or certified)[-1] if certified else None')),
+    _m("board-refuted-ranked", "§8.6 rule 2.4", "only a disputed step keeps a run off the board (refuted is its own status)",
+       ('disputed_steps = sum(s["status"] in ("disputed", "refuted") for s in cov["steps"])',
+        'disputed_steps = sum(s["status"] == "disputed" for s in cov["steps"])')),
+    _m("board-steps-before-evaluations", "§8.6 rule 2", "disputed steps are named before a disputed evaluation",
+       ('        elif disputed:\n            reason = "disputed evaluation"\n        elif disputed_steps:\n'
+        '            reason = "disputed steps"\n',
+        '        elif disputed_steps:\n            reason = "disputed steps"\n        elif disputed:\n'
+        '            reason = "disputed evaluation"\n')),
+    _m("board-disputes-before-loss", "§8.6 rule 2", "a disputed evaluation is named before a bad loss",
+       ('        elif not 0 <= _f32(latest["loss"]) < math.inf:\n            reason = "not a finite, non-negative loss"\n'
+        '        elif disputed:\n            reason = "disputed evaluation"\n',
+        '        elif disputed:\n            reason = "disputed evaluation"\n'
+        '        elif not 0 <= _f32(latest["loss"]) < math.inf:\n            reason = "not a finite, non-negative loss"\n')),
+    _m("board-one-ranking", "§8.6 rule 3", "ranks count over every run, whatever its evaluation set",
+       ('        place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1\n        r["rank"] = place[r["eval_set"]]\n',
+        '        place[""] = place.get("", 0) + 1\n        r["rank"] = place[""]\n')),
+    _m("board-ties-share", "§8.6 rule 3", "equal losses share a rank",
+       ('    for r in ranked:\n        place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1\n',
+        '    for i, r in enumerate(ranked):\n        if not (i and r["eval_set"] == ranked[i - 1]["eval_set"]'
+        ' and r["loss_bits"] == ranked[i - 1]["loss_bits"]):\n'
+        '            place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1\n')),
+    _m("board-devices-of-every-step", "§8.6 rule 1", "devices are those of every step's counted matches",
+       ('for s in cov["steps"] if s["status"] == "verified" for d in s["devices"]',
+        'for s in cov["steps"] for d in s["devices"]')),
+    # §8.7 spot coverage
+    _m("spot-failed-not-caught", "§8.7 step 4", "a failed step counts as unchecked in the escape probability",
+       ('caught = set(replayed) | {s["step"] for s in steps if s["status"] == "failed"}', "caught = set(replayed)")),
+    _m("spot-refuted-not-caught", "§8.7 step 4", "only a verified step is replayed (r8's reading)",
+       ('            if s["status"] in ("verified", "refuted")]', '            if s["status"] == "verified"]')),
+    _m("spot-disputed-caught", "§8.7 step 4", "a disputed step is caught too",
+       ('            if s["status"] in ("verified", "refuted")]', '            if s["status"] in ("verified", "refuted", "disputed")]')),
+    _m("spot-failed-lists-no-checkers", "§8.7 step 2", "a failed step has no checkers",
+       ('"status": status, "checkers": checkers,', '"status": status, "checkers": [] if fails else checkers,')),
+    _m("spot-checks-are-statements", "§8.7 step 2", "n_k counts pass statements, not keys",
+       ('else (1 - p) ** len(s["checkers"]) for s in steps]',
+        'else (1 - p) ** sum(t["step"] == s["step"] and t["verdict"] == "pass" for t in S) for s in steps]')),
+    _m("spot-any-key", "§8.7 step 1", "every key's spot checks count, whatever the policy",
+       ('S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])]',
+        'S = _statements(spotchecks, "spotcheck", run)')),
+    _m("spot-chunk-count-judged", "§8.7 step 1", "a spot check that names fewer chunks than a challenge opens is dropped",
+       ('S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])]',
+        'S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])'
+        ' and s["chunks_total"] >= CONST["CHALLENGE_CHUNKS"]]')),
+    _m("spot-links-repeated", "§8.7 step 2", "caught lists every fail's link",
+       ('"caught": sorted({s["caught"] for s in fails})', '"caught": sorted(s["caught"] for s in fails)')),
+    _m("spot-detection-per-rank", "§8.7 step 3", "one check catches a forged rank: p = 1 / ranks",
+       ("Fraction(1, ranks * micro) if topology", "Fraction(1, ranks) if topology")),
+    _m("spot-no-topology-certain", "§8.7 step 3", "without a topology a check is certain (p = 1)",
+       ("if topology else Fraction(0)  # 3. detection", "if topology else Fraction(1)")),
+    _m("spot-fraction-floor", "§8.7 step 5", "1% of the steps is rounded down (at least one)",
+       ('max(1, math.ceil(Fraction(run["steps"], 100)))', 'max(1, run["steps"] // 100)')),
+    _m("spot-escape-independent", "§8.7 step 5", "each forged step lands anywhere, independently: (mean x)^f",
+       ("    return e[f] / math.comb(len(x), f)", "    return (sum(x) / len(x)) ** f")),
+]

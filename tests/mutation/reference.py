@@ -1,6 +1,6 @@
 """A second reading of docs/protocol.md, written from its text alone: the codec (§3), message
-decoding and strict Ed25519 (§5), external trajectories (§6.3), validation (§7), coverage (§8.3)
-and claim records (§10).
+decoding and strict Ed25519 (§5), external trajectories (§6.3), validation (§7), coverage (§8.3),
+evaluations and the leaderboard (§8.5, §8.6), spot coverage (§8.7) and claim records (§10).
 
 It imports nothing from ``open1b``: the constants and the message schemas are read from the
 spec itself (the §2 table and the §5.3 CDDL), and every rule is a line below that says which
@@ -15,6 +15,8 @@ import hashlib
 import json
 import math
 import re
+import struct
+from fractions import Fraction
 from pathlib import Path
 
 import cbor2
@@ -565,3 +567,120 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
     # 12. run
     return {"complete": all(s["attesters"] >= redundancy for s in steps), "steps": steps,
             "flagged": sorted(flags.values(), key=lambda f: f["signer"]), "untrusted": sorted(map(peer_id, untrusted))}
+
+
+# -- §8.5 evaluations ----------------------------------------------------------------------------
+
+def _counts(policy: dict):
+    return (lambda key: True) if policy["name"] == "open" else (lambda key: peer_id(key) in policy["roots"])
+
+
+def _schedule(run: dict) -> list[int]:
+    every, root = run["data"].get("eval_every"), run["data"].get("eval_root")
+    if type(every) is not int or every < 1 or type(root) is not str:
+        return []
+    return list(range(every, run["steps"] + 1, every))
+
+
+def evaluations(run: dict, evals: list[bytes], policy: dict, m: int) -> list[dict]:
+    counted = _counts(policy)
+    E = _statements(evals, "eval", run)  # 1. statements: decoded, of the run, §7's rules (dates not judged)
+    out = []
+    for k in _schedule(run):
+        at = [e for e in E if e["state"] == k]
+        results = [e for e in at if e["verdict"] == "result"]
+        losses = {e["loss"] for e in results}
+        if len(losses) != 1:  # 2. none: unchecked; two or more: disputed, the results as evidence
+            out.append({"state": k, "status": "disputed" if losses else "unchecked", "loss": None, "checkers": [],
+                        "dissenters": [], "evidence": sorted(e["digest"] for e in results), "devices": []})
+            continue
+        loss = losses.pop()
+        checks = [e for e in at if e["verdict"] != "result" and e["claimed"] == loss and counted(e["signer"])]  # 3.
+        matches = [e for e in checks if e["verdict"] == "match"]
+        mismatches = [e for e in checks if e["verdict"] == "mismatch"]
+        checkers = sorted({peer_id(e["signer"]) for e in matches})
+        status = "disputed" if mismatches else "certified" if len(checkers) >= m else "unchecked"  # 4.
+        out.append({"state": k, "status": status, "loss": loss, "checkers": checkers,
+                    "dissenters": sorted({peer_id(e["signer"]) for e in mismatches}),
+                    "evidence": sorted(e["digest"] for e in mismatches), "devices": sorted({e["device"] for e in matches})})
+    return out
+
+
+# -- §8.6 leaderboard ----------------------------------------------------------------------------
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def leaderboard(runs: list[dict], atts: list[bytes], evals: list[bytes], now: int, policy: dict, m: int) -> list[dict]:
+    rows = []
+    for run in runs:
+        if not _schedule(run):
+            continue
+        cov = coverage(run, atts, [], [], now, 1, policy)
+        evs = evaluations(run, evals, policy, m)
+        certified = [e for e in evs if e["status"] == "certified"]
+        latest = certified[-1] if certified else None  # the largest certified state
+        disputed = sum(e["status"] == "disputed" for e in evs)
+        disputed_steps = sum(s["status"] in ("disputed", "refuted") for s in cov["steps"])
+        if latest is None:
+            reason = "no certified evaluation"
+        elif not 0 <= _f32(latest["loss"]) < math.inf:
+            reason = "not a finite, non-negative loss"
+        elif disputed:
+            reason = "disputed evaluation"
+        elif disputed_steps:
+            reason = "disputed steps"
+        else:
+            reason = ""
+        rows.append({"run": run["id"], "eval_set": run["data"]["eval_root"], "rank": None,
+                     "loss_bits": latest["loss"] if latest else None, "eval_state": latest["state"] if latest else None,
+                     "evaluations": {"certified": len(certified), "disputed": disputed,
+                                     "unchecked": len(evs) - len(certified) - disputed},
+                     "verified_steps": sum(s["status"] == "verified" for s in cov["steps"]), "steps": run["steps"],
+                     "disputed_steps": disputed_steps,
+                     "devices": sorted({d for s in cov["steps"] if s["status"] == "verified" for d in s["devices"]}),
+                     "reason": reason})
+    ranked = sorted((r for r in rows if not r["reason"]), key=lambda r: (r["eval_set"], _f32(r["loss_bits"]), r["run"]))
+    place: dict[str, int] = {}
+    for r in ranked:
+        place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1
+        r["rank"] = place[r["eval_set"]]
+    return ranked + sorted((r for r in rows if r["reason"]), key=lambda r: (r["eval_set"], r["run"]))
+
+
+# -- §8.7 spot coverage --------------------------------------------------------------------------
+
+def escape(x: list[Fraction], f: int) -> Fraction:
+    """e_f(x) / C(N, f), exactly."""
+    e = [Fraction(1)] + [Fraction(0)] * f
+    for xk in x:
+        for j in range(f, 0, -1):
+            e[j] += e[j - 1] * xk
+    return e[f] / math.comb(len(x), f)
+
+
+def spot_coverage(run: dict, spotchecks: list[bytes], replayed: list[int], policy: dict) -> dict:
+    counted = _counts(policy)
+    S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])]  # 1. (dates not judged)
+    steps = []
+    for k in range(run["steps"]):
+        at = [s for s in S if s["step"] == k]
+        fails = [s for s in at if s["verdict"] == "fail"]
+        checkers = sorted({peer_id(s["signer"]) for s in at if s["verdict"] == "pass"})  # 2. passes, any status
+        status = "failed" if fails else "spot_checked" if checkers else "unchecked"
+        steps.append({"step": k, "status": status, "checkers": checkers, "caught": sorted({s["caught"] for s in fails}),
+                      "evidence": sorted({s["digest"] for s in fails})})
+    ranks, micro = run["model"].get("ranks"), run["model"].get("micro_batches")
+    topology = type(ranks) is int and type(micro) is int and ranks >= 1 and micro >= 1
+    p = Fraction(1, ranks * micro) if topology else Fraction(0)  # 3. detection
+    caught = set(replayed) | {s["step"] for s in steps if s["status"] == "failed"}  # 4. caught steps
+    x = [Fraction(0) if s["step"] in caught else (1 - p) ** len(s["checkers"]) for s in steps]  # 5. escape
+    return {"steps": steps, "detection": p, "escape_one": escape(x, 1),
+            "escape_fraction": escape(x, max(1, math.ceil(Fraction(run["steps"], 100))))}
+
+
+def replayed_steps(run: dict, atts: list[bytes], now: int, policy: dict) -> list[int]:
+    """§8.7's ``replayed``: the steps replay coverage decided, verified or refuted."""
+    return [s["step"] for s in coverage(run, atts, [], [], now, 1, policy)["steps"]
+            if s["status"] in ("verified", "refuted")]
