@@ -135,6 +135,9 @@ MUTANTS = [
        ("SMALL_ORDER_Y = {0, 1, P - 1, Y8, P - Y8, P, P + 1}", "SMALL_ORDER_Y = {0, 1, P - 1, P, P + 1}")),
     _m("small-order-r", "§5.4", "R is only compared, never checked for small order",
        ("    if _y(sig[:32]) in SMALL_ORDER_Y:\n        return False  # rule 4\n", "")),
+    _m("cofactored-equation", "§5.4 rule 5", "rule 5 is ZIP-215's cofactored equation (with the byte rules 1-4)",
+       ("    return ed25519_equation.holds(key, message, sig)  # rule 5",
+        "    return ed25519_equation.holds_cofactored(key, message, sig)")),
     _m("version-1-context", "§5.1", "the signing context keeps v1",
        ('b"open1b/v%d/sig\\0" % CONST["PROTOCOL_VERSION"]', 'b"open1b/v1/sig\\0"')),
     # §6.3 external trajectories
