@@ -36,6 +36,14 @@ MUTANTS = [
         '    if pos != len(data):\n        raise Refused("malformed")  # bytes after the data item\n'
         '    if any(b & 31 == 31 for b in data):\n        raise Refused("non_canonical")'),
        ('        if info >= 28:', '        if 28 <= info <= 30:')),
+    _m("key-type-before-indefinite", "§3.2", "a map key's type is judged before its indefinite length",
+       ("        if info == 31:\n            raise Refused(\"non_canonical\")  # rule 1: an indefinite length or a break\n",
+        "        if is_key and major != 3:\n            raise Refused(\"malformed\")\n"
+        "        if info == 31:\n            raise Refused(\"non_canonical\")\n")),
+    _m("depth-before-indefinite", "§3.2", "an array too deep is judged before its indefinite length",
+       ("        if info == 31:\n            raise Refused(\"non_canonical\")  # rule 1: an indefinite length or a break\n",
+        "        if major in (4, 5) and len(open_items) - 1 >= MAX_DEPTH:\n            raise Refused(\"malformed\")\n"
+        "        if info == 31:\n            raise Refused(\"non_canonical\")\n")),
     _m("keys-any-type", "§3.1", "map keys may be of any type, sorted bytewise",
        ("        if is_key and major != 3:\n            raise Refused(\"malformed\")  # rule 4: map keys are text\n", "")),
     _m("tags-allowed", "§3.1", "tags decode as their values",
@@ -151,6 +159,12 @@ MUTANTS = [
        ("not 0 <= step <= 2**64 - 1", "not 0 <= step")),
     _m("first-line-wins", "§6.3", "the first line of a step wins",
        ("            log[step] = digest  # the last line of a step wins", "            log.setdefault(step, digest)")),
+    _m("last-line-needs-lf", "§6.3", "a line is what an LF ends: text after the last LF is not a line",
+       ('        for line in data.decode("utf-8").split("\\n"):', '        for line in data.decode("utf-8").split("\\n")[:-1]:')),
+    _m("keyless-lines-skipped", "§6.3", "a line without the step or state_hash key is not a state-hash line: skipped",
+       ("            step, digest = parse_line(line)\n",
+        "            try:\n                step, digest = parse_line(line)\n            except KeyError:\n"
+        "                continue\n")),
     _m("lower-case-hex", "§6.3", "state hashes are lower-case hex",
        ('r"[0-9a-fA-F]{64}"', 'r"[0-9a-f]{64}"')),
     # §7 validation
@@ -214,7 +228,21 @@ MUTANTS = [
         '    if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):\n        raise Refused("device")\n'
         '    if kind == "eval" and (m["verdict"] == "mismatch") == (m["loss"] == m["claimed"]):\n'
         '        raise Refused("eval_verdict")\n')),
+    _m("eval-result-unchecked", "§5.3", "only a match and a mismatch are held to their loss rule",
+       ('(m["verdict"] == "mismatch") == (m["loss"] == m["claimed"])',
+        '((m["verdict"] == "match" and m["loss"] != m["claimed"]) or (m["verdict"] == "mismatch" and m["loss"] == '
+        'm["claimed"]))')),
+    _m("missing-v-is-missing-field", "§5.2 step 3", "a message without v is judged by the schema (missing_field)",
+       ('if type(value.get("v")) is not int or value["v"] != CONST["PROTOCOL_VERSION"]:',
+        'if "v" in value and (type(value["v"]) is not int or value["v"] != CONST["PROTOCOL_VERSION"]):')),
+    _m("device-backend-alone", "§5.2", "a backend alone is a device class (the part is optional)",
+       ('DEVICE = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?")',
+        'DEVICE = re.compile(r"(cpu|cuda)(/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?)?")')),
     # §10 claim records
+    _m("record-lease-length", "§10", "a record whose lease is longer than MAX_LEASE_SECONDS is invalid",
+       ('return c if claim_key(c["run"], c["step"], c["slot"]) == key else None',
+        'return c if claim_key(c["run"], c["step"], c["slot"]) == key and '
+        'c["lease_expiry"] - c["issued_at"] <= CONST["MAX_LEASE_SECONDS"] else None')),
     _m("older-round-wins", "§10", "an older lease round wins", ('(-(c["issued_at"] //', '((c["issued_at"] //')),
     _m("latest-in-round", "§10", "within a round the latest claim wins",
        ('CONST["LEASE_ROUND_SECONDS"]), c["issued_at"],', 'CONST["LEASE_ROUND_SECONDS"]), -c["issued_at"],')),

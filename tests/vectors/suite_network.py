@@ -32,6 +32,7 @@ from open1b.protocol import (
     validate_spotcheck, validate_sync_frame,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
+from open1b.protocol import MAX_LEASE_SECONDS
 
 from . import ed25519_forgery as forgery
 from . import fixtures
@@ -94,6 +95,9 @@ class Validation:
             "non-canonical": ("the map's keys out of order", cbor2.dumps(dict(sorted(raw.items(), reverse=True)))),
             "kind": ("a claim on the attestations topic", fixtures.claim(1, m, 1).encoded),
             "version": ("protocol version 3, a later one", forge(1, "attestation", _body(good), v=3)),
+            "version-missing": ("no v at all: version (step 3), not missing_field (step 5)", encode({
+                **(unversioned := {"kind": "attestation", **_body(good)}),
+                "sig": sign(ident(1), "attestation", unversioned)})),
             "unknown-field": ("an extra field", forge(1, "attestation", {**_body(good), "note": "hi"})),
             "missing-field": ("no hardware field", forge(1, "attestation", {k: v for k, v in _body(good).items() if k != "hardware"})),
             "wrong-type": ("step as text", forge(1, "attestation", {**_body(good), "step": "1"})),
@@ -116,6 +120,7 @@ class Validation:
             "accept-device-no-target": ("a device class without a target part",
                                         fixtures.attestation(1, m, 1, device="cpu/riscv64").encoded),
             "device": ("a device class outside the grammar (backend gpu)", resign(good, device="gpu/h100")),
+            "device-backend-only": ("a backend alone (cpu), with no part after it", resign(good, device="cpu")),
             "device-upper-case": ("a device class with an upper-case letter", resign(good, device="cpu/X86_64-avx2")),
             "device-two-targets": ("a device class with two target parts", resign(good, device="cpu/x86_64-avx2-fma")),
             "device-long-part": ("a device class part of 33 characters", resign(good, device="cuda/" + "s" * 33)),
@@ -297,8 +302,11 @@ class Validation:
                 1, "eval", {**raw_ev, "loss": fixtures.LOSS + 1})),
             "eval-verdict-mismatch": ("a mismatch whose loss is the claimed one", forge(
                 1, "eval", {**raw_ev, "verdict": "mismatch"})),
+            "eval-verdict-result": ("the publisher's result whose loss is not the claimed one", forge(
+                0, "eval", {**_body(fixtures.evaluation(0, em, 2, verdict="result")), "loss": fixtures.LOSS + 1})),
             "eval-verdict-before-device": ("a result with loss != claimed and a bad device: the verdict rule first",
-                                           forge(1, "eval", {**raw_ev, "loss": 1, "device": "tpu"})),
+                                           forge(0, "eval", {**_body(fixtures.evaluation(0, em, 2, verdict="result")),
+                                                             "loss": 1, "device": "tpu"})),
             "eval-device": ("a device that is not a device class", forge(1, "eval", {**raw_ev, "device": "gpu"})),
             "eval-unknown-run": ("an eval of a run nobody published", fixtures.evaluation(
                 1, fixtures.eval_manifest(steps=6), 2).encoded),
@@ -403,6 +411,9 @@ class Claims:
             "wrong-key": ("a claim on another step stored under this key is invalid",
                           [fixtures.claim(1, m, 2, issued_at=start).encoded, c(2, start + 20)]),
             "none-valid": ("no valid record: nothing wins", [b"", encode(tampered)]),
+            "long-lease-record": ("a record whose lease exceeds MAX_LEASE_SECONDS is a valid record (lease_length is "
+                                  "a run rule of the claims topic, not of records): it wins its round",
+                                  [c(1, start + 10, lease=MAX_LEASE_SECONDS + 1), c(2, start + 20)]),
         }
         out = {}
         for name, (description, records) in sets.items():
