@@ -189,6 +189,13 @@ class EvaluationSuite:
                             [res(em, 2), res(em, 2, fixtures.LOSS + 1), ok(em, 1, 2)], 1, None),
             "check-of-another-number": ("a match of a loss nobody published counts for nothing", [em], [],
                                         [res(em, 2), ok(em, 1, 2, fixtures.LOSS + 7)], 1, None),
+            "mismatch-of-another-number": ("a mismatch of a loss nobody published disputes nothing: the result "
+                                           "stays certified", [em], [],
+                                           [res(em, 2), ok(em, 1, 2), ev(2, em, 2, verdict="mismatch",
+                                                                         loss=fixtures.LOSS, claimed=fixtures.LOSS + 7)],
+                                           1, None),
+            "dates-not-judged": ("evaluations do not judge dates: a match dated a day after now certifies", [em], [],
+                                 [res(em, 2), ev(1, em, 2, issued_at=NOW + 86400)], 1, None),
             "untrusted-key": ("under an allowlist, a key outside it does not certify", [em], [],
                               [res(em, 2), ok(em, 3, 2)], 1, [1, 2]),
             "invalid-ignored": ("an eval off the schedule and one of a run without evaluation are dropped",
