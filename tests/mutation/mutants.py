@@ -457,3 +457,31 @@ MUTANTS += [
     _m("spot-escape-independent", "§8.7 step 5", "each forged step lands anywhere, independently: (mean x)^f",
        ("    return e[f] / math.comb(len(x), f)", "    return (sum(x) / len(x)) ** f")),
 ]
+
+MUTANTS += [
+    # docs/run-format.md §8.5 data proofs
+    _m("data-malformed-when-read", "run format §8.5", "a malformed field fails only when a rule reads it",
+       ('"tokens": _hexstr(s["tokens"]),', '"tokens": s["tokens"],'),
+       ('        t = s["tokens"]\n', '        t = bytes.fromhex(s["tokens"])\n')),
+    _m("data-hash-any-case", "run format §8.4", "hashes may be upper-case hex",
+       ('    if type(v) is not str or len(v) != 64:\n        raise TypeError("not a hash")\n    return _hexstr(v)',
+        '    if type(v) is not str or len(v) != 64:\n        raise TypeError("not a hash")\n    return bytes.fromhex(v)')),
+    _m("data-whole-floats", "run format §8.4", "an integer may be written 2.0",
+       ('def _int(v) -> int:\n    if type(v) is not int:',
+        'def _int(v) -> int:\n    v = int(v) if type(v) is float and v.is_integer() else v\n    if type(v) is not int:')),
+    _m("data-samples-do-not-overlap", "run format §8.1", "sample s holds tokens [s(L-1), (s+1)(L-1)): its last token is the next one's",
+       ('first = -(-(start - c["sample_len"] + 1) // stride)', 'first = -(-start // stride)')),
+    _m("data-last-token-exclusive", "run format §8.1", "the last sample is the one holding token end - 2",
+       ('(end - 1) // stride + 1))', '(end - 2) // stride + 1))')),
+    _m("data-draws-any-order", "run format §8.5 rule 6", "the draws are every draw, in any order",
+       ('    if p["draws"] != expected:', '    if sorted(p["draws"]) != sorted(expected):')),
+    _m("data-completeness-skipped", "run format §8.5 rule 6", "a verifier MAY skip completeness (r8's text)",
+       ('    if p["draws"] != expected:\n        return "incomplete"  # rule 6\n', "")),
+    _m("data-never-drawn-first-sample", "run format §8.5", "never drawn: no draw of the document's first sample",
+       ('        return "drawn" if expected else "ok"  # never drawn, rule 2',
+        '        return "drawn" if any(s == H.start for *_, s in expected) else "ok"')),
+    _m("data-tokens-not-compared", "run format §8.5 rule 3", "a proven sample in the range holds the document",
+       ('            return "sample"  # rule 3\n', '            pass\n')),
+    _m("data-lower-only-anywhere", "run format §8.5 absent rule 4", "a lone lower neighbour may be any leaf",
+       ('            adjacent = lower["index"] == c["document_count"] - 1', '            adjacent = True')),
+]

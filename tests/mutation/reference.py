@@ -1,6 +1,7 @@
 """A second reading of docs/protocol.md, written from its text alone: the codec (§3), message
 decoding and strict Ed25519 (§5), external trajectories (§6.3), validation (§7), coverage (§8.3),
-evaluations and the leaderboard (§8.5, §8.6), spot coverage (§8.7) and claim records (§10).
+evaluations and the leaderboard (§8.5, §8.6), spot coverage (§8.7) and claim records (§10);
+and, from docs/run-format.md, the data proofs (§8.5).
 
 It imports nothing from ``open1b``: the constants and the message schemas are read from the
 spec itself (the §2 table and the §5.3 CDDL), and every rule is a line below that says which
@@ -684,3 +685,132 @@ def replayed_steps(run: dict, atts: list[bytes], now: int, policy: dict) -> list
     """§8.7's ``replayed``: the steps replay coverage decided, verified or refuted."""
     return [s["step"] for s in coverage(run, atts, [], [], now, 1, policy)["steps"]
             if s["status"] in ("verified", "refuted")]
+
+
+# -- docs/run-format.md §8.5 data proofs ---------------------------------------------------------
+
+def merkle_verify(leaf: bytes, index: int, size: int, path: list[bytes], root: bytes) -> bool:
+    """An RFC 6962 audit path, leaf level first (RFC 9162 §2.1.3.2)."""
+    if not 0 <= index < size:
+        return False
+    h, fn, sn = b2(b"\0", leaf), index, size - 1
+    for p in path:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            h = b2(b"\1", p, h)
+            while not fn & 1 and fn != 0:
+                fn, sn = fn >> 1, sn >> 1
+        else:
+            h = b2(b"\1", h, p)
+        fn, sn = fn >> 1, sn >> 1
+    return sn == 0 and h == root
+
+
+def _int(v) -> int:
+    if type(v) is not int:
+        raise TypeError("not an integer")
+    return v
+
+
+def _hexstr(v) -> bytes:
+    if type(v) is not str or not set(v) <= set("0123456789abcdef"):
+        raise TypeError("not lowercase hex")
+    return bytes.fromhex(v)
+
+
+def _hash(v) -> bytes:
+    if type(v) is not str or len(v) != 64:
+        raise TypeError("not a hash")
+    return _hexstr(v)
+
+
+def _entry(e: dict) -> dict:
+    return {"index": _int(e["index"]), "start": _int(e["start"]), "end": _int(e["end"]), "path": [_hash(h) for h in e["path"]]}
+
+
+def parse_data_proof(p: dict) -> dict:
+    """§8.4's JSON, every field read and typed before any rule (§8.5: else `malformed`)."""
+    if p["kind"] == "included":
+        return {"kind": "included", "entry": _entry(p["entry"]),
+                "samples": [{"index": _int(s["index"]), "tokens": _hexstr(s["tokens"]), "path": [_hash(h) for h in s["path"]]}
+                            for s in p["samples"]],
+                "draws": [[_int(v) for v in d] for d in p["draws"] if len(d) == 5 or _int(None)]}
+    if p["kind"] == "never_drawn":
+        return {"kind": "never_drawn", "entry": _entry(p["entry"])}
+    if p["kind"] == "absent":
+        side = lambda s: None if s is None else {"digest": _hash(s["digest"]), "index": _int(s["index"]),  # noqa: E731
+                                                 "path": [_hash(h) for h in s["path"]]}
+        return {"kind": "absent", "lower": side(p["lower"]), "upper": side(p["upper"])}
+    raise ValueError("no such kind")
+
+
+def draw_index(c: dict, k: int, r: int, mu: int, j: int) -> int:
+    digest = b2(b"open1b/data/v2\0", struct.pack("<QQIII", c["seed"], k, r, mu, j))
+    return int.from_bytes(digest[:8], "little") % c["samples"]
+
+
+def held(c: dict, start: int, end: int) -> range:
+    """§8.1: the samples holding at least one token of [start, end)."""
+    stride = c["sample_len"] - 1
+    first = -(-(start - c["sample_len"] + 1) // stride)
+    return range(max(0, first), min(c["samples"], (end - 1) // stride + 1))
+
+
+def data_proof(c: dict, x: bytes, proof: dict) -> str:
+    """The code of §8.5 (``ok`` when the proof holds)."""
+    try:
+        p = parse_data_proof(proof)
+        return _data_rules(c, x, p)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return "malformed"
+
+
+def _data_rules(c: dict, x: bytes, p: dict) -> str:
+    d = b2(b"open1b/document/v1\0", x)
+    if p["kind"] == "absent":
+        lower, upper = p["lower"], p["upper"]
+        if lower is None and upper is None:
+            return "neighbours"  # rule 1
+        for s in (lower, upper):
+            if s is not None and not merkle_verify(s["digest"], s["index"], c["document_count"], s["path"],
+                                                   c["document_set_root"]):
+                return "neighbours"  # rule 2
+        if (lower is not None and not lower["digest"] < d) or (upper is not None and not d < upper["digest"]):
+            return "order"  # rule 3
+        if lower is not None and upper is not None:
+            adjacent = upper["index"] == lower["index"] + 1
+        elif upper is not None:
+            adjacent = upper["index"] == 0
+        else:
+            adjacent = lower["index"] == c["document_count"] - 1
+        return "ok" if adjacent else "adjacent"  # rule 4
+    e = p["entry"]
+    if not (0 <= e["start"] < e["end"] < 2**64 and e["end"] - e["start"] == len(x)) or not merkle_verify(
+            struct.pack("<QQ", e["start"], e["end"]) + d, e["index"], c["document_count"], e["path"], c["documents_root"]):
+        return "entry"  # rule 1
+    H = held(c, e["start"], e["end"])
+    rows = [(k, r, mu, j) for k in range(c["steps"]) for r in range(c["ranks"]) for mu in range(c["micro_batches"])
+            for j in range(c["micro_batch_size"])]
+    expected = [[*row, s] for row in rows if (s := draw_index(c, *row)) in H]
+    if p["kind"] == "never_drawn":
+        return "drawn" if expected else "ok"  # never drawn, rule 2
+    stride, tokens = c["sample_len"] - 1, {}
+    for s in p["samples"]:
+        t = s["tokens"]
+        if s["index"] not in H or s["index"] in tokens or len(t) != c["sample_len"] or not merkle_verify(
+                b2(b"open1b/sample/v1\0", b"\1", t), s["index"], c["samples"], s["path"], c["samples_root"]):
+            return "sample"  # rule 2
+        lo, hi = max(e["start"], s["index"] * stride), min(e["end"], s["index"] * stride + c["sample_len"])
+        if t[lo - s["index"] * stride:hi - s["index"] * stride] != x[lo - e["start"]:hi - e["start"]]:
+            return "sample"  # rule 3
+        tokens[s["index"]] = t
+    for k, r, mu, j, s in p["draws"]:
+        if not (0 <= k < c["steps"] and 0 <= r < c["ranks"] and 0 <= mu < c["micro_batches"]
+                and 0 <= j < c["micro_batch_size"]) or s not in tokens or draw_index(c, k, r, mu, j) != s:
+            return "draw"  # rule 4
+    if not p["draws"]:
+        return "draw"  # rule 5
+    if p["draws"] != expected:
+        return "incomplete"  # rule 6
+    return "ok"

@@ -16,7 +16,7 @@ import nacl.signing
 from ..vectors.common import typed, unhex, untyped
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
-SUITES = ("codec", "signing", "validation", "claims", "coverage", "trajectory", "evaluation", "spot")
+SUITES = ("codec", "signing", "validation", "claims", "coverage", "trajectory", "evaluation", "spot", "data")
 
 
 def cases(suite: str) -> list[tuple[str, dict]]:
@@ -121,7 +121,15 @@ def _spot(ref: ModuleType, c: dict):
     return result == c["result"] or "result differs"
 
 
-CHECKS = {"codec": _codec, "signing": _signing, "validation": _validation, "claims": _claims,
+def _data(ref: ModuleType, c: dict):
+    if "proof" not in c:
+        return True  # the corpus: what the other cases are about, nothing to judge
+    commitments = {k: unhex(v) if isinstance(v, str) else v for k, v in c["commitments"].items()}
+    code = ref.data_proof(commitments, unhex(c["document"]), c["proof"])
+    return (code == "ok", code) == (c["holds"], c["code"]) or code
+
+
+CHECKS = {"data": _data, "codec": _codec, "signing": _signing, "validation": _validation, "claims": _claims,
           "coverage": _coverage, "trajectory": _trajectory, "evaluation": _evaluation, "spot": _spot}
 
 
