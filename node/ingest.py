@@ -33,7 +33,6 @@ from open1b.protocol import (
     RunManifest,
     SpotCheck,
     SpotCoverage,
-    StepStatus,
     TrustPolicy,
     coverage,
     peer_id_from_public_key,
@@ -356,16 +355,16 @@ class Ingest:
         return sorted({s.step for s in self._run_spotchecks(run) if s.verdict == FAIL and self.trust.trusts(s.signer)})
 
     def spot_coverage(self, run: bytes, replay: Coverage) -> SpotCoverage:
-        """Spot-check status and escape probabilities (docs/protocol.md §8.7); ``replay``'s verified
-        steps count as checks that catch any forgery. Computed again only when the run's spot
-        checks, its verified steps or the trust policy changed (each pass re-checks every
+        """Spot-check status and escape probabilities (docs/protocol.md §8.7); the steps ``replay``
+        decided (verified or refuted) count as caught. Computed again only when the run's spot
+        checks, its decided steps or the trust policy changed (each pass re-checks every
         statement's challenge signatures: 0.23 s for 679)."""
-        verified = frozenset(s.step for s in replay.steps if s.status is StepStatus.VERIFIED)
+        decided = frozenset(replay.replayed_steps)
         statements = self._run_spotchecks(run)
-        key = (len(statements), verified, self.trust)
+        key = (len(statements), decided, self.trust)
         cached = self._spot_coverage.get(run)
         if cached is None or cached[0] != key:
-            cached = key, spot_coverage(self.manifests[run], statements, policy=self.trust, replayed=verified)
+            cached = key, spot_coverage(self.manifests[run], statements, policy=self.trust, replayed=decided)
             self._spot_coverage[run] = cached
         return cached[1]
 

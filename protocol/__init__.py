@@ -67,8 +67,8 @@ from .messages import (
 )
 from .signing import sign, signing_bytes, verify
 from .spotcheck import (
-    MAX_SPOTCHECK_SIZE, SpotCheck, SpotCoverage, SpotStatus, challenge_signature, derive_chunks, derive_slot,
-    slot_signature, spot_coverage,
+    MAX_SPOTCHECK_SIZE, SpotCheck, SpotCoverage, SpotStatus, StepSpotCoverage, challenge_signature, derive_chunks,
+    derive_slot, slot_signature, spot_coverage,
 )
 from .trajectory import ExternalRun, ExternalRunManifest, parse_state_hash_log, resolve_external_run
 from .witness import MAX_REVEAL_SIZE, WitnessReveal, witness_binding, witness_commitment
@@ -88,7 +88,7 @@ __all__ = [
     # judging
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
     "validate_sync_frame", "validate_eval", "evaluations", "leaderboard", "validate_spotcheck", "spot_coverage",
-    "SpotCoverage", "SpotStatus", "challenge_signature", "derive_chunks", "derive_slot", "slot_signature",
+    "SpotCoverage", "StepSpotCoverage", "SpotStatus", "challenge_signature", "derive_chunks", "derive_slot", "slot_signature",
     "escape_probability",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",

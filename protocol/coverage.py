@@ -114,6 +114,13 @@ class Coverage:
         return [s.step for s in self.steps if s.status is StepStatus.REFUTED]
 
     @property
+    def replayed_steps(self) -> list[int]:
+        """Steps counted replays decided, either way: verified or refuted. Neither can hide a
+        forgery any more, so the escape probability (§8.7) counts them as caught; a disputed step
+        is not decided and counts only its spot checks."""
+        return [s.step for s in self.steps if s.status in (StepStatus.VERIFIED, StepStatus.REFUTED)]
+
+    @property
     def complete(self) -> bool:
         """Every step has at least ``redundancy`` distinct attesters."""
         return all(s.attesters >= self.redundancy for s in self.steps)

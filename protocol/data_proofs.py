@@ -192,7 +192,7 @@ def proof_from_json(value: Mapping[str, Any]) -> DataProof:
         kind = value["kind"]
         if kind == "included":
             return InclusionProof(_entry(value["entry"]), tuple(
-                ProvenSample(_int(s["index"]), bytes.fromhex(s["tokens"]), _path(s["path"])) for s in value["samples"]),
+                ProvenSample(_int(s["index"]), _hex(s["tokens"]), _path(s["path"])) for s in value["samples"]),
                 tuple(Draw(*map(_int, d)) for d in value["draws"]))  # fmt: skip
         if kind == "never_drawn":
             return NeverDrawnProof(_entry(value["entry"]))
@@ -207,6 +207,13 @@ def _int(v: Any) -> int:
     if type(v) is not int:
         raise TypeError(f"{v!r} is not an integer")
     return v
+
+
+def _hex(v: Any) -> bytes:
+    """Lowercase hex without separators (bytes.fromhex alone would take upper case and spaces)."""
+    if type(v) is not str or not set(v) <= set("0123456789abcdef"):
+        raise TypeError(f"{v!r} is not lowercase hex")
+    return bytes.fromhex(v)
 
 
 def _path(v: Any) -> tuple[bytes, ...]:

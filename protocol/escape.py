@@ -4,9 +4,10 @@ A run of S steps has f forged steps, fixed when it was published. The checks com
 randomness the trainer could not know (§5.5), so which steps were checked is independent of
 which were forged: averaged over the forger's choice, the steps it forged are a uniform f-subset.
 Step k was spot checked n_k times, each check catching a forged step with probability at least
-p (§10.3 of docs/run-format.md), independently (each check has its own challenge); a replayed
-step catches any forgery. The forgery escapes step k with x_k = (1 - p)^{n_k} (0 when
-replayed), and the run escapes with
+p (§10.3 of docs/run-format.md), independently (each check has its own challenge); a step that
+replay decided (verified or refuted) or a spot check failed is *caught*: a forgery there did not
+go unnoticed. The forgery escapes step k with x_k = (1 - p)^{n_k} (0 when caught), and the run
+escapes with
 
     P(escape) = E_F [ prod_{k in F} x_k ] = e_f(x_1, ..., x_S) / C(S, f)
 
@@ -26,7 +27,8 @@ from typing import Iterable, Sequence
 def escape_probability(checks: Sequence[int], detection: float, forged: int,
                        replayed: Iterable[int] = ()) -> float:
     """P(a run with ``forged`` forged steps escaped): ``checks[k]`` spot checks of step k, each
-    catching a forged step with probability ``detection``; the steps in ``replayed`` catch any."""
+    catching a forged step with probability ``detection``; the steps in ``replayed`` are caught
+    (replay decided them, or a spot check failed them): no forgery escapes there."""
     steps = len(checks)
     if not 0 < forged <= steps:
         raise ValueError(f"forged must be in [1, {steps}]")

@@ -208,8 +208,10 @@ class SpotCoverage:
 def spot_coverage(run: Any, statements: Iterable[SpotCheck], *, policy: Any = None,
                   replayed: Iterable[int] = ()) -> SpotCoverage:
     """Spot-check status of every step of ``run`` (docs/protocol.md §8.7) and its escape
-    probabilities. ``replayed``: the steps replay coverage verified (they catch any forgery).
-    ``policy`` is a :class:`~.coverage.TrustPolicy` (default: every key counts)."""
+    probabilities. ``replayed``: the steps replay coverage decided, verified or refuted
+    (:attr:`~.coverage.Coverage.replayed_steps`). ``policy`` is a :class:`~.coverage.TrustPolicy`
+    (default: every key counts). Only the statements and the policy decide: nothing here asks the
+    engine, so two nodes with the same statements report the same numbers."""
     # 1. The statements about this run that pass its rules (§7), by counted keys.
     valid = [s for s in statements if s.run == run.run_id and _ok(s, run)
              and (policy is None or policy.trusts(s.signer))]
@@ -221,20 +223,23 @@ def spot_coverage(run: Any, statements: Iterable[SpotCheck], *, policy: Any = No
         fails = sorted({s.digest: s for s in at_k if s.verdict == FAIL}.values(), key=lambda s: s.digest)
         passers = {s.signer for s in at_k if s.verdict == PASS}
         # 2. A check is one key's challenge: a key that signs twice checked the same slot and chunks.
+        #    A failed step still lists its passes: they were checks, and a later fail does not undo them.
         checks.append(len(passers))
         status = SpotStatus.FAILED if fails else SpotStatus.SPOT_CHECKED if passers else SpotStatus.UNCHECKED
         out.append(StepSpotCoverage(k, status, tuple(sorted(peer_id_from_public_key(p) for p in passers)),
                                     tuple(sorted({s.caught for s in fails})), tuple(s.digest for s in fails)))
-    # 3. The escape probabilities (§8.7), with one check per counted key and step.
+    # 3-4. The escape probabilities, with one check per counted key and step. A step that replay
+    #      decided or a spot check failed is caught: a forgery there did not go unnoticed.
     p = detection_per_check(run)
-    done = set(replayed)
-    return SpotCoverage(run.run_id, tuple(out), p, escape_probability(checks, p, 1, done),
-                        escape_probability(checks, p, forged_steps_at(ESCAPE_FRACTION, run.steps), done))
+    caught = set(replayed) | {s.step for s in out if s.status is SpotStatus.FAILED}
+    return SpotCoverage(run.run_id, tuple(out), p, escape_probability(checks, p, 1, caught),
+                        escape_probability(checks, p, forged_steps_at(ESCAPE_FRACTION, run.steps), caught))
 
 
 def detection_per_check(run: Any) -> float:
     """The least probability that one spot check of a forged step catches it, over the forgeries
-    of docs/run-format.md §10.3: 1 / (ranks × micro_batches), the forged micro-batch's."""
+    of docs/run-format.md §10.3: 1 / (ranks × micro_batches), the forged micro-batch's; 0 for a
+    run whose ``model`` map names no topology (no spot check of it is valid, §7)."""
     slots = run_slots(run)
     return 1.0 / slots if slots else 0.0
 

@@ -73,3 +73,20 @@ def holds(key: bytes, message: bytes, sig: bytes) -> bool:
     k = int.from_bytes(hashlib.sha512(sig[:32] + key + message).digest(), "little") % L
     s = int.from_bytes(sig[32:], "little")
     return _encode(_add(_mul(s, BASE), _mul(k, minus_a))) == sig[:32]
+
+
+@functools.lru_cache(maxsize=None)
+def holds_cofactored(key: bytes, message: bytes, sig: bytes) -> bool:
+    """ZIP-215's cofactored equation, [8]([S]B - [k]A - R) = identity with A and R decoded as points
+    (y read mod p): the equation §5.4 does *not* use, for the mutant that reads it."""
+    points = []
+    for enc in (key, sig[:32]):
+        y = int.from_bytes(enc, "little") & ((1 << 255) - 1)
+        x = _x(y % P, enc[31] >> 7)
+        if x is None:
+            return False
+        points.append(_point(P - x if x else 0, y % P))  # -A, -R
+    k = int.from_bytes(hashlib.sha512(sig[:32] + key + message).digest(), "little") % L
+    s = int.from_bytes(sig[32:], "little")
+    d = _mul(8, _add(_add(_mul(s, BASE), _mul(k, points[0])), points[1]))
+    return d[0] % P == 0 and (d[1] - d[2]) % P == 0

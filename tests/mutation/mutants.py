@@ -36,6 +36,14 @@ MUTANTS = [
         '    if pos != len(data):\n        raise Refused("malformed")  # bytes after the data item\n'
         '    if any(b & 31 == 31 for b in data):\n        raise Refused("non_canonical")'),
        ('        if info >= 28:', '        if 28 <= info <= 30:')),
+    _m("key-type-before-indefinite", "§3.2", "a map key's type is judged before its indefinite length",
+       ("        if info == 31:\n            raise Refused(\"non_canonical\")  # rule 1: an indefinite length or a break\n",
+        "        if is_key and major != 3:\n            raise Refused(\"malformed\")\n"
+        "        if info == 31:\n            raise Refused(\"non_canonical\")\n")),
+    _m("depth-before-indefinite", "§3.2", "an array too deep is judged before its indefinite length",
+       ("        if info == 31:\n            raise Refused(\"non_canonical\")  # rule 1: an indefinite length or a break\n",
+        "        if major in (4, 5) and len(open_items) - 1 >= MAX_DEPTH:\n            raise Refused(\"malformed\")\n"
+        "        if info == 31:\n            raise Refused(\"non_canonical\")\n")),
     _m("keys-any-type", "§3.1", "map keys may be of any type, sorted bytewise",
        ("        if is_key and major != 3:\n            raise Refused(\"malformed\")  # rule 4: map keys are text\n", "")),
     _m("tags-allowed", "§3.1", "tags decode as their values",
@@ -135,6 +143,9 @@ MUTANTS = [
        ("SMALL_ORDER_Y = {0, 1, P - 1, Y8, P - Y8, P, P + 1}", "SMALL_ORDER_Y = {0, 1, P - 1, P, P + 1}")),
     _m("small-order-r", "§5.4", "R is only compared, never checked for small order",
        ("    if _y(sig[:32]) in SMALL_ORDER_Y:\n        return False  # rule 4\n", "")),
+    _m("cofactored-equation", "§5.4 rule 5", "rule 5 is ZIP-215's cofactored equation (with the byte rules 1-4)",
+       ("    return ed25519_equation.holds(key, message, sig)  # rule 5",
+        "    return ed25519_equation.holds_cofactored(key, message, sig)")),
     _m("version-1-context", "§5.1", "the signing context keeps v1",
        ('b"open1b/v%d/sig\\0" % CONST["PROTOCOL_VERSION"]', 'b"open1b/v1/sig\\0"')),
     # §6.3 external trajectories
@@ -148,6 +159,12 @@ MUTANTS = [
        ("not 0 <= step <= 2**64 - 1", "not 0 <= step")),
     _m("first-line-wins", "§6.3", "the first line of a step wins",
        ("            log[step] = digest  # the last line of a step wins", "            log.setdefault(step, digest)")),
+    _m("last-line-needs-lf", "§6.3", "a line is what an LF ends: text after the last LF is not a line",
+       ('        for line in data.decode("utf-8").split("\\n"):', '        for line in data.decode("utf-8").split("\\n")[:-1]:')),
+    _m("keyless-lines-skipped", "§6.3", "a line without the step or state_hash key is not a state-hash line: skipped",
+       ("            step, digest = parse_line(line)\n",
+        "            try:\n                step, digest = parse_line(line)\n            except KeyError:\n"
+        "                continue\n")),
     _m("lower-case-hex", "§6.3", "state hashes are lower-case hex",
        ('r"[0-9a-fA-F]{64}"', 'r"[0-9a-f]{64}"')),
     # §7 validation
@@ -211,7 +228,21 @@ MUTANTS = [
         '    if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):\n        raise Refused("device")\n'
         '    if kind == "eval" and (m["verdict"] == "mismatch") == (m["loss"] == m["claimed"]):\n'
         '        raise Refused("eval_verdict")\n')),
+    _m("eval-result-unchecked", "§5.3", "only a match and a mismatch are held to their loss rule",
+       ('(m["verdict"] == "mismatch") == (m["loss"] == m["claimed"])',
+        '((m["verdict"] == "match" and m["loss"] != m["claimed"]) or (m["verdict"] == "mismatch" and m["loss"] == '
+        'm["claimed"]))')),
+    _m("missing-v-is-missing-field", "§5.2 step 3", "a message without v is judged by the schema (missing_field)",
+       ('if type(value.get("v")) is not int or value["v"] != CONST["PROTOCOL_VERSION"]:',
+        'if "v" in value and (type(value["v"]) is not int or value["v"] != CONST["PROTOCOL_VERSION"]):')),
+    _m("device-backend-alone", "§5.2", "a backend alone is a device class (the part is optional)",
+       ('DEVICE = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?")',
+        'DEVICE = re.compile(r"(cpu|cuda)(/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?)?")')),
     # §10 claim records
+    _m("record-lease-length", "§10", "a record whose lease is longer than MAX_LEASE_SECONDS is invalid",
+       ('return c if claim_key(c["run"], c["step"], c["slot"]) == key else None',
+        'return c if claim_key(c["run"], c["step"], c["slot"]) == key and '
+        'c["lease_expiry"] - c["issued_at"] <= CONST["MAX_LEASE_SECONDS"] else None')),
     _m("older-round-wins", "§10", "an older lease round wins", ('(-(c["issued_at"] //', '((c["issued_at"] //')),
     _m("latest-in-round", "§10", "within a round the latest claim wins",
        ('CONST["LEASE_ROUND_SECONDS"]), c["issued_at"],', 'CONST["LEASE_ROUND_SECONDS"]), -c["issued_at"],')),
@@ -285,6 +316,22 @@ MUTANTS = [
     _m("contradiction-cites-flagged", "§8.3 step 8", "a contradiction cites the lowest backer, flagged or not",
        ("conflicting = lowest([att(k, J, s1[k]) for J in (honest or backers)])",
         "conflicting = lowest([att(k, J, s1[k]) for J in backers])")),
+    _m("copier-no-fallback", "§8.3 step 5", "a copier flag cites only a prover that is not a copier",
+       ('"conflicting": lowest(honest or others)["digest"]', '"conflicting": lowest(honest)["digest"]')),
+    _m("copier-statement-highest", "§8.3 step 5", "a copier flag cites its latest (highest) unbound match",
+       ('"statement": lowest([u for u in unbound if u["signer"] == key and u["step"] == k])["digest"]',
+        '"statement": max([u for u in unbound if u["signer"] == key and u["step"] == k],'
+        ' key=lambda m: m["digest"])["digest"]')),
+    _m("contradiction-statement-highest", "§8.3 step 8", "case (a) cites the highest of the key's other results",
+       ('statement = lowest([att(k, K, p) for p in posts(k, K) if p != s1[k]])["digest"]',
+        'statement = max([att(k, K, p) for p in posts(k, K) if p != s1[k]], key=lambda m: m["digest"])["digest"]')),
+    _m("contradiction-no-fallback", "§8.3 step 8", "case (a) cites only a backer that is not a contradictor",
+       ("for J in (honest or backers)])", "for J in honest])")),
+    _m("contradiction-fallback-without-self", "§8.3 step 8", "the fallback leaves the flagged key's own match out",
+       ("for J in (honest or backers)])", "for J in (honest or [J for J in backers if J != K])])")),
+    _m("contradiction-backers-include-copiers", "§8.3 step 8", "a copier's report of s1 may be cited",
+       ("backers = [J for J in keys_of[k] if J not in copied and s1[k] in posts(k, J)]",
+        "backers = [J for J in keys_of[k] if s1[k] in posts(k, J)]")),
     _m("copier-flag-wins", "§8.3 step 9", "a copier flag is kept over a contradiction",
        ("    flags = {**copier_flags, **contradiction_flags}", "    flags = {**contradiction_flags, **copier_flags}")),
     _m("settle-once", "§8.3 step 11", "refuted is decided by the first settlement",
@@ -328,4 +375,113 @@ MUTANTS = [
         '    if [m["engine"], m["engine_version"]] != [run["engine"], run["engine_version"]]:\n'
         '        raise Refused("engine")\n    if m["pre_state"] != run["h"][m["step"]]:\n'
         '        raise Refused("pre_state")\n    body')),
+]
+
+MUTANTS += [
+    # §8.5 evaluations
+    _m("eval-check-of-any-number", "§8.5 step 3", "a check counts whatever loss it claims",
+       ('e["verdict"] != "result" and e["claimed"] == loss and counted(e["signer"])]',
+        'e["verdict"] != "result" and counted(e["signer"])]')),
+    _m("eval-mismatch-of-any-number", "§8.5 step 3", "a mismatch disputes whatever loss it claims",
+       ('e["verdict"] != "result" and e["claimed"] == loss and counted(e["signer"])]',
+        'e["verdict"] != "result" and (e["claimed"] == loss or e["verdict"] == "mismatch") and counted(e["signer"])]')),
+    _m("eval-checks-any-key", "§8.5 step 3", "every key's check counts, whatever the policy",
+       ('e["claimed"] == loss and counted(e["signer"])]', 'e["claimed"] == loss]')),
+    _m("eval-certified-before-mismatch", "§8.5 step 4", "enough matches certify, whatever a mismatch says",
+       ('status = "disputed" if mismatches else "certified" if len(checkers) >= m else "unchecked"  # 4.',
+        'status = "certified" if len(checkers) >= m else "disputed" if mismatches else "unchecked"')),
+    _m("eval-min-keys-exclusive", "§8.5 step 4", "more than m keys certify",
+       ("if len(checkers) >= m else", "if len(checkers) > m else")),
+    _m("eval-first-result-wins", "§8.5 step 2", "of two results, the lowest digest's loss stands",
+       ('        losses = {e["loss"] for e in results}\n',
+        '        losses = {min(results, key=lambda e: e["digest"])["loss"]} if results else set()\n')),
+    # §8.6 leaderboard
+    _m("board-best-loss", "§8.6", "a run is ranked at its best certified loss",
+       ('latest = certified[-1] if certified else None  # the largest certified state',
+        'latest = min(certified, key=lambda e: _f32(e["loss"])) if certified else None')),
+    _m("board-last-finite", "§8.6 rule 2.2", "a NaN evaluation is passed over for the last finite one",
+       ('latest = certified[-1] if certified else None  # the largest certified state',
+        'finite = [e for e in certified if 0 <= _f32(e["loss"]) < math.inf]\n'
+        '        latest = (finite or certified)[-1] if certified else None')),
+    _m("board-refuted-ranked", "§8.6 rule 2.4", "only a disputed step keeps a run off the board (refuted is its own status)",
+       ('disputed_steps = sum(s["status"] in ("disputed", "refuted") for s in cov["steps"])',
+        'disputed_steps = sum(s["status"] == "disputed" for s in cov["steps"])')),
+    _m("board-steps-before-evaluations", "§8.6 rule 2", "disputed steps are named before a disputed evaluation",
+       ('        elif disputed:\n            reason = "disputed evaluation"\n        elif disputed_steps:\n'
+        '            reason = "disputed steps"\n',
+        '        elif disputed_steps:\n            reason = "disputed steps"\n        elif disputed:\n'
+        '            reason = "disputed evaluation"\n')),
+    _m("board-disputes-before-loss", "§8.6 rule 2", "a disputed evaluation is named before a bad loss",
+       ('        elif not 0 <= _f32(latest["loss"]) < math.inf:\n            reason = "not a finite, non-negative loss"\n'
+        '        elif disputed:\n            reason = "disputed evaluation"\n',
+        '        elif disputed:\n            reason = "disputed evaluation"\n'
+        '        elif not 0 <= _f32(latest["loss"]) < math.inf:\n            reason = "not a finite, non-negative loss"\n')),
+    _m("board-one-ranking", "§8.6 rule 3", "ranks count over every run, whatever its evaluation set",
+       ('        place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1\n        r["rank"] = place[r["eval_set"]]\n',
+        '        place[""] = place.get("", 0) + 1\n        r["rank"] = place[""]\n')),
+    _m("board-ties-share", "§8.6 rule 3", "equal losses share a rank",
+       ('    for r in ranked:\n        place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1\n',
+        '    for i, r in enumerate(ranked):\n        if not (i and r["eval_set"] == ranked[i - 1]["eval_set"]'
+        ' and r["loss_bits"] == ranked[i - 1]["loss_bits"]):\n'
+        '            place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1\n')),
+    _m("board-devices-of-every-step", "§8.6 rule 1", "devices are those of every step's counted matches",
+       ('for s in cov["steps"] if s["status"] == "verified" for d in s["devices"]',
+        'for s in cov["steps"] for d in s["devices"]')),
+    # §8.7 spot coverage
+    _m("spot-failed-not-caught", "§8.7 step 4", "a failed step counts as unchecked in the escape probability",
+       ('caught = set(replayed) | {s["step"] for s in steps if s["status"] == "failed"}', "caught = set(replayed)")),
+    _m("spot-refuted-not-caught", "§8.7 step 4", "only a verified step is replayed (r8's reading)",
+       ('            if s["status"] in ("verified", "refuted")]', '            if s["status"] == "verified"]')),
+    _m("spot-disputed-caught", "§8.7 step 4", "a disputed step is caught too",
+       ('            if s["status"] in ("verified", "refuted")]', '            if s["status"] in ("verified", "refuted", "disputed")]')),
+    _m("spot-failed-lists-no-checkers", "§8.7 step 2", "a failed step has no checkers",
+       ('"status": status, "checkers": checkers,', '"status": status, "checkers": [] if fails else checkers,')),
+    _m("spot-checks-are-statements", "§8.7 step 2", "n_k counts pass statements, not keys",
+       ('else (1 - p) ** len(s["checkers"]) for s in steps]',
+        'else (1 - p) ** sum(t["step"] == s["step"] and t["verdict"] == "pass" for t in S) for s in steps]')),
+    _m("spot-any-key", "§8.7 step 1", "every key's spot checks count, whatever the policy",
+       ('S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])]',
+        'S = _statements(spotchecks, "spotcheck", run)')),
+    _m("spot-chunk-count-judged", "§8.7 step 1", "a spot check that names fewer chunks than a challenge opens is dropped",
+       ('S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])]',
+        'S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])'
+        ' and s["chunks_total"] >= CONST["CHALLENGE_CHUNKS"]]')),
+    _m("spot-links-repeated", "§8.7 step 2", "caught lists every fail's link",
+       ('"caught": sorted({s["caught"] for s in fails})', '"caught": sorted(s["caught"] for s in fails)')),
+    _m("spot-detection-per-rank", "§8.7 step 3", "one check catches a forged rank: p = 1 / ranks",
+       ("Fraction(1, ranks * micro) if topology", "Fraction(1, ranks) if topology")),
+    _m("spot-no-topology-certain", "§8.7 step 3", "without a topology a check is certain (p = 1)",
+       ("if topology else Fraction(0)  # 3. detection", "if topology else Fraction(1)")),
+    _m("spot-fraction-floor", "§8.7 step 5", "1% of the steps is rounded down (at least one)",
+       ('max(1, math.ceil(Fraction(run["steps"], 100)))', 'max(1, run["steps"] // 100)')),
+    _m("spot-escape-independent", "§8.7 step 5", "each forged step lands anywhere, independently: (mean x)^f",
+       ("    return e[f] / math.comb(len(x), f)", "    return (sum(x) / len(x)) ** f")),
+]
+
+MUTANTS += [
+    # docs/run-format.md §8.5 data proofs
+    _m("data-malformed-when-read", "run format §8.5", "a malformed field fails only when a rule reads it",
+       ('"tokens": _hexstr(s["tokens"]),', '"tokens": s["tokens"],'),
+       ('        t = s["tokens"]\n', '        t = bytes.fromhex(s["tokens"])\n')),
+    _m("data-hash-any-case", "run format §8.4", "hashes may be upper-case hex",
+       ('    if type(v) is not str or len(v) != 64:\n        raise TypeError("not a hash")\n    return _hexstr(v)',
+        '    if type(v) is not str or len(v) != 64:\n        raise TypeError("not a hash")\n    return bytes.fromhex(v)')),
+    _m("data-whole-floats", "run format §8.4", "an integer may be written 2.0",
+       ('def _int(v) -> int:\n    if type(v) is not int:',
+        'def _int(v) -> int:\n    v = int(v) if type(v) is float and v.is_integer() else v\n    if type(v) is not int:')),
+    _m("data-samples-do-not-overlap", "run format §8.1", "sample s holds tokens [s(L-1), (s+1)(L-1)): its last token is the next one's",
+       ('first = -(-(start - c["sample_len"] + 1) // stride)', 'first = -(-start // stride)')),
+    _m("data-last-token-exclusive", "run format §8.1", "the last sample is the one holding token end - 2",
+       ('(end - 1) // stride + 1))', '(end - 2) // stride + 1))')),
+    _m("data-draws-any-order", "run format §8.5 rule 6", "the draws are every draw, in any order",
+       ('    if p["draws"] != expected:', '    if sorted(p["draws"]) != sorted(expected):')),
+    _m("data-completeness-skipped", "run format §8.5 rule 6", "a verifier MAY skip completeness (r8's text)",
+       ('    if p["draws"] != expected:\n        return "incomplete"  # rule 6\n', "")),
+    _m("data-never-drawn-first-sample", "run format §8.5", "never drawn: no draw of the document's first sample",
+       ('        return "drawn" if expected else "ok"  # never drawn, rule 2',
+        '        return "drawn" if any(s == H.start for *_, s in expected) else "ok"')),
+    _m("data-tokens-not-compared", "run format §8.5 rule 3", "a proven sample in the range holds the document",
+       ('            return "sample"  # rule 3\n', '            pass\n')),
+    _m("data-lower-only-anywhere", "run format §8.5 absent rule 4", "a lone lower neighbour may be any leaf",
+       ('            adjacent = lower["index"] == c["document_count"] - 1', '            adjacent = True')),
 ]

@@ -1,6 +1,7 @@
 """A second reading of docs/protocol.md, written from its text alone: the codec (§3), message
-decoding and strict Ed25519 (§5), external trajectories (§6.3), validation (§7), coverage (§8.3)
-and claim records (§10).
+decoding and strict Ed25519 (§5), external trajectories (§6.3), validation (§7), coverage (§8.3),
+evaluations and the leaderboard (§8.5, §8.6), spot coverage (§8.7) and claim records (§10);
+and, from docs/run-format.md, the data proofs (§8.5).
 
 It imports nothing from ``open1b``: the constants and the message schemas are read from the
 spec itself (the §2 table and the §5.3 CDDL), and every rule is a line below that says which
@@ -15,6 +16,8 @@ import hashlib
 import json
 import math
 import re
+import struct
+from fractions import Fraction
 from pathlib import Path
 
 import cbor2
@@ -565,3 +568,249 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
     # 12. run
     return {"complete": all(s["attesters"] >= redundancy for s in steps), "steps": steps,
             "flagged": sorted(flags.values(), key=lambda f: f["signer"]), "untrusted": sorted(map(peer_id, untrusted))}
+
+
+# -- §8.5 evaluations ----------------------------------------------------------------------------
+
+def _counts(policy: dict):
+    return (lambda key: True) if policy["name"] == "open" else (lambda key: peer_id(key) in policy["roots"])
+
+
+def _schedule(run: dict) -> list[int]:
+    every, root = run["data"].get("eval_every"), run["data"].get("eval_root")
+    if type(every) is not int or every < 1 or type(root) is not str:
+        return []
+    return list(range(every, run["steps"] + 1, every))
+
+
+def evaluations(run: dict, evals: list[bytes], policy: dict, m: int) -> list[dict]:
+    counted = _counts(policy)
+    E = _statements(evals, "eval", run)  # 1. statements: decoded, of the run, §7's rules (dates not judged)
+    out = []
+    for k in _schedule(run):
+        at = [e for e in E if e["state"] == k]
+        results = [e for e in at if e["verdict"] == "result"]
+        losses = {e["loss"] for e in results}
+        if len(losses) != 1:  # 2. none: unchecked; two or more: disputed, the results as evidence
+            out.append({"state": k, "status": "disputed" if losses else "unchecked", "loss": None, "checkers": [],
+                        "dissenters": [], "evidence": sorted(e["digest"] for e in results), "devices": []})
+            continue
+        loss = losses.pop()
+        checks = [e for e in at if e["verdict"] != "result" and e["claimed"] == loss and counted(e["signer"])]  # 3.
+        matches = [e for e in checks if e["verdict"] == "match"]
+        mismatches = [e for e in checks if e["verdict"] == "mismatch"]
+        checkers = sorted({peer_id(e["signer"]) for e in matches})
+        status = "disputed" if mismatches else "certified" if len(checkers) >= m else "unchecked"  # 4.
+        out.append({"state": k, "status": status, "loss": loss, "checkers": checkers,
+                    "dissenters": sorted({peer_id(e["signer"]) for e in mismatches}),
+                    "evidence": sorted(e["digest"] for e in mismatches), "devices": sorted({e["device"] for e in matches})})
+    return out
+
+
+# -- §8.6 leaderboard ----------------------------------------------------------------------------
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def leaderboard(runs: list[dict], atts: list[bytes], evals: list[bytes], now: int, policy: dict, m: int) -> list[dict]:
+    rows = []
+    for run in runs:
+        if not _schedule(run):
+            continue
+        cov = coverage(run, atts, [], [], now, 1, policy)
+        evs = evaluations(run, evals, policy, m)
+        certified = [e for e in evs if e["status"] == "certified"]
+        latest = certified[-1] if certified else None  # the largest certified state
+        disputed = sum(e["status"] == "disputed" for e in evs)
+        disputed_steps = sum(s["status"] in ("disputed", "refuted") for s in cov["steps"])
+        if latest is None:
+            reason = "no certified evaluation"
+        elif not 0 <= _f32(latest["loss"]) < math.inf:
+            reason = "not a finite, non-negative loss"
+        elif disputed:
+            reason = "disputed evaluation"
+        elif disputed_steps:
+            reason = "disputed steps"
+        else:
+            reason = ""
+        rows.append({"run": run["id"], "eval_set": run["data"]["eval_root"], "rank": None,
+                     "loss_bits": latest["loss"] if latest else None, "eval_state": latest["state"] if latest else None,
+                     "evaluations": {"certified": len(certified), "disputed": disputed,
+                                     "unchecked": len(evs) - len(certified) - disputed},
+                     "verified_steps": sum(s["status"] == "verified" for s in cov["steps"]), "steps": run["steps"],
+                     "disputed_steps": disputed_steps,
+                     "devices": sorted({d for s in cov["steps"] if s["status"] == "verified" for d in s["devices"]}),
+                     "reason": reason})
+    ranked = sorted((r for r in rows if not r["reason"]), key=lambda r: (r["eval_set"], _f32(r["loss_bits"]), r["run"]))
+    place: dict[str, int] = {}
+    for r in ranked:
+        place[r["eval_set"]] = place.get(r["eval_set"], 0) + 1
+        r["rank"] = place[r["eval_set"]]
+    return ranked + sorted((r for r in rows if r["reason"]), key=lambda r: (r["eval_set"], r["run"]))
+
+
+# -- §8.7 spot coverage --------------------------------------------------------------------------
+
+def escape(x: list[Fraction], f: int) -> Fraction:
+    """e_f(x) / C(N, f), exactly."""
+    e = [Fraction(1)] + [Fraction(0)] * f
+    for xk in x:
+        for j in range(f, 0, -1):
+            e[j] += e[j - 1] * xk
+    return e[f] / math.comb(len(x), f)
+
+
+def spot_coverage(run: dict, spotchecks: list[bytes], replayed: list[int], policy: dict) -> dict:
+    counted = _counts(policy)
+    S = [s for s in _statements(spotchecks, "spotcheck", run) if counted(s["signer"])]  # 1. (dates not judged)
+    steps = []
+    for k in range(run["steps"]):
+        at = [s for s in S if s["step"] == k]
+        fails = [s for s in at if s["verdict"] == "fail"]
+        checkers = sorted({peer_id(s["signer"]) for s in at if s["verdict"] == "pass"})  # 2. passes, any status
+        status = "failed" if fails else "spot_checked" if checkers else "unchecked"
+        steps.append({"step": k, "status": status, "checkers": checkers, "caught": sorted({s["caught"] for s in fails}),
+                      "evidence": sorted({s["digest"] for s in fails})})
+    ranks, micro = run["model"].get("ranks"), run["model"].get("micro_batches")
+    topology = type(ranks) is int and type(micro) is int and ranks >= 1 and micro >= 1
+    p = Fraction(1, ranks * micro) if topology else Fraction(0)  # 3. detection
+    caught = set(replayed) | {s["step"] for s in steps if s["status"] == "failed"}  # 4. caught steps
+    x = [Fraction(0) if s["step"] in caught else (1 - p) ** len(s["checkers"]) for s in steps]  # 5. escape
+    return {"steps": steps, "detection": p, "escape_one": escape(x, 1),
+            "escape_fraction": escape(x, max(1, math.ceil(Fraction(run["steps"], 100))))}
+
+
+def replayed_steps(run: dict, atts: list[bytes], now: int, policy: dict) -> list[int]:
+    """§8.7's ``replayed``: the steps replay coverage decided, verified or refuted."""
+    return [s["step"] for s in coverage(run, atts, [], [], now, 1, policy)["steps"]
+            if s["status"] in ("verified", "refuted")]
+
+
+# -- docs/run-format.md §8.5 data proofs ---------------------------------------------------------
+
+def merkle_verify(leaf: bytes, index: int, size: int, path: list[bytes], root: bytes) -> bool:
+    """An RFC 6962 audit path, leaf level first (RFC 9162 §2.1.3.2)."""
+    if not 0 <= index < size:
+        return False
+    h, fn, sn = b2(b"\0", leaf), index, size - 1
+    for p in path:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            h = b2(b"\1", p, h)
+            while not fn & 1 and fn != 0:
+                fn, sn = fn >> 1, sn >> 1
+        else:
+            h = b2(b"\1", h, p)
+        fn, sn = fn >> 1, sn >> 1
+    return sn == 0 and h == root
+
+
+def _int(v) -> int:
+    if type(v) is not int:
+        raise TypeError("not an integer")
+    return v
+
+
+def _hexstr(v) -> bytes:
+    if type(v) is not str or not set(v) <= set("0123456789abcdef"):
+        raise TypeError("not lowercase hex")
+    return bytes.fromhex(v)
+
+
+def _hash(v) -> bytes:
+    if type(v) is not str or len(v) != 64:
+        raise TypeError("not a hash")
+    return _hexstr(v)
+
+
+def _entry(e: dict) -> dict:
+    return {"index": _int(e["index"]), "start": _int(e["start"]), "end": _int(e["end"]), "path": [_hash(h) for h in e["path"]]}
+
+
+def parse_data_proof(p: dict) -> dict:
+    """§8.4's JSON, every field read and typed before any rule (§8.5: else `malformed`)."""
+    if p["kind"] == "included":
+        return {"kind": "included", "entry": _entry(p["entry"]),
+                "samples": [{"index": _int(s["index"]), "tokens": _hexstr(s["tokens"]), "path": [_hash(h) for h in s["path"]]}
+                            for s in p["samples"]],
+                "draws": [[_int(v) for v in d] for d in p["draws"] if len(d) == 5 or _int(None)]}
+    if p["kind"] == "never_drawn":
+        return {"kind": "never_drawn", "entry": _entry(p["entry"])}
+    if p["kind"] == "absent":
+        side = lambda s: None if s is None else {"digest": _hash(s["digest"]), "index": _int(s["index"]),  # noqa: E731
+                                                 "path": [_hash(h) for h in s["path"]]}
+        return {"kind": "absent", "lower": side(p["lower"]), "upper": side(p["upper"])}
+    raise ValueError("no such kind")
+
+
+def draw_index(c: dict, k: int, r: int, mu: int, j: int) -> int:
+    digest = b2(b"open1b/data/v2\0", struct.pack("<QQIII", c["seed"], k, r, mu, j))
+    return int.from_bytes(digest[:8], "little") % c["samples"]
+
+
+def held(c: dict, start: int, end: int) -> range:
+    """§8.1: the samples holding at least one token of [start, end)."""
+    stride = c["sample_len"] - 1
+    first = -(-(start - c["sample_len"] + 1) // stride)
+    return range(max(0, first), min(c["samples"], (end - 1) // stride + 1))
+
+
+def data_proof(c: dict, x: bytes, proof: dict) -> str:
+    """The code of §8.5 (``ok`` when the proof holds)."""
+    try:
+        p = parse_data_proof(proof)
+        return _data_rules(c, x, p)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return "malformed"
+
+
+def _data_rules(c: dict, x: bytes, p: dict) -> str:
+    d = b2(b"open1b/document/v1\0", x)
+    if p["kind"] == "absent":
+        lower, upper = p["lower"], p["upper"]
+        if lower is None and upper is None:
+            return "neighbours"  # rule 1
+        for s in (lower, upper):
+            if s is not None and not merkle_verify(s["digest"], s["index"], c["document_count"], s["path"],
+                                                   c["document_set_root"]):
+                return "neighbours"  # rule 2
+        if (lower is not None and not lower["digest"] < d) or (upper is not None and not d < upper["digest"]):
+            return "order"  # rule 3
+        if lower is not None and upper is not None:
+            adjacent = upper["index"] == lower["index"] + 1
+        elif upper is not None:
+            adjacent = upper["index"] == 0
+        else:
+            adjacent = lower["index"] == c["document_count"] - 1
+        return "ok" if adjacent else "adjacent"  # rule 4
+    e = p["entry"]
+    if not (0 <= e["start"] < e["end"] < 2**64 and e["end"] - e["start"] == len(x)) or not merkle_verify(
+            struct.pack("<QQ", e["start"], e["end"]) + d, e["index"], c["document_count"], e["path"], c["documents_root"]):
+        return "entry"  # rule 1
+    H = held(c, e["start"], e["end"])
+    rows = [(k, r, mu, j) for k in range(c["steps"]) for r in range(c["ranks"]) for mu in range(c["micro_batches"])
+            for j in range(c["micro_batch_size"])]
+    expected = [[*row, s] for row in rows if (s := draw_index(c, *row)) in H]
+    if p["kind"] == "never_drawn":
+        return "drawn" if expected else "ok"  # never drawn, rule 2
+    stride, tokens = c["sample_len"] - 1, {}
+    for s in p["samples"]:
+        t = s["tokens"]
+        if s["index"] not in H or s["index"] in tokens or len(t) != c["sample_len"] or not merkle_verify(
+                b2(b"open1b/sample/v1\0", b"\1", t), s["index"], c["samples"], s["path"], c["samples_root"]):
+            return "sample"  # rule 2
+        lo, hi = max(e["start"], s["index"] * stride), min(e["end"], s["index"] * stride + c["sample_len"])
+        if t[lo - s["index"] * stride:hi - s["index"] * stride] != x[lo - e["start"]:hi - e["start"]]:
+            return "sample"  # rule 3
+        tokens[s["index"]] = t
+    for k, r, mu, j, s in p["draws"]:
+        if not (0 <= k < c["steps"] and 0 <= r < c["ranks"] and 0 <= mu < c["micro_batches"]
+                and 0 <= j < c["micro_batch_size"]) or s not in tokens or draw_index(c, k, r, mu, j) != s:
+            return "draw"  # rule 4
+    if not p["draws"]:
+        return "draw"  # rule 5
+    if p["draws"] != expected:
+        return "incomplete"  # rule 6
+    return "ok"

@@ -16,7 +16,7 @@ import nacl.signing
 from ..vectors.common import typed, unhex, untyped
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
-SUITES = ("codec", "signing", "validation", "claims", "coverage", "trajectory")
+SUITES = ("codec", "signing", "validation", "claims", "coverage", "trajectory", "evaluation", "spot", "data")
 
 
 def cases(suite: str) -> list[tuple[str, dict]]:
@@ -92,8 +92,45 @@ def _trajectory(ref: ModuleType, c: dict):
     return "error" not in want and ["0x" + h.hex() for h in run["h"]] == want["state_hashes"] or "resolved"
 
 
-CHECKS = {"codec": _codec, "signing": _signing, "validation": _validation, "claims": _claims,
-          "coverage": _coverage, "trajectory": _trajectory}
+def _hexed(value):
+    """The vectors' JSON of a reading's result: bytes as 0x-hex, inside lists and maps too."""
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if isinstance(value, list):
+        return [_hexed(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _hexed(v) for k, v in value.items()}
+    return value
+
+
+def _evaluation(ref: ModuleType, c: dict):
+    runs = [ref.load_run(unhex(r)) for r in c["runs"]]
+    atts, evals = [unhex(a) for a in c["attestations"]], [unhex(e) for e in c["evals"]]
+    got = {"evaluations": ref.evaluations(runs[0], evals, c["policy"], c["min_keys"]),
+           "leaderboard": ref.leaderboard(runs, atts, evals, c["now"], c["policy"], c["min_keys"])}
+    return _hexed(got) == {k: c[k] for k in ("evaluations", "leaderboard")} or "result differs"
+
+
+def _spot(ref: ModuleType, c: dict):
+    run = _runs(ref, c)[0]
+    replayed = ref.replayed_steps(run, [unhex(a) for a in c["attestations"]], c["now"], c["policy"])
+    got = ref.spot_coverage(run, [unhex(s) for s in c["spotchecks"]], replayed, c["policy"])
+    fraction = lambda f: f"{f.numerator}/{f.denominator}"  # noqa: E731
+    result = {"replayed": replayed, "steps": _hexed(got["steps"]),
+              **{k: fraction(got[k]) for k in ("detection", "escape_one", "escape_fraction")}}
+    return result == c["result"] or "result differs"
+
+
+def _data(ref: ModuleType, c: dict):
+    if "proof" not in c:
+        return True  # the corpus: what the other cases are about, nothing to judge
+    commitments = {k: unhex(v) if isinstance(v, str) else v for k, v in c["commitments"].items()}
+    code = ref.data_proof(commitments, unhex(c["document"]), c["proof"])
+    return (code == "ok", code) == (c["holds"], c["code"]) or code
+
+
+CHECKS = {"data": _data, "codec": _codec, "signing": _signing, "validation": _validation, "claims": _claims,
+          "coverage": _coverage, "trajectory": _trajectory, "evaluation": _evaluation, "spot": _spot}
 
 
 def failure(ref: ModuleType, suite: str, case: dict) -> str | None:

@@ -49,8 +49,9 @@ def test_the_reference_passes_every_vector():
 def test_mutants_are_distinct_and_cover_every_section():
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
     sections = {m.section.split()[0] for m in MUTANTS}
-    assert {"§3.1", "§3.2", "§5.2", "§5.4", "§6.3", "§7", "§8.3", "§10"} <= sections
+    assert {"§3.1", "§3.2", "§5.2", "§5.4", "§6.3", "§7", "§8.3", "§8.5", "§8.6", "§8.7", "§10"} <= sections
     assert sum("run format" in m.section for m in MUTANTS) >= 3  # the manifest's run-format checks
+    assert sum(m.section.startswith("run format §8") for m in MUTANTS) >= 5  # the data proofs
     assert len(MUTANTS) >= 40
 
 

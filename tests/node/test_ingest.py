@@ -163,8 +163,9 @@ def test_spot_checks_have_their_topic_validator_are_stored_and_never_count_as_re
     assert [s.status for s in spot.steps] == [SpotStatus.SPOT_CHECKED, SpotStatus.FAILED, SpotStatus.UNCHECKED,
                                               SpotStatus.UNCHECKED]
     assert spot.steps[1].caught == ("sum",)
-    # one of 4 steps checked once with p = 1/4: a run with one forged step escaped with (3 + 3/4) / 4
-    assert spot.escape_one == pytest.approx((3 + 0.75) / 4)
+    # step 0 checked once with p = 1/4, step 1 caught (x = 0, docs/protocol.md §8.7), steps 2-3
+    # unchecked: a run with one forged step escaped with (3/4 + 0 + 1 + 1) / 4
+    assert spot.escape_one == pytest.approx((0.75 + 0 + 2) / 4)
     # the node's default policy (its own key alone) counts none of them
     own = make_ingest(tmp_path / "own", run, clock=Clock(wall_at_zero=fixtures.NOW))
     assert own.ingest_spotcheck(passed.encoded)

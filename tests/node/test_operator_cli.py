@@ -80,10 +80,12 @@ def test_coverage_attestations_and_claims(network):
     rc, out, _ = cli("coverage", network["run"][:10], "--api", network["observer"], "--json")
     cov = json.loads(out)
     assert cov["disputed_steps"] == [2] and cov["verified_steps"] == network["manifest"].steps - 1
-    # no spot checks (the fixture): a run with one forged step escapes only through the one step not verified (§8.7)
+    # no spot checks (the fixture): a run with one forged step escapes only through the steps replay
+    # has not decided (§8.7): step 2 while it is disputed, none once a quorum has refuted it
     spot = cov["spot_checks"]
     assert spot["spot_checked_steps"] == 0 and spot["spot_failed_steps"] == []
-    assert spot["escape_one_forged"] == pytest.approx(1 / network["manifest"].steps)
+    undecided = network["manifest"].steps - cov["verified_steps"] - len(cov["refuted_steps"])
+    assert undecided in (0, 1) and spot["escape_one_forged"] == pytest.approx(undecided / network["manifest"].steps)
     rc, out, _ = cli("coverage", network["run"][:10], "--api", network["observer"])
     assert rc == 0 and "escape probability of a forged run" in out
     rc, out, _ = cli("attestations", network["run"], "--step", "2", "--api", network["observer"], "--json")

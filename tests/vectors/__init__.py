@@ -10,10 +10,11 @@ from .common import dump
 from .suite_commitments import Merkle, StateHash, Trajectory
 from .suite_data import DataSuite, EvaluationSuite
 from .suite_network import Claims, CoverageSuite, Validation
+from .suite_spot import SpotSuite
 
 ROOT = Path(__file__).resolve().parent
 SUITES = {s.NAME: s for s in (suite_codec, suite_signing, StateHash, Merkle, Trajectory, Claims, CoverageSuite,
-                              Validation, suite_gensyn_handoff, DataSuite, EvaluationSuite)}
+                              Validation, suite_gensyn_handoff, DataSuite, EvaluationSuite, SpotSuite)}
 
 
 def generated(suite) -> dict[str, bytes]:

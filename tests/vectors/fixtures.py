@@ -58,12 +58,13 @@ EVAL_EVERY = 2
 LOSS = 0x40200000  # 2.5 as float32 bits: the publisher's result in the vectors
 
 
-def eval_manifest(steps: int = 4, publisher: int = 0) -> RunManifest:
-    """A run that commits to an evaluation every EVAL_EVERY states (docs/run-format.md §9.1)."""
+def eval_manifest(steps: int = 4, publisher: int = 0, eval_set: bytes = b"vector-eval-set") -> RunManifest:
+    """A run that commits to an evaluation every EVAL_EVERY states (docs/run-format.md §9.1) on the
+    evaluation set named ``eval_set``."""
     return signed_run_manifest(
         ident(publisher), engine=ENGINE, engine_version=ENGINE_VERSION, model={"d_model": 8, "lr": 0.001},
         data={"corpus": "vectors", "eval_documents": 1, "eval_samples": 3, "eval_every": EVAL_EVERY,
-              "eval_root": blake2b256(b"vector-eval-set").hex()},
+              "eval_root": blake2b256(eval_set).hex()},
         seed=7, steps=steps, state_hashes=[state(k) for k in range(steps + 1)], created_at=NOW - 3600,
     )  # fmt: skip
 

@@ -74,7 +74,13 @@ INVALID = {
     "tag-then-indefinite": ("c19f", "malformed", "the first defective head decides: the tag before the indefinite"),
     "indefinite-tag-head": ("df", "non_canonical", "additional information 31 is non_canonical in every major type"),
     "lone-break": ("ff", "non_canonical", "a break byte (additional information 31) outside any item"),
-    "indefinite-key": ("a17f6161ff00", "non_canonical", "an indefinite text as a map key: indefinite before key type"),
+    "indefinite-key": ("a15f4161ff00", "non_canonical", "an indefinite byte string as a map key: rule 1 (an indefinite "
+                       "length) decides before rule 4 (a key that is not text)"),
+    "indefinite-array-key": ("a19fff00", "non_canonical", "an indefinite array as a map key: rule 1 before rule 4"),
+    "nested-8-then-indefinite": ("8181818181818181" + "9fff", "non_canonical", "an indefinite array inside 8 "
+                                 "arrays: rule 1 decides before rule 8 (too deep)"),
+    "false-two-bytes": ("f814", "malformed", "false spelled as simple value 20 in a one-byte argument (additional "
+                        "information 24): rule 6 refuses the head, it is not a non-canonical false"),
     "indefinite-after-bad-utf8": ("8262c3289fff", "non_canonical", "heads are scanned before any text is checked"),
     "bytes-after-then-indefinite": ("009fff", "malformed", "one data item, then bytes: the item ends before them"),
     "nan-payload": ("f97e01", "non_canonical", "a NaN other than 0xf97e00"),

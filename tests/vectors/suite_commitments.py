@@ -295,6 +295,7 @@ LINE_RULES = {
     "hash-short": ("a state hash of 63 hex digits", '{"step": 1, "state_hash": "' + "0" * 63 + '"}'),
     "duplicate-key": ("a JSON object with a key twice", '{"step": 1, "step": 1, "state_hash": "' + "00" * 32 + '"}'),
     "not-an-object": ("a line that is a JSON array", "[1]"),
+    "no-state-hash": ("a line with a step and no state_hash fails the file (it is not skipped)", '{"step": 1}'),
     "nan": ("NaN is not JSON", '{"step": 1, "state_hash": "' + "00" * 32 + '", "loss": NaN}'),
 }
 
@@ -317,6 +318,11 @@ class Trajectory:
             "malformed-line": ("a line whose state_hash is not 64 hex digits", 
                                fixtures.external_manifest(bad, steps=1, parse_from=traj), bad),
         }
+        lines = [json.dumps({"step": k, "state_hash": fixtures.state(k, b"line-rules").hex()}) for k in range(3)]
+        unterminated = "\n".join(lines).encode()
+        variants["last-line-no-lf"] = ("the last line has no LF: it is a line like any other, and holds the window's "
+                                       "last step", fixtures.external_manifest(unterminated, first_step=0, steps=2),
+                                       unterminated)
         for name, (description, tweak) in LINE_RULES.items():
             lines = [json.dumps({"step": k, "state_hash": fixtures.state(k, b"line-rules").hex()}) for k in range(3)]
             data = ("\n".join(lines[:1] + [tweak] + lines[1:]) + "\n").encode()

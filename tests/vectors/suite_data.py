@@ -12,6 +12,7 @@ of every run, from those encoded statements.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from open1b.protocol import TrustPolicy, decode_message, evaluations, leaderboard, public_key_from_peer_id
@@ -27,11 +28,15 @@ from . import fixtures
 from .common import NOW, hx, ident, unhex
 
 SEED, STEPS, TOPOLOGY, L = 11, 3, (1, 2, 2), 5  # 12 draws of samples of 5 bytes (stride 4)
+BOUNDARY_SEED = 21
+"""The same corpus drawn with another seed, under which sample 12 (whose last token is the first of
+document 2, which starts at a sample boundary) and sample 33 (whose first token is the last of
+document 4, which ends at one) are both drawn."""
 BODIES = [b"alpha", b"the quick brown fox", b"x", b"lorem ipsum dolor sit amet", b"twelve bytes", b"y" * 30,
           b"zeta", b"omega point", b"gamma ray burst", b"delta", b"epsilon is small", b"last one"]
 
 
-def _corpus():
+def _corpus(seed: int = SEED):
     docs = [b"== doc.%d ==\n" % i + body + b"\n\n" for i, body in enumerate(BODIES)]
     stream = b"".join(docs)
     entries, at = [], 0
@@ -41,7 +46,7 @@ def _corpus():
     n = (len(stream) - 1) // (L - 1)
     samples = [stream[i * (L - 1):i * (L - 1) + L] for i in range(n)]
     digests = [sample_digest(s) for s in samples]
-    c = DataCommitments(SEED, STEPS, *TOPOLOGY, L, n, MerkleTree(digests).root, len(docs), documents_root(entries),
+    c = DataCommitments(seed, STEPS, *TOPOLOGY, L, n, MerkleTree(digests).root, len(docs), documents_root(entries),
                         document_set_root([e[2] for e in entries]))
     return docs, entries, samples, c
 
@@ -55,6 +60,16 @@ def _commitments_json(c: DataCommitments) -> dict:
 
 def _commitments(value: dict) -> DataCommitments:
     return DataCommitments(**{k: unhex(v) if isinstance(v, str) else v for k, v in value.items()})
+
+
+def _judge(c: DataCommitments, document: bytes, proof: dict) -> tuple[bool, str]:
+    """run-format §8.5: a proof whose JSON does not parse is ``malformed``, before any rule."""
+    try:
+        parsed = proof_from_json(proof)
+    except ValueError:
+        return False, "malformed"
+    check = verify_data_proof(c, document, parsed)
+    return check.holds, check.code
 
 
 def _draws(c: DataCommitments, entry) -> list:
@@ -75,7 +90,7 @@ class DataSuite:
         def entry(i: int):
             return prove_entry(entries, i)
 
-        def inclusion(i: int) -> InclusionProof:
+        def inclusion(i: int, c: DataCommitments = c) -> InclusionProof:
             draws = _draws(c, entry(i))
             used = sorted({d.index for d in draws})
             return InclusionProof(entry(i), tuple(ProvenSample(s, samples[s], tuple(tree.proof(s))) for s in used),
@@ -94,8 +109,18 @@ class DataSuite:
         def neighbour(j: int) -> SetNeighbour:
             return SetNeighbour(ordered[j], j, tuple(MerkleTree(ordered).proof(j)))
 
-        first = min(ordered)
+        first, last = min(ordered), max(ordered)
         below = next(x for x in (b"before %d" % i for i in range(1000)) if document_digest(x) < first)
+        above = next(x for x in (b"after %d" % i for i in range(1000)) if document_digest(x) > last)
+        later = 4  # drawn at sample 27 only: not the first (26) nor the last (33) of its range
+        assert [x.index for x in _draws(c, entry(later))] == [27]
+        bc = _corpus(BOUNDARY_SEED)[3]
+        assert {12, 33} <= {x.index for i in (2, 4) for x in _draws(bc, entry(i))}
+        assert entries[2][0] % (L - 1) == 0 and (entries[4][1] - 1) % (L - 1) == 0
+        shifted = [(s + 1, e + 1, dg) if i == d else (s, e, dg) for i, (s, e, dg) in enumerate(entries)]
+        lying = replace(c, documents_root=documents_root(shifted))  # a documents_root the samples do not back
+        lied = prove_entry(shifted, d)
+        mid_held = sample_range(lied.start, lied.end, L, c.samples)[2]  # inside the text, where bytes differ
         cases: dict[str, tuple[str, bytes, object]] = {
             "included": ("a drawn document: every draw of its samples, each sample proven", docs[d], inc),
             "included-second": ("another drawn document", docs[drawn[1]], inclusion(drawn[1])),
@@ -131,6 +156,40 @@ class DataSuite:
             "included-no-draw": ("an inclusion proof with no draw", docs[n], InclusionProof(entry(n), (), ())),
             "entry-wrong-range": ("an entry whose range is not the document's length", docs[n], NeverDrawnProof(
                 type(entry(n))(n, entries[n][0], entries[n][1] + 1, entry(n).path))),
+            "absent-after-last": ("after the last leaf: only a lower neighbour, leaf D - 1", above,
+                                  AbsenceProof(neighbour(len(ordered) - 1), None)),
+            "absent-not-last": ("only a lower neighbour, which is not leaf D - 1", above,
+                                AbsenceProof(neighbour(len(ordered) - 2), None)),
+            "included-unsorted-draws": ("every draw, listed out of (k, r, mu, j) order: incomplete", docs[d],
+                                        InclusionProof(inc.entry, inc.samples, tuple(reversed(inc.draws)))),
+            "forged-never-drawn-later-sample": ("FORGED exclusion: a never-drawn proof for a document whose first and "
+                                                "last samples were not drawn, but one between them was", docs[later],
+                                                NeverDrawnProof(entry(later))),
+            "included-sample-not-the-document": (
+                "rule 3: a trainer's documents_root places the document one token later than the samples hold it; "
+                "entry and samples verify, and the sample's tokens are not the document's bytes", docs[d],
+                InclusionProof(lied, (ProvenSample(mid_held, samples[mid_held], tuple(tree.proof(mid_held))),),
+                               ())),
+        }
+        boundary = {  # name -> (description, document index): under BOUNDARY_SEED
+            "included-starts-at-boundary": ("a document that starts at a sample boundary (byte 52 = 13 x 4): its "
+                                            "first token is the last of sample 12, which a step drew", 2),
+            "included-ends-at-boundary": ("a document whose last token (byte 132 = 33 x 4) is the first of sample "
+                                          "33, which a step drew", 4),
+        }
+        malformed = {  # name -> (description, document, proof JSON)
+            "malformed-before-entry": ("a malformed proof (tokens that are not hex) whose entry is wrong too: "
+                                       "malformed decides, before rule 1", docs[d], {
+                                           **proof_to_json(inc), "entry": {**proof_to_json(inc)["entry"], "end": 0},
+                                           "samples": [{**proof_to_json(inc)["samples"][0], "tokens": "zz"}]}),
+            "malformed-upper-case": ("a hash in upper-case hex is malformed (hashes and tokens are lowercase)",
+                                     docs[n], {"kind": "never_drawn", "entry": {
+                                         **proof_to_json(NeverDrawnProof(entry(n)))["entry"],
+                                         "path": [h.hex().upper() for h in entry(n).path]}}),
+            "malformed-kind": ("a proof of no known kind", docs[n], {"kind": "maybe", "entry": proof_to_json(
+                NeverDrawnProof(entry(n)))["entry"]}),
+            "malformed-float-index": ("an index written 2.0 is not an integer", docs[n], {"kind": "never_drawn",
+                                      "entry": {**proof_to_json(NeverDrawnProof(entry(n)))["entry"], "index": 2.0}}),
         }
         out = {"corpus": {
             "description": "the synthetic run: stream, documents, sample digests, every draw, and its commitments",
@@ -139,10 +198,16 @@ class DataSuite:
             "draws": [[x.step, x.rank, x.micro_batch, x.row, x.index] for x in draws_between(
                 SEED, range(STEPS), *TOPOLOGY, c.samples, 0, c.samples)],
             "commitments": _commitments_json(c)}}
-        for name, (description, document, proof) in cases.items():
-            check = verify_data_proof(c, document, proof)
-            out[name] = {"description": description, "commitments": _commitments_json(c), "document": hx(document),
-                         "proof": proof_to_json(proof), "holds": check.holds, "code": check.code}
+        judged = [(name, description, c, document, proof_to_json(proof))
+                  for name, (description, document, proof) in cases.items()]
+        judged[-1] = (*judged[-1][:2], lying, *judged[-1][3:])  # rule 3's case is judged against the lying root
+        judged += [(name, description, bc, docs[i], proof_to_json(inclusion(i, bc)))
+                   for name, (description, i) in boundary.items()]
+        judged += [(name, description, c, document, proof) for name, (description, document, proof) in malformed.items()]
+        for name, description, commitments, document, proof in judged:
+            holds, code = _judge(commitments, document, proof)
+            out[name] = {"description": description, "commitments": _commitments_json(commitments),
+                         "document": hx(document), "proof": proof, "holds": holds, "code": code}
         return out
 
     @staticmethod
@@ -152,8 +217,7 @@ class DataSuite:
             _, entries, samples, built = _corpus()
             assert built == c and [[s, e, hx(d)] for s, e, d in entries] == case["documents"]
             return
-        got = verify_data_proof(c, unhex(case["document"]), proof_from_json(case["proof"]))
-        assert (got.holds, got.code) == (case["holds"], case["code"]), got.reason
+        assert _judge(c, unhex(case["document"]), case["proof"]) == (case["holds"], case["code"])
 
 
 def _row(row) -> dict:
@@ -189,6 +253,13 @@ class EvaluationSuite:
                             [res(em, 2), res(em, 2, fixtures.LOSS + 1), ok(em, 1, 2)], 1, None),
             "check-of-another-number": ("a match of a loss nobody published counts for nothing", [em], [],
                                         [res(em, 2), ok(em, 1, 2, fixtures.LOSS + 7)], 1, None),
+            "mismatch-of-another-number": ("a mismatch of a loss nobody published disputes nothing: the result "
+                                           "stays certified", [em], [],
+                                           [res(em, 2), ok(em, 1, 2), ev(2, em, 2, verdict="mismatch",
+                                                                         loss=fixtures.LOSS, claimed=fixtures.LOSS + 7)],
+                                           1, None),
+            "dates-not-judged": ("evaluations do not judge dates: a match dated a day after now certifies", [em], [],
+                                 [res(em, 2), ev(1, em, 2, issued_at=NOW + 86400)], 1, None),
             "untrusted-key": ("under an allowlist, a key outside it does not certify", [em], [],
                               [res(em, 2), ok(em, 3, 2)], 1, [1, 2]),
             "invalid-ignored": ("an eval off the schedule and one of a run without evaluation are dropped",
@@ -200,15 +271,57 @@ class EvaluationSuite:
                        res(other, 6, 0x3f800000), ok(other, 1, 6, 0x3f800000),
                        res(fixtures.eval_manifest(steps=8), 2), ok(fixtures.eval_manifest(steps=8), 1, 2)], 1, None),
         }
+        scenarios.update(EvaluationSuite._board_rules())
         out = {}
-        for name, (description, runs, atts, evals, min_keys, roots) in scenarios.items():
+        for name, (description, runs, atts, evals, min_keys, roots, *quorum) in scenarios.items():
             case = {"description": description, "runs": [hx(r.encoded) for r in runs],
                     "attestations": [hx(a.encoded) for a in atts], "evals": [hx(e.encoded) for e in evals],
                     "policy": {"name": "open" if roots is None else "allowlist",
-                               "roots": [ident(i).peer_id for i in roots or ()], "quorum": 0},
+                               "roots": [ident(i).peer_id for i in roots or ()], "quorum": quorum[0] if quorum else 0},
                     "now": NOW, "min_keys": min_keys}  # fmt: skip
             out[name] = {**case, **EvaluationSuite._result(case)}
         return out
+
+    @staticmethod
+    def _board_rules() -> dict[str, tuple]:
+        """One case per rule of §8.6 that a reading of the text could get wrong."""
+        ev, A = fixtures.evaluation, fixtures.attestation
+        em = fixtures.eval_manifest
+        a, b, c, d = em(), em(steps=6), em(steps=8), em(steps=10)
+        nan, one, two, three = 0x7FC00000, 0x3F800000, 0x40000000, 0x40400000
+
+        def certified(run, k, loss, checker=1):
+            return [ev(0, run, k, verdict="result", loss=loss, claimed=loss), ev(checker, run, k, loss=loss, claimed=loss)]
+
+        other_set = em(eval_set=b"vector-eval-set-2")
+        refuted = [A(1, a, 0), A(2, a, 0, match=False), A(3, a, 0, match=False)]
+        return {
+            "latest-not-best": ("the latest certified loss is ranked, not the best: run a fell to 1.0 at state 2 and "
+                                "rose to 3.0 at state 4, so run b's 2.0 ranks first", [a, b], [],
+                                certified(a, 2, one) + certified(a, 4, three) + certified(b, 6, two), 1, None),
+            "nan-latest": ("a NaN latest certified loss is not ranked, although an earlier certified loss was finite",
+                           [a, b], [], certified(a, 2, one) + certified(a, 4, nan) + certified(b, 6, two), 1, None),
+            "reason-order": ("each unranked run names the first rule it fails: a (no certified evaluation, and a "
+                             "disputed step), b (a NaN loss and a disputed evaluation), c (a disputed evaluation and a "
+                             "disputed step)", [a, b, c], [A(2, a, 1, match=False), A(2, c, 1, match=False)],
+                             [ev(0, a, 2, verdict="result", loss=one, claimed=one)] + certified(b, 6, nan)
+                             + [ev(0, b, 2, verdict="result", loss=one, claimed=one),
+                                ev(2, b, 2, verdict="mismatch", loss=two, claimed=one)]
+                             + certified(c, 2, one) + [ev(0, c, 4, verdict="result", loss=one, claimed=one),
+                                                       ev(2, c, 4, verdict="mismatch", loss=two, claimed=one)], 1, None),
+            "eval-sets": ("ranks count within each evaluation set: a and b on one set, d on another, each set from 1; "
+                          "d's higher loss still ranks 1st on its set", [a, b, other_set], [],
+                          certified(a, 2, two) + certified(b, 6, one) + certified(other_set, 4, three), 1, None),
+            "tie": ("equal losses: ordered by run ID bytewise, with distinct ranks", [a, b, d], [],
+                    certified(a, 2, two) + certified(b, 2, two) + certified(d, 2, two), 1, None),
+            "refuted-never-ranked": ("quorum 2: two agreeing mismatches refute run a's step 0 (its one match's key is "
+                                     "flagged); a is not ranked though its loss is the lowest, and b is ranked 1st",
+                                     [a, b], refuted, certified(a, 2, one) + certified(b, 6, two), 1, None, 2),
+            "devices-of-verified-steps": ("devices are those of the verified steps: a cuda match of a disputed step "
+                                          "adds none", [a],
+                                          [A(1, a, 0), A(1, a, 1, device="cuda/sm_90"), A(2, a, 1, match=False)],
+                                          certified(a, 2, one), 1, None),
+        }
 
     @staticmethod
     def _result(case: dict) -> dict:

@@ -32,6 +32,7 @@ from open1b.protocol import (
     validate_spotcheck, validate_sync_frame,
 )
 from open1b.protocol.validation import MAX_CLOCK_SKEW_SECONDS
+from open1b.protocol import MAX_LEASE_SECONDS
 
 from . import ed25519_forgery as forgery
 from . import fixtures
@@ -94,6 +95,9 @@ class Validation:
             "non-canonical": ("the map's keys out of order", cbor2.dumps(dict(sorted(raw.items(), reverse=True)))),
             "kind": ("a claim on the attestations topic", fixtures.claim(1, m, 1).encoded),
             "version": ("protocol version 3, a later one", forge(1, "attestation", _body(good), v=3)),
+            "version-missing": ("no v at all: version (step 3), not missing_field (step 5)", encode({
+                **(unversioned := {"kind": "attestation", **_body(good)}),
+                "sig": sign(ident(1), "attestation", unversioned)})),
             "unknown-field": ("an extra field", forge(1, "attestation", {**_body(good), "note": "hi"})),
             "missing-field": ("no hardware field", forge(1, "attestation", {k: v for k, v in _body(good).items() if k != "hardware"})),
             "wrong-type": ("step as text", forge(1, "attestation", {**_body(good), "step": "1"})),
@@ -116,6 +120,7 @@ class Validation:
             "accept-device-no-target": ("a device class without a target part",
                                         fixtures.attestation(1, m, 1, device="cpu/riscv64").encoded),
             "device": ("a device class outside the grammar (backend gpu)", resign(good, device="gpu/h100")),
+            "device-backend-only": ("a backend alone (cpu), with no part after it", resign(good, device="cpu")),
             "device-upper-case": ("a device class with an upper-case letter", resign(good, device="cpu/X86_64-avx2")),
             "device-two-targets": ("a device class with two target parts", resign(good, device="cpu/x86_64-avx2-fma")),
             "device-long-part": ("a device class part of 33 characters", resign(good, device="cuda/" + "s" * 33)),
@@ -297,8 +302,11 @@ class Validation:
                 1, "eval", {**raw_ev, "loss": fixtures.LOSS + 1})),
             "eval-verdict-mismatch": ("a mismatch whose loss is the claimed one", forge(
                 1, "eval", {**raw_ev, "verdict": "mismatch"})),
+            "eval-verdict-result": ("the publisher's result whose loss is not the claimed one", forge(
+                0, "eval", {**_body(fixtures.evaluation(0, em, 2, verdict="result")), "loss": fixtures.LOSS + 1})),
             "eval-verdict-before-device": ("a result with loss != claimed and a bad device: the verdict rule first",
-                                           forge(1, "eval", {**raw_ev, "loss": 1, "device": "tpu"})),
+                                           forge(0, "eval", {**_body(fixtures.evaluation(0, em, 2, verdict="result")),
+                                                             "loss": 1, "device": "tpu"})),
             "eval-device": ("a device that is not a device class", forge(1, "eval", {**raw_ev, "device": "gpu"})),
             "eval-unknown-run": ("an eval of a run nobody published", fixtures.evaluation(
                 1, fixtures.eval_manifest(steps=6), 2).encoded),
@@ -403,6 +411,9 @@ class Claims:
             "wrong-key": ("a claim on another step stored under this key is invalid",
                           [fixtures.claim(1, m, 2, issued_at=start).encoded, c(2, start + 20)]),
             "none-valid": ("no valid record: nothing wins", [b"", encode(tampered)]),
+            "long-lease-record": ("a record whose lease exceeds MAX_LEASE_SECONDS is a valid record (lease_length is "
+                                  "a run rule of the claims topic, not of records): it wins its round",
+                                  [c(1, start + 10, lease=MAX_LEASE_SECONDS + 1), c(2, start + 20)]),
         }
         out = {}
         for name, (description, records) in sets.items():
@@ -640,6 +651,7 @@ class CoverageSuite:
                                     " other result, citing an unflagged key's",
                                     [A(1, m, 0), A(2, m, 0), A(3, m, 0), A(3, m, 0, match=False)], [], [], 1, settle),
         }
+        rules.update(CoverageSuite._evidence_choices(m, settle, default))
         for name, (description, atts, claims, reveals, redundancy, policy) in rules.items():
             case = {"description": description, "runs": one, "attestations": [hx(_bytes(a)) for a in atts],
                     "claims": [hx(_bytes(c)) for c in claims], "reveals": [hx(_bytes(r)) for r in reveals], "now": NOW,
@@ -656,6 +668,47 @@ class CoverageSuite:
                     "policy": policy}
             out[name] = {**case, "result": CoverageSuite._result(case)}
         return out
+
+    @staticmethod
+    def _evidence_choices(m, settle: dict, default: dict) -> dict[str, tuple]:
+        """§8.3 steps 5 and 8: which statement and which conflicting one each flag cites, the
+        fallbacks when every other candidate is flagged included."""
+        A, R, copy = fixtures.attestation, fixtures.reveal, fixtures.copied
+        odd = blake2b256(b"vector-another-wrong")
+
+        def below(step: int, *keys: int) -> int:  # a key whose match of step has a lower digest than these keys'
+            return next(n for n in range(10, 400) if A(n, m, step).digest < min(A(k, m, step).digest for k in keys))
+
+        low_self, low_copier = below(0, 1, 2), below(0, 1, 2)
+        twice = [copy(5, A(1, m, 1)), copy(5, A(2, m, 1))]
+        wrong = [A(4, m, 0, match=False), A(4, m, 0, match=False, post_state=odd)]
+        return {
+            "copier-fallback-to-a-copier": (
+                "key 5 copied key 1's match of step 1, and key 1 copied key 2's of step 2: key 1, step 1's only other "
+                "prover, is a copier too, so the flag of key 5 falls back to key 1's proven match",
+                [A(1, m, 1), copy(5, A(1, m, 1)), A(2, m, 2), copy(1, A(2, m, 2))], [], [R(3, m, 1), R(3, m, 2)], 1,
+                default),
+            "copier-statement-lowest": (
+                "key 5 copied step 1 twice (keys 1's and 2's matches): its flag cites the lower of its two unbound "
+                "matches" + (" (the second listed)" if twice[1].digest < twice[0].digest else " (the first listed)"),
+                [A(1, m, 1), A(2, m, 1), *twice], [], [R(3, m, 1)], 1, default),
+            "contradiction-statement-lowest": (
+                "quorum 2: keys 1 and 2 settle step 0; key 4 reported two other values: its flag cites the lower of "
+                "its two mismatches" + (" (the second listed)" if wrong[1].digest < wrong[0].digest
+                                         else " (the first listed)"),
+                [A(1, m, 0), A(2, m, 0), *wrong], [], [], 1, settle),
+            "contradiction-fallback-includes-itself": (
+                f"quorum 2: keys 1, 2 and {low_self} settle step 0, and key {low_self} also reported another value; keys"
+                f" 1 and 2 contradict step 1, which keys 3, 4 and 5 settle: every backer of step 0 is flagged, so key "
+                f"{low_self}'s flag cites the lowest of all their matches, its own",
+                [A(1, m, 0), A(2, m, 0), A(low_self, m, 0), A(low_self, m, 0, match=False), A(3, m, 1), A(4, m, 1),
+                 A(5, m, 1), A(1, m, 1, match=False), A(2, m, 1, match=False)], [], [], 1, settle),
+            "contradiction-backers-exclude-copiers": (
+                f"quorum 2: keys 1 and 2 settle step 0 and key 6 dissents; key {low_copier}, whose match of step 0 has "
+                f"the lowest digest, copied step 2: the flag of key 6 cites key 1's or 2's match, never a copier's",
+                [A(1, m, 0), A(2, m, 0), A(low_copier, m, 0), A(6, m, 0, match=False), A(3, m, 2),
+                 copy(low_copier, A(3, m, 2))], [], [R(3, m, 2)], 1, settle),
+        }
 
     @staticmethod
     def _result(case: dict) -> dict:

@@ -57,7 +57,8 @@ def cases() -> dict[str, dict]:
 
 
 def _verification_cases() -> dict[str, dict]:
-    """Strict Ed25519 (§5.4): each rejected case satisfies the plain verification equation."""
+    """Strict Ed25519 (§5.4), each case described by the rule that decides it: most rejected cases
+    satisfy the plain equation (rules 1-4 reject them), ``mixed-order-key`` only the cofactored one."""
     message = b"open1b/test-vector/ed25519"
     key, good = Identity(seed(1)).public_key, Identity(seed(1)).sign_raw(message)
     cases = {
@@ -66,10 +67,26 @@ def _verification_cases() -> dict[str, dict]:
         "s-plus-l": ("rule 1: a good signature with L added to S (S >= L)", key, message, forgery.s_plus_l(good)),
         "r-small-order": ("rule 4: R is the identity, and [S]B - [k]A = R holds", key, message,
                           forgery.sign_with_small_order_r(seed(1), key, message)),
-        "r-non-canonical": ("rule 5: R spells the identity non-canonically (y = p + 1); [S]B - [k]A is that point",
-                            key, message,
+        "r-non-canonical": ("rule 4: R spells the identity non-canonically (y = p + 1), which rule 4's list names; "
+                            "[S]B - [k]A is that point", key, message,
                             forgery.sign_with_small_order_r(seed(1), key, message, forgery.point(forgery.P + 1))),
+        "r-non-canonical-large-order": ("rule 5: R's y is p + 3, a non-canonical spelling of a curve point of large "
+                                        "order that no list names; the encoding of [S]B - [k]A is canonical, so it "
+                                        "never equals these bytes", key, message,
+                                        forgery.point(forgery.NON_CANONICAL_Y) + good[32:]),
+        "key-non-canonical-large-order": ("rule 2: the key's y is p + 3, a non-canonical spelling of a curve point of "
+                                          "large order that rule 3's list does not name", forgery.point(
+                                              forgery.NON_CANONICAL_Y), message, good),
     }
+    mixed = forgery.mixed_order_key(seed(1))
+    for name, divides, description in (
+            ("mixed-order-key", False, "rule 5: a key of mixed order ([a]B + T, T of order 8) and k not a multiple of "
+                                       "8: only the cofactored equation holds, so a ZIP-215 verifier with rules 1-4 "
+                                       "accepts it and a strict one must not"),
+            ("mixed-order-key-k-multiple-of-8", True, "a key of mixed order is not of small order: with 8 dividing "
+                                                      "k, [k]T vanishes and the plain equation holds, so it verifies")):
+        data, signature = forgery.sign_as_mixed_order_key(seed(1), lambda i: message + b"/%d" % i, divides)
+        cases[name] = (description, mixed, data, signature)
     for name, small in forgery.SMALL_ORDER_KEYS.items():
         rule = "2" if name.endswith("non-canonical") else "3"
         cases[f"key-{name}"] = (f"rule {rule}: a key of small order ({name}); [k]A is the identity, so [S]B = R holds",
