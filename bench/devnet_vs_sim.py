@@ -23,14 +23,14 @@ from pathlib import Path
 import trio
 
 from open1b.deterministic.trainer import publish_run
+from open1b.devnet import Daemons
 from open1b.node.claim_records import ClaimRecords
 from open1b.node.client import call
-from open1b.node.devnet import Daemons
 from open1b.node.p2p import open_p2p
-from open1b.node.sim import NetworkModel, Scenario, simulate
-from open1b.node.sim.hardware import Hardware
 from open1b.protocol import Claim, Identity, claim_key
 from open1b.protocol.claims import CLAIM_NAMESPACE
+from open1b.sim import NetworkModel, Scenario, simulate
+from open1b.sim.hardware import Hardware
 
 NODE_BENCH = Path(__file__).parent / "results" / "node.json"
 DEADLINE_S = 300.0

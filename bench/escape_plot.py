@@ -3,7 +3,7 @@
     .venv/bin/python bench/escape_plot.py            # simulates the spot checks; reads scale.json, spotcheck.json
     .venv/bin/python bench/escape_plot.py --replot   # redraws from results/escape.json
 
-Both kinds of check come out of the simulator (:mod:`open1b.node.sim`: the node's real planner and
+Both kinds of check come out of the simulator (:mod:`open1b.sim`: the node's real planner and
 claim code, 10,000 auditors on the volunteer hardware mix, every step wanted by 2 distinct nodes):
 
 * **replays**: bench/scale.py's flagship run (results/scale.json), a job taking each machine's
@@ -29,9 +29,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from open1b.node.sim import Scenario, simulate
 from open1b.protocol import escape_probability
 from open1b.protocol.escape import forged_steps_at
+from open1b.sim import Scenario, simulate
 
 RESULTS = Path(__file__).parent / "results"
 FIGURE = Path(__file__).parent.parent / "docs" / "img" / "escape.png"

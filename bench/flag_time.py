@@ -18,10 +18,10 @@ import platform
 import time
 from pathlib import Path
 
+from open1b.devnet import DevnetOptions
+from open1b.devnet.scenarios import run_scenarios
+from open1b.devnet.scenarios.spot_base import SpotScenario
 from open1b.node.config import NodeConfig
-from open1b.node.devnet import DevnetOptions
-from open1b.node.devnet.scenarios import run_scenarios
-from open1b.node.devnet.scenarios.spot_base import SpotScenario
 
 OUT = Path(__file__).parent / "results" / "flag_time.json"
 

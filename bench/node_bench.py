@@ -28,10 +28,10 @@ import trio
 from transfer_bench import libp2p_blob_copy, raw_tcp_copy
 
 from open1b.deterministic.trainer import publish_run
+from open1b.devnet import Daemons
 from open1b.node.client import call
 from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
-from open1b.node.devnet import Daemons
 from open1b.node.ingest import Ingest
 from open1b.node.logs import setup_logging
 from open1b.node.metrics import NodeStats

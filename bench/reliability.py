@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from open1b.node.devnet import SCENARIOS, DevnetOptions, run_devnet
+from open1b.devnet import SCENARIOS, DevnetOptions, run_devnet
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "reliability.json"

@@ -1,5 +1,5 @@
 """Coverage at internet scale (issue 6): thousands of simulated auditors running the node's real
-claiming code (open1b.node.sim), against three baselines in the same simulator.
+claiming code (open1b.sim), against three baselines in the same simulator.
 
     .venv/bin/python bench/scale.py flagship      # 10,000 nodes, 80,957 steps, R=2 -> results/scale.json
     .venv/bin/python bench/scale.py sweep         # N in {10, 100, 1000, 10000}, R in {1, 2, 3}
@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from open1b.node.sim import Churn, Scenario, simulate
-from open1b.node.sim.hardware import HOUR
+from open1b.sim import Churn, Scenario, simulate
+from open1b.sim.hardware import HOUR
 
 RESULTS = Path(__file__).parent / "results"
 OPEN1B_STEPS = 80_957
@@ -49,7 +49,7 @@ def lower_bound_h(sc: Scenario) -> float:
     """No assignment finishes sooner: the least T with sum_i floor(T / t_i) >= steps x R, where
     t_i is node i's fastest possible replay (typical time x (1 - jitter)). Ignores that one node
     may not replay a step twice, so it is a bound, not a schedule."""
-    from open1b.node.sim.hardware import assign
+    from open1b.sim.hardware import assign
 
     fastest = [hw.seconds * (1 - hw.jitter) for hw in assign(sc.mix, sc.nodes, sc.seed)]
     need = sc.steps * sc.redundancy

@@ -33,7 +33,7 @@ import numpy as np
 from open1b.protocol.data_order import Draw, all_indices
 
 from .errors import RunFormatError
-from .runfile import write_atomic
+from .durable_write import write_atomic
 
 INDEX_FILE = "data-index.bin"
 _MAGIC, _VERSION = b"OPEN1BDX", 1

@@ -13,7 +13,6 @@ digest *and* the state hash recomputed from it equals the manifest's h_k (see :m
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from open1b.protocol.witness import witness_commitment
 
 from .bounded_read import FileRefused, read_bounded
 from .config import GPTConfig
+from .durable_write import write_atomic
 from .errors import CheckpointMismatchError, RunFormatError
 from .state import TrainState
 
@@ -85,16 +85,6 @@ def next_state_hash(prev: bytes, state: TrainState, batch: np.ndarray | None) ->
     """h_k for ``state`` (at step k), given h_{k-1} (or the genesis hash) and the batch of step k-1;
     h_0 (``batch`` None) records no batch and a learning rate of 0."""
     return state_hash_of_root(prev, *state_link(state, batch))
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(run_dir: Path, state: TrainState) -> bytes:

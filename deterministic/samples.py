@@ -41,7 +41,7 @@ from open1b.protocol.merkle import merkle_proof, merkle_root, verify_merkle_proo
 
 from .bounded_read import FileRefused, open_regular
 from .errors import SamplesFormatError, SamplesMismatchError
-from .runfile import write_atomic
+from .durable_write import write_atomic
 
 SAMPLES_MAGIC = b"OPEN1BSM"
 SAMPLES_VERSION = 1

@@ -84,7 +84,7 @@ class Components:
             "replaying_step": s.busy_step, "replayed": s.replayed,
             "trust_policy": ingest.trust.name, "validation": dict(sorted(ingest.validation.items())),
             "banned": sorted(p2p.banned), "penalties": dict(sorted(p2p.rejected.items())),
-            "behaviour": self.config.behaviour or None,
+            "gossip_validator_errors": p2p.validator_errors,  # our bugs: ignored, nobody penalised (p2p.py)
             "reveals_made": ingest.proof.revealed, "witness_commitment_mismatches": ingest.proof.commitment_mismatches,
             "runs_synced": ingest.runs_synced, "blobs": self.blob_status(),
             "spot_checks": {"signed": {f"{v}/{c}": n for (v, c), n in sorted(s.spot_checks.items())},

@@ -60,7 +60,7 @@ CLAIM_TRIES = 4  # candidates tried per round before idling
 
 class Replayer(Protocol):
     """The hook between the auditor and whatever recomputes a step. The daemon's own is the worker
-    process; a test harness (``node/devnet/adversaries.py``) may wrap it to misbehave on purpose."""
+    process; a test harness (``devnet/adversaries.py``) may wrap it to misbehave on purpose."""
 
     async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         """Recompute ``step`` of ``manifest`` from the files in ``run_dir``; :class:`ReplayFailed` if it cannot."""

@@ -34,12 +34,12 @@ import trio
 
 from open1b.protocol import Open1bError
 from open1b.protocol.codec import decode, encode
-from open1b.protocol.errors import WrongTypeError
+from open1b.protocol.errors import DecodeError, WrongTypeError
 from open1b.protocol.hashing import DIGEST_SIZE
 
 from .chunk_table import compute_table
 from .files import FileRefused, StorageFull, check_free, open_regular
-from .p2p import P2P, Stream
+from .p2p import P2P, NetworkError, Stream
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,12 @@ _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
 class BlobError(Open1bError):
     """A blob could not be fetched or failed verification."""
+
+
+# What a provider, or the network between us, can make a download fail with: that provider failed,
+# and the next is tried. Nothing else is: our disk stops the fetch blaming no one, and a bug of ours
+# (a TypeError, say) propagates instead of passing for a provider's failure.
+PROVIDER_FAILURES = (NetworkError, BlobError, DecodeError, trio.TooSlowError)
 
 
 class BlobMismatch(BlobError):
@@ -313,7 +319,7 @@ class BlobCache:
         while True:
             try:
                 raw = await stream.receive(MAX_REQUEST)
-            except Exception:
+            except NetworkError:
                 return  # the requester closed the stream
             request = decode(raw, max_size=MAX_REQUEST)
             if (type(request) is not dict or set(request) != {"digest", "offset", "length"}
@@ -361,8 +367,10 @@ class BlobCache:
                         continue  # the partial file may have come from someone else: once more, from scratch
                     on_bad_peer(peer)
                     errors.append(f"{peer}: {exc}")
-                except Exception as exc:  # one provider failing is routine; try the next
+                except PROVIDER_FAILURES as exc:  # one provider failing is routine; try the next
                     errors.append(f"{peer}: {exc}")
+                except OSError as exc:  # our disk, not the provider's: stop, blame no one
+                    raise BlobError(f"cannot store blob {digest.hex()[:16]} here: {exc}") from exc
                 break
         raise BlobError(f"no provider delivered blob {digest.hex()[:16]}: " + "; ".join(errors) if errors
                         else f"no provider known for blob {digest.hex()[:16]}")

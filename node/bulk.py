@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from open1b.protocol import Identity
 from open1b.protocol.codec import decode, encode
-from open1b.protocol.errors import SignatureError
+from open1b.protocol.errors import DecodeError, SignatureError
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key, verify_raw
 
@@ -396,9 +396,7 @@ async def find_bulk_peer(p2p: P2P, peer_id: str, *, timeout_s: float = HANDSHAKE
         with trio.fail_after(timeout_s):
             stream = await p2p.open_stream(peer_id, ADDRESS_PROTOCOL)
             answer = decode(await stream.receive(64), max_size=64)
-    except (NetworkError, trio.TooSlowError):
-        return None
-    except Exception:  # libp2p raises its own types from stream reads, and a bad answer fails to decode
+    except (NetworkError, trio.TooSlowError, DecodeError):  # (p2p.Stream turns libp2p's zoo into NetworkError)
         return None
     port = answer.get("port") if type(answer) is dict else None
     if type(port) is not int or not 0 < port < 65536:

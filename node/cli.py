@@ -4,6 +4,9 @@ as JSON with ``--json``. Commands that ask a running daemon use its local API: `
 
 Exit codes: 0 success (and ``match`` for replay); 1 error (or a FAIL from doctor); 2 mismatch,
 or a devnet that did not complete before its deadline.
+
+``open1b-node devnet ARGS`` runs the test harness, a program of its own (``open1b-devnet ARGS``),
+in a child process: the node imports none of it.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from open1b.protocol import Open1bError
 
 from . import answers
 from .datadir import default_data_dir
 from .results import CommandResult
+
+if TYPE_CHECKING:
+    from .config import NodeConfig
+    from .daemon import Harness
 
 
 def _api(args: argparse.Namespace) -> str:
@@ -78,6 +85,12 @@ def cmd_init(args: argparse.Namespace) -> CommandResult:
 
 
 def cmd_daemon(args: argparse.Namespace) -> CommandResult:
+    return serve_daemon(daemon_config(args))
+
+
+def daemon_config(args: argparse.Namespace) -> NodeConfig:
+    """What ``open1b-node daemon ARGS`` runs with: config.toml, then the flags. Sets up logging and
+    the data directory first."""
     from .config import load_config
     from .datadir import init_data_dir
     from .logs import setup_logging
@@ -87,19 +100,19 @@ def cmd_daemon(args: argparse.Namespace) -> CommandResult:
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)
     base = load_config(data_dir)
-    config = base.with_overrides(
+    return base.with_overrides(
         listen=args.listen, api=args.api, metrics=args.metrics, redundancy=args.redundancy, lease_s=args.lease,
         bootstrap=base.bootstrap + tuple(args.bootstrap), run_dirs=base.run_dirs + tuple(Path(r) for r in args.run),
         audit=False if args.no_audit else None, trust_policy=args.trust_policy,
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
-        behaviour=args.behaviour, device=args.device, answer_s=args.answer_seconds,
+        device=args.device, answer_s=args.answer_seconds,
         spot_checks=False if args.no_spot_checks else None, spot_checks_in_flight=args.spot_checks_in_flight,
     )
-    harness = None
-    if config.behaviour:  # a devnet's deliberately broken node (node/devnet/adversaries.py)
-        from .devnet.adversaries import from_config
 
-        harness = from_config(config)
+
+def serve_daemon(config: NodeConfig, *, harness: Harness | None = None) -> CommandResult:
+    """Run a daemon until it stops. ``harness`` is the daemon's test hook: only the devnet's own
+    entry point (``python -m open1b.devnet.daemon_entry``) passes one."""
     # the network stack loads only once the configuration is known to be good: a bad argument
     # is refused in a fraction of a second
     import trio
@@ -551,19 +564,6 @@ def _fresh_run_dir(out: Path) -> Path:
     return out
 
 
-def cmd_devnet(args: argparse.Namespace) -> CommandResult:
-    from .devnet import DevnetOptions, render, run_devnet
-
-    opts = DevnetOptions(nodes=args.nodes, steps=args.steps, redundancy=args.redundancy, tamper_step=args.tamper_step,
-                         eval_every=args.eval_every, tamper_eval=args.tamper_eval, deadline_s=args.deadline,
-                         seed=args.seed, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep,
-                         scenarios=tuple(dict.fromkeys(args.scenario)), device=args.device,
-                         **({"preset": args.preset} if args.preset else {}))
-    summary = run_devnet(opts)
-    return CommandResult(summary, lambda result: render(result, opts),
-                         0 if summary["ok" if opts.scenarios else "complete"] else 2)
-
-
 # -- parser ----------------------------------------------------------------------------------
 DEVICE_HELP = ("where to compute: auto (a CUDA device that passes the self-checks, else the CPU), cpu, cuda or "
                "cuda:N; a GPU that is missing or fails the self-checks falls back to the CPU, which gives the same bits")
@@ -605,8 +605,6 @@ def parser() -> argparse.ArgumentParser:
                    help="replay only: never spot check (config: spot_checks = false)")
     d.add_argument("--spot-checks-in-flight", type=int, metavar="N",
                    help="spot checks at once while some step has none (config: spot_checks_in_flight; default 1)")
-    # Test-only: deliberately broken behaviour for devnet scenarios; refused outside a devnet.
-    d.add_argument("--behaviour", help=argparse.SUPPRESS)
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
     d.add_argument("--log-file", help="log to this file (rotated at 10 MiB, 5 kept) instead of stderr")
@@ -707,26 +705,6 @@ def parser() -> argparse.ArgumentParser:
                    help="do not record step fingerprints (docs/run-format.md §10): the run cannot be spot checked")
     t.set_defaults(func=cmd_train)
 
-    n = sub.add_parser("devnet", parents=[reporting], help="train a run and audit it with a local network of daemons")
-    n.add_argument("--nodes", type=int, default=3, help="auditor daemons (an observer is added)")
-    n.add_argument("--steps", type=int, default=8)
-    n.add_argument("--preset", help="model preset (default: the engine's default; not with --scenario)")
-    n.add_argument("--redundancy", type=int, default=1)
-    n.add_argument("--tamper-step", type=int, help="forge the published state after this step")
-    n.add_argument("--eval-every", type=int, default=0, metavar="V",
-                   help="commit a held-out evaluation set and evaluate every V-th state (0: no evaluation)")
-    n.add_argument("--tamper-eval", type=int, metavar="K", help="the trainer publishes a false loss for state K")
-    n.add_argument("--deadline", type=float, default=150.0, help="seconds before giving up")
-    n.add_argument("--seed", type=int, default=0)
-    n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
-    n.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
-    n.add_argument("--scenario", action="append", default=[], metavar="NAME",
-                   help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
-                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner,"
-                        " forged-data, skipped-update, forged-microbatch, refusing-trainer (docs/reliability.md)")
-    n.add_argument("--device", default="auto", help=DEVICE_HELP + " (the trainer's and every daemon's)")
-    n.set_defaults(func=cmd_devnet)
-
     from .verify_handoff import add_parser as add_verify_handoff  # Open-1B v3 hand-off check
     add_verify_handoff(sub, parents=[reporting])
     from .data_command import add_parser as add_data  # data inclusion and exclusion proofs
@@ -740,17 +718,41 @@ def _os_error(exc: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["devnet"]:
+        return _devnet(argv[1:])
     args = parser().parse_args(argv)  # a malformed command line: usage and exit code 2 (argparse)
+    return run_command(args, args.func)
+
+
+def _devnet(argv: list[str]) -> int:
+    """``open1b-node devnet ARGS`` is ``open1b-devnet ARGS``: the test harness is a program of its
+    own, run in a child process so that the node imports none of it."""
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-m", "open1b.devnet", *argv])
+    while True:
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:  # the child had the same SIGINT: it stops its daemons, then exits
+            continue
+        return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+def run_command(args: argparse.Namespace, command: Callable[[argparse.Namespace], CommandResult], *,
+                prog: str = "open1b-node") -> int:
+    """``command(args)``, rendered, and its exit code; an error the caller can act on is one line
+    on stderr and exit code 1."""
     try:
-        result = args.func(args)
+        result = command(args)
     except Open1bError as exc:
-        print(f"open1b-node: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
-        print(f"open1b-node: invalid input: {exc}", file=sys.stderr)
+        print(f"{prog}: invalid input: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file or directory the caller named that the system refused
-        print(f"open1b-node: error: {_os_error(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {_os_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -133,8 +133,6 @@ class NodeConfig:
     # compute and bandwidth, and anyone can sign a manifest; runs the operator publishes or names
     # with ``--run`` are always taken.
     publishers: tuple[str, ...] = ()
-    # Deliberately broken behaviour for devnet scenarios (node/devnet/adversaries.py); not a config.toml key.
-    behaviour: str = ""
 
     def __post_init__(self) -> None:
         split_hostport(self.listen)

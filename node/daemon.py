@@ -14,7 +14,7 @@ and serves it in one nursery; the data path runs through the components in one d
 
 Time and randomness are parameters (``clock``, ``rng``), so tests drive a whole node on trio's
 ``MockClock``. A test harness reaches the daemon only through :class:`Harness`; the daemon
-imports nothing from ``node/devnet``.
+imports nothing of the harness (``open1b.devnet``, ``open1b.sim``).
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the 
 
 
 class Harness(Protocol):
-    """The one hook a test harness has into a daemon (``node/devnet/adversaries.py`` implements it
-    to make a devnet node misbehave on purpose). An honest daemon has none."""
+    """The one hook a test harness has into a daemon (``devnet/adversaries.py`` implements it
+    to make a devnet node misbehave on purpose, and ``python -m open1b.devnet.daemon_entry`` hands
+    it over). An honest daemon has none."""
 
     def replayer(self, honest: Replayer) -> Replayer:
         """What the auditor replays with, given the honest worker."""

@@ -6,8 +6,8 @@ that the rest of the node sees a small, safe surface:
 * start order: Pubsub and GossipSub run before the host listens, the DHT after; shutdown is the
   reverse, from one exit stack;
 * every callback we hand to libp2p (topic validators, stream handlers, DHT record validators)
-  is wrapped so an exception — from a bug or a hostile peer — is logged and treated as a
-  rejection instead of tearing the host down;
+  is wrapped so that an exception is logged instead of tearing the host down. A topic validator
+  that raises is our bug, not the sender's: the message is ignored and nobody is penalised;
 * ``publish`` is paced on the peers' outbound queues, which drop silently when full;
 * each subscription is drained by its own task, so a slow consumer never loses messages in
   libp2p's 32-slot channel;
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import traceback
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
@@ -149,6 +150,8 @@ class P2P:
         self.max_rejects_per_peer = max_rejects_per_peer
         self.rejected: dict[str, int] = {}
         self.banned: set[str] = set()
+        self.validator_errors = 0  # messages our own validator raised on (metrics: a bug of ours)
+        self._validator_bugs_logged: set[tuple[str, str, str, int | None]] = set()
 
     # -- identity and peers ----------------------------------------------------------------
     @property
@@ -217,14 +220,25 @@ class P2P:
             author = ID(msg.from_id).to_base58() if msg.from_id else sender
             try:
                 outcome = validator(author, bytes(msg.data))
-            except Exception:
-                log.exception("gossip validator for %s failed; rejecting", topic)
-                outcome = Outcome.REJECT
+            except Exception as exc:  # our bug, whatever the message: IGNORE, never a penalty
+                self._validator_failed(topic, exc)
+                return False
             if outcome is Outcome.REJECT and sender != self.peer_id:
                 self.penalise(sender)
             return outcome is Outcome.ACCEPT
 
         self.pubsub.set_topic_validator(topic, wrapped, is_async_validator=False)
+
+    def _validator_failed(self, topic: str, exc: Exception) -> None:
+        """Count a raise of our own validator; its traceback is logged once per place it came from
+        (a bug that fires on every message must not flood the log, nor hide a second bug)."""
+        self.validator_errors += 1
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = (topic, type(exc).__name__, frame.filename, frame.lineno)
+        if where not in self._validator_bugs_logged:
+            self._validator_bugs_logged.add(where)
+            log.error("BUG: our gossip validator for %s raised; the message is ignored and its sender not "
+                      "penalised (this traceback is logged once)", topic, exc_info=exc)
 
     def penalise(self, peer_id: str) -> None:
         """Count one provably invalid message against ``peer_id``; ban it past the limit."""

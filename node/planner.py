@@ -16,7 +16,7 @@ converges to as the network grows.
 Two ways to find a node's best steps give the same answer (:func:`pick`): scan the node's
 precomputed best-``PREFIX`` steps for members of a large bucket, or score every member of a
 small one. So a pick costs O(PREFIX) or O(bucket), never O(steps). The same functions drive the
-daemon and the scale simulator (``open1b.node.sim``), so what is measured there is what runs here.
+daemon and the scale simulator (``open1b.sim``), so what is measured there is what runs here.
 
 :func:`candidates` is the slow, obvious reference over a full :class:`~open1b.protocol.Coverage`;
 tests check that :func:`pick` over an incremental index (:mod:`.deficits`) agrees with it.

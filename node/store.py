@@ -137,11 +137,6 @@ class Store:
                 (run_id, step))
         return [(Attestation.decode(r[0]), r[1]) for r in rows.fetchall()]
 
-    def attested_steps(self, run_id: bytes, signer: bytes) -> set[int]:
-        rows = self._db.execute(
-            "SELECT DISTINCT step FROM attestations WHERE run_id = ? AND signer = ?", (run_id, signer))
-        return {r[0] for r in rows.fetchall()}
-
     def attestations_in_order(self, run_id: bytes) -> list[tuple[Attestation, int]]:
         """A run's attestations with their receipt sequence (rowid: larger = stored later)."""
         rows = self._db.execute(

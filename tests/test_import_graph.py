@@ -1,6 +1,7 @@
-"""Product code has no import cycles: each module imports alone, in an interpreter that has loaded
+"""Our code has no import cycles: each module imports alone, in an interpreter that has loaded
 none of ours, and the graph of every import statement — function-level ones included, which hide
-cycles from a reader — has no cycle.
+cycles from a reader — has no cycle. The product (protocol, deterministic, node) reaches nothing
+of the test harness (devnet, sim), which sits on top of it.
 
 ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module, else of
 ``pkg``; imports under ``if TYPE_CHECKING:`` are not executed and are left out.
@@ -15,7 +16,9 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"protocol": "open1b.protocol", "deterministic": "open1b.deterministic", "node": "open1b.node"}
+PACKAGES = {"protocol": "open1b.protocol", "deterministic": "open1b.deterministic", "node": "open1b.node",
+            "devnet": "open1b.devnet", "sim": "open1b.sim"}
+HARNESS = ("open1b.devnet", "open1b.sim")
 
 
 def product_modules() -> dict[str, Path]:
@@ -98,21 +101,42 @@ def test_the_import_graph_of_product_code_has_no_cycle():
     assert cycles(graph) == []
 
 
-def test_the_daemon_reaches_nothing_of_the_test_harness():
-    """node/devnet is a harness on top of the daemon (docs/node.md): nothing the daemon imports,
-    directly or not, is part of it; of the product only the CLI (which hands a devnet's adversary to
-    the daemon) and the harness itself import it."""
-    modules = product_modules()
-    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    seen, todo = set(), ["open1b.node.daemon"]
+def _is_harness(name: str) -> bool:
+    return any(name == h or name.startswith(h + ".") for h in HARNESS)
+
+
+def closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
             todo.extend(graph[name])
-    assert not {m for m in seen if m.startswith("open1b.node.devnet")}
-    importers = {m for m, deps in graph.items() if any(d.startswith("open1b.node.devnet") for d in deps)}
-    assert {m for m in importers if not m.startswith("open1b.node.devnet")} == {"open1b.node.cli"}
+    return seen
+
+
+def test_the_daemon_and_the_cli_reach_nothing_of_the_test_harness():
+    """devnet/ and sim/ are a harness on top of the node (docs/node.md): nothing the daemon or the
+    CLI imports, directly or not, function-level imports included, is part of it, and no product
+    module imports it (``open1b-node devnet`` runs the harness's program in a child process)."""
+    modules = product_modules()
+    assert {m for m in modules if _is_harness(m)} >= {"open1b.devnet", "open1b.devnet.scenarios",
+                                                      "open1b.devnet.daemon_entry", "open1b.sim"}
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    for start in ("open1b.node.daemon", "open1b.node.cli"):
+        reached = closure(graph, start)
+        assert "open1b.node.config" in reached  # (the walk does follow imports)
+        assert not {m for m in reached if _is_harness(m)}, start
+    importers = {m for m, deps in graph.items() if any(_is_harness(d) for d in deps)}
+    assert {m for m in importers if not _is_harness(m)} == set()
+
+
+def test_the_harness_check_sees_a_function_level_import_of_the_harness(tmp_path):
+    source = tmp_path / "cli.py"
+    source.write_text("def cmd():\n    from open1b.devnet.cli import main\n")
+    modules = {**product_modules(), "open1b.node.cli": source}
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert any(_is_harness(m) for m in closure(graph, "open1b.node.cli"))
 
 
 def test_the_graph_walk_sees_function_level_imports():

@@ -6,7 +6,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-IMPORT_NAMES = {"protocol": "open1b.protocol", "deterministic": "open1b.deterministic", "node": "open1b.node"}
+IMPORT_NAMES = {"protocol": "open1b.protocol", "deterministic": "open1b.deterministic", "node": "open1b.node",
+                "devnet": "open1b.devnet", "sim": "open1b.sim"}
 
 
 def test_every_folder_of_python_code_is_a_listed_package():

@@ -66,8 +66,8 @@ def _coverage(api: str, run_hex: str) -> dict:
 
 
 def test_js_libp2p_peer_among_open1b_daemons(js_ready, small_run, tmp_path):
+    from open1b.devnet import Daemons
     from open1b.node.client import call
-    from open1b.node.devnet import Daemons
 
     run_dir, manifest = small_run
     run_hex = manifest.run_id.hex()

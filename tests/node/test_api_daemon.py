@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from open1b.devnet import Daemons
 from open1b.node.client import ApiUnavailable, call
 from open1b.node.datadir import read_api_token
-from open1b.node.devnet import Daemons
 
 from .commands import cli
 from .test_api import EVIL, FORM, OPENAPI_DOC, request

@@ -64,6 +64,32 @@ def test_fetch_verify_resume_and_reject_lies(tmp_path):
     trio.run(main)
 
 
+def test_a_bug_of_ours_during_a_fetch_is_not_the_providers_failure(tmp_path):
+    """Only what a provider or the network can cause counts as that provider failing: a TypeError
+    in our own code (here the caller's progress callback) propagates, and no provider is blamed."""
+    source = tmp_path / "blob.bin"
+    source.write_bytes(os.urandom(MAX_CHUNK + 1))
+    blamed = []
+
+    def buggy_progress(done, total):
+        raise TypeError("a bug of ours")
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, c = [await stack.enter_async_context(open_p2p(ident(50 + i), "127.0.0.1", 0)) for i in range(2)]
+                cache_a = BlobCache(tmp_path / "a", 1 << 30)
+                a.set_stream_handler(BLOB_PROTOCOL, cache_a.serve)
+                digest = cache_a.add_file(source, pin=True)
+                await c.connect(a.addrs[0])
+                with pytest.raises(TypeError, match="a bug of ours"):
+                    await BlobCache(tmp_path / "c", 1 << 30).fetch(c, digest, [a.peer_id, a.peer_id], buggy_progress,
+                                                                   on_bad_peer=blamed.append)
+
+    trio.run(main)
+    assert blamed == []
+
+
 def test_cache_evicts_least_recently_used_but_never_pinned(tmp_path):
     cache = BlobCache(tmp_path / "cache", max_bytes=3500)
     digests = []

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from open1b.devnet import Daemons
 from open1b.node.client import call
-from open1b.node.devnet import Daemons
 from open1b.protocol import MISMATCH, Attestation
 
 pytestmark = pytest.mark.integration

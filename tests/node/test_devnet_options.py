@@ -2,7 +2,7 @@
 
 import pytest
 
-from open1b.node.devnet import DevnetOptions
+from open1b.devnet import DevnetOptions
 
 
 def test_a_devnet_trains_any_known_preset_but_scenarios_only_the_default():

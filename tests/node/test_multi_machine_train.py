@@ -13,7 +13,7 @@ import pytest
 
 from open1b.deterministic.runfile import read_manifest
 from open1b.deterministic.trainer import publish_run
-from open1b.node.devnet.netns import Partition
+from open1b.devnet.netns import Partition
 from open1b.protocol import Identity
 
 STEPS, PORT = 2, 29517

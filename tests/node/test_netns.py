@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from open1b.node.devnet.netns import LOCK_PATH, Partition, clear_stale
+from open1b.devnet.netns import LOCK_PATH, Partition, clear_stale
 
 
 def _names(*cmd: str) -> set[str]:

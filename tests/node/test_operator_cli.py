@@ -9,8 +9,8 @@ import socket
 import pytest
 
 from open1b.deterministic.device import cpu_device_class
+from open1b.devnet import Daemons
 from open1b.node.client import call
-from open1b.node.devnet import Daemons
 from open1b.node.metrics import METRIC_NAMES
 
 from .commands import cli, wait_for

@@ -1,5 +1,6 @@
 """The libp2p adapter against real py-libp2p hosts on loopback (three in one trio process)."""
 
+import logging
 from contextlib import AsyncExitStack
 
 import pytest
@@ -90,6 +91,46 @@ def test_identity_gossip_validation_dht_arbitration_and_stream_isolation(tampere
                 assert await s2.receive(64) == b"echo:hi"
 
     trio.run(main)
+
+
+def test_a_validator_of_ours_that_raises_ignores_the_message_and_blames_no_one(caplog):
+    """A raise in our own validator is our bug: the message is dropped (IGNORE), the sender is
+    never penalised — under REJECT, a bug would ban every honest peer after a few messages — and
+    the traceback is logged once."""
+    received = []
+
+    def buggy(author, data):
+        if data.startswith(b"bug"):
+            raise TypeError("a bug of ours")
+        return Outcome.ACCEPT
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, c = [await stack.enter_async_context(open_p2p(ident(30 + i), "127.0.0.1", 0, max_rejects_per_peer=2))
+                        for i in range(2)]
+                await c.connect(a.addrs[0])
+                a.set_validator(TOPIC, buggy)
+                c.set_validator(TOPIC, lambda author, data: Outcome.ACCEPT)
+
+                async def handler(author, data):
+                    received.append(data)
+
+                await a.subscribe(TOPIC, handler)
+                await c.subscribe(TOPIC, lambda author, data: trio.sleep(0))
+                await c.pubsub.wait_for_mesh(a.host.get_id(), TOPIC, timeout=10)
+                for i in range(5):  # past max_rejects_per_peer, had they counted against c
+                    await c.publish(TOPIC, b"bug-%d" % i)
+                await c.publish(TOPIC, b"fine")
+                while a.validator_errors < 5 or not received:
+                    await trio.sleep(0.02)
+                assert a.rejected == {} and a.banned == set() and c.peer_id in a.connected_peers()
+
+    with caplog.at_level(logging.ERROR, logger="open1b.node.p2p"):
+        trio.run(main)
+    assert received == [b"fine"]
+    bugs = [r for r in caplog.records if r.getMessage().startswith("BUG: our gossip validator")]
+    assert len(bugs) == 1 and bugs[0].exc_info[0] is TypeError
 
 
 class _StuckDHT:

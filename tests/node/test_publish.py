@@ -12,12 +12,12 @@ import pytest
 import trio
 
 from open1b.deterministic.runfile import MANIFEST_FILE, checkpoint_path
+from open1b.devnet import Daemons
 from open1b.node.blobs import BLOB_PROTOCOL, BlobCache, file_digest, provider_key
 from open1b.node.client import call
 from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
 from open1b.node.daemon import open_daemon
-from open1b.node.devnet import Daemons
 from open1b.node.p2p import open_p2p
 from open1b.node.runs import RunFilesError, checkpoint_blob
 from open1b.protocol.codec import encode

@@ -1,4 +1,4 @@
-"""The scale simulator (open1b.node.sim): small, seeded runs that finish in seconds.
+"""The scale simulator (open1b.sim): small, seeded runs that finish in seconds.
 
 The long experiments live in bench/scale.py; these check that the simulator is deterministic,
 that its shortcuts (shared index with per-node lag, parking idle nodes, stand-in signatures)
@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from open1b.node.sim import Churn, NetworkModel, Scenario, simulate
-from open1b.node.sim.baselines import RandomBlind
-from open1b.node.sim.hardware import Hardware
-from open1b.node.sim.swarm import Swarm
+from open1b.sim import Churn, NetworkModel, Scenario, simulate
+from open1b.sim.baselines import RandomBlind
+from open1b.sim.hardware import Hardware
+from open1b.sim.swarm import Swarm
 
 # Minutes-long replays, seconds-long gossip with heavy loss, leases shorter than a replay, and
 # nodes that come and go: every path of the view, lease and parking logic gets exercised.

@@ -11,9 +11,9 @@ import pytest
 import trio
 
 from open1b.deterministic.spot_run import ANSWER, MICRO
+from open1b.devnet.forged_run import publish_forged_run
 from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
-from open1b.node.devnet.forged_run import publish_forged_run
 from open1b.node.metrics import NodeStats
 from open1b.node.p2p import open_p2p
 from open1b.node.spot_answers import SPOTCHECK_PROTOCOL, AnswerServer
@@ -86,7 +86,7 @@ def test_only_the_publishers_answer_convicts_at_the_micro_batch_links(tmp_path):
     failure and the verifier asks on (here: no_answer at the deadline); sent by the run's
     publisher, it convicts the step at ``gradient``."""
     from open1b.deterministic.trainer import config_of
-    from open1b.node.devnet.forged_run import forged_answer, forged_slot
+    from open1b.devnet.forged_run import forged_answer, forged_slot
     from open1b.protocol import decode, derive_slot, encode, slot_signature
 
     publisher_key = ident(80)

@@ -13,8 +13,8 @@ from pathlib import Path
 import cbor2
 import pytest
 
+from open1b.devnet import Daemons
 from open1b.node.client import call
-from open1b.node.devnet import Daemons
 from open1b.node.store import Store
 from open1b.protocol import Attestation
 from tests.runs import attestation, run_manifest

@@ -3,7 +3,7 @@
 import pytest
 
 from open1b.deterministic.replay import replay
-from open1b.node.devnet.forged_run import publish_forged_run
+from open1b.devnet.forged_run import publish_forged_run
 
 from ..node.conftest import ident
 

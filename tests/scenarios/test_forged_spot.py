@@ -10,7 +10,7 @@ from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import MANIFEST_FILE
 from open1b.deterministic.spot_run import answer_from_run, check_spot
 from open1b.deterministic.trainer import config_of, publish_run
-from open1b.node.devnet.forged_run import forged_answer, forged_slot, publish_forged_run
+from open1b.devnet.forged_run import forged_answer, forged_slot, publish_forged_run
 from open1b.protocol import Identity, blake2b256, validate_manifest
 from open1b.protocol.spotcheck import challenge_signature, derive_slot, slot_signature
 

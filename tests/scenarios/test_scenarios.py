@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from open1b.node.devnet import SCENARIOS
+from open1b.devnet import SCENARIOS
 from open1b.protocol import (
     MATCH,
     MISMATCH,

@@ -49,7 +49,7 @@ class Scenario:
     forged_steps: int = 0  # steps whose published post-state the trainer forged
     segment: int = 100  # the incumbent's sequential segment length
     seed: int = 0
-    crypto: str = "stand-in"  # see node/sim/crypto.py
+    crypto: str = "stand-in"  # see sim/crypto.py
     view: str = "overlay"  # "overlay": shared index + per-node lag; "exact": one real index per node
     parking: bool = True  # skip idle polls that provably find nothing (overlay view only)
     max_seconds: float = 20 * YEAR

@@ -16,7 +16,7 @@ from .base import Net, Scenario, _result
 
 
 class SpotScenario(Scenario):
-    forgery = ""  # the forged run's kind (node/devnet/forged_run.py); "" publishes an honest run
+    forgery = ""  # the forged run's kind (devnet/forged_run.py); "" publishes an honest run
     expected: tuple[str, ...] = ()  # the links that may catch it (docs/run-format.md §10.3)
     what = ""
     # The devnet's answer deadline (the spec's ANSWER_SECONDS is an hour): long enough for a

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from ...client import ApiUnavailable
+from open1b.node.client import ApiUnavailable
+
 from .base import CONVERGE_TIMEOUT_S, POLL_S, Node, Scenario, _result, canonical
 
 

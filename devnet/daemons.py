@@ -1,5 +1,6 @@
 """The daemon processes of a devnet (:class:`Daemons`): real ``open1b-node daemon`` processes on
-127.0.0.1 (or in network namespaces), started, published through, killed and stopped."""
+127.0.0.1 (or in network namespaces), started, published through, killed and stopped. An
+adversary is the same daemon started through :mod:`.daemon_entry`."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..client import ApiUnavailable, call, publish
-from ..daemon import API_ADDR_FILE
-from ..datadir import init_data_dir, read_api_token
+from open1b.node.client import ApiUnavailable, call, publish
+from open1b.node.daemon import API_ADDR_FILE
+from open1b.node.datadir import init_data_dir, read_api_token
+
 from .adversaries import ENV_SWITCH as DEVNET_ENV
 from .options import DevnetError
 
@@ -63,7 +65,10 @@ class Daemons:
         runs the whole devnet (docs/protocol.md §8.1)."""
         data_dir = self.dirs[index]
         host, port = self.addrs[index].split("/")[2], self.addrs[index].split("/")[4]
-        cmd = [*self.prefixes[index], sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(data_dir),
+        # an adversary (``--behaviour`` in ``extra_args``) runs under the harness's own entry point;
+        # an honest node is the product's daemon, unchanged
+        program = ("open1b.devnet.daemon_entry",) if "--behaviour" in extra_args else ("open1b.node.cli", "daemon")
+        cmd = [*self.prefixes[index], sys.executable, "-m", *program, "--data-dir", str(data_dir),
                "--listen", f"{host}:{port}", "--api", f"{self.api_hosts[index]}:0",
                "--redundancy", str(self.redundancy), "--device", self.device, "--log-prefix", f"node-{index} "]
         if self.run_on_all:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from open1b.deterministic.device import select_device_or_cpu
 from open1b.deterministic.trainer import publish_run
+from open1b.node.client import call
+from open1b.node.progress import progress
 from open1b.protocol import Identity
 
-from ..client import call
-from ..progress import progress
 from .daemons import Daemons, say
 from .evaluations import implied_board, render_evaluations, trainer_results
 from .options import EVAL_DOCUMENTS, DevnetOptions

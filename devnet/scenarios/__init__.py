@@ -23,10 +23,10 @@ from pathlib import Path
 
 from open1b.deterministic.device import select_device_or_cpu
 from open1b.deterministic.trainer import publish_run
+from open1b.node.client import ApiUnavailable
+from open1b.node.identity_file import load_identity
+from open1b.node.jobs import JobState
 
-from ...client import ApiUnavailable
-from ...identity_file import load_identity
-from ...jobs import JobState
 from ..daemons import Daemons, say
 from ..forged_run import publish_forged_run
 from ..netns import Partition as Netns

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 from open1b.deterministic.device import cpu_device_class
+from open1b.node.client import call
+from open1b.node.evaluations import sign_results
 from open1b.protocol import (
     Attestation,
     EvalStatement,
@@ -17,9 +19,6 @@ from open1b.protocol import (
     leaderboard,
     public_key_from_peer_id,
 )
-
-from ..client import call
-from ..evaluations import sign_results
 
 
 def trainer_results(run_dir: Path, manifest: RunManifest, trainer: Identity, tamper: int | None) -> list[EvalStatement]:

@@ -1,15 +1,15 @@
 """The test harness: a devnet of real daemon processes on one machine, with faults and
-adversaries injected (``open1b-node devnet``; docs/reliability.md).
+adversaries injected (``open1b-devnet``, :mod:`.cli`; docs/reliability.md).
 
 * :mod:`.options` — what a devnet is asked to do (:class:`DevnetOptions`), the known scenarios;
 * :mod:`.daemons` — the daemon processes (:class:`Daemons`): start, publish through, kill, stop;
 * :mod:`.plain` — a devnet without scenarios: train, publish, cover, summarise;
 * :mod:`.scenarios` — one module per scenario, and the driver that combines them;
 * :mod:`.adversaries` — deliberately broken daemons (``--behaviour``), reaching the daemon only
-  through its documented hook (:class:`open1b.node.daemon.Harness`);
+  through its documented hook (:class:`open1b.node.daemon.Harness`), started by :mod:`.daemon_entry`;
 * :mod:`.forged_run` — runs whose published states are forged; :mod:`.netns` — network namespaces.
 
-The daemon imports nothing from here.
+Neither the daemon nor ``open1b-node`` imports anything from here (tests/test_import_graph.py).
 """
 
 from __future__ import annotations

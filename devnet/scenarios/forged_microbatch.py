@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from open1b.deterministic.runfile import MANIFEST_FILE
+from open1b.node.files import write_atomic
 from open1b.protocol import Identity, RunManifest, derive_slot, slot_signature
 from open1b.protocol.spotcheck import run_slots
 
-from ...files import write_atomic
 from ..forged_run import forged_slot
 from ..options import DevnetError
 from .spot_base import SpotScenario

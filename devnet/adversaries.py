@@ -1,12 +1,14 @@
 """Deliberately broken daemons, for devnet scenarios only (docs/reliability.md).
 
-A devnet starts some of its daemons with the hidden flag ``--behaviour NAME[=ARG]``. The CLI
-refuses the flag unless its environment holds ``OPEN1B_DEVNET=1``, which only the devnet's
-:class:`~open1b.node.devnet.Daemons` helper sets, and it is not a config.toml key: an operator
-cannot switch any of this on by accident. Each behaviour is an :class:`Adversary`, which reaches
-the daemon only through the daemon's documented hook (:class:`open1b.node.daemon.Harness`): it
-wraps the honest :class:`~open1b.node.auditor.Replayer`, and runs a task of its own with the
-running :class:`~open1b.node.daemon.Daemon`'s components. Behaviours:
+A devnet starts some of its daemons through its own entry point,
+``python -m open1b.devnet.daemon_entry --behaviour NAME[=ARG] DAEMON_ARGS`` (:mod:`.daemon_entry`);
+``open1b-node`` has no such flag and its config no such key. The entry point refuses unless its
+environment holds ``OPEN1B_DEVNET=1``, which only the devnet's :class:`~open1b.devnet.Daemons`
+helper sets: an operator cannot switch any of this on by accident. Each behaviour is an
+:class:`Adversary`, which reaches the daemon only through the daemon's documented hook
+(:class:`open1b.node.daemon.Harness`): it wraps the honest :class:`~open1b.node.auditor.Replayer`,
+and runs a task of its own with the running :class:`~open1b.node.daemon.Daemon`'s components.
+Behaviours:
 
 * ``lie``     — signs ``match`` (the published hash) for every step of every run it knows, at
   once and without replaying; if it claims a step, it "replays" it the same way.
@@ -40,6 +42,15 @@ import cbor2
 import trio
 
 from open1b.deterministic.device import cpu_device_class
+from open1b.node.auditor import Replayer
+from open1b.node.config import ConfigError
+from open1b.node.daemon import Daemon
+from open1b.node.files import write_atomic
+from open1b.node.p2p import Stream
+from open1b.node.spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL, AnswerServer
+from open1b.node.sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
+from open1b.node.topics import attestations_topic
+from open1b.node.worker import WorkerResult
 from open1b.protocol import (
     MATCH,
     MAX_ATTESTATION_SIZE,
@@ -55,18 +66,9 @@ from open1b.protocol import (
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, FieldType, UInt
 
-from ..auditor import Replayer
-from ..config import ConfigError, NodeConfig
-from ..daemon import Daemon
-from ..files import write_atomic
-from ..p2p import Stream
-from ..spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL, AnswerServer
-from ..sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
-from ..topics import attestations_topic
-from ..worker import WorkerResult
 from .forged_run import forged_answer
 
-log = logging.getLogger("open1b.node.devnet.adversaries")
+log = logging.getLogger("open1b.devnet.adversaries")
 
 ENV_SWITCH = "OPEN1B_DEVNET"
 INJECTED_FILE = "injected.json"
@@ -75,16 +77,14 @@ RUN_WAIT_S = 120.0
 SPAM_BURSTS, SPAM_PAUSE_S = 5, 3.0
 
 
-def from_config(config: NodeConfig) -> Adversary | None:
-    """The behaviour a devnet asked for, or None for an honest node."""
-    if not config.behaviour:
-        return None
+def from_name(behaviour: str) -> Adversary:
+    """The adversary a devnet asked for (``NAME[=ARG]``)."""
     if os.environ.get(ENV_SWITCH) != "1":
         raise ConfigError("--behaviour is a devnet-only test switch (it makes the node misbehave on purpose)")
-    name, _, arg = config.behaviour.partition("=")
+    name, _, arg = behaviour.partition("=")
     if name not in BEHAVIOURS:
         raise ConfigError(f"unknown behaviour {name!r} (known: {', '.join(sorted(BEHAVIOURS))})")
-    log.warning("THIS NODE MISBEHAVES ON PURPOSE: behaviour %s", config.behaviour)
+    log.warning("THIS NODE MISBEHAVES ON PURPOSE: behaviour %s", behaviour)
     return BEHAVIOURS[name](arg)
 
 
@@ -220,7 +220,7 @@ class Copy(Adversary):
         me = daemon.identity.public_key
         while True:
             for manifest in list(daemon.ingest.manifests.values()):
-                mine = daemon.store.attested_steps(manifest.run_id, me)
+                mine = {a.step for a in daemon.store.attestations(manifest.run_id) if a.signer == me}
                 for step in range(manifest.steps):
                     source = None if step in mine else self._source(daemon, manifest.run_id, step)
                     if source is not None:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from open1b.node.client import call
 from open1b.protocol import Identity, RunManifest
 
-from ...client import call
 from ..daemons import Daemons
 from ..options import DevnetOptions
 

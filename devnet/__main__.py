@@ -1,0 +1,6 @@
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":  # (not when a test imports every module)
+    sys.exit(main())
