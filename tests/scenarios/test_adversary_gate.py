@@ -33,6 +33,7 @@ def test_behaviour_is_not_a_config_file_key(tmp_path):
         load_config(tmp_path)
 
 
+@pytest.mark.integration  # runs the daemon's command line (refused before it listens)
 def test_the_harness_entry_point_refuses_to_start_outside_a_devnet(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != adversary.ENV_SWITCH}
     proc = subprocess.run([sys.executable, "-m", "open1b.devnet.daemon_entry", "--behaviour", "lie",
@@ -41,6 +42,7 @@ def test_the_harness_entry_point_refuses_to_start_outside_a_devnet(tmp_path):
     assert proc.returncode == 1 and "devnet-only" in proc.stderr
 
 
+@pytest.mark.integration  # runs the daemon's command line (refused before it listens)
 def test_the_node_has_no_behaviour_flag(tmp_path):
     env = {**os.environ, adversary.ENV_SWITCH: "1"}  # not even inside a devnet
     proc = subprocess.run([sys.executable, "-m", "open1b.node.cli", "daemon", "--data-dir", str(tmp_path / "d"),
