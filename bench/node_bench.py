@@ -60,7 +60,7 @@ def attestations(manifest: RunManifest, signers: int) -> list[Attestation]:
 
 
 class _NoGossip:
-    """Ingest's network side, unused when statements arrive by direct calls."""
+    """The ledger's network side, unused when statements arrive by direct calls."""
 
     def set_validator(self, topic, validator):
         pass
