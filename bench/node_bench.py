@@ -32,7 +32,7 @@ from open1b.devnet import Daemons
 from open1b.node.client import call
 from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
-from open1b.node.ingest import Ingest
+from open1b.node.ledger import build_ledger
 from open1b.node.logs import setup_logging
 from open1b.node.metrics import NodeStats
 from open1b.node.p2p import open_p2p
@@ -60,7 +60,7 @@ def attestations(manifest: RunManifest, signers: int) -> list[Attestation]:
 
 
 class _NoGossip:
-    """Ingest's network side, unused when statements arrive by direct calls."""
+    """The ledger's network side, unused when statements arrive by direct calls."""
 
     def set_validator(self, topic, validator):
         pass
@@ -86,10 +86,10 @@ def bench_ingest(manifest: RunManifest, workdir: Path, signers: int) -> dict:
     (workdir / "ingest").mkdir(parents=True, exist_ok=True)
     store = Store(workdir / "ingest" / "store.sqlite")
     store.add_manifest(manifest)
-    ingest = Ingest(Identity(os.urandom(32)), NodeConfig(data_dir=workdir / "ingest"), store, _NoGossip(),
-                    clock=Clock(), stats=NodeStats())
+    ledger = build_ledger(Identity(os.urandom(32)), NodeConfig(data_dir=workdir / "ingest"), store, _NoGossip(),
+                          clock=Clock(), stats=NodeStats())
     t = time.perf_counter()
-    new = ingest.ingest_attestations([a.encoded for a in atts])  # a sync response's batch
+    new = ledger.statements.ingest_attestations([a.encoded for a in atts])  # a sync response's batch
     rate = len(atts) / (time.perf_counter() - t)
     assert new == len(atts)
     return {"attestations": len(atts), "raw_verify_per_s": round(raw), "ingest_per_s": round(rate),

@@ -145,7 +145,7 @@ class Forger(Adversary):
         return honest
 
     async def run(self, daemon: Daemon) -> None:
-        server = AnswerServer(_ForgerAnswers(), daemon.ingest.manifests, daemon.store.run_dir,
+        server = AnswerServer(_ForgerAnswers(), daemon.ledger.manifests, daemon.store.run_dir,
                               daemon.config.data_dir / "spot", timeout_s=daemon.config.replay_timeout_s,
                               stats=daemon.stats)
         daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
@@ -170,7 +170,7 @@ def _made_up(kind: FieldType):
 
 
 async def _publish(daemon: Daemon, att: Attestation) -> None:
-    await daemon.ingest.publish_own_attestation(att)
+    await daemon.ledger.outbox.publish(att)
 
 
 async def _wait_for_mesh(daemon: Daemon) -> None:
@@ -178,10 +178,10 @@ async def _wait_for_mesh(daemon: Daemon) -> None:
     attestation topic has a peer (what we publish before that is lost)."""
     await daemon.bootstrapped.wait()
     with trio.move_on_after(RUN_WAIT_S):
-        while not daemon.ingest.manifests:
+        while not daemon.ledger.manifests:
             await trio.sleep(0.2)
     with trio.move_on_after(MESH_WAIT_S):
-        while not all(daemon.p2p.topic_peers(attestations_topic(r)) for r in daemon.ingest.manifests):
+        while not all(daemon.p2p.topic_peers(attestations_topic(r)) for r in daemon.ledger.manifests):
             await trio.sleep(0.2)
 
 
@@ -191,7 +191,7 @@ class Lie(Adversary):
 
     async def run(self, daemon):
         await _wait_for_mesh(daemon)
-        for manifest in list(daemon.ingest.manifests.values()):
+        for manifest in list(daemon.ledger.manifests.values()):
             for step in range(manifest.steps):
                 att = _echo(daemon, daemon.identity, manifest, step)
                 if self.arg == "mismatch":
@@ -219,7 +219,7 @@ class Copy(Adversary):
         await _wait_for_mesh(daemon)
         me = daemon.identity.public_key
         while True:
-            for manifest in list(daemon.ingest.manifests.values()):
+            for manifest in list(daemon.ledger.manifests.values()):
                 mine = {a.step for a in daemon.store.attestations(manifest.run_id) if a.signer == me}
                 for step in range(manifest.steps):
                     source = None if step in mine else self._source(daemon, manifest.run_id, step)
@@ -242,7 +242,7 @@ class Sybil(Adversary):
         await _wait_for_mesh(daemon)
         keys = [Identity(blake2b256(b"open1b/devnet/sybil", daemon.identity.seed, i.to_bytes(4, "little")))
                 for i in range(int(self.arg or 20))]
-        for manifest in list(daemon.ingest.manifests.values()):
+        for manifest in list(daemon.ledger.manifests.values()):
             for identity in keys:
                 for step in range(manifest.steps):
                     await _publish(daemon, _echo(daemon, identity, manifest, step))
@@ -343,7 +343,7 @@ class Spam(Adversary):
         for burst in range(SPAM_BURSTS):
             if burst and not daemon.p2p.connected_peers():
                 break  # everyone has banned us
-            for manifest in list(daemon.ingest.manifests.values()):
+            for manifest in list(daemon.ledger.manifests.values()):
                 honest = await self._an_honest_attestation(daemon, manifest)
                 topic = attestations_topic(manifest.run_id)
                 # Our own validator would drop what we publish: accept everything on our side.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, AsyncIterator
+from typing import Annotated, AsyncIterator, Mapping
 
 import cbor2
 import trio
@@ -25,23 +25,24 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from open1b.protocol import MAX_EVAL_SIZE, Identity, WitnessReveal, peer_id_from_public_key
+from open1b.protocol import MAX_EVAL_SIZE, Identity, RunManifest, WitnessReveal, peer_id_from_public_key
 from open1b.protocol.coverage import OPEN
 from open1b.protocol.validation import validate_reveal
 
 from . import views
 from .api import ApiError, ApiGuard
-from .auditor import Auditor
+from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .doctor import run_checks
 from .evaluator import Evaluator
-from .ingest import Gossip, Ingest
+from .fetcher import Fetcher
+from .ledger import Ledger
 from .metrics import Gauges, NodeStats, metrics_registry, render
+from .outbox import StatementOutbox
 from .p2p import P2P
 from .publisher import Publisher
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .spot_checker import why_not_spot_checked
-from .topics import reveals_topic
 from .web import mount_page
 from .worker import ReplayWorker
 
@@ -52,10 +53,11 @@ class Components:
 
     identity: Identity
     config: NodeConfig
+    clock: Clock
     p2p: P2P
-    ingest: Ingest
+    ledger: Ledger
     publisher: Publisher
-    auditor: Auditor
+    fetcher: Fetcher
     runfiles: RunFiles
     stats: NodeStats
     worker: ReplayWorker
@@ -64,17 +66,18 @@ class Components:
 
     def gauges(self) -> Gauges:
         f, cache = self.runfiles.stats, self.runfiles.cache
-        return Gauges(self.ingest.store.attestation_count(), len(self.p2p.connected_peers()), len(self.p2p.banned),
-                      len(self.ingest.manifests), blobs_fetched=f.fetched, blob_fetch_failures=f.failed,
+        ledger = self.ledger
+        return Gauges(ledger.store.attestation_count(), len(self.p2p.connected_peers()), len(self.p2p.banned),
+                      len(ledger.manifests), blobs_fetched=f.fetched, blob_fetch_failures=f.failed,
                       blob_fetched_bytes=f.fetched_bytes, blob_served_bytes=cache.served_bytes,
                       blob_bad_providers=f.bad_providers, blob_cache_bytes=cache.used_bytes(),
-                      trusted_listed=len(self.ingest.listed.roots), trusted_earned=len(self.ingest.earned))
+                      trusted_listed=len(ledger.counting.listed.roots), trusted_earned=len(ledger.counting.earned))
 
     def status(self) -> dict:
-        s, g, ingest, p2p = self.stats, self.gauges(), self.ingest, self.p2p
+        s, g, ledger, p2p = self.stats, self.gauges(), self.ledger, self.p2p
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
-            "runs": [r.hex() for r in ingest.manifests], "audit": self.config.audit,
+            "runs": [r.hex() for r in ledger.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,
             "device": {"requested": self.worker.device_spec, "class": self.worker.device,
@@ -82,11 +85,14 @@ class Components:
             "claims_lost": s.claims_lost, "gossip_rejected": s.gossip_count("reject"),
             "gossip_ignored": s.gossip_count("ignore"), "synced": s.synced, "peers_banned": g.peers_banned,
             "replaying_step": s.busy_step, "replayed": s.replayed,
-            "trust_policy": ingest.trust.name, "validation": dict(sorted(ingest.validation.items())),
+            "trust_policy": ledger.counting.trust.name,
+            "validation": dict(sorted(ledger.statements.validation.items())),
             "banned": sorted(p2p.banned), "penalties": dict(sorted(p2p.rejected.items())),
             "gossip_validator_errors": p2p.validator_errors,  # our bugs: ignored, nobody penalised (p2p.py)
-            "reveals_made": ingest.proof.revealed, "witness_commitment_mismatches": ingest.proof.commitment_mismatches,
-            "runs_synced": ingest.runs_synced, "blobs": self.blob_status(),
+            "reveals_made": ledger.proof.revealed,
+            "witness_commitment_mismatches": ledger.proof.commitment_mismatches,
+            "runs_synced": ledger.statements.runs_synced, "blobs": self.blob_status(),
+            "own_statements": {f"{k}/{o}": n for (k, o), n in sorted(s.own_statements.items())},
             "spot_checks": {"signed": {f"{v}/{c}": n for (v, c), n in sorted(s.spot_checks.items())},
                             "failed_to_run": s.spot_failures, "challenges_answered": s.challenges_answered},
         }
@@ -114,16 +120,16 @@ Witness = Annotated[str, Query(min_length=64, max_length=64, pattern="^[0-9a-fA-
                                description="W_step as 64 hex digits")]
 
 
-def run_arg(ingest: Ingest, text: str) -> bytes:
+def run_arg(runs: Mapping[bytes, RunManifest], text: str) -> bytes:
     """The one known run whose hex id starts with ``text``; 404 otherwise."""
-    matches = [r for r in ingest.manifests if r.hex().startswith(text.lower())] if text else []
+    matches = [r for r in runs if r.hex().startswith(text.lower())] if text else []
     if len(matches) != 1:
         raise ApiError(404, f"no single known run matches {text!r}")
     return matches[0]
 
 
-def step_arg(ingest: Ingest, run: bytes, step: int) -> int:
-    if step >= ingest.manifests[run].steps:
+def step_arg(runs: Mapping[bytes, RunManifest], run: bytes, step: int) -> int:
+    if step >= runs[run].steps:
         raise ApiError(400, f"step {step} is not a step of run {run.hex()[:16]}")
     return step
 
@@ -132,7 +138,8 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     """The whole API, behind :class:`~.api.ApiGuard` (Host, Origin and token checks)."""
     app = FastAPI(title="open1b node API", version=API_VERSION, openapi_url="/v1/openapi.json", docs_url=None,
                   redoc_url=None, description="The local API of an open1b node (docs/api.md).")
-    ingest, store, p2p, clock = node.ingest, node.ingest.store, node.p2p, node.ingest.clock
+    ledger, p2p, clock = node.ledger, node.p2p, node.clock
+    known, store, judge = ledger.manifests, ledger.store, ledger.judge
 
     @app.exception_handler(ApiError)
     async def refused(request: Request, exc: ApiError) -> JSONResponse:
@@ -154,7 +161,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.get("/v1/peers", summary="connected peers, and the banned and trusted keys")
     async def peers() -> list[dict]:
-        policy = ingest.trust
+        policy = ledger.counting.trust
         trusted = {peer_id_from_public_key(k) for k in policy.roots}
         return [{"peer_id": p, "addrs": p2p.peer_addrs(p), "rejected": p2p.rejected.get(p, 0),
                  "trusted": policy.name == OPEN or p in trusted} for p in p2p.connected_peers()]
@@ -162,7 +169,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     @app.get("/v1/runs", summary="runs the node knows")
     async def runs() -> list[dict]:
         out = []
-        for m in ingest.manifests.values():
+        for m in known.values():
             item = views.run_json(m, str(store.run_dir(m.run_id) or "") or None)
             item["auditable"] = why_not_auditable(m) is None
             item["spot_checkable"] = why_not_spot_checked(m) is None
@@ -171,29 +178,30 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.get("/v1/coverage/{run}", summary="a run's coverage: per step, who attested what")
     async def cov(run: RunId, redundancy: Redundancy = None) -> dict:
-        run_id = run_arg(ingest, run)
-        manifest = ingest.manifests[run_id]
-        replay = ingest.coverage(run_id, redundancy)
-        return {**views.coverage_json(replay, manifest, ingest.earned), "evaluations": node.evaluator.status(manifest),
-                "spot_checks": views.spot_json(ingest.spot_coverage(run_id, replay), why_not_spot_checked(manifest))}
+        run_id = run_arg(known, run)
+        manifest = known[run_id]
+        replay = judge.coverage(run_id, redundancy)
+        return {**views.coverage_json(replay, manifest, ledger.counting.earned),
+                "evaluations": node.evaluator.status(manifest),
+                "spot_checks": views.spot_json(judge.spot_coverage(run_id, replay), why_not_spot_checked(manifest))}
 
     @app.get("/v1/attestations/{run}", summary="the signed attestations of a run (or of one step)")
     async def attestations(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
-        return [views.attestation_json(a, ms) for a, ms in store.attestations_received(run_arg(ingest, run), step)]
+        return [views.attestation_json(a, ms) for a, ms in store.attestations_received(run_arg(known, run), step)]
 
     @app.get("/v1/reveals/{run}", summary="the witness reveals of a run")
     async def reveals(run: RunId) -> list[dict]:
-        return [views.reveal_json(r) for r in store.reveals(run_arg(ingest, run))]
+        return [views.reveal_json(r) for r in store.reveals(run_arg(known, run))]
 
     @app.get("/v1/spotchecks/{run}", summary="the signed spot checks of a run (or of one step)")
     async def spotchecks(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
-        return [views.spotcheck_json(sc) for sc in store.spotchecks(run_arg(ingest, run)) if step in (None, sc.step)]
+        return [views.spotcheck_json(sc) for sc in store.spotchecks(run_arg(known, run)) if step in (None, sc.step)]
 
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
     async def evidence(run: RunId, step: Step) -> Response:
-        run_id = run_arg(ingest, run)
-        k = step_arg(ingest, run_id, step)
+        run_id = run_arg(known, run)
+        k = step_arg(known, run_id, step)
         statements = ([a.encoded for a in store.attestations(run_id, k)] + [r.encoded for r in store.reveals(run_id, k)]
                       + [sc.encoded for sc in store.spotchecks(run_id) if sc.step == k])
         name = f"open1b-evidence-{run_id.hex()[:16]}-step{k}.cbor"
@@ -203,12 +211,12 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     @app.get("/v1/claims", summary="live claims on every run")
     async def all_claims() -> list[dict]:
         now = clock.wall()
-        return [views.claim_json(c, now) for r in list(ingest.manifests) for c in store.claims(r, live_at=now)]
+        return [views.claim_json(c, now) for r in list(known) for c in store.claims(r, live_at=now)]
 
     @app.get("/v1/claims/{run}", summary="live claims on a run")
     async def claims(run: RunId) -> list[dict]:
         now = clock.wall()
-        return [views.claim_json(c, now) for c in store.claims(run_arg(ingest, run), live_at=now)]
+        return [views.claim_json(c, now) for c in store.claims(run_arg(known, run), live_at=now)]
 
     @app.get("/v1/publications", summary="publish jobs since the daemon started")
     async def publications() -> list[dict]:
@@ -227,18 +235,18 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.post("/v1/fetch/{run}", summary="fetch a step's files for a local replay (token)")
     async def fetch(run: RunId, step: Step) -> dict:
-        run_id = run_arg(ingest, run)
-        k = step_arg(ingest, run_id, step)
+        run_id = run_arg(known, run)
+        k = step_arg(known, run_id, step)
         try:
-            work, _ = await node.auditor.run_files(ingest.manifests[run_id], k)
+            work, _ = await node.fetcher.for_replay(known[run_id], k)
         except RunFilesError as exc:
             raise ApiError(404, str(exc)) from None
         return {"run": run_id.hex(), "step": k, "run_dir": str(work)}
 
     @app.post("/v1/reveal/{run}", summary="publish a replay witness after the audit (token)")
     async def reveal(run: RunId, step: Step, witness: Witness) -> dict:
-        run_id = run_arg(ingest, run)
-        return await make_reveal(node.identity, ingest, p2p, run_id, step_arg(ingest, run_id, step),
+        run_id = run_arg(known, run)
+        return await make_reveal(node.identity, known, ledger.outbox, clock, run_id, step_arg(known, run_id, step),
                                  bytes.fromhex(witness))
 
     @app.get("/v1/events", summary="server-sent events: `change` whenever the node's statements, runs or peers change",
@@ -247,7 +255,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
         async def changes() -> AsyncIterator[str]:
             last = None
             while True:
-                now = (store.attestation_count(), len(ingest.manifests), len(p2p.connected_peers()), len(p2p.banned))
+                now = (store.attestation_count(), len(known), len(p2p.connected_peers()), len(p2p.banned))
                 if now != last:
                     yield f"event: change\ndata: {now[0]} attestations, {now[1]} runs, {now[2]} peers\n\n"
                     last = now
@@ -266,11 +274,11 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.get("/v1/evaluations/{run}", summary="a run's evaluations: certified, disputed or unchecked, per state")
     async def evaluations(run: RunId) -> list[dict]:
-        return node.evaluator.status(ingest.manifests[run_arg(ingest, run)])
+        return node.evaluator.status(known[run_arg(known, run)])
 
     @app.get("/v1/evals/{run}", summary="a run's signed eval statements (hex)")
     async def evals(run: RunId) -> list[str]:
-        return [e.encoded.hex() for e in store.evals(run_arg(ingest, run))]
+        return [e.encoded.hex() for e in store.evals(run_arg(known, run))]
 
     @app.post("/v1/eval", summary="submit a signed eval statement (token)")
     async def submit_eval(statement: Annotated[str, Query(min_length=2, max_length=2 * MAX_EVAL_SIZE,
@@ -298,18 +306,15 @@ def cors(app: FastAPI, origins: tuple[str, ...]) -> None:
                            allow_headers=["authorization"])
 
 
-async def make_reveal(identity: Identity, ingest: Ingest, gossip: Gossip, run: bytes, step: int,
-                      witness: bytes) -> dict:
+async def make_reveal(identity: Identity, runs: Mapping[bytes, RunManifest], outbox: StatementOutbox, clock: Clock,
+                      run: bytes, step: int, witness: bytes) -> dict:
     """A trainer publishing W_step after the audit (docs/run-format.md §5.2): signed by this node,
-    checked against the manifest, stored, gossiped."""
-    clock = ingest.clock
+    checked against the manifest, then stored and gossiped (the outbox)."""
     made = WitnessReveal.create(identity, run=run, step=step, witness=witness, issued_at=clock.wall())
-    verdict = validate_reveal(made.encoded, ingest.manifest, clock.wall())
+    verdict = validate_reveal(made.encoded, runs.get, clock.wall())
     if not verdict.accepted:
         raise ApiError(400, f"not a valid reveal: {verdict.reason}")
-    if ingest.store.add_reveal(made):
-        ingest.revealed(made)
-    await gossip.publish(reveals_topic(run), made.encoded)
+    await outbox.publish(made)
     return views.reveal_json(made)
 
 

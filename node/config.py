@@ -173,7 +173,7 @@ class NodeConfig:
                     raise ConfigError(f"{what} {peer!r}: {exc}") from None
 
     def trust(self, own_key: bytes) -> TrustPolicy:
-        """The listed policy: its own key is always a root (earned keys are added by node/ingest.py)."""
+        """The listed policy: its own key is always a root (earned keys are added by node/judge.py)."""
         roots = frozenset({own_key, *(public_key_from_peer_id(p) for p in self.trusted_peers)})
         return TrustPolicy(self.trust_policy, roots, self.dispute_quorum)
 

@@ -1,10 +1,16 @@
 """The open1b-node daemon: only wiring. ``open_daemon()`` builds each component with all it needs
 and serves it in one nursery; the data path runs through the components in one direction:
 
-* :mod:`.ingest` — gossip and sync statements, validated, stored, judged (coverage, flags);
+* :mod:`.ledger` — statements from gossip, sync and our own producers, validated and stored
+  (:mod:`.statements`), then told one way to the judge (coverage, flags, earned trust:
+  :mod:`.judge`, which sets what counts: :mod:`.counting`), the planner's view
+  (:mod:`.planner_view`) and the replay proof; our own leave through the outbox (:mod:`.outbox`:
+  stored, then gossiped);
 * :mod:`.publisher` — a run directory imported, its blobs provided, its manifest gossiped;
-* :mod:`.auditor` — plan (:mod:`.planner`) → claim (:mod:`.claim_records`) → fetch (:mod:`.runs`,
-  :mod:`.blobs`) → replay (:mod:`.worker`) → attest, back into ingest and onto gossip;
+* :mod:`.fetcher` — a run's files fetched, verified and assembled for replays, spot checks,
+  evaluations and ``/v1/fetch``;
+* :mod:`.auditor` — plan (:mod:`.planner_view`) → claim (:mod:`.claim_records`) → replay
+  (:mod:`.fetcher`, :mod:`.worker`) → attest (into the outbox);
 * :mod:`.spot_checker` — beside the replays, spot checks: plan, fetch, challenge, check, sign;
 * :mod:`.spot_answers` — the challenge stream: answers to others' spot checks of runs published here;
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
@@ -31,7 +37,7 @@ from typing import AsyncIterator, Protocol
 import trio
 
 from open1b.deterministic.device import cpu_device_class
-from open1b.protocol import Identity, Open1bError, RunManifest
+from open1b.protocol import Identity, Open1bError
 from open1b.protocol.claims import CLAIM_NAMESPACE
 
 from .api import serve_api
@@ -45,9 +51,10 @@ from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, api_token, check_version, prepare_data_dir
 from .evaluator import Evaluator
+from .fetcher import Fetcher
 from .files import write_atomic
 from .identity_file import load_or_create_identity
-from .ingest import Ingest
+from .ledger import Ledger, build_ledger
 from .metrics import NodeStats
 from .p2p import P2P, open_p2p
 from .publisher import Publisher, read_run_manifest
@@ -89,8 +96,9 @@ class Daemon:
     clock: Clock
     p2p: P2P
     store: Store
-    ingest: Ingest
+    ledger: Ledger
     publisher: Publisher
+    fetcher: Fetcher
     auditor: Auditor
     syncer: Syncer
     runfiles: RunFiles
@@ -140,37 +148,43 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     stats = NodeStats()
     runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes,
                                                     reserve_bytes=config.disk_reserve_bytes))
-    ingest = Ingest(identity, config, store, p2p, clock=clock, stats=stats)
-    for run, manifest in ingest.manifests.items():
+    ledger = build_ledger(identity, config, store, p2p, clock=clock, stats=stats)
+    statements, known = ledger.statements, ledger.manifests
+    for run, manifest in known.items():
         if store.run_dir(run) is not None and why_not_auditable(manifest) is None:
             runfiles.pin(manifest)  # runs we published: served for as long as we run
-    syncer = Syncer(p2p, ingest, config, clock=clock, rng=rng, stats=stats)
+    syncer = Syncer(p2p, statements, config, clock=clock, rng=rng, stats=stats)
     claims = ClaimAgent(identity, DhtClaimBoard(p2p), lease_s=config.lease_s, clock=clock.wall, sleep=clock.sleep,
-                        seen=ingest.seen_claim, rng=rng)
+                        seen=statements.add_claim, rng=rng)
     p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
     p2p.set_stream_handler(BLOB_PROTOCOL, runfiles.cache.serve)
-    p2p.set_validator(RUNS_TOPIC, ingest.validate_gossip_manifest)
-    await p2p.subscribe(RUNS_TOPIC, ingest.on_manifest)
-    await ingest.join_known_runs()
-    publisher = Publisher(ingest, runfiles, p2p, bootstrapped=syncer.bootstrapped, clock=clock)
+    p2p.set_validator(RUNS_TOPIC, statements.validate_gossip_manifest)
+    await p2p.subscribe(RUNS_TOPIC, statements.on_manifest)
+    await statements.join_known_runs()
+    publisher = Publisher(statements, runfiles, p2p, bootstrapped=syncer.bootstrapped, clock=clock)
+    fetcher = Fetcher(identity, runfiles, p2p)
     replayer: Replayer = WorkerReplayer(worker, config.replay_timeout_s)
     if harness is not None:
         replayer = harness.replayer(replayer)
     scratch = config.data_dir / SPOT_DIR
-    answers = AnswerServer(answer_worker, ingest.manifests, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
+    answers = AnswerServer(answer_worker, known, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
                            stats=stats)
     p2p.set_stream_handler(SPOTCHECK_PROTOCOL, answers.serve)
-    auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
+    auditor = Auditor(identity, config, claims, fetcher, replayer, runs=known, planner=ledger.planner,
+                      judge=ledger.judge, proof=ledger.proof, outbox=ledger.outbox, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats)
-    spot = SpotChecker(identity, config, ingest, p2p, worker, auditor.spot_files, clock=clock, stats=stats,
-                       scratch=scratch)
-    evaluator = Evaluator(store, identity, publish=p2p.publish, checkpoint=_checkpoint_of(auditor), now=clock.wall,
-                          device=cpu_device_class(), policy=lambda: ingest.trust, redundancy=config.redundancy,
-                          sleep=clock.sleep)
+    spot = SpotChecker(identity, config, p2p, worker, fetcher.for_spot, runs=known, store=store, judge=ledger.judge,
+                       outbox=ledger.outbox, clock=clock, stats=stats, scratch=scratch)
+    evaluator = Evaluator(store, identity, outbox=ledger.outbox, checkpoint=fetcher.for_eval, now=clock.wall,
+                          device=cpu_device_class(), policy=lambda: ledger.counting.trust,
+                          redundancy=config.redundancy, sleep=clock.sleep)
     shutdown = trio.Event()
-    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown, evaluator)
+    node = Components(identity, config, clock, p2p, ledger, publisher, fetcher, runfiles, stats, worker, shutdown,
+                      evaluator)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
+        await nursery.start(fetcher.serve_fetcher)
+        await nursery.start(ledger.outbox.serve_outbox)
         await nursery.start(publisher.serve_publisher)
         await nursery.start(auditor.serve_auditor)
         if config.audit and config.spot_checks:
@@ -194,10 +208,11 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())
         log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
         await nursery.start(syncer.serve_syncer)
-        await nursery.start(ingest.serve_judgements)
+        await nursery.start(ledger.judge.serve_judge)
+        await nursery.start(partial(ledger.proof.serve_reveals, ledger.outbox.publish, clock=clock))
         await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either
-        daemon = Daemon(identity, config, clock, p2p, store, ingest, publisher, auditor, syncer, runfiles, stats,
-                        shutdown, api_port)
+        daemon = Daemon(identity, config, clock, p2p, store, ledger, publisher, fetcher, auditor, syncer, runfiles,
+                        stats, shutdown, api_port)
         if harness is not None:
             nursery.start_soon(harness.run, daemon)
         try:
@@ -206,19 +221,6 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
             nursery.cancel_scope.cancel()
     for path in addr_files:
         path.unlink(missing_ok=True)
-
-
-def _checkpoint_of(auditor: Auditor):
-    """The evaluator's way to a checkpoint: fetched and assembled as for a replay of that step,
-    None while that fails (the evaluator tries again next round)."""
-    async def checkpoint(manifest: RunManifest, state: int) -> Path | None:
-        try:
-            run_dir, _ = await auditor.run_files(manifest, state)
-        except (Open1bError, OSError) as exc:
-            log.info("evaluation of state %d of %s waits: %s", state, manifest.run_id.hex()[:16], exc)
-            return None
-        return run_dir
-    return checkpoint
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:

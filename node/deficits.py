@@ -19,13 +19,12 @@ clock stepping back never revives an expired lease here (it would only delay a r
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from typing import Callable, Iterable
 
 import numpy as np
 
-from open1b.protocol import MATCH, Attestation, Claim
-
-from .planner import StepOrder, StepState, bucket_count, bucket_of, step_deficit
+from .planner import StepState, bucket_count, bucket_of, step_deficit
 
 # Called with (step, old bucket, new bucket) whenever a step changes bucket.
 BucketListener = Callable[[int, int, int], None]
@@ -42,8 +41,10 @@ class DeficitIndex:
         self.steps, self.redundancy, self.me = steps, redundancy, me
         self.now = now
         self.listener = listener
-        self._attesters: dict[int, set[bytes]] = {}
-        self._disputed: set[int] = set()
+        # step -> signer -> how many of its attestations of that step are counted: a count, not a
+        # set, so that one of them stops counting (remove_attestation) without losing the others
+        self._attesters: dict[int, Counter[bytes]] = {}
+        self._mismatches: Counter[int] = Counter()  # step -> counted attestations that are not a match
         # step -> claimant -> {(issued_at, lease_expiry)}; only leases not yet over
         self._claims: dict[int, dict[bytes, set[tuple[int, int]]]] = {}
         self._timeline: list[tuple[int, int]] = []  # (time a lease starts or ends, step)
@@ -58,14 +59,34 @@ class DeficitIndex:
     def add_attestation(self, step: int, signer: bytes, match: bool) -> None:
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
-        attesters = self._attesters.setdefault(step, set())
+        attesters = self._attesters.setdefault(step, Counter())
         changed = signer not in attesters
-        attesters.add(signer)
-        if not match and step not in self._disputed:
-            self._disputed.add(step)
-            changed = True
+        attesters[signer] += 1
+        if not match:
+            changed |= not self._mismatches[step]
+            self._mismatches[step] += 1
         if signer == self.me:
             self.mine.add(step)
+        if changed:
+            self._update(step)
+
+    def remove_attestation(self, step: int, signer: bytes, match: bool) -> None:
+        """One attestation added before stops counting (its key was flagged, a reveal disproves it,
+        trust in its key was lost). Our own are never removed: ``mine`` keeps the step."""
+        attesters = self._attesters.get(step)
+        if attesters is None or not attesters[signer]:
+            raise ValueError(f"no counted attestation of step {step} by that signer to remove")
+        attesters[signer] -= 1
+        changed = not attesters[signer]
+        if changed:
+            del attesters[signer]
+            if not attesters:
+                del self._attesters[step]
+        if not match:
+            self._mismatches[step] -= 1
+            if not self._mismatches[step]:
+                del self._mismatches[step]
+                changed = True
         if changed:
             self._update(step)
 
@@ -114,7 +135,7 @@ class DeficitIndex:
                 if any(issued <= now < expiry for issued, expiry in leases)]
 
     def _update(self, step: int) -> None:
-        disputed = step in self._disputed
+        disputed = step in self._mismatches
         deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), self._busy(step))
         self._deficit[step] = deficit
         new = bucket_of(deficit, disputed, self.redundancy)
@@ -146,13 +167,13 @@ class DeficitIndex:
         return int(self._deficit[step])
 
     def disputed(self, step: int) -> bool:
-        return step in self._disputed
+        return step in self._mismatches
 
     def attesters(self, step: int) -> frozenset[bytes]:
         return frozenset(self._attesters.get(step, ()))
 
     def state(self, step: int) -> StepState:
-        return StepState(int(self._deficit[step]), step in self._disputed, self.attesters(step))
+        return StepState(int(self._deficit[step]), step in self._mismatches, self.attesters(step))
 
     def open_count(self) -> int:
         return sum(len(m) for m in self._members[1:])
@@ -160,47 +181,3 @@ class DeficitIndex:
     def complete(self) -> bool:
         """Every step has at least ``redundancy`` distinct attesters (as ``Coverage.complete``)."""
         return len(self._attesters) == self.steps and all(len(a) >= self.redundancy for a in self._attesters.values())
-
-
-class RunIndexes:
-    """A daemon's indexes and preference orders, one per run: built from its store on first use,
-    then kept current by every statement the daemon stores (:meth:`add_attestation`, :meth:`add_claim`).
-
-    ``load(run)`` returns the run's step count, its stored attestations and its live claims.
-    """
-
-    def __init__(self, me: bytes, redundancy: int, load: Callable[[bytes], tuple[int, Iterable[Attestation], Iterable[Claim]]],
-                 clock: Callable[[], int]) -> None:
-        self.me, self.redundancy, self.load, self.clock = me, redundancy, load, clock
-        self._indexes: dict[bytes, DeficitIndex] = {}
-        self._orders: dict[bytes, StepOrder] = {}
-
-    def index(self, run: bytes) -> DeficitIndex:
-        """The run's index, advanced to now."""
-        now = self.clock()
-        index = self._indexes.get(run)
-        if index is None:
-            steps, attestations, claims = self.load(run)
-            index = DeficitIndex(steps, self.redundancy, me=self.me, now=now)
-            for att in attestations:
-                index.add_attestation(att.step, att.signer, att.verdict == MATCH)
-            for claim in claims:
-                index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry)
-            self._indexes[run] = index
-            self._orders[run] = StepOrder(run, self.me, steps)
-        index.advance(now)
-        return index
-
-    def order(self, run: bytes) -> StepOrder:
-        self.index(run)
-        return self._orders[run]
-
-    def add_attestation(self, att: Attestation) -> None:
-        index = self._indexes.get(att.run)
-        if index is not None:  # not built yet: it will load this one from the store
-            index.add_attestation(att.step, att.signer, att.verdict == MATCH)
-
-    def add_claim(self, claim: Claim) -> None:
-        index = self._indexes.get(claim.run)
-        if index is not None:
-            index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry)

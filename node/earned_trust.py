@@ -6,7 +6,7 @@ roots, from what the node's store holds and in what order it arrived. The order 
 match that binds a step's witness W_k and reached this node before any reveal of W_k was signed by
 someone who knew W_k without being told by a reveal — it replayed the step, or the run's publisher
 told it, hence the publisher condition. Nothing here is kept between calls: the daemon recomputes
-it from the store whenever statements arrive (node/ingest.py), so earning, and losing it on a
+it from the store whenever statements arrive (node/judge.py), so earning, and losing it on a
 flag, take effect without a restart.
 
 :func:`earned_keys` is pure (tests drive it with statements and receipt sequences);

@@ -2,10 +2,10 @@
 ``eval`` statements from gossip, publishes its own runs' results, checks other publishers' results
 by recomputing them, and serves the leaderboard.
 
-It is built with everything it needs — the store, the node key, a ``publish(topic, data)``
-coroutine, a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
+It is built with everything it needs — the store, the node key, the outbox its statements leave
+by (:mod:`.outbox`: stored, then gossiped), a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
 checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy (read at each use: earned trust changes it while the daemon runs) — and
-serves itself with :meth:`Evaluator.serve_evaluator`; :mod:`.ingest` takes ``eval`` statements from
+serves itself with :meth:`Evaluator.serve_evaluator`; :mod:`.statements` takes ``eval`` statements from
 gossip into the store, where this component finds them, and the daemon adds :meth:`routes` to
 the API.
 """
@@ -25,27 +25,24 @@ from open1b.protocol.validation import Verdict
 
 from .api import ApiError
 from .evaluations import board, check_result, sign_results
+from .outbox import StatementOutbox
 from .runs import why_not_auditable
 from .store import Store
-from .topics import evals_topic
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[str, bytes], Awaitable[None]]
 Checkpoint = Callable[[RunManifest, int], Awaitable["Path | None"]]
 
 
 class Evaluator:
-    def __init__(self, store: Store, identity: Identity, *, publish: Publish, checkpoint: Checkpoint,
+    def __init__(self, store: Store, identity: Identity, *, outbox: StatementOutbox, checkpoint: Checkpoint,
                  now: Callable[[], int], device: str, policy: Callable[[], TrustPolicy], redundancy: int,
                  interval: float = 10.0, sleep: Callable[[float], Awaitable[None]] = trio.sleep) -> None:
-        self.store, self.identity, self.publish, self.checkpoint = store, identity, publish, checkpoint
+        self.store, self.identity, self.outbox, self.checkpoint = store, identity, outbox, checkpoint
         self.now, self.device, self.policy, self.redundancy, self.interval = now, device, policy, redundancy, interval
         self.sleep = sleep  # a clock's sleep: tests drive the loop on virtual time
         self.checked = 0  # results this node recomputed
         self._failed: set[bytes] = set()  # results whose check failed here (logged): not retried
-
-    topic = staticmethod(evals_topic)
 
     def _run(self, run_id: bytes) -> RunManifest | None:
         return next((m for m in self.store.manifests() if m.run_id == run_id), None)
@@ -54,9 +51,6 @@ class Evaluator:
         """§7's rules for an ``eval`` against the runs this node knows."""
         return validate_eval(data, self._run, self.now())
 
-    async def _emit(self, statement: EvalStatement) -> None:
-        if self.store.add_eval(statement):
-            await self.publish(self.topic(statement.run), statement.encoded)
 
     async def publish_results(self, manifest: RunManifest, run_dir: Path) -> int:
         """Sign and gossip the results of a run this node published (``RUN/evaluations.cbor``);
@@ -65,7 +59,7 @@ class Evaluator:
             return 0
         results = sign_results(run_dir, manifest, self.identity, device=self.device, now=self.now())
         for r in results:
-            await self._emit(r)
+            await self.outbox.publish(r)
         return len(results)
 
     async def publish_own_results(self) -> int:
@@ -118,7 +112,7 @@ class Evaluator:
                                 manifest.run_id.hex()[:16], exc)
                     self._failed.add(result.digest)
                     continue
-                await self._emit(check)
+                await self.outbox.publish(check)
                 done += 1
         self.checked += done
         return done
@@ -134,7 +128,7 @@ class Evaluator:
             if all(e.status.value != "unchecked" for e in states):
                 continue
             for e in self.store.evals(manifest.run_id):
-                await self.publish(self.topic(e.run), e.encoded)
+                await self.outbox.regossip(e)
                 sent += 1
         return sent
 
@@ -163,7 +157,7 @@ class Evaluator:
         verdict = self.validate(data)
         if not verdict.accepted:
             raise ApiError(400, f"not a valid eval: {verdict.reason}")
-        await self._emit(verdict.message)
+        await self.outbox.publish(verdict.message)
         return verdict.message
 
     def leaderboard_json(self) -> list[dict]:

@@ -37,6 +37,7 @@ METRIC_NAMES = (
     "open1b_spot_check_failures_total",
     "open1b_challenges_answered_total",
     "open1b_trusted_keys",
+    "open1b_own_statements_total",
 )
 RUN_STEP_STATUSES = ("verified", "disputed", "refuted")  # the per-run gauge's statuses
 
@@ -56,12 +57,14 @@ class NodeStats:
     synced: int = 0
     busy_step: int | None = None
     replay_device: str | None = None  # the class of the device the last replay ran on
-    # run hex -> status -> steps, as this node's coverage last judged the run (ingest.refresh_flags)
+    # run hex -> status -> steps, as this node's coverage last judged the run (judge.refresh)
     run_steps: dict[str, dict[str, int]] = field(default_factory=dict)
     replayed: list[tuple[str, int]] = field(default_factory=list)
     spot_checks: Counter[tuple[str, str]] = field(default_factory=Counter)  # (verdict, caught) -> signed
     spot_failures: int = 0  # spot checks the worker could not run (no verdict signed)
     challenges_answered: int = 0  # answers this node gave to others' challenges (node/spot_answers.py)
+    # (kind, "gossiped" | "retried" | "failed") -> own statements (node/outbox.py)
+    own_statements: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def record_replay(self, seconds: float) -> None:
         self.replays += 1
@@ -124,6 +127,12 @@ class _Collector:
         for (kind, outcome), n in sorted(s.gossip.items()):
             gossip.add_metric([kind, outcome], n)
         yield gossip
+        own = CounterMetricFamily("open1b_own_statements", "Own statements stored then gossiped, by kind and "
+                                  "gossip outcome (gossiped, retried: on a later try, failed: left to sync)",
+                                  labels=["kind", "outcome"])
+        for (kind, outcome), n in sorted(s.own_statements.items()):
+            own.add_metric([kind, outcome], n)
+        yield own
         yield CounterMetricFamily("open1b_attestations_received", "New attestations stored from peers",
                                   value=s.attestations_received)
         yield CounterMetricFamily("open1b_sync_statements", "New statements pulled by the sync protocol",

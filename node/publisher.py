@@ -23,10 +23,10 @@ from .api import ApiError
 from .blobs import provider_key
 from .clock import Clock
 from .files import FileRefused, read_bounded
-from .ingest import Ingest
 from .jobs import JobState
 from .p2p import MAX_PUBSUB_MESSAGE, P2P
 from .runs import RunFiles, blob_count, run_blobs
+from .statements import Statements
 from .topics import RUNS_TOPIC
 
 log = logging.getLogger("open1b.node.publisher")
@@ -98,8 +98,10 @@ async def read_run_manifest_async(run_dir: Path, now: int) -> RunManifest:
 
 
 class Publisher:
-    def __init__(self, ingest: Ingest, runfiles: RunFiles, p2p: P2P, *, bootstrapped: trio.Event, clock: Clock) -> None:
-        self.ingest, self.runfiles, self.p2p, self.bootstrapped, self.clock = ingest, runfiles, p2p, bootstrapped, clock
+    def __init__(self, statements: Statements, runfiles: RunFiles, p2p: P2P, *, bootstrapped: trio.Event,
+                 clock: Clock) -> None:
+        self.statements, self.runfiles, self.p2p = statements, runfiles, p2p
+        self.bootstrapped, self.clock = bootstrapped, clock
         self.publications: dict[str, Publication] = {}  # run hex -> its latest publish job
         self._nursery: trio.Nursery | None = None
 
@@ -146,7 +148,7 @@ class Publisher:
             log.info("publishing run %s from %s: checking %d files", job.run[:16], run_dir, blob_count(manifest))
             job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress)
             self._nursery.start_soon(self._warm_chunk_tables, manifest)
-            await self.ingest.add_run(manifest, run_dir)
+            await self.statements.add_run(manifest, run_dir)
             job.state, job.done = JobState.PROVIDING, 0
             if not self.bootstrapped.is_set():  # a hint, not a hang: unreachable bootstrap peers are retried
                 job.note = "waiting to reach a bootstrap peer (see `open1b-node doctor`)"

@@ -14,23 +14,27 @@ caught with it.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
+
+import trio
 
 from open1b.protocol import MATCH, Attestation, Identity, RunManifest, WitnessReveal
 from open1b.protocol.witness import witness_binding, witness_commitment
 
+from .clock import Clock
+from .counting import Counting
 from .store import Store
 
 log = logging.getLogger("open1b.node.replay_proof")
 
+REVEAL_EVERY_S = 1.0
+
 
 class ReplayProof:
-    def __init__(self, identity: Identity, store: Store, counts: Callable[[bytes, bytes], bool]) -> None:
-        """``counts(run, key)``: whether this node's trust policy counts ``key`` in ``run`` (only
-        their copies are worth revealing a witness for)."""
-        self.identity, self.store, self.counts = identity, store, counts
+    def __init__(self, identity: Identity, store: Store, counting: Counting) -> None:
+        """``counting``: whose keys count (only their copies are worth revealing a witness for)."""
+        self.identity, self.store, self.counting = identity, store, counting
         self._known: dict[bytes, dict[int, bytes]] = {}  # run -> step -> W_step from our own replays
-        self._public: dict[bytes, dict[int, bytes]] = {}  # run -> step -> W_step of a held, valid reveal
         self._pending: set[tuple[bytes, int]] = set()
         self.revealed = 0  # reveals this node has made since it started
         self.commitment_mismatches = 0  # replays that reproduced h_{k+1} but not C_k
@@ -40,21 +44,10 @@ class ReplayProof:
             self._known[run] = self.store.replay_witnesses(run)
         return self._known[run]
 
-    def public(self, run: bytes) -> dict[int, bytes]:
-        if run not in self._public:
-            self._public[run] = {r.step: r.witness for r in self.store.reveals(run)}
-        return self._public[run]
-
-    def stored_reveal(self, reveal: WitnessReveal) -> None:
-        """A valid reveal was stored (ours or a peer's)."""
-        self.public(reveal.run)[reveal.step] = reveal.witness
-
-    def disproves(self, att: Attestation) -> bool:
-        """Whether a held reveal proves ``att`` a match signed without knowing its step's witness
-        (coverage does not count it: docs/protocol.md §8.2)."""
-        witness = self.public(att.run).get(att.step)
-        return (witness is not None and att.verdict == MATCH
-                and att.witness != witness_binding(att.run, att.step, att.signer, witness))
+    def stored(self, statement: object) -> None:
+        """A statement was stored (:mod:`.statements` tells every one): an attestation is checked."""
+        if isinstance(statement, Attestation):
+            self.check(statement)
 
     def replayed(self, manifest: RunManifest, step: int, post_state: bytes, witness: bytes) -> None:
         """Our replay of ``step`` produced ``post_state`` and ``witness``: keep W_step if it is the
@@ -78,24 +71,31 @@ class ReplayProof:
         witness = self.known(att.run).get(att.step)
         if witness is None or att.verdict != MATCH or att.signer == self.identity.public_key:
             return
-        if not self.counts(att.run, att.signer):
+        if not self.counting.counts(att.run, att.signer):
             return
         if att.witness != witness_binding(att.run, att.step, att.signer, witness):
             self._pending.add((att.run, att.step))
 
     def due(self, now: int) -> list[WitnessReveal]:
-        """The reveals to publish now (already stored): one per pending step not revealed yet."""
+        """The reveals to publish now, signed: one per pending step not revealed yet."""
         out = []
         for run, step in sorted(self._pending):
             if self.store.reveals(run, step):
                 continue  # someone revealed it already: everyone can check the copy
             reveal = WitnessReveal.create(self.identity, run=run, step=step, witness=self.known(run)[step],
                                           issued_at=now)
-            self.store.add_reveal(reveal)
-            self.stored_reveal(reveal)
             self.revealed += 1
             log.warning("step %d of run %s: a match binds another witness than our replay's; revealing W_%d",
                         step, run.hex()[:12], step)
             out.append(reveal)
         self._pending.clear()
         return out
+
+    async def serve_reveals(self, publish: Callable[[WitnessReveal], Awaitable[object]], *,
+                            clock: Clock, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Every second, ``publish`` (the outbox: stored, then gossiped) the reveals our replays call for."""
+        task_status.started()
+        while True:
+            await clock.sleep(REVEAL_EVERY_S)
+            for reveal in self.due(clock.wall()):
+                await publish(reveal)

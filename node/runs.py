@@ -184,12 +184,14 @@ class FetchStats:
 @dataclass(frozen=True)
 class BulkFetch:
     """What fetching checkpoint ``step`` over the bulk path needs: our identity (its sessions are
-    authenticated both ways) and the manifest, from which, with the run's samples file already in
-    the working directory, the fetcher derives what every chunk is checked against (h_k)."""
+    authenticated both ways), the manifest, and ``samples_dir``, a directory holding the run's
+    ``samples.bin`` (checked against the manifest when read): from the two, the fetcher derives
+    what every chunk is checked against (h_k, whose preimage includes the batch of step k-1)."""
 
     identity: Identity
     manifest: RunManifest
     step: int
+    samples_dir: Path
 
 
 BULK_PORT_TTL_S = 30.0  # how long a peer's bulk port is reused before it is asked again
@@ -383,14 +385,14 @@ class RunFiles:
                      seconds, size / max(seconds, 1e-6) / 1e6)
             return path, True
 
-    async def _dataset(self, manifest: RunManifest) -> Dataset:
+    async def _dataset(self, manifest: RunManifest, samples_dir: Path) -> Dataset:
         """The run's samples, read and checked against the manifest once: every checkpoint fetched
         on the bulk path needs them (h_k's preimage), and reading and checking them took longer
         than fetching a small checkpoint."""
         run = manifest.run_id
         dataset = self._datasets.pop(run, None)
         if dataset is None:
-            dataset = await trio.to_thread.run_sync(load_run_samples, self.work_dir(run), manifest)
+            dataset = await trio.to_thread.run_sync(load_run_samples, samples_dir, manifest)
         self._datasets[run] = dataset  # most recently used last
         while len(self._datasets) > DATASETS_KEPT:
             del self._datasets[next(iter(self._datasets))]
@@ -404,7 +406,7 @@ class RunFiles:
         manifest, step = bulk.manifest, bulk.step
         started = time.monotonic()
         try:  # h_k's preimage: nothing a chunk is checked against comes from a provider
-            dataset = await self._dataset(manifest) if step > 0 else None
+            dataset = await self._dataset(manifest, bulk.samples_dir) if step > 0 else None
             expect = checkpoint_expectation(manifest, step, dataset)
         except Open1bError as exc:  # samples that are not the manifest's: the replay reports it
             log.info("checkpoint %d: no bulk fetch without the run's samples: %s", step, exc)

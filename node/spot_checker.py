@@ -4,8 +4,8 @@ docs/run-format.md §10.2).
 1. plan: :func:`~.spot_plan.next_spot_checks` over this key's secret order of the run's steps
    (:func:`~.spot_plan.spot_order`): the steps with the fewest counted spot checks first, never a
    step replay coverage verified, one this node checked, or one already failed;
-2. fetch: the samples, checkpoints k and k+1 and ``fingerprints.cbor``, as a replay's files
-   (:meth:`~.auditor.Auditor.run_files`), each verified against the manifest;
+2. fetch: the samples, checkpoints k and k+1 and ``fingerprints.cbor``
+   (:meth:`~.fetcher.Fetcher.for_spot`), each verified against the manifest;
 3. challenge: this node's signature over (run, k); the answer is asked of its peers, the run's
    publisher first, over the challenge stream (:mod:`.spot_answers`) for at most ``answer_s``
    seconds. The slot it recomputes comes from a second signature, revealed only in step 5;
@@ -14,7 +14,8 @@ docs/run-format.md §10.2).
    answered. So an answer that breaks a link, from a peer that is not the run's publisher, is only
    that peer's failure: the others are asked while time is left (docs/protocol.md §5.5). No answer
    is ``no_answer``;
-5. sign the ``spotcheck`` (``pass`` or ``fail`` with the link ``caught``), store it, gossip it.
+5. sign the ``spotcheck`` (``pass`` or ``fail`` with the link ``caught``) and hand it to the
+   outbox (stored, then gossiped: :mod:`.outbox`).
 
 Runs whose manifest commits no fingerprints (no ``fingerprints_root``) are never spot checked
 (:func:`why_not_spot_checked`). :meth:`SpotChecker.serve_spot_checker` runs one spot check at a
@@ -28,6 +29,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
+from typing import Awaitable, Callable, Mapping
 
 import trio
 
@@ -38,13 +40,14 @@ from open1b.protocol.spotcheck import FAIL, PASS
 from .blobs import provider_key
 from .clock import Clock
 from .config import NodeConfig
-from .ingest import Ingest
+from .judge import Judge
 from .metrics import NodeStats
+from .outbox import Outbox
 from .p2p import P2P
 from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFilesError, samples_blob, why_not_auditable
 from .spot_answers import MAX_PENDING_ANSWERS, request_answer
 from .spot_plan import next_spot_checks, spot_order
-from .topics import spotchecks_topic
+from .store import Store
 from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOutcome
 
 log = logging.getLogger("open1b.node.spot_checker")
@@ -64,13 +67,19 @@ def why_not_spot_checked(manifest: RunManifest) -> str | None:
     return why_not_auditable(manifest)
 
 
+Fetch = Callable[[RunManifest, int, int], Awaitable[tuple[Path, Callable[[], None]]]]
+
+
 class SpotChecker:
-    def __init__(self, identity: Identity, config: NodeConfig, ingest: Ingest, p2p: P2P, worker: ReplayWorker,
-                 fetch, *, clock: Clock, stats: NodeStats, scratch: Path) -> None:
+    def __init__(self, identity: Identity, config: NodeConfig, p2p: P2P, worker: ReplayWorker, fetch: Fetch, *,
+                 runs: Mapping[bytes, RunManifest], store: Store, judge: Judge, outbox: Outbox, clock: Clock,
+                 stats: NodeStats, scratch: Path) -> None:
         """``fetch(manifest, step, lane)``: the working directory of ``lane`` with step k's
-        spot-check files, and the blobs to release after (:meth:`~.auditor.Auditor.spot_files`)."""
-        self.identity, self.config, self.ingest, self.p2p, self.worker = identity, config, ingest, p2p, worker
-        self.fetch, self.clock, self.stats, self.scratch = fetch, clock, stats, scratch
+        spot-check files, and how to release them after (:meth:`~.fetcher.Fetcher.for_spot`);
+        ``runs``, ``store``, ``judge``: what it plans from; ``outbox``: where its spot checks go."""
+        self.identity, self.config, self.p2p, self.worker, self.fetch = identity, config, p2p, worker, fetch
+        self.runs, self.store, self.judge, self.outbox = runs, store, judge, outbox
+        self.clock, self.stats, self.scratch = clock, stats, scratch
         self._orders: dict[bytes, list[int]] = {}  # run -> this key's secret order of its steps
         self._own: dict[bytes, set[int]] = {}  # run -> steps this key has spot checked
         self._skip: dict[bytes, dict[int, float]] = {}  # run -> step -> clock.now() to retry after
@@ -94,7 +103,7 @@ class SpotChecker:
     def own_steps(self, run: bytes) -> set[int]:
         if run not in self._own:  # once per run from the store: what this key signed before a restart
             key = self.identity.public_key
-            self._own[run] = {s.step for s in self.ingest.store.spotchecks(run) if s.signer == key}
+            self._own[run] = {s.step for s in self.store.spotchecks(run) if s.signer == key}
         return self._own[run]
 
     def next_check(self, lane: int = 0) -> tuple[RunManifest, int] | None:
@@ -103,12 +112,12 @@ class SpotChecker:
         sweep over a run, which is what decides how soon a forged step is flagged, and then stand
         idle, so that checking steps again never takes more of the worker from replays than one lane."""
         now = self.clock.now()
-        for run, manifest in self.ingest.manifests.items():
+        for run, manifest in self.runs.items():
             if why_not_spot_checked(manifest) is not None:
                 continue
-            replay = self.ingest.coverage(run)
+            replay = self.judge.coverage(run)
             verified = [s.step for s in replay.steps if s.status is StepStatus.VERIFIED]
-            spot = self.ingest.spot_coverage(run, replay)
+            spot = self.judge.spot_coverage(run, replay)
             if run not in self._orders:
                 self._orders[run] = spot_order(self.identity, run, manifest.steps)
             waiting = {k for k, t in self._skip.get(run, {}).items() if t > now} | self._in_flight.get(run, set())
@@ -236,7 +245,6 @@ class SpotChecker:
             engine_version=manifest.engine_version, device=outcome.device, elapsed_ms=outcome.elapsed_ms,
             issued_at=self.clock.wall())
         self.own_steps(manifest.run_id).add(step)
-        self.ingest.add_own_spotcheck(sc)
         self.stats.spot_checks[(sc.verdict, sc.caught)] += 1
         log.info("spot check of step %d of %s: %s (%s)", step, manifest.run_id.hex()[:12], sc.verdict, sc.caught)
-        await self.p2p.publish(spotchecks_topic(manifest.run_id), sc.encoded)
+        await self.outbox.publish(sc)

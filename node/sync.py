@@ -29,9 +29,9 @@ from open1b.protocol.messages import MAX_ATTESTATION_SIZE, MAX_MANIFEST_SIZE
 
 from .clock import Clock
 from .config import NodeConfig
-from .ingest import Ingest
 from .metrics import NodeStats
 from .p2p import P2P, NetworkError, Stream
+from .statements import Statements
 
 log = logging.getLogger("open1b.node.sync")
 
@@ -138,12 +138,13 @@ class Syncer:
     still arrive; answers the same requests from peers. Built with all it needs; the stream
     handlers are in place from construction, before the node's API says it is ready."""
 
-    def __init__(self, p2p: P2P, ingest: Ingest, config: NodeConfig, *, clock: Clock, rng: random.Random,
+    def __init__(self, p2p: P2P, statements: Statements, config: NodeConfig, *, clock: Clock, rng: random.Random,
                  stats: NodeStats) -> None:
-        self.p2p, self.ingest, self.config, self.clock, self.rng, self.stats = p2p, ingest, config, clock, rng, stats
+        self.p2p, self.statements, self.config, self.clock, self.rng = p2p, statements, config, clock, rng
+        self.stats = stats
         self.bootstrapped = trio.Event()  # set once bootstrap has pulled what the first peers knew
-        known = ingest.manifests
-        p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: serve_sync(stream, ingest.statements_for_sync))
+        known = statements.manifests
+        p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: serve_sync(stream, statements.statements_for_sync))
         p2p.set_stream_handler(RUNS_SYNC_PROTOCOL, lambda stream: serve_runs(
             stream, lambda: list(known), lambda run: m.encoded if (m := known.get(run)) else None))
 
@@ -152,19 +153,19 @@ class Syncer:
         new = 0
         try:
             with trio.fail_after(SYNC_TIMEOUT_S):
-                new += await pull_manifests(self.p2p, peer_id, lambda run: run in self.ingest.manifests,
-                                            lambda data: self.ingest.ingest_manifest(data, source=peer_id))
+                new += await pull_manifests(self.p2p, peer_id, lambda run: run in self.statements.manifests,
+                                            lambda data: self.statements.ingest_manifest(data, source=peer_id))
         except ProtocolError as exc:  # a malformed answer: provably the peer's fault
             log.info("runs sync with %s: %s", peer_id, exc)
-            self.ingest.validation[f"sync/reject/{exc.code}"] += 1
+            self.statements.validation[f"sync/reject/{exc.code}"] += 1
             self.p2p.penalise(peer_id)
         except (NetworkError, trio.TooSlowError) as exc:  # the peer's failure, never ours to die of
             log.info("runs sync with %s failed: %s", peer_id, exc)
-        for run in list(self.ingest.manifests):
+        for run in list(self.statements.manifests):
             try:
                 with trio.fail_after(SYNC_TIMEOUT_S):
                     new += await pull_attestations(self.p2p, peer_id, run,
-                                                   lambda frames: self.ingest.ingest_synced(frames, source=peer_id))
+                                                   lambda frames: self.statements.ingest_synced(frames, source=peer_id))
             except (NetworkError, trio.TooSlowError) as exc:
                 log.info("sync of run %s with %s failed: %s", run.hex()[:12], peer_id, exc)
         self.stats.synced += new

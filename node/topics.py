@@ -27,3 +27,14 @@ def evals_topic(run: bytes) -> str:
 
 def spotchecks_topic(run: bytes) -> str:
     return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/spotchecks"
+
+
+# A statement kind's topic, for the outbox (node/outbox.py): a new kind of statement is gossiped
+# once its topic is named here.
+_TOPIC_OF_KIND = {"attestation": attestations_topic, "reveal": reveals_topic, "claim": claims_topic,
+                  "eval": evals_topic, "spotcheck": spotchecks_topic}
+
+
+def statement_topic(kind: str, run: bytes) -> str:
+    """The topic a statement of ``kind`` about ``run`` is gossiped on; KeyError for a kind without one."""
+    return _TOPIC_OF_KIND[kind](run)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
 from open1b.node.claim_records import ClaimRecords
-from open1b.node.ingest import Ingest
+from open1b.node.ledger import Ledger
 from open1b.node.sync import pull_attestations, pull_manifests, serve_runs, serve_sync
 from open1b.protocol import (
     Claim,
@@ -31,7 +31,7 @@ from open1b.protocol import (
 )
 from open1b.protocol.claims import claim_precedence
 
-from ..node.fakes import make_ingest
+from ..node.fakes import make_ledger
 from ..vectors import ROOT as VECTORS
 from ..vectors import fixtures
 from .budget import FUZZ
@@ -71,21 +71,21 @@ class FakeStream:
 @pytest.fixture(scope="module")
 def daemon():
     with tempfile.TemporaryDirectory() as tmp:
-        node = make_ingest(Path(tmp) / "node", RUN)
+        node = make_ledger(Path(tmp) / "node", RUN)
         yield node
         node.store.close()
 
 
-def _stored_are_valid(node: Ingest) -> None:
+def _stored_are_valid(node: Ledger) -> None:
     for att in node.store.attestations(RUN.run_id):
-        assert validate_attestation(att.encoded, node.manifest, int(time.time())).accepted
+        assert validate_attestation(att.encoded, node.manifests.get, int(time.time())).accepted
 
 
 def test_the_ingestion_path_under_fuzz_does_store_valid_statements():
     with tempfile.TemporaryDirectory() as tmp:
-        node = make_ingest(Path(tmp) / "node", RUN)
-        assert all(node.ingest_attestation(a.encoded) for a in GOOD)
-        assert not any(node.ingest_attestation(a.encoded) for a in GOOD)  # a set: nothing twice
+        node = make_ledger(Path(tmp) / "node", RUN)
+        assert all(node.statements.ingest_attestation(a.encoded) for a in GOOD)
+        assert not any(node.statements.ingest_attestation(a.encoded) for a in GOOD)  # a set: nothing twice
         assert len(node.store.attestations(RUN.run_id)) == len(GOOD)
         node.store.close()
 
@@ -99,15 +99,15 @@ any_attestation_bytes = st.one_of(inputs_for(GOOD[0], 1), inputs_for(GOOD[5], 2)
 def test_gossip_validation_and_ingestion_store_only_valid_statements(daemon, messages):
     for raw in messages:
         before = {a.digest for a in daemon.store.attestations(RUN.run_id)}
-        outcome = daemon.validate_gossip_attestation("fuzz-peer", raw)
+        outcome = daemon.statements.validate_gossip_attestation("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
-        added = daemon.ingest_attestation(raw)
+        added = daemon.statements.ingest_attestation(raw)
         after = {a.digest for a in daemon.store.attestations(RUN.run_id)}
         if added:
             assert outcome is Outcome.ACCEPT and after == before | {blake2b256(raw)}
         else:
             assert after == before
-        assert isinstance(daemon.validate_gossip_claim("fuzz-peer", raw), Outcome)
+        assert isinstance(daemon.statements.validator("claim")("fuzz-peer", raw), Outcome)
     _stored_are_valid(daemon)
 
 
@@ -120,13 +120,13 @@ REVEALS = [fixtures.reveal(s, RUN, k, issued_at=ISSUED) for s in (1, 2) for k in
 def test_reveal_gossip_and_sync_frames_store_only_valid_reveals(daemon, messages):
     for raw in messages:
         before = {r.digest for r in daemon.store.reveals(RUN.run_id)}
-        outcome = daemon.validate_gossip_reveal("fuzz-peer", raw)
+        outcome = daemon.statements.validator("reveal")("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
-        added = daemon.ingest_synced([raw], source="fuzz-peer")  # either kind, told apart by its own bytes
+        added = daemon.statements.ingest_synced([raw], source="fuzz-peer")  # either kind, told apart by its own bytes
         after = {r.digest for r in daemon.store.reveals(RUN.run_id)}
         assert after == (before | {blake2b256(raw)} if added and outcome is Outcome.ACCEPT else before)
     for reveal in daemon.store.reveals(RUN.run_id):
-        assert validate_reveal(reveal.encoded, daemon.manifest, int(time.time())).accepted
+        assert validate_reveal(reveal.encoded, daemon.manifests.get, int(time.time())).accepted
     _stored_are_valid(daemon)
 
 
@@ -158,7 +158,7 @@ def test_sync_client_validates_every_frame(daemon, frames):
     stream = FakeStream(frames + [b""])
     try:
         new = trio.run(pull_attestations, FakeP2P(stream), "fuzz-peer", RUN.run_id,
-                       lambda frames: daemon.ingest_attestations(frames))
+                       lambda frames: daemon.statements.ingest_attestations(frames))
     except (TooLong, EOFError):
         new = 0
     assert 0 <= new <= len(frames)
@@ -265,7 +265,7 @@ def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing,
     accepted = []
 
     async def ingest(data: bytes) -> bool:
-        verdict = daemon.judge_manifest(data)
+        verdict = daemon.statements.judge_manifest(data)
         if verdict.accepted:
             accepted.append(verdict.message)
         return verdict.accepted

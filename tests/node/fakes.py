@@ -1,4 +1,5 @@
-"""Test doubles for the network side of a node's components, and a builder for :class:`Ingest`."""
+"""Test doubles for the network side of a node's components, and a builder for its ledger
+(:func:`open1b.node.ledger.build_ledger`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import trio
 
 from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
-from open1b.node.ingest import Ingest
+from open1b.node.ledger import Ledger, build_ledger
 from open1b.node.metrics import NodeStats
 from open1b.node.store import Store
 from open1b.protocol import Claim, Identity, RunManifest, select_claim
@@ -97,13 +98,14 @@ class FrozenClock(Clock):
         return self.wall_s * 1000
 
 
-def make_ingest(directory: Path, *manifests: RunManifest, identity: Identity | None = None,
-                clock: Clock | None = None, gossip: FakeGossip | None = None, **config) -> Ingest:
-    """An :class:`Ingest` over a fresh store in ``directory`` that knows ``manifests``."""
+def make_ledger(directory: Path, *manifests: RunManifest, identity: Identity | None = None,
+                clock: Clock | None = None, gossip: FakeGossip | None = None, **config) -> Ledger:
+    """A node's ledger (statements, judge, counting, planner view, replay proof, outbox) over a
+    fresh store in ``directory`` that knows ``manifests``, wired as the daemon wires it."""
     directory.mkdir(parents=True, exist_ok=True)
     clock = clock or Clock()
     store = Store(directory / "store.sqlite", now_ms=clock.wall_ms)
     for m in manifests:
         store.add_manifest(m)
-    return Ingest(identity or Identity(b"\x07" * 32), NodeConfig(data_dir=directory, **config), store,
-                  gossip or FakeGossip(), clock=clock, stats=NodeStats())
+    return build_ledger(identity or Identity(b"\x07" * 32), NodeConfig(data_dir=directory, **config), store,
+                        gossip or FakeGossip(), clock=clock, stats=NodeStats())

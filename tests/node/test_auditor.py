@@ -1,4 +1,4 @@
-"""The auditor (plan → claim → fetch → replay → attest) on trio's MockClock: replays are scripted
+"""The auditor (plan → claim → replay → attest, its files from the fetcher) on trio's MockClock: replays are scripted
 to take simulated minutes, fetches fail or succeed on cue, and every wait is virtual."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from trio.testing import MockClock
 from open1b.node.auditor import FETCH_RETRY_S, Auditor
 from open1b.node.claim_records import ClaimAgent
 from open1b.node.clock import Clock
+from open1b.node.fetcher import Fetcher
 from open1b.node.p2p import NetworkError
 from open1b.node.runs import RunFilesError
 from open1b.node.topics import attestations_topic
@@ -23,7 +24,7 @@ from open1b.protocol.hashing import blake2b256
 from tests.runs import witness_of
 
 from .conftest import ident
-from .fakes import FakeClaimBoard, FakeP2P, auditable_manifest, make_ingest
+from .fakes import FakeClaimBoard, FakeP2P, auditable_manifest, make_ledger
 
 T0 = 1_800_000_000  # wall time at trio time 0
 REPLAY_S = 600.0  # what one scripted replay takes, in virtual seconds
@@ -75,26 +76,29 @@ def run():
 def build(tmp_path, manifest, *, replayer=None, runfiles=None, board=None, me=1, **config):
     clock = Clock(wall_at_zero=T0)
     p2p = FakeP2P()
-    ingest = make_ingest(tmp_path / f"node-{me}", manifest, identity=ident(me), clock=clock, gossip=p2p,
+    ledger = make_ledger(tmp_path / f"node-{me}", manifest, identity=ident(me), clock=clock, gossip=p2p,
                          redundancy=1, idle_poll_s=5.0, **config)
-    claims = ClaimAgent(ident(me), board or FakeClaimBoard(), lease_s=ingest.config.lease_s, clock=clock.wall,
-                        sleep=clock.sleep, seen=ingest.seen_claim, rng=random.Random(me))
+    claims = ClaimAgent(ident(me), board or FakeClaimBoard(), lease_s=ledger.config.lease_s, clock=clock.wall,
+                        sleep=clock.sleep, seen=ledger.statements.add_claim, rng=random.Random(me))
     bootstrapped = trio.Event()
     bootstrapped.set()
-    auditor = Auditor(ident(me), ingest.config, ingest, claims, runfiles or FakeRunFiles(), p2p,
-                      replayer or ScriptedReplayer(), bootstrapped=bootstrapped, clock=clock, stats=ingest.stats)
-    return auditor, ingest, p2p
+    fetcher = Fetcher(ident(me), runfiles or FakeRunFiles(), p2p)
+    auditor = Auditor(ident(me), ledger.config, claims, fetcher, replayer or ScriptedReplayer(), runs=ledger.manifests,
+                      planner=ledger.planner, judge=ledger.judge, proof=ledger.proof, outbox=ledger.outbox,
+                      bootstrapped=bootstrapped, clock=clock, stats=ledger.statements.stats)
+    return auditor, ledger, p2p
 
 
-def own(ingest, manifest) -> list[Attestation]:
-    return [a for a in ingest.store.attestations(manifest.run_id) if a.signer == ingest.identity.public_key]
+def own(ledger, manifest) -> list[Attestation]:
+    return [a for a in ledger.store.attestations(manifest.run_id) if a.signer == ledger.identity.public_key]
 
 
 @asynccontextmanager
 async def serving(auditor):
-    """``auditor`` serving (it announces fetched blobs from its own nursery); with ``audit=False``
-    the test drives each round itself through ``audit_once``."""
+    """``auditor`` serving, and its fetcher (which announces fetched blobs from its own nursery);
+    with ``audit=False`` the test drives each round itself through ``audit_once``."""
     async with trio.open_nursery() as nursery:
+        await nursery.start(auditor.fetcher.serve_fetcher)
         await nursery.start(auditor.serve_auditor)
         yield
         nursery.cancel_scope.cancel()
@@ -108,17 +112,15 @@ async def until(condition, *, within_s: float) -> None:
 
 
 def test_every_step_is_claimed_replayed_attested_and_gossiped(tmp_path, run):
-    auditor, ingest, p2p = build(tmp_path, run, replayer=ScriptedReplayer(wrong=frozenset({1})))
+    auditor, ledger, p2p = build(tmp_path, run, replayer=ScriptedReplayer(wrong=frozenset({1})))
 
     async def main():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(auditor.serve_auditor)
-            await until(lambda: len(own(ingest, run)) == run.steps, within_s=4 * 3600)
-            nursery.cancel_scope.cancel()
+        async with serving(auditor):
+            await until(lambda: len(own(ledger, run)) == run.steps, within_s=4 * 3600)
         return trio.current_time()
 
     elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
-    atts = sorted(own(ingest, run), key=lambda a: a.step)
+    atts = sorted(own(ledger, run), key=lambda a: a.step)
     assert [a.verdict for a in atts] == [MATCH, MISMATCH, MATCH]
     assert {a.device for a in atts} == {DEVICE} and auditor.stats.replay_device == DEVICE  # what replayed is attested
     assert all(a.issued_at >= T0 + REPLAY_S for a in atts)  # signed in (virtual) wall time
@@ -131,25 +133,25 @@ def test_every_step_is_claimed_replayed_attested_and_gossiped(tmp_path, run):
 
 def test_unavailable_files_put_a_step_in_back_off_then_it_is_retried(tmp_path, run):
     files = FakeRunFiles(available=False)
-    auditor, ingest, _ = build(tmp_path, run, runfiles=files, audit=False)
+    auditor, ledger, _ = build(tmp_path, run, runfiles=files, audit=False)
 
     async def main():
         async with serving(auditor):
             assert await auditor.audit_once()  # claimed, but nothing to replay from
-            assert not own(ingest, run)
+            assert not own(ledger, run)
             first = {cand.step for _, cand in auditor.next_candidates()}
             assert len(first) == run.steps - 1  # the step that failed to fetch waits out its back-off
             files.available = True
             await trio.sleep(FETCH_RETRY_S)
             assert {cand.step for _, cand in auditor.next_candidates()} == set(range(run.steps))
-            assert await auditor.audit_once() and own(ingest, run)
+            assert await auditor.audit_once() and own(ledger, run)
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
 
 
 def test_a_failed_replay_is_not_attested_and_not_retried(tmp_path, run):
     replayer = ScriptedReplayer(fail=frozenset(range(3)))
-    auditor, ingest, _ = build(tmp_path, run, replayer=replayer, audit=False)
+    auditor, ledger, _ = build(tmp_path, run, replayer=replayer, audit=False)
 
     async def main():
         async with serving(auditor):
@@ -158,25 +160,23 @@ def test_a_failed_replay_is_not_attested_and_not_retried(tmp_path, run):
             assert not await auditor.audit_once()  # nothing left it may try
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
-    assert sorted(replayer.replayed) == [0, 1, 2] and not own(ingest, run)
+    assert sorted(replayer.replayed) == [0, 1, 2] and not own(ledger, run)
     assert auditor.stats.replay_failures == run.steps
 
 
 def test_another_nodes_live_claim_is_left_alone_until_its_lease_runs_out(tmp_path, run):
     board = FakeClaimBoard()
-    auditor, ingest, _ = build(tmp_path, run, board=board)
+    auditor, ledger, _ = build(tmp_path, run, board=board)
     lease = 3600
 
     async def main():
         for step in range(run.steps):  # a peer holds every step's slot
             claim = Claim.create(ident(9), run=run.run_id, step=step, slot=0, issued_at=T0, lease_expiry=T0 + lease)
             await board.write(claim_key(run.run_id, step, 0), claim.encoded)
-            ingest.seen_claim(claim)
+            ledger.statements.add_claim(claim)
         assert auditor.next_candidates() == []  # the planner sees them busy
-        async with trio.open_nursery() as nursery:
-            await nursery.start(auditor.serve_auditor)
-            await until(lambda: own(ingest, run), within_s=4 * 3600)
-            nursery.cancel_scope.cancel()
+        async with serving(auditor):
+            await until(lambda: own(ledger, run), within_s=4 * 3600)
         return trio.current_time()
 
     elapsed = trio.run(main, clock=MockClock(autojump_threshold=0))
@@ -188,11 +188,11 @@ def test_a_claim_the_network_refuses_to_store_is_skipped_not_fatal(tmp_path, run
         async def write(self, key, value):
             raise NetworkError("no peer took the record")
 
-    auditor, ingest, _ = build(tmp_path, run, board=Unreachable(), audit=False)
+    auditor, ledger, _ = build(tmp_path, run, board=Unreachable(), audit=False)
 
     async def main():
         async with serving(auditor):
             assert not await auditor.audit_once()  # every candidate tried, none claimed, nothing replayed
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
-    assert not own(ingest, run) and auditor.stats.replays == 0
+    assert not own(ledger, run) and auditor.stats.replays == 0

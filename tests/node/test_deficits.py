@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,31 +128,22 @@ def test_index_stays_fast_on_a_large_run():
     assert len(cands) == 4 and per_pick < 0.01
 
 
-def test_run_indexes_build_from_the_store_then_follow_new_statements():
-    """The daemon's holder: first use loads what the store holds; later statements update the
-    index without reloading; statements for a run not yet loaded are left to the load."""
-    from open1b.node.deficits import RunIndexes
-
-    me = SIGNERS[5]
-    stored = [_att(SIGNERS[0], 3, True)]
-    loads = []
-
-    def load(run):
-        loads.append(run)
-        return STEPS, list(stored), []
-
-    now = [T0]
-    indexes = RunIndexes(me.public_key, 1, load, lambda: now[0])
-    indexes.add_attestation(_att(SIGNERS[1], 4, True))  # not loaded yet: ignored here ...
-    stored.append(_att(SIGNERS[1], 4, True))  # ... because the store has it
-    index = indexes.index(MANIFEST.run_id)
-    assert index.deficit(3) == 0 and index.deficit(4) == 0 and index.deficit(5) == 1
-    indexes.add_attestation(_att(me, 5, True))
-    claim = Claim.create(SIGNERS[2], run=MANIFEST.run_id, step=6, slot=0, issued_at=T0, lease_expiry=T0 + 60)
-    indexes.add_claim(claim)
-    assert index.deficit(5) == 0 and index.mine == {5} and index.deficit(6) == 0
-    now[0] = T0 + 60  # the lease ends: the next use sees step 6 open again
-    assert indexes.index(MANIFEST.run_id).deficit(6) == 1
-    assert [c.step for c in planner.pick(index, indexes.order(MANIFEST.run_id), exclude=index.mine, limit=20)] \
-        == sorted(set(range(STEPS)) - {3, 4, 5}, key=lambda s: (indexes.order(MANIFEST.run_id).score(s), s))
-    assert loads == [MANIFEST.run_id]
+def test_an_attestation_removed_leaves_the_index_as_if_it_never_came():
+    """remove_attestation undoes add_attestation: per step, the other attestations of the same key
+    still count, and a step stays disputed while any counted mismatch remains."""
+    fresh = DeficitIndex(4, 2, me=b"m" * 32, now=T0)
+    index = DeficitIndex(4, 2, me=b"m" * 32, now=T0)
+    for idx in (fresh, index):
+        idx.add_attestation(0, b"a" * 32, True)
+        idx.add_attestation(1, b"b" * 32, False)
+    index.add_attestation(0, b"c" * 32, True)
+    index.add_attestation(1, b"c" * 32, False)
+    index.add_attestation(1, b"b" * 32, False)  # a second statement of the same key and step
+    index.remove_attestation(0, b"c" * 32, True)
+    index.remove_attestation(1, b"c" * 32, False)
+    assert index.disputed(1)  # b's two mismatches still count
+    index.remove_attestation(1, b"b" * 32, False)
+    assert [index.state(k) for k in range(4)] == [fresh.state(k) for k in range(4)]
+    assert [index.bucket(k) for k in range(4)] == [fresh.bucket(k) for k in range(4)]
+    with pytest.raises(ValueError):
+        index.remove_attestation(2, b"a" * 32, True)  # never counted there

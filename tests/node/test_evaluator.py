@@ -28,6 +28,26 @@ def eval_run(tmp_path_factory):
     return run_dir, publish_run(run_dir, ident(0), steps=4, seed=2, eval_documents=8, eval_every=2)
 
 
+class BusOutbox:
+    """A node's outbox on the bus: stored, then (if new) delivered to every other node, which
+    validates and stores it as node/statements.py does with gossip; ``gossiped`` records what left."""
+
+    def __init__(self, name, nodes):
+        self.name, self.nodes, self.gossiped = name, nodes, []
+
+    async def publish(self, statement) -> bool:
+        if not self.nodes[self.name].store.add_eval(statement):
+            return False
+        await self.regossip(statement)
+        return True
+
+    async def regossip(self, statement) -> None:
+        self.gossiped.append(statement.encoded)
+        for other, node in self.nodes.items():
+            if other != self.name and (verdict := node.validate(statement.encoded)).accepted:
+                node.store.add_eval(verdict.message)
+
+
 def network(tmp_path, manifest, run_dir, names=("publisher", "a1", "a2", "observer")):
     """Four evaluators whose published statements reach every other one (a gossip topic)."""
     nodes = {}
@@ -35,19 +55,11 @@ def network(tmp_path, manifest, run_dir, names=("publisher", "a1", "a2", "observ
     async def checkpoint(m, k):
         return run_dir
 
-    def publisher(name):
-        async def publish(topic, data):
-            assert topic == Evaluator.topic(manifest.run_id)
-            for other, node in nodes.items():
-                if other != name and (verdict := node.validate(data)).accepted:
-                    node.store.add_eval(verdict.message)  # what node/ingest.py does with gossip
-        return publish
-
     for i, name in enumerate(names):
         store = Store(tmp_path / f"{name}.sqlite")
         store.add_manifest(manifest)
-        nodes[name] = Evaluator(store, ident(i), publish=publisher(name), checkpoint=checkpoint, now=lambda: NOW,
-                                device=cpu_device_class(), policy=TrustPolicy, redundancy=2)
+        nodes[name] = Evaluator(store, ident(i), outbox=BusOutbox(name, nodes), checkpoint=checkpoint,
+                                now=lambda: NOW, device=cpu_device_class(), policy=TrustPolicy, redundancy=2)
     return nodes
 
 
@@ -116,16 +128,17 @@ def test_a_result_that_cannot_be_checked_is_logged_once_and_not_signed(eval_run,
 def test_serve_checks_once_and_republishes_every_round(eval_run, tmp_path):
     run_dir, manifest = eval_run
     nodes = network(tmp_path, manifest, run_dir, names=("publisher", "a1"))
-    sent, enough = [], trio.Event()
-    times = []
+    outbox, enough = nodes["a1"].outbox, trio.Event()
+    sent, times = outbox.gossiped, []
+    delivered = outbox.regossip
 
-    async def record(topic, data):
-        sent.append(data)
+    async def record(statement):
+        await delivered(statement)
         times.append(trio.current_time())
         if len(sent) == 2 + 2 * 4:  # its two checks, then two republish rounds of all four statements
             enough.set()
 
-    nodes["a1"].publish = record
+    outbox.regossip = record
 
     async def go():
         await nodes["publisher"].publish_results(manifest, run_dir)

@@ -125,21 +125,21 @@ def test_the_planners_view_of_a_run_frees_a_claimed_step_when_its_lease_ends_in_
 
     from open1b.node.clock import Clock
 
-    from .fakes import make_ingest
+    from .fakes import make_ledger
 
     t0 = manifest.created_at + 10
-    ingest = make_ingest(tmp_path / "node", manifest, clock=Clock(wall_at_zero=t0), redundancy=1,
+    ledger = make_ledger(tmp_path / "node", manifest, clock=Clock(wall_at_zero=t0), redundancy=1,
                          trusted_peers=(ident(6).peer_id,))
     lease = Claim.create(ident(5), run=manifest.run_id, step=0, slot=0, issued_at=t0, lease_expiry=t0 + 7200)
 
     def planned() -> set[int]:
-        deficits = ingest.deficits
+        deficits = ledger.planner
         index = deficits.index(manifest.run_id)
         return {c.step for c in planner.pick(index, deficits.order(manifest.run_id), limit=manifest.steps)}
 
     async def main():
-        ingest.seen_claim(lease)
-        assert ingest.ingest_attestation(_att(ident(6), manifest, 1).encoded)
+        ledger.statements.add_claim(lease)
+        assert ledger.statements.ingest_attestation(_att(ident(6), manifest, 1).encoded)
         assert planned() == set(range(manifest.steps)) - {0, 1}
         await trio.sleep(7199)
         assert 0 not in planned()

@@ -136,13 +136,13 @@ def test_a_provider_serving_wrong_bytes_is_penalised_and_its_bytes_never_used(tm
                     liar.set_stream_handler(BLOB_PROTOCOL, garbage)
                     for host in (liar, honest):
                         await host.connect(daemon.p2p.addrs[0])
-                    await daemon.ingest.add_run(manifest, None)
+                    await daemon.ledger.statements.add_run(manifest, None)
                     blob = checkpoint_blob(manifest, 1)
                     assert await honest.provide(provider_key(manifest.samples_blob))
                     assert await liar.provide(provider_key(blob.digest))  # the only provider of checkpoint 1
 
                     with pytest.raises(RunFilesError, match="checkpoint 1"):
-                        await daemon.auditor.run_files(manifest, 1)
+                        await daemon.fetcher.for_replay(manifest, 1)
                     assert daemon.p2p.rejected.get(liar.peer_id, 0) >= 1  # penalised like any reject
                     assert daemon.p2p.rejected.get(honest.peer_id, 0) == 0
                     assert not daemon.runfiles.cache.has(blob.digest)  # nothing of its bytes kept
@@ -150,7 +150,7 @@ def test_a_provider_serving_wrong_bytes_is_penalised_and_its_bytes_never_used(tm
 
                     cache.add_file(checkpoint_path(run_dir, 1))
                     assert await honest.provide(provider_key(blob.digest))
-                    work, _ = await daemon.auditor.run_files(manifest, 1)
+                    work, _ = await daemon.fetcher.for_replay(manifest, 1)
                     assert file_digest(checkpoint_path(work, 1)) == manifest.checkpoints[1]
                     assert file_digest(work / "samples.bin") == manifest.samples_blob
                     assert daemon.p2p.rejected.get(honest.peer_id, 0) == 0

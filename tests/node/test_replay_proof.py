@@ -35,8 +35,12 @@ def _copy(source: Attestation, copier: int) -> Attestation:
 
 
 def _proof(store: Store, trusted=(ME, HONEST, COPIER)) -> ReplayProof:
-    keys = {ident(n).public_key for n in trusted}
-    return ReplayProof(ident(ME), store, lambda run, key: key in keys)
+    from open1b.node.counting import Counting
+    from open1b.protocol import TrustPolicy
+    from open1b.protocol.coverage import ALLOWLIST
+
+    keys = frozenset(ident(n).public_key for n in trusted)
+    return ReplayProof(ident(ME), store, Counting(ident(ME).public_key, TrustPolicy(ALLOWLIST, keys), store))
 
 
 def test_a_copy_seen_after_our_replay_is_revealed_once(tmp_path, manifest):
@@ -51,7 +55,8 @@ def test_a_copy_seen_after_our_replay_is_revealed_once(tmp_path, manifest):
     assert (reveal.run, reveal.step, reveal.witness, reveal.revealer) == (manifest.run_id, 2, witness_of(2),
                                                                           ident(ME).public_key)
     assert validate_reveal(reveal.encoded, {manifest.run_id: manifest}.get, NOW).accepted
-    assert store.reveals(manifest.run_id) == [reveal]
+    assert store.reveals(manifest.run_id) == []  # signed, not stored: the outbox stores it, then gossips it
+    store.add_reveal(reveal)
     proof.check(_copy(honest, COPIER))
     assert proof.due(NOW + 1) == []  # a reveal of the step is held: once is enough
     cov = coverage(manifest, store.attestations(manifest.run_id), reveals=store.reveals(manifest.run_id))
@@ -177,24 +182,29 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
     from open1b.node.topics import reveals_topic
     from open1b.node.views import coverage_json
 
-    from .fakes import FakeGossip, FrozenClock, make_ingest
+    from .fakes import FakeGossip, FrozenClock, make_ledger
 
     # the manifest is dated NOW; the node's clock must not find our statements in the future
     peers = (HONEST, COPIER)
     gossip = FakeGossip()
-    node = make_ingest(tmp_path / "node", manifest, identity=ident(ME), clock=FrozenClock(NOW + 60), gossip=gossip,
+    node = make_ledger(tmp_path / "node", manifest, identity=ident(ME), clock=FrozenClock(NOW + 60), gossip=gossip,
                        redundancy=1, trusted_peers=tuple(ident(p).peer_id for p in peers))
     node.proof.replayed(manifest, 1, manifest.state_hashes[2], witness_of(1))  # as after our own replay
     honest = _att(manifest, HONEST, 1)
     copied = _copy(honest, COPIER)
-    assert node.ingest_synced([honest.encoded, copied.encoded], source="peer") == 2
-    trio.run(node.publish_due_reveals)
+    assert node.statements.ingest_synced([honest.encoded, copied.encoded], source="peer") == 2
+    async def publish_due_reveals():
+        for due in node.proof.due(NOW + 60):
+            await node.outbox.publish(due)
+
+    trio.run(publish_due_reveals)
     [(topic, data)] = gossip.published
     assert topic == reveals_topic(manifest.run_id) and WitnessReveal.decode(data).step == 1
-    assert node.refresh_flags() and node.flagged[manifest.run_id] == {ident(COPIER).public_key}
-    assert node.plans_with(honest) and not node.plans_with(copied)  # the planner stops counting it too
+    assert node.judge.refresh() and node.counting.flagged[manifest.run_id] == {ident(COPIER).public_key}
+    assert node.counting.plans_with(honest) and not node.counting.plans_with(copied)  # the planner stops counting it too
+    assert node.planner.index(manifest.run_id).attesters(1) == {ident(HONEST).public_key}
 
-    view = coverage_json(node.coverage(manifest.run_id), manifest)
+    view = coverage_json(node.judge.coverage(manifest.run_id), manifest)
     [flag] = view["flagged"]
     assert flag == {"signer": ident(COPIER).peer_id, "step": 1, "kind": "copier", "statement": copied.digest.hex(),
                     "conflicting": honest.digest.hex(), "reveal": WitnessReveal.decode(data).digest.hex()}
@@ -205,24 +215,24 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
 
     # a reveal arriving by sync is judged like one on gossip: a wrong witness is the sender's fault
     bad = WitnessReveal.create(ident(HONEST), run=manifest.run_id, step=2, witness=witness_of(3), issued_at=NOW)
-    assert node.ingest_synced([bad.encoded], source="liar") == 0 and gossip.penalised == ["liar"]
-    assert node.validation["sync/reject/witness"] == 1
-    assert node.validate_gossip_reveal("someone", data).value == "accept"
-    assert node.statements_for_sync(manifest.run_id)[-1].encoded == data  # served to late joiners
+    assert node.statements.ingest_synced([bad.encoded], source="liar") == 0 and gossip.penalised == ["liar"]
+    assert node.statements.validation["sync/reject/witness"] == 1
+    assert node.statements.validator("reveal")("someone", data).value == "accept"
+    assert node.statements.statements_for_sync(manifest.run_id)[-1].encoded == data  # served to late joiners
 
 
 def test_daemon_planner_drops_a_match_a_peers_reveal_disproves(tmp_path, manifest):
-    from .fakes import FrozenClock, make_ingest
+    from .fakes import FrozenClock, make_ledger
 
-    node = make_ingest(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), redundancy=1,
+    node = make_ledger(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), redundancy=1,
                        trusted_peers=(ident(COPIER).peer_id,))
     lazy = _att(manifest, COPIER, 2, witness=b"\x04" * 32)  # a made-up binding
-    assert node.ingest_attestation(lazy.encoded)
-    assert node.deficits.index(manifest.run_id).deficit(2) == 0  # it fills step 2's redundancy of 1
+    assert node.statements.ingest_attestation(lazy.encoded)
+    assert node.planner.index(manifest.run_id).deficit(2) == 0  # it fills step 2's redundancy of 1
     reveal = WitnessReveal.create(ident(STRANGER), run=manifest.run_id, step=2, witness=witness_of(2), issued_at=NOW)
-    assert node.ingest_reveal(reveal.encoded)
-    assert node.deficits.index(manifest.run_id).deficit(2) == 1  # so the step is replayed again
-    cov = node.coverage(manifest.run_id)
+    assert node.statements.ingest_reveal(reveal.encoded)
+    assert node.planner.index(manifest.run_id).deficit(2) == 1  # so the step is replayed again
+    cov = node.judge.coverage(manifest.run_id)
     assert cov.flagged == () and cov.steps[2].auditors == ()  # unproven, not (yet) flagged: nobody bound W_2
 
 
@@ -233,21 +243,22 @@ def test_the_reveal_route_signs_checks_stores_and_gossips_a_trainers_witness(tmp
     from open1b.node.api_routes import make_reveal
     from open1b.node.topics import reveals_topic
 
-    from .fakes import FakeGossip, FrozenClock, make_ingest
+    from .fakes import FakeGossip, FrozenClock, make_ledger
 
     gossip = FakeGossip()
-    node = make_ingest(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), gossip=gossip, redundancy=1,
+    node = make_ledger(tmp_path / "node", manifest, clock=FrozenClock(NOW + 60), gossip=gossip, redundancy=1,
                        trusted_peers=(ident(COPIER).peer_id,))
 
     def reveal(step, witness):
-        return trio.run(make_reveal, node.identity, node, gossip, manifest.run_id, step, witness)
+        return trio.run(make_reveal, node.identity, node.manifests, node.outbox, node.statements.clock, manifest.run_id,
+                        step, witness)
 
     lazy = _att(manifest, COPIER, 3, witness=b"\x04" * 32)
-    node.ingest_attestation(lazy.encoded)
+    node.statements.ingest_attestation(lazy.encoded)
     made = reveal(3, witness_of(3))
     assert made["step"] == 3 and made["revealer"] == node.identity.peer_id
     assert gossip.published[0][0] == reveals_topic(manifest.run_id)
-    assert node.deficits.index(manifest.run_id).deficit(3) == 1  # the lazy match no longer fills step 3
+    assert node.planner.index(manifest.run_id).deficit(3) == 1  # the lazy match no longer fills step 3
     with pytest.raises(ApiError, match="not a valid reveal"):
         reveal(3, witness_of(2))
 

@@ -134,7 +134,7 @@ def test_a_publisher_answers_while_its_replay_worker_is_busy(tampered_run, tmp_p
         config = NodeConfig(data_dir=tmp_path / "node", listen="127.0.0.1:0", api="127.0.0.1:0", audit=False)
         with trio.fail_after(240):
             async with open_daemon(config, clock=Clock(), rng=random.Random(0)) as daemon:
-                await daemon.ingest.add_run(manifest, run_dir)
+                await daemon.ledger.statements.add_run(manifest, run_dir)
                 async with open_p2p(ident(62), "127.0.0.1", 0) as verifier:
                     await verifier.connect(daemon.p2p.addrs[0])
                     replays = daemon.auditor.replayer.worker

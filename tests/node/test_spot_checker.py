@@ -54,8 +54,8 @@ def test_a_micro_batch_verdict_does_not_wait_for_the_answer(forged_data_run, tmp
 
                 def checker(answer_s: float) -> SpotChecker:
                     config = NodeConfig(data_dir=tmp_path, answer_s=answer_s, replay_timeout_s=300)
-                    return SpotChecker(verifier.identity, config, None, verifier, worker, None, clock=Clock(),
-                                       stats=NodeStats(), scratch=tmp_path / "spot")
+                    return SpotChecker(verifier.identity, config, verifier, worker, None, runs={}, store=None, judge=None,
+                                       outbox=None, clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
 
                 publisher.set_stream_handler(SPOTCHECK_PROTOCOL, silent)
                 # The spec's hour to answer: the forged step is convicted by its micro-batch anyway.
@@ -113,8 +113,8 @@ def test_only_the_publishers_answer_convicts_at_the_micro_batch_links(tmp_path):
                 await verifier.connect(publisher.addrs[0])
                 await verifier.connect(other.addrs[0])
                 config = NodeConfig(data_dir=tmp_path, answer_s=8.0, replay_timeout_s=300)
-                checker = SpotChecker(verifier.identity, config, None, verifier, worker, None, clock=Clock(),
-                                      stats=NodeStats(), scratch=tmp_path / "spot")
+                checker = SpotChecker(verifier.identity, config, verifier, worker, None, runs={}, store=None, judge=None,
+                                      outbox=None, clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
                 other.set_stream_handler(SPOTCHECK_PROTOCOL, forger)  # the publisher does not answer yet
                 with trio.fail_after(240):
                     outcome = await checker._challenge_and_check(manifest, FORGED, run_dir)
@@ -134,10 +134,10 @@ def test_two_lanes_never_check_the_same_step_at_once(forged_data_run, tmp_path):
     gives the step back when its fetch fails (so a later pass may take it again)."""
     from open1b.node.runs import RunFilesError
 
-    from .fakes import make_ingest
+    from .fakes import make_ledger
 
     _, manifest = forged_data_run
-    ingest = make_ingest(tmp_path / "node", manifest)
+    ledger = make_ledger(tmp_path / "node", manifest)
     fetched: list[tuple[int, int]] = []
     both = trio.Event()
 
@@ -148,8 +148,9 @@ def test_two_lanes_never_check_the_same_step_at_once(forged_data_run, tmp_path):
         await both.wait()  # both lanes hold their step at once
         raise RunFilesError("no provider (the test's)")
 
-    checker = SpotChecker(ident(80), NodeConfig(data_dir=tmp_path, spot_checks_in_flight=2), ingest, None, None,
-                          fetch, clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
+    checker = SpotChecker(ident(80), NodeConfig(data_dir=tmp_path, spot_checks_in_flight=2), None, None, fetch,
+                          runs=ledger.manifests, store=ledger.store, judge=ledger.judge, outbox=ledger.outbox,
+                          clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -170,24 +171,25 @@ def test_lanes_past_the_first_take_only_steps_no_one_has_checked(forged_data_run
     from tests.vectors import fixtures
     from tests.vectors.common import ident as vector_ident
 
-    from .fakes import make_ingest
+    from .fakes import make_ledger
 
     _, manifest = forged_data_run
-    ingest = make_ingest(tmp_path / "node", manifest, trusted_peers=(vector_ident(1).peer_id,))
-    checker = SpotChecker(ident(80), NodeConfig(data_dir=tmp_path, spot_checks_in_flight=2), ingest, None, None,
-                          None, clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
+    ledger = make_ledger(tmp_path / "node", manifest, trusted_peers=(vector_ident(1).peer_id,))
+    checker = SpotChecker(ident(80), NodeConfig(data_dir=tmp_path, spot_checks_in_flight=2), None, None, None,
+                          runs=ledger.manifests, store=ledger.store, judge=ledger.judge, outbox=ledger.outbox,
+                          clock=Clock(), stats=NodeStats(), scratch=tmp_path / "spot")
 
     def passed(step):  # a trusted key's pass of ``step``, valid for this run
         slot = derive_slot(slot_signature(vector_ident(1), manifest.run_id, step), run_slots(manifest))
         return fixtures.spotcheck(1, manifest, step, slot=slot, engine=manifest.engine,
-                                  engine_version=manifest.engine_version, issued_at=ingest.clock.wall())
+                                  engine_version=manifest.engine_version, issued_at=ledger.statements.clock.wall())
 
     for step in range(1, manifest.steps):  # every step is checked but 0
-        assert ingest.ingest_spotcheck(passed(step).encoded)
+        assert ledger.statements.ingest_spotcheck(passed(step).encoded)
 
     async def main():
         assert checker.next_check(1) == (manifest, 0)
-        assert ingest.ingest_spotcheck(passed(0).encoded)
+        assert ledger.statements.ingest_spotcheck(passed(0).encoded)
         assert checker.next_check(1) is None  # the first sweep is done: lane 1 idles
         assert checker.next_check(0) is not None  # lane 0 goes round again
 

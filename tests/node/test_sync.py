@@ -14,7 +14,7 @@ from open1b.node.p2p import NetworkError
 from open1b.node.sync import BOOTSTRAP_MAX_RETRY_S, Syncer
 
 from .conftest import ident
-from .fakes import FakeGossip, make_ingest
+from .fakes import FakeGossip, make_ledger
 
 
 class FlakyNetwork(FakeGossip):
@@ -46,9 +46,10 @@ class FlakyNetwork(FakeGossip):
 
 def test_bootstrap_backs_off_until_a_peer_dials_in_then_rounds_pick_peers_with_the_rng(tmp_path):
     net = FlakyNetwork()
-    ingest = make_ingest(tmp_path / "node", clock=Clock(wall_at_zero=1_800_000_000), gossip=net,
+    ingest = make_ledger(tmp_path / "node", clock=Clock(wall_at_zero=1_800_000_000), gossip=net,
                          bootstrap=(f"/ip4/127.0.0.1/tcp/4701/p2p/{ident(9).peer_id}",), sync_interval_s=2.0)
-    syncer = Syncer(net, ingest, ingest.config, clock=ingest.clock, rng=random.Random(7), stats=ingest.stats)
+    syncer = Syncer(net, ingest.statements, ingest.config, clock=ingest.statements.clock, rng=random.Random(7),
+                    stats=ingest.statements.stats)
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -94,16 +95,17 @@ def test_a_node_that_hears_no_gossip_learns_a_run_through_the_runs_sync_protocol
 
     async def main():
         async with open_p2p(ident(1), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(2), "127.0.0.1", 0) as joiner_p2p:
-            holder = make_ingest(tmp_path / "holder", run, clock=Clock(wall_at_zero=wall), gossip=holder_p2p)
-            assert holder.ingest_attestation(att.encoded)
-            joiner = make_ingest(tmp_path / "joiner", clock=Clock(wall_at_zero=wall), gossip=joiner_p2p)
-            Syncer(holder_p2p, holder, holder.config, clock=holder.clock, rng=random.Random(1),
-                   stats=holder.stats)  # its stream handlers answer the joiner
-            syncer = Syncer(joiner_p2p, joiner, joiner.config, clock=joiner.clock, rng=random.Random(1),
-                            stats=joiner.stats)
+            holder = make_ledger(tmp_path / "holder", run, clock=Clock(wall_at_zero=wall), gossip=holder_p2p)
+            assert holder.statements.ingest_attestation(att.encoded)
+            joiner = make_ledger(tmp_path / "joiner", clock=Clock(wall_at_zero=wall), gossip=joiner_p2p)
+            Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock, rng=random.Random(1),
+                   stats=holder.statements.stats)  # its stream handlers answer the joiner
+            syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
+                            rng=random.Random(1),
+                            stats=joiner.statements.stats)
             peer = await joiner_p2p.connect(holder_p2p.addrs[0])
             assert await syncer.sync_with(peer) == 2  # the manifest, then its attestation
-            assert list(joiner.manifests) == [run.run_id] and joiner.runs_synced == 1
+            assert list(joiner.manifests) == [run.run_id] and joiner.statements.runs_synced == 1
             assert [a.encoded for a in joiner.store.attestations(run.run_id)] == [att.encoded]
 
     trio.run(main)

@@ -13,14 +13,14 @@ import pytest
 from open1b.node import cli
 from open1b.node.config import ConfigError, load_config
 from open1b.node.doctor import run_checks
-from open1b.node.ingest import Ingest
+from open1b.node.ledger import Ledger
 from open1b.node.views import coverage_json
 from open1b.protocol import Attestation
 from open1b.protocol.hashing import blake2b256
 from tests.runs import attestation, run_manifest, witness_of
 
 from .conftest import ident
-from .fakes import make_ingest
+from .fakes import make_ledger
 
 NOW = int(time.time()) - 30
 MANIFEST = run_manifest(ident(0), engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
@@ -35,8 +35,8 @@ def att(signer: int, step: int, *, match: bool = True) -> Attestation:
                               engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=NOW)
 
 
-def make_daemon(tmp_path: Path, **config) -> Ingest:
-    return make_ingest(tmp_path / "node", MANIFEST, redundancy=2, **config)
+def make_daemon(tmp_path: Path, **config) -> Ledger:
+    return make_ledger(tmp_path / "node", MANIFEST, redundancy=2, **config)
 
 
 def trusted(*signers: int) -> tuple[str, ...]:
@@ -46,19 +46,19 @@ def trusted(*signers: int) -> tuple[str, ...]:
 def test_untrusted_keys_count_neither_in_coverage_nor_in_a_strict_planner(tmp_path):
     node = make_daemon(tmp_path, trusted_peers=trusted(1))  # the default planner is strict
     for k in range(4):
-        node.ingest_attestation(att(1, k).encoded)
+        node.statements.ingest_attestation(att(1, k).encoded)
         for sybil in range(20, 30):
-            node.ingest_attestation(att(sybil, k).encoded)
-    cov = node.coverage(MANIFEST.run_id)
+            node.statements.ingest_attestation(att(sybil, k).encoded)
+    cov = node.judge.coverage(MANIFEST.run_id)
     assert not cov.complete and all(s.auditors == (ident(1).peer_id,) for s in cov.steps)
     assert len(cov.untrusted) == 10
-    index = node.deficits.index(MANIFEST.run_id)
+    index = node.planner.index(MANIFEST.run_id)
     assert all(index.attesters(k) == {ident(1).public_key} and index.deficit(k) == 1 for k in range(4))
     # `open` counts them all: the same statements, another policy
     open_node = make_daemon(tmp_path / "open", trust_policy="open")
     for a in node.store.attestations(MANIFEST.run_id):
-        open_node.ingest_attestation(a.encoded)
-    assert open_node.coverage(MANIFEST.run_id).complete
+        open_node.statements.ingest_attestation(a.encoded)
+    assert open_node.judge.coverage(MANIFEST.run_id).complete
 
 
 def test_with_plan_with_untrusted_a_step_complete_but_for_trust_is_not_replayed_again(tmp_path):
@@ -69,45 +69,45 @@ def test_with_plan_with_untrusted_a_step_complete_but_for_trust_is_not_replayed_
     node = make_daemon(tmp_path, plan_with_untrusted=True)
     for k in range(3):
         for other in (20, 21):
-            node.ingest_attestation(att(other, k).encoded)
-    node.ingest_attestation(att(22, 3, match=False).encoded)
-    index = node.deficits.index(MANIFEST.run_id)
+            node.statements.ingest_attestation(att(other, k).encoded)
+    node.statements.ingest_attestation(att(22, 3, match=False).encoded)
+    index = node.planner.index(MANIFEST.run_id)
     assert [index.deficit(k) for k in range(3)] == [0, 0, 0] and index.deficit(3) > 0
-    cov = node.coverage(MANIFEST.run_id)
+    cov = node.judge.coverage(MANIFEST.run_id)
     assert all(s.status != "verified" for s in cov.steps) and len(cov.untrusted) == 3  # coverage counts none
 
 
 def test_a_flagged_key_stops_counting_for_the_planner_too(tmp_path):
     node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3, 4))
     for k in range(4):
-        node.ingest_attestation(att(4, k).encoded)  # the liar: matches everywhere
-    node.ingest_attestation(att(1, 1).encoded)
-    node.deficits.index(MANIFEST.run_id)  # built while the liar still counts
-    assert node.deficits.index(MANIFEST.run_id).deficit(0) == 1
+        node.statements.ingest_attestation(att(4, k).encoded)  # the liar: matches everywhere
+    node.statements.ingest_attestation(att(1, 1).encoded)
+    node.planner.index(MANIFEST.run_id)  # built while the liar still counts
+    assert node.planner.index(MANIFEST.run_id).deficit(0) == 1
     for honest in (2, 3):
-        node.ingest_attestation(att(honest, 2, match=False).encoded)  # step 2 is forged: two replays say so
-    assert node.refresh_flags()
-    assert node.flagged[MANIFEST.run_id] == {ident(4).public_key}
-    index = node.deficits.index(MANIFEST.run_id)
+        node.statements.ingest_attestation(att(honest, 2, match=False).encoded)  # step 2 is forged: two replays say so
+    assert node.judge.refresh()
+    assert node.counting.flagged[MANIFEST.run_id] == {ident(4).public_key}
+    index = node.planner.index(MANIFEST.run_id)
     assert index.deficit(0) == 2 and index.attesters(1) == {ident(1).public_key}
-    cov = node.coverage(MANIFEST.run_id)
+    cov = node.judge.coverage(MANIFEST.run_id)
     assert cov.refuted_steps == [2] and [f.signer for f in cov.flagged] == [ident(4).peer_id]
-    assert not node.refresh_flags()  # nothing new: nothing rebuilt
+    assert not node.judge.refresh()  # nothing new: nothing rebuilt
 
 
 def test_own_attestations_always_count_for_planning(tmp_path):
     node = make_daemon(tmp_path, trust_policy="allowlist")
     mine = attestation(node.identity, **{f: getattr(att(1, 0), f) for f in Attestation.SCHEMA
                                                  if f not in ("signer",)})
-    node.ingest_attestation(mine.encoded)
-    assert 0 in node.deficits.index(MANIFEST.run_id).mine
+    node.statements.ingest_attestation(mine.encoded)
+    assert 0 in node.planner.index(MANIFEST.run_id).mine
 
 
 def test_coverage_json_and_cli_show_policy_flags_and_untrusted_keys(tmp_path, monkeypatch, capsys):
     node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3))
     for a in (att(1, 0), att(2, 0, match=False), att(3, 0, match=False), att(9, 1)):
-        node.ingest_attestation(a.encoded)
-    view = coverage_json(node.coverage(MANIFEST.run_id), MANIFEST)
+        node.statements.ingest_attestation(a.encoded)
+    view = coverage_json(node.judge.coverage(MANIFEST.run_id), MANIFEST)
     assert view["refuted_steps"] == [0] and view["policy"]["name"] == "allowlist"
     assert view["flagged"][0]["signer"] == ident(1).peer_id and view["untrusted"] == [ident(9).peer_id]
     assert len(view["per_step"][0]["evidence"]) == 2
@@ -136,9 +136,9 @@ def test_per_run_step_metrics_follow_coverage(tmp_path):
 
     node = make_daemon(tmp_path, trusted_peers=trusted(1, 2, 3))
     for a in (att(1, 0), att(2, 1), att(3, 1, match=False), att(2, 2, match=False), att(3, 2, match=False)):
-        node.ingest_attestation(a.encoded)
-    node.refresh_flags()
-    text = render(metrics_registry(node.stats, lambda: Gauges(0, 0, 0, 1))).decode()
+        node.statements.ingest_attestation(a.encoded)
+    node.judge.refresh()
+    text = render(metrics_registry(node.statements.stats, lambda: Gauges(0, 0, 0, 1))).decode()
     run = MANIFEST.run_id.hex()
     for status, n in (("verified", 1), ("disputed", 1), ("refuted", 1)):
         assert f'open1b_run_steps{{run="{run}",status="{status}"}} {n}.0' in text, text
@@ -149,25 +149,25 @@ def test_a_key_earns_trust_from_the_store_without_a_restart_and_the_planner_coun
     earn the key; coverage, the planner and `coverage`'s text follow at the next judgement. With
     ``earn_trust = false`` the same statements earn nothing."""
     run = MANIFEST.run_id
-    nodes = {on: make_ingest(tmp_path / str(on), MANIFEST, identity=ident(0), redundancy=2, earn_trust=on)
+    nodes = {on: make_ledger(tmp_path / str(on), MANIFEST, identity=ident(0), redundancy=2, earn_trust=on)
              for on in (True, False)}
     for node in nodes.values():
         for k in range(3):
             node.proof.replayed(MANIFEST, k, MANIFEST.state_hashes[k + 1], witness_of(k))
-            node.add_own_attestation(att(0, k))
+            node.statements.add_own(att(0, k))
         for k in range(4):
-            node.ingest_attestation(att(2, k).encoded)
-        assert node.coverage(run).untrusted == (ident(2).peer_id,)
-        assert node.deficits.index(run).deficit(0) == 1
-    assert nodes[True].refresh_flags() and not nodes[False].refresh_flags()
+            node.statements.ingest_attestation(att(2, k).encoded)
+        assert node.judge.coverage(run).untrusted == (ident(2).peer_id,)
+        assert node.planner.index(run).deficit(0) == 1
+    assert nodes[True].judge.refresh() and not nodes[False].judge.refresh()
     node = nodes[True]
-    assert [p.step for p in node.earned[ident(2).public_key]] == [0, 1, 2]
-    cov = node.coverage(run)
+    assert [p.step for p in node.counting.earned[ident(2).public_key]] == [0, 1, 2]
+    cov = node.judge.coverage(run)
     assert cov.untrusted == () and [len(s.auditors) for s in cov.steps] == [2, 2, 2, 1]
-    index = node.deficits.index(run)
+    index = node.planner.index(run)
     assert [index.deficit(k) for k in range(4)] == [0, 0, 0, 1]
-    assert nodes[False].coverage(run).untrusted == (ident(2).peer_id,) and not nodes[False].earned
-    view = coverage_json(cov, MANIFEST, node.earned)
+    assert nodes[False].judge.coverage(run).untrusted == (ident(2).peer_id,) and not nodes[False].counting.earned
+    view = coverage_json(cov, MANIFEST, node.counting.earned)
     assert view["policy"]["earned"] == [ident(2).peer_id] and ident(0).peer_id in view["policy"]["roots"]
     monkeypatch.setattr(cli, "_call", lambda args, path, shape, **kw: view)
     assert cli.main(["coverage", "abcd", "--api", "127.0.0.1:1"]) == 0

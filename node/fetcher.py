@@ -1,0 +1,149 @@
+"""The fetcher: a run's files for whoever needs them, fetched from peers, verified against the
+manifest (:class:`~.runs.RunFiles`), and linked into a working directory.
+
+* :meth:`Fetcher.for_replay` — the samples and checkpoint k (the auditor, and ``/v1/fetch``);
+* :meth:`Fetcher.for_spot` — the samples, checkpoints k and k+1 and the fingerprints (the spot checker);
+* :meth:`Fetcher.for_eval` — checkpoint k for an evaluation check (the evaluator), None while it cannot.
+
+A checkpoint fetched on the bulk path is checked chunk by chunk against h_k, whose preimage
+includes the batch step k-1 consumed: the run's samples. Each method fetches the samples first
+and hands their directory to the bulk fetch (:class:`~.runs.BulkFetch` ``samples_dir``), so that
+dependency is in the arguments, not in a comment.
+
+It owns what fetching does to the network besides downloading: a blob we now hold is announced
+(provided) in the background, without holding up its user (:meth:`serve_fetcher` runs those
+tasks), and a provider caught serving wrong bytes is penalised (and counted in :attr:`penalised`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import trio
+
+from open1b.protocol import Identity, Open1bError, RunManifest
+
+from .p2p import P2P
+from .runs import (
+    FIND_PROVIDERS_TIMEOUT_S,
+    BulkFetch,
+    RunBlob,
+    RunFiles,
+    RunFilesError,
+    checkpoint_blob,
+    fingerprints_blob,
+    samples_blob,
+)
+
+log = logging.getLogger("open1b.node.fetcher")
+
+SPOT_DIR = "spot"  # the spot checker's working directories beside the replay's (RunFiles.work_dir)
+
+
+class Fetcher:
+    def __init__(self, identity: Identity, runfiles: RunFiles, p2p: P2P) -> None:
+        self.identity, self.runfiles, self.p2p = identity, runfiles, p2p
+        self.penalised: Counter[str] = Counter()  # peer -> wrong bytes it was caught serving
+        self._nursery: trio.Nursery | None = None
+
+    async def serve_fetcher(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the background provides until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- what each user needs ----------------------------------------------------------------------
+    async def for_replay(self, manifest: RunManifest, step: int) -> tuple[Path, list[RunBlob]]:
+        """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working
+        directory; the blobs linked there (release all but the samples after use)."""
+        samples_dir, samples = await self._samples(manifest)
+        checkpoint = checkpoint_blob(manifest, step)
+        await self._fetch(checkpoint, bulk=BulkFetch(self.identity, manifest, step, samples_dir))
+        return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
+
+    async def for_spot(self, manifest: RunManifest, step: int, lane: int = 0) -> tuple[Path, Callable[[], None]]:
+        """What a spot check of ``step`` needs (docs/run-format.md §10.2): the samples, checkpoints k
+        and k+1 and the run's fingerprints, each verified as it is fetched, linked into the working
+        directory of the spot checker's ``lane`` (replays and the other lanes release theirs
+        meanwhile: checks of steps k and k+1 share a checkpoint); and how to release them."""
+        samples_dir, samples = await self._samples(manifest)
+        before, after = checkpoint_blob(manifest, step), checkpoint_blob(manifest, step + 1)
+        # The three at once: a small blob's fetch is mostly round trips (asking peers, a bulk
+        # handshake), which overlap; each is verified on its own.
+        fetches = [functools.partial(self._fetch, blob, bulk=BulkFetch(self.identity, manifest, k, samples_dir))
+                   for k, blob in ((step, before), (step + 1, after))]
+        fetches.append(functools.partial(self.runfiles.fetch_fingerprints, self.p2p, manifest,
+                                         on_bad_peer=self._penalise, provide=self._provide_soon))
+        await all_or_first_error(fetches)
+        fingerprints = fingerprints_blob(manifest)
+        assert fingerprints is not None  # fetch_fingerprints raised otherwise
+        purpose = f"{SPOT_DIR}{lane}"
+        run_dir = self.runfiles.assemble(manifest, [samples, before, after, fingerprints], purpose=purpose)
+        # keep samples.bin and fingerprints.cbor (every check reads them), drop the checkpoint links
+        return run_dir, lambda: self.runfiles.release(manifest, [before, after], purpose=purpose)
+
+    async def for_eval(self, manifest: RunManifest, state: int) -> Path | None:
+        """A run directory holding checkpoint ``state``, fetched as for a replay of that step; None
+        while that fails (the evaluator tries again next round)."""
+        try:
+            run_dir, _ = await self.for_replay(manifest, state)
+        except (Open1bError, OSError) as exc:
+            log.info("evaluation of state %d of %s waits: %s", state, manifest.run_id.hex()[:16], exc)
+            return None
+        return run_dir
+
+    def release(self, manifest: RunManifest, blobs: list[RunBlob]) -> None:
+        """After a replay: drop the checkpoint links :meth:`for_replay` made (the samples stay)."""
+        self.runfiles.release(manifest, blobs[1:])
+
+    # -- fetching ----------------------------------------------------------------------------------
+    async def _samples(self, manifest: RunManifest) -> tuple[Path, RunBlob]:
+        """The run's samples, fetched and linked into the replay's directory, and that directory."""
+        samples = samples_blob(manifest)
+        await self._fetch(samples)
+        return self.runfiles.assemble(manifest, [samples]), samples
+
+    async def _fetch(self, blob: RunBlob, bulk: BulkFetch | None = None) -> Path:
+        return await self.runfiles.fetch(self.p2p, blob, on_bad_peer=self._penalise, provide=self._provide_soon,
+                                         bulk=bulk)
+
+    def _penalise(self, peer: str) -> None:
+        """``peer`` served bytes that are not the blob it was asked for: provably its fault."""
+        self.penalised[peer] += 1
+        self.p2p.penalise(peer)
+
+    def _provide_soon(self, key: str) -> None:
+        """Announce a blob we now hold without holding up the user that fetched it (a DHT
+        provide can take seconds, and up to its timeout when peers are unreachable)."""
+        if self._nursery is None:
+            raise RuntimeError("fetch before serve_fetcher started")
+        p2p = self.p2p
+
+        async def provide() -> None:
+            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                await p2p.provide(key)
+
+        self._nursery.start_soon(provide)
+
+
+async def all_or_first_error(fetches: list[Callable[[], Awaitable[object]]]) -> None:
+    """Run ``fetches`` at once; if any failed with :class:`RunFilesError`, raise the first (plain,
+    as one sequential fetch would), once all have finished."""
+    errors: list[RunFilesError] = []
+
+    async def one(fetch: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await fetch()
+        except RunFilesError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for fetch in fetches:
+            nursery.start_soon(one, fetch)
+    if errors:
+        raise errors[0]

@@ -1,0 +1,97 @@
+"""The planner's view: per run, a :class:`~.deficits.DeficitIndex` of the statements that count
+for planning and the run's :class:`~.planner.StepOrder`.
+
+A run's index is built from the store on first use; from then on it follows, one statement at a
+time, what it is told:
+
+* :meth:`PlannerView.stored` — a statement was stored (:mod:`.statements` tells every one): an
+  attestation is counted if :meth:`~.counting.Counting.plans_with` says so, a live claim makes
+  its step busy;
+* :meth:`PlannerView.recount` — what counts changed (:class:`~.counting.Recount`: keys flagged or
+  cleared, trust earned or lost, a reveal held): only the attestations it names are judged again,
+  and added to or removed from the index.
+
+So the index always equals one built afresh from the store under the current
+:class:`~.counting.Counting` (tests/node/test_planner_view.py checks this on random histories),
+without a rebuild on every reveal or flag change. It reads the store and the counting, and calls
+nothing back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from open1b.protocol import MATCH, Attestation, Claim, RunManifest
+
+from .counting import Counting, Recount
+from .deficits import DeficitIndex
+from .planner import StepOrder
+from .store import Store
+
+
+class PlannerView:
+    def __init__(self, me: bytes, redundancy: int, manifests: Mapping[bytes, RunManifest], store: Store,
+                 counting: Counting, *, clock: Callable[[], int]) -> None:
+        """``manifests``: the runs this node knows (read, never written); ``clock``: wall seconds."""
+        self.me, self.redundancy, self.manifests, self.store = me, redundancy, manifests, store
+        self.counting, self.clock = counting, clock
+        self._indexes: dict[bytes, DeficitIndex] = {}
+        self._orders: dict[bytes, StepOrder] = {}
+        self._counted: dict[bytes, set[bytes]] = {}  # run -> digests of the attestations its index counts
+
+    def index(self, run: bytes) -> DeficitIndex:
+        """The run's index, advanced to now."""
+        now = self.clock()
+        index = self._indexes.get(run)
+        if index is None:
+            index = self._build(run, now)
+        index.advance(now)
+        return index
+
+    def order(self, run: bytes) -> StepOrder:
+        self.index(run)
+        return self._orders[run]
+
+    def _build(self, run: bytes, now: int) -> DeficitIndex:
+        steps = self.manifests[run].steps
+        index = self._indexes[run] = DeficitIndex(steps, self.redundancy, me=self.me, now=now)
+        self._orders[run] = StepOrder(run, self.me, steps)
+        self._counted[run] = set()
+        for att in self.store.attestations(run):
+            self._judge(att)
+        for claim in self.store.claims(run, live_at=now):
+            index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry)
+        return index
+
+    # -- told -------------------------------------------------------------------------------------
+    def stored(self, statement: object) -> None:
+        """A statement was stored. A run whose index is not built yet is left to the build (the
+        store has the statement)."""
+        if isinstance(statement, Attestation) and statement.run in self._indexes:
+            self._judge(statement)
+        elif isinstance(statement, Claim) and statement.run in self._indexes:
+            self._indexes[statement.run].add_claim(statement.step, statement.claimant, statement.issued_at,
+                                                   statement.lease_expiry)
+
+    def recount(self, change: Recount) -> None:
+        """What counts changed: judge again the attestations it touches, in the runs built so far."""
+        for run in [change.run] if change.run is not None else list(self._indexes):
+            if run not in self._indexes:
+                continue
+            if change.step is not None:
+                touched = self.store.attestations(run, change.step)
+            else:
+                touched = [a for a in self.store.attestations(run) if a.signer in change.keys]
+            for att in touched:
+                self._judge(att)
+
+    def _judge(self, att: Attestation) -> None:
+        """Count ``att`` in its run's index if the planner counts it now, and only then."""
+        counted, index = self._counted[att.run], self._indexes[att.run]
+        wanted = self.counting.plans_with(att)
+        if wanted and att.digest not in counted:
+            counted.add(att.digest)
+            index.add_attestation(att.step, att.signer, att.verdict == MATCH)
+        elif not wanted and att.digest in counted:
+            counted.discard(att.digest)
+            index.remove_attestation(att.step, att.signer, att.verdict == MATCH)

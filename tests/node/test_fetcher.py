@@ -1,0 +1,101 @@
+"""The fetcher (node/fetcher.py): a spot check's files are fetched at once (the fetches overlap,
+and a failure reaches the spot checker as the plain RunFilesError it handles, only after every
+other fetch has finished); a provider caught serving wrong bytes is penalised and counted; a
+fetched blob is announced in the background; a bulk checkpoint fetch is handed the samples it is
+checked with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from open1b.node.fetcher import Fetcher, all_or_first_error
+from open1b.node.runs import RunFilesError, samples_blob
+
+from .conftest import ident
+from .fakes import FakeP2P, auditable_manifest
+
+
+def test_fetches_overlap_and_the_first_failure_is_raised_plain_after_all_finish():
+    order: list[str] = []
+
+    async def main():
+        first, second = trio.Event(), trio.Event()
+
+        async def a():  # waits for b: fetched one after the other, this never ends
+            second.set()
+            await first.wait()
+            order.append("a")
+
+        async def b():
+            await second.wait()
+            first.set()
+            order.append("b")
+            raise RunFilesError("checkpoint 4: no provider")
+
+        async def c():
+            await trio.sleep(0.2)
+            order.append("c")
+            raise RunFilesError("fingerprints: no provider")
+
+        with trio.fail_after(10):
+            await all_or_first_error([a, b, c])
+
+    with pytest.raises(RunFilesError, match="checkpoint 4"):  # not an ExceptionGroup
+        trio.run(main)
+    assert sorted(order) == ["a", "b", "c"]
+
+
+class LyingProviderFiles:
+    """Run files whose every fetch first meets a provider serving wrong bytes (blamed through
+    ``on_bad_peer``, as RunFiles does), then succeeds; records what each fetch was given."""
+
+    def __init__(self) -> None:
+        self.fetches, self.assembled = [], []
+
+    async def fetch(self, p2p, blob, on_bad_peer, provide=None, bulk=None):
+        await trio.sleep(0)
+        on_bad_peer("liar")
+        self.fetches.append((blob.name, bulk))
+        provide(f"/open1b/blob/{blob.digest.hex()}")
+        return Path("/cache") / blob.digest.hex()
+
+    def assemble(self, manifest, blobs, purpose=""):
+        self.assembled.append([b.name for b in blobs])
+        return Path("/work") / manifest.run_id.hex()
+
+    def release(self, manifest, blobs, purpose=""):
+        pass
+
+
+def test_a_replays_files_penalise_the_liar_announce_what_was_fetched_and_hand_the_samples_to_the_bulk_fetch():
+    manifest = auditable_manifest(ident(0), steps=3, created_at=1_800_000_000)
+    files, p2p = LyingProviderFiles(), FakeP2P()
+    fetcher = Fetcher(ident(1), files, p2p)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve_fetcher)
+            run_dir, blobs = await fetcher.for_replay(manifest, 2)
+            await trio.testing.wait_all_tasks_blocked()  # the provides run beside, not before the return
+            nursery.cancel_scope.cancel()
+        return run_dir, blobs
+
+    run_dir, blobs = trio.run(main)
+    [(samples, no_bulk), (checkpoint, bulk)] = files.fetches
+    assert samples == samples_blob(manifest).name and no_bulk is None
+    # the checkpoint's bulk fetch is given the directory the samples were linked into, explicitly
+    assert files.assembled[0] == [samples] and bulk.samples_dir == run_dir and bulk.step == 2
+    assert [b.name for b in blobs] == [samples, checkpoint]
+    assert p2p.penalised == ["liar", "liar"] and fetcher.penalised == {"liar": 2}
+    assert sorted(p2p.provided) == sorted(f"/open1b/blob/{b.digest.hex()}" for b in blobs)
+
+
+def test_a_fetch_before_the_fetcher_serves_says_so():
+    manifest = auditable_manifest(ident(0), steps=3, created_at=1_800_000_000)
+    fetcher = Fetcher(ident(1), LyingProviderFiles(), FakeP2P())
+    with pytest.raises(RuntimeError, match="before serve_fetcher"):
+        trio.run(fetcher.for_replay, manifest, 0)
