@@ -13,17 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_METHODS = 25
 
 
-# The harness (devnet, sim) is leaving open1b.node for packages of its own (issue 31, item 4); its
-# classes are not the node's structure.
-HARNESS = ("devnet", "sim")
-
-
 def method_counts(folder: Path = ROOT / "node") -> dict[str, int]:
     """``module:Class`` -> the functions defined in its body (properties and dunders included)."""
     counts = {}
     for path in sorted(folder.rglob("*.py")):
-        if path.relative_to(folder).parts[0] in HARNESS:
-            continue
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
