@@ -76,3 +76,46 @@ def rows_of(shape: tuple[int, ...]) -> tuple[int, int]:
     for d in shape[:-1]:
         n *= d
     return n, shape[-1]
+
+
+def output_shapes(kind: str, attrs: dict, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The shapes of op ``kind``'s outputs for inputs of ``shapes``; ValueError where the inputs
+    do not fit the kind (the kernels' layouts, deterministic/)."""
+    def same(*xs):
+        if any(x != xs[0] for x in xs):
+            raise ValueError(f"{kind}: operands of different shapes {xs}")
+        return xs[0]
+
+    if kind in ("add", "gelu_backward"):
+        return [same(*shapes)]
+    if kind in ("plus_zero", "gelu"):
+        return [shapes[0]]
+    if kind == "adamw":
+        return [same(*shapes)] * 3
+    if kind == "rmsnorm":
+        x, g = shapes
+        if len(x) != 2 or g != (x[1],):
+            raise ValueError(f"rmsnorm: x {x} and gain {g}")
+        return [x, (x[0],)]
+    if kind == "causal_softmax":
+        (s,) = shapes
+        if len(s) != 3 or s[1] != s[2]:
+            raise ValueError(f"causal_softmax: scores {s}")
+        return [s]
+    if kind == "matmul":
+        a, b = shapes
+        if len(a) != len(b) or len(a) not in (2, 3) or attrs["trans_a"] > 1 or attrs["trans_b"] > 1 or \
+                attrs["structure"] not in MATMUL_STRUCTURES:
+            raise ValueError(f"matmul: operands {a}, {b}, attributes {attrs}")
+        a3, b3 = (x if len(x) == 3 else (1, *x) for x in (a, b))
+        (batch, m, k), (batch_b, k_b, n) = (
+            (a3[0], a3[2], a3[1]) if attrs["trans_a"] else a3, (b3[0], b3[2], b3[1]) if attrs["trans_b"] else b3)
+        if batch != batch_b or k != k_b:
+            raise ValueError(f"matmul: operands {a}, {b} do not multiply")
+        return [(batch, m, n) if len(a) == 3 else (m, n)]
+    if kind == "cross_entropy":
+        logits, targets = shapes
+        if len(logits) != 2 or targets != (logits[0],):
+            raise ValueError(f"cross_entropy: logits {logits}, targets {targets}")
+        return [(1,), logits]
+    raise ValueError(f"unknown op kind {kind!r}")
