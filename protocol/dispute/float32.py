@@ -41,24 +41,38 @@ def ffma(a, b, c) -> np.ndarray:
         kernels' hardware fma).
     Zeros, infinities and NaNs follow float64's IEEE rules, which are float32's: e is then
     0 or NaN, and the cast alone decides.
+
+    Speed: a float32 midpoint has at most 25 significant bits, so as a float64 the low 28 bits
+    of its significand are zero (subnormal float32 midpoints and the overflow boundary have even
+    fewer bits). Only lanes whose t has those bits zero can be in case (4); TwoSum and the
+    neighbour are computed for them alone.
     """
-    a, b, c = (np.asarray(v, np.float32) for v in (a, b, c))
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float32) for v in (a, b, c)))
     with np.errstate(invalid="ignore", over="ignore"):
         p = a.astype(np.float64) * b
-        c64 = c.astype(np.float64)
-        t = p + c64
-        bv = t - p
-        e = (p - (t - bv)) + (c64 - bv)  # TwoSum: t + e == p + c exactly
-        r = t.astype(np.float32)
-        r64 = r.astype(np.float64)
-        # the float32 on the other side of t from r, and the midpoint between the two
-        other = np.where(r64 > t, np.nextafter(r, F(-np.inf)), np.nextafter(r, F(np.inf)))
-        mid = (r64 + other.astype(np.float64)) / 2  # exact: both are float32, so their mean is a float64
-        mid = np.where(np.isinf(r) | np.isinf(other), np.copysign(_OVERFLOW_MIDPOINT, t), mid)
-        tie = (t == mid) & (e != 0) & np.isfinite(e)
-        toward = np.where(e > 0, np.maximum(r, other), np.minimum(r, other))
-        out = np.where(tie, toward, r).astype(np.float32)
+        t = p + c
+        out = t.astype(np.float32)
+        maybe = (t.view(np.int64) & _LOW_28) == 0
+        if maybe.any():
+            out[maybe] = _round_exactly(p[maybe], c[maybe].astype(np.float64), t[maybe], out[maybe])
     return out
+
+
+_LOW_28 = np.int64((1 << 28) - 1)
+
+
+def _round_exactly(p, c, t, r):
+    """Steps (2)–(4) of :func:`ffma` for lanes that may sit on a midpoint (1-D arrays)."""
+    bv = t - p
+    e = (p - (t - bv)) + (c - bv)  # TwoSum: t + e == p + c exactly
+    r64 = r.astype(np.float64)
+    # the float32 on the other side of t from r, and the midpoint between the two
+    other = np.where(r64 > t, np.nextafter(r, F(-np.inf)), np.nextafter(r, F(np.inf)))
+    mid = (r64 + other.astype(np.float64)) / 2  # exact: both are float32, so their mean is a float64
+    mid = np.where(np.isinf(r) | np.isinf(other), np.copysign(_OVERFLOW_MIDPOINT, t), mid)
+    tie = (t == mid) & (e != 0) & np.isfinite(e)
+    toward = np.where(e > 0, np.maximum(r, other), np.minimum(r, other))
+    return np.where(tie, toward, r)
 
 
 # ---- expf: FreeBSD e_expf.c, branch-free, as deterministic/mathf.py specifies it -------------

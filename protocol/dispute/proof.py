@@ -192,17 +192,18 @@ def _tensor_proof_cbor(p: TensorProof) -> dict:
 
 # ---- what an output chunk reads ---------------------------------------------------------------
 
-def output_rows(shape: Sequence[int], chunk: int) -> tuple[int, int, int, int]:
-    """(first element, end element, first row, end row) of trace chunk ``chunk`` of a float32
-    output of ``shape``: the rows the referee recomputes to get that chunk."""
-    rows, width = rows_of(tuple(shape))
-    per = chunk_size(state=False) // 4
-    e0, e1 = chunk * per, min((chunk + 1) * per, rows * width)
-    return e0, e1, e0 // width, -(-e1 // width)
+def disputed_element(shape: Sequence[int], chunk: int, a: bytes, b: bytes) -> tuple[int, int]:
+    """(element, row) that a dispute over trace chunk ``chunk`` of a float32 output of ``shape``
+    is about: the first element at which the two parties' chunk bytes ``a`` and ``b`` differ
+    (they have the same length), and the row holding it. Only that row is re-executed: one
+    wrong element convicts its party, whatever the rest of its chunk holds."""
+    first = next(i for i in range(0, len(a), 4) if a[i:i + 4] != b[i:i + 4]) // 4
+    element = chunk * (chunk_size(state=False) // 4) + first
+    return element, element // rows_of(tuple(shape))[1]
 
 
-def needed_chunks(entry: dict, how: str, r0: int, r1: int) -> list[int]:
-    """The chunk indices of input ``entry`` (a record's input) that rows ``r0:r1`` read ``how``."""
+def needed_chunks(entry: dict, how: str, row: int) -> list[int]:
+    """The chunk indices of input ``entry`` (a record's input) that output row ``row`` reads ``how``."""
     state = "state" in entry
     itemsize = ITEMSIZE[entry["dtype"]]
     total = nbytes(entry["dtype"], entry["shape"])
@@ -210,7 +211,7 @@ def needed_chunks(entry: dict, how: str, r0: int, r1: int) -> list[int]:
         return list(range(chunk_count(total, state=state)))
     _, width = rows_of(tuple(entry["shape"]))
     size = chunk_size(state=state)
-    start, end = r0 * width * itemsize, r1 * width * itemsize
+    start, end = row * width * itemsize, (row + 1) * width * itemsize
     return list(range(start // size, -(-end // size)))
 
 
@@ -243,12 +244,13 @@ def make_fraud_proof(traces: tuple[TraceCommitment, TraceCommitment], trees: tup
     chunk = next(i for i in range(chunk_count(len(outputs[0]), state=False))
                  if outputs[0][i * size:(i + 1) * size] != outputs[1][i * size:(i + 1) * size])
     shape = records[0]["outputs"][output]["shape"]
-    _, _, r0, r1 = output_rows(shape, chunk)
+    _, row = disputed_element(shape, chunk, outputs[0][chunk * size:(chunk + 1) * size],
+                              outputs[1][chunk * size:(chunk + 1) * size])
     kind = KINDS.get(records[0]["kind"])  # a kind this version cannot re-execute: carry every chunk
     modes = kind.reads(output, records[0]["attrs"]) if kind else (WHOLE,) * len(inputs)
     reads = []
     for entry, how, given in zip(records[0]["inputs"], modes, inputs):
-        reads.append(_openings(given.data, needed_chunks(entry, how, r0, r1), state="state" in entry))
+        reads.append(_openings(given.data, needed_chunks(entry, how, row), state="state" in entry))
     return FraudProof(traces, pos, records, (tuple(trees[0].proof(pos)), tuple(trees[1].proof(pos))), tuple(reads),
                       tuple(given.state_proof for given in inputs), output, chunk,
                       (_openings(outputs[0], [chunk], state=False)[0], _openings(outputs[1], [chunk], state=False)[0]))

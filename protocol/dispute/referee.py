@@ -2,8 +2,9 @@
 
 :func:`verify_fraud_proof` applies the rules below in order, each a ``[REJECT]`` (the proof is
 invalid: whoever sent it is penalised) or ``[IGNORE]`` (this referee cannot judge it) above the
-check that enforces it, then re-executes the disputed rows of the op (:mod:`.reference`, numpy)
-and names the party, or parties, whose claimed output differs from the re-execution. Everything
+check that enforces it, then re-executes the row of the op's output that holds the first element at which the two claimed
+chunks differ (:mod:`.reference`, numpy) and names the party, or parties, whose value of that
+element differs from the re-execution. Everything
 up to the re-execution needs only the base install; numpy is imported when the op is re-executed,
 so ``import open1b.protocol`` never loads it (``pip install 'open1b[referee]'`` brings it).
 """
@@ -17,7 +18,7 @@ from ..errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableE
 from ..identity import peer_id_from_public_key
 from ..merkle import verify_merkle_proof
 from .ops import KINDS, output_shapes, rows_of
-from .proof import FraudProof, needed_chunks, output_rows
+from .proof import FraudProof, disputed_element, needed_chunks
 from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf
 
 
@@ -116,27 +117,28 @@ def _judge(proof: FraudProof) -> FraudVerdict:
             raise _reject("a claimed chunk does not open its party's output", "claimed_chunk")
     if proof.claimed[0].data == proof.claimed[1].data:
         raise _reject("the claimed chunks are equal", "claimed_chunk")
-    # [REJECT] exactly the input chunks the disputed rows read, each opening its input's root
+    # [REJECT] exactly the input chunks the disputed row reads, each opening its input's root
     # (a state input's root proven against pre_state, h_step)
-    _, _, r0, r1 = output_rows(want_shapes[proof.output], proof.chunk)
+    element, row = disputed_element(want_shapes[proof.output], proof.chunk, proof.claimed[0].data,
+                                    proof.claimed[1].data)
     if len(proof.reads) != len(inputs):
         raise _reject("one list of chunks per input", "reads")
     for entry, how, openings, state_proof in zip(inputs, kind.reads(proof.output, attrs), proof.reads, proof.state):
         state = "state" in entry
         size = nbytes(entry["dtype"], entry["shape"])
-        if [o.index for o in openings] != needed_chunks(entry, how, r0, r1):
+        if [o.index for o in openings] != needed_chunks(entry, how, row):
             raise _reject("input chunks other than those the disputed rows read", "reads")
         if not all(_opens(o, entry["root"], size, state=state) for o in openings):
             raise _reject("an input chunk does not open its input's root", "reads")
         if state != (state_proof is not None) or (state and not verify_tensor_root(
                 entry["state"], entry["dtype"], entry["shape"], entry["root"], state_proof, a.pre_state)):
             raise _reject("a state input is not proven against pre_state", "state_input")
-    wrong = _recompute(proof, kind.name, attrs, inputs, want_shapes, r0, r1)
+    wrong = _recompute(proof, kind.name, attrs, inputs, want_shapes, element, row)
     return FraudVerdict(Outcome.ACCEPT, "guilty", "re-execution contradicts " + (
         "both parties" if len(wrong) == 2 else "one party"), wrong, **context)
 
 
-def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_shapes: list, r0: int, r1: int):
+def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_shapes: list, element: int, row: int):
     import numpy as np  # the referee extra: only the re-execution needs it
 
     from .reference import compute_rows
@@ -154,11 +156,11 @@ def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_sha
         targets = arrays[1]
         if targets.min() < 0 or targets.max() >= arrays[0].shape[1]:
             raise _reject("a target outside the vocabulary", "bad_input")
-    e0, e1, _, _ = output_rows(want_shapes[proof.output], proof.chunk)
     _, width = rows_of(tuple(want_shapes[proof.output]))
-    rows = compute_rows(kind, arrays, attrs, proof.output, r0, r1)
-    expected = rows[e0 - r0 * width:e1 - r0 * width].astype("<f4").tobytes()
-    return tuple(t.tracer for t, o in zip(proof.traces, proof.claimed) if o.data != expected)
+    value = compute_rows(kind, arrays, attrs, proof.output, row, row + 1)[element - row * width]
+    at = (element - proof.chunk * (chunk_size(state=False) // 4)) * 4
+    expected = value.astype("<f4").tobytes()
+    return tuple(t.tracer for t, o in zip(proof.traces, proof.claimed) if o.data[at:at + 4] != expected)
 
 
 def verify_fraud_proof(data: bytes) -> FraudVerdict:

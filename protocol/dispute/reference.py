@@ -114,21 +114,24 @@ def _matmul(inputs, attrs, output, r0, r1):
     if attrs["trans_b"]:
         b3 = np.swapaxes(b3, 1, 2)
     m, k = a3.shape[1], a3.shape[2]
+    chunks = -(-k // K_CHUNK)
+    # The K_CHUNK-term chunks are independent folds: lanes here. K is padded with zero terms to
+    # whole chunks, which changes no fold (a fold from +0.0 never holds -0.0, and s + (±0·0) == s),
+    # and adds no chunk, so the tree over chunk sums is the kernel's.
+    pad = chunks * K_CHUNK - k
     out = []
     r = r0
     while r < r1:  # row r of the output is row r % m of batch r // m
         bi, i0 = divmod(r, m)
         i1 = min(m, i0 + (r1 - r))
-        ai, bb = a3[bi, i0:i1], b3[bi]
-        partials = []
-        for k0 in range(0, k, K_CHUNK):
-            acc = np.zeros((i1 - i0, bb.shape[1]), np.float32)
-            for kk in range(k0, min(k0 + K_CHUNK, k)):
-                acc = ffma(ai[:, kk : kk + 1], bb[kk : kk + 1, :], acc)  # the fold: s = ffma(a, b, s)
-            partials.append(acc)
-        block = pairwise(partials) if partials else np.zeros((i1 - i0, bb.shape[1]), np.float32)
+        ai = np.pad(a3[bi, i0:i1], ((0, 0), (0, pad))).reshape(i1 - i0, chunks, K_CHUNK)
+        bb = np.pad(b3[bi], ((0, pad), (0, 0))).reshape(chunks, K_CHUNK, b3.shape[2])
+        acc = np.zeros((i1 - i0, chunks, b3.shape[2]), np.float32)
+        for kk in range(K_CHUNK):
+            acc = ffma(ai[:, :, kk, None], bb[None, :, kk, :], acc)  # the fold: s = ffma(a, b, s)
+        block = pairwise([acc[:, c] for c in range(chunks)]) if k else np.zeros((i1 - i0, b3.shape[2]), np.float32)
         if attrs["structure"] == 1:  # causal_output: columns past the row are +0.0
-            block = np.where(np.arange(bb.shape[1])[None, :] <= np.arange(i0, i1)[:, None], block, _ZERO)
+            block = np.where(np.arange(b3.shape[2])[None, :] <= np.arange(i0, i1)[:, None], block, _ZERO)
         out.append(block)
         r += i1 - i0
     return np.concatenate(out).astype(np.float32)
