@@ -31,42 +31,48 @@ def adamw_scalars(coef=0.731):
                                            beta1_pow=F(0.9**3), beta2_pow=F(0.95**3), coef=F(coef))
 
 
-def kernel_case(kind: str, rng, size: int = 1):
-    """(inputs, attrs, the kernel's outputs) of one random op of ``kind``; ``size`` scales it."""
-    n = 10 * size
+SCALES = {
+    "test": (10, 96, 70, 256, 70),  # rows unit, width, sequence, vocabulary, reduction length
+    "vector": (2, 12, 9, 16, 40),  # small enough to spell out; K > 32 still exercises the tree
+}
+
+
+def kernel_case(kind: str, rng, scale: str = "test"):
+    """(inputs, attrs, the kernel's outputs) of one random op of ``kind`` at ``SCALES[scale]``."""
+    n, w, t_len, vocab, k = SCALES[scale]
     if kind == "add":
-        a, b = randn(rng, 7 * n, 50), randn(rng, 7 * n, 50)
+        a, b = randn(rng, 7 * n, w), randn(rng, 7 * n, w)
         return [a, b], {}, [reduction.KERNELS[False][2](a, b)]
     if kind == "plus_zero":
-        a = randn(rng, 30 * n)
+        a = randn(rng, 3 * n * w)
         a[::7] = -0.0
         return [a], {}, [reduction.KERNELS[False][3](a)]
     if kind == "gelu":
-        u = randn(rng, 4 * n, 96, scale=4.0)
+        u = randn(rng, 4 * n, w, scale=4.0)
         return [u], {}, [activation.KERNELS[False][0](u)]
     if kind == "gelu_backward":
-        u, dy = randn(rng, 4 * n, 96, scale=4.0), randn(rng, 4 * n, 96)
+        u, dy = randn(rng, 4 * n, w, scale=4.0), randn(rng, 4 * n, w)
         return [u, dy], {}, [activation.KERNELS[False][1](u, dy)]
     if kind == "adamw":
-        p, g, m = randn(rng, 3 * n + 3, 65), randn(rng, 3 * n + 3, 65), randn(rng, 3 * n + 3, 65, scale=0.1)
-        v = np.abs(randn(rng, 3 * n + 3, 65, scale=0.01))
+        p, g, m = randn(rng, 3 * n + 3, w), randn(rng, 3 * n + 3, w), randn(rng, 3 * n + 3, w, scale=0.1)
+        v = np.abs(randn(rng, 3 * n + 3, w, scale=0.01))
         s = adamw_scalars()
         attrs = dict(zip(KINDS["adamw"].attrs, map(bits, s.args())))
         return [p, g, m, v], attrs, list(optimizer.KERNELS[False](p, g, m, v, *s.args()))
     if kind == "rmsnorm":
-        x, g, eps = randn(rng, 5 * n, 100, scale=3.0), randn(rng, 100), F(1e-5)
+        x, g, eps = randn(rng, 5 * n, w, scale=3.0), randn(rng, w), F(1e-5)
         y, rstd = norm.KERNELS[False][0](x, g, eps)
         return [x, g], {"eps_bits": bits(eps)}, [y, rstd]
     if kind == "causal_softmax":
-        s, scale = randn(rng, 2 + size, 70, 70, scale=5.0), attention_scale(64)
-        return [s], {"scale_bits": bits(scale)}, [attention.KERNELS[False][3](s, scale)]
+        s, scale_ = randn(rng, 3, t_len, t_len, scale=5.0), attention_scale(64)
+        return [s], {"scale_bits": bits(scale_)}, [attention.KERNELS[False][3](s, scale_)]
     if kind == "cross_entropy":
-        logits, targets = randn(rng, 6 * n, 256, scale=4.0), rng.integers(0, 256, 6 * n).astype(np.int32)
+        logits, targets = randn(rng, 6 * n, vocab, scale=4.0), rng.integers(0, vocab, 6 * n).astype(np.int32)
         inv_n = F(1) / F(240)
         total, dlogits = loss.KERNELS[False](logits, targets, inv_n)
         return [logits, targets], {"inv_n_bits": bits(inv_n)}, [np.array([total], F), dlogits]
     if kind == "matmul":
-        return matmul_case((4 * n - 3, 70), (70, 45), False, False, matmul.DENSE, rng)
+        return matmul_case((4 * n - 3, k), (k, w), False, False, matmul.DENSE, rng)
     raise AssertionError(kind)
 
 

@@ -1,0 +1,97 @@
+"""``dispute`` vectors (docs/protocol.md §18): fraud proofs and the referee's verdict on each.
+
+Case: ``{"description", "proof", "outcome", "code", "guilty", "op", "position"}`` — judging the
+encoded ``proof`` (hex) gives ``outcome`` (``accept`` / ``reject`` / ``ignore``) with reason
+``code``; an accepted proof names ``op`` at ``position`` and the ``guilty`` peer IDs. For every op
+kind the referee re-executes: ``<kind>-true`` convicts the forger (the traces' second signer,
+seed 2; the honest party is seed 1), ``<kind>-forged`` is the same proof with one input chunk
+altered so that the re-execution would blame the honest party, which the referee must refuse.
+The other cases break one rule each. Inputs are random normals (seeded), outputs are the
+kernels', and a forged output is one ulp off in one element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from open1b.protocol.dispute.ops import KINDS
+from open1b.protocol.dispute.proof import Opening
+from open1b.protocol.dispute.referee import verify_fraud_proof
+from open1b.protocol.dispute.trace import TraceCommitment
+from tests.protocol.dispute_cases import kernel_case, traces_around
+
+from .common import hx, ident, unhex
+
+NAME = "dispute"
+HONEST, FORGER = ident(1), ident(2)
+
+
+def _proof(kind: str, seed: int, **kw):
+    inputs, attrs, outputs = kernel_case(kind, np.random.default_rng(seed), "vector")
+    return traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), **kw)
+
+
+def _with_first_read_flipped(proof):
+    first = proof.reads[0][0]
+    flipped = Opening(first.index, bytes([first.data[0] ^ 0x01]) + first.data[1:], first.path)
+    return dataclasses.replace(proof, reads=((flipped, *proof.reads[0][1:]), *proof.reads[1:]))
+
+
+def _resigned(proof, index, signer, **changes):
+    t = proof.traces[index]
+    fields = {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in ("sig", "tracer")}
+    traces = list(proof.traces)
+    traces[index] = TraceCommitment.create(signer, **{**fields, **changes})
+    return dataclasses.replace(proof, traces=tuple(traces))
+
+
+def _case(description: str, proof) -> dict:
+    data = proof.encode()
+    verdict = verify_fraud_proof(data)
+    return {"description": description, "proof": hx(data), "outcome": verdict.outcome.value, "code": verdict.code,
+            "guilty": list(verdict.guilty_peers), "op": verdict.op, "position": verdict.position}  # fmt: skip
+
+
+def cases() -> dict[str, dict]:
+    out = {}
+    for seed, kind in enumerate(sorted(KINDS)):
+        last = len(KINDS[kind].outputs) - 1  # the last output: rstd, v, dlogits, …
+        proof = _proof(kind, seed, forge_output=last, forge_element=3)
+        out[f"{kind}-true"] = _case(f"{kind}: the forger's output {last} is one ulp off in element 3; the proof "
+                                    "convicts it", proof)
+        out[f"{kind}-forged"] = _case(f"{kind}: the true proof with one bit of an input chunk flipped (the "
+                                      "re-execution would blame the honest party): refused", _with_first_read_flipped(proof))
+    base = _proof("matmul", 100, forge_element=5)
+    out["state-input"] = _case("adamw whose p, m and v are read from the state h_k, each proven against the traces' "
+                               "pre_state", _proof("adamw", 101, forge_output=0, state_inputs=frozenset({0, 2, 3})))
+    bad_state = _proof("adamw", 101, forge_output=0, state_inputs=frozenset({0, 2, 3}))
+    bad_state = dataclasses.replace(bad_state, state=(dataclasses.replace(bad_state.state[0], step=4),
+                                                      *bad_state.state[1:]))
+    out["state-input-wrong-state"] = _case("a state input's tensor proof is for another state", bad_state)
+    out["claimed-swapped"] = _case("the two claimed chunks swapped: neither opens its party's output",
+                                   dataclasses.replace(base, claimed=base.claimed[::-1]))
+    out["record-wrong-position"] = _case("the records proven at another position than they are",
+                                         dataclasses.replace(base, position=base.position + 1))
+    out["same-signer"] = _case("both traces signed by one key", _resigned(base, 1, HONEST))
+    out["different-steps"] = _case("the traces are about different steps", _resigned(base, 1, FORGER, step=4))
+    out["missing-chunk"] = _case("an input chunk the disputed row reads is left out",
+                                 dataclasses.replace(base, reads=((), *base.reads[1:])))
+    out["no-such-output"] = _case("the disputed output does not exist", dataclasses.replace(base, output=1))
+    out["inputs-differ"] = _case("the records differ in an attribute: the traces part before this op's output",
+                                 _proof("matmul", 102, edit=lambda r, party: {**r, "attrs": {**r["attrs"],
+                                                                                             "trans_b": party}}))
+    out["output-shape"] = _case("the forger's record has one output too many: convicted without a re-execution",
+                                _proof("add", 103, edit=lambda r, party: {**r, "outputs": r["outputs"] * (party + 1)}))
+    out["unsupported-op"] = _case("an op kind this referee does not re-execute: ignored",
+                                  _proof("gelu", 104, edit=lambda r, party: {**r, "kind": "scatter_add"}))
+    return out
+
+
+def check(case: dict, root: Path) -> None:
+    verdict = verify_fraud_proof(unhex(case["proof"]))
+    assert (verdict.outcome.value, verdict.code) == (case["outcome"], case["code"])
+    assert list(verdict.guilty_peers) == case["guilty"]
+    assert (verdict.op, verdict.position) == (case["op"], case["position"])
