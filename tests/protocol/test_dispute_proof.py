@@ -107,6 +107,20 @@ def test_records_that_differ_before_the_output_are_refused():
     assert verdict.accepted and verdict.code == "output_shape" and verdict.guilty == (FORGER.public_key,)
 
 
+def test_inputs_that_do_not_fit_the_kind_are_refused():
+    # both records claim the same ill-shaped input: no kernel runs on it, so neither is judged
+    shape = _proof("add", edit=lambda record, party: {**record, "inputs": [record["inputs"][0], {
+        **record["inputs"][1], "shape": [3, 3]}]})
+    assert verify_fraud_proof(shape.encode()).code == "op_schema"
+    later = _proof("gelu", edit=lambda record, party: {**record, "inputs": [{**record["inputs"][0], "op": 5}]})
+    assert verify_fraud_proof(later.encode()).code == "op_schema"
+    inputs, attrs, outputs = kernel_case("cross_entropy", np.random.default_rng(3))
+    inputs[1] = inputs[1].copy()
+    inputs[1][:] = 256  # past the vocabulary
+    bad = traces_around("cross_entropy", inputs, attrs, outputs, (HONEST, FORGER), forge_output=1)
+    assert verify_fraud_proof(bad.encode()).code == "bad_input"
+
+
 def test_bytes_that_are_not_a_valid_proof_are_rejected_before_anything_is_computed():
     proof = _proof("add")
     data = proof.encode()
