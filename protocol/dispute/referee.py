@@ -22,6 +22,10 @@ from .proof import FraudProof, disputed_element, needed_chunks
 from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf
 
 
+MAX_OP_TENSOR_BYTES = 1 << 33
+"""Bytes of any input or output of a judged op (8 GiB; gpt-1b's largest activation is 1 GiB)."""
+
+
 @dataclass(frozen=True)
 class FraudVerdict:
     """What a fraud proof shows. ``outcome`` is ACCEPT when the proof is valid: ``guilty`` then
@@ -94,9 +98,13 @@ def _judge(proof: FraudProof) -> FraudVerdict:
         want_shapes = output_shapes(kind.name, attrs, [tuple(e["shape"]) for e in inputs])
     except ValueError as exc:
         raise _reject(str(exc), "op_schema") from exc
-    # [REJECT] every input read from an op is an output of an earlier op
+    # [REJECT] every input read from an op is an output of an earlier op, and no tensor is larger
+    # than MAX_OP_TENSOR_BYTES (the referee sizes its arrays from the shapes before reading a chunk)
     if any("op" in e and e["op"] >= proof.position for e in inputs):
         raise _reject("an input comes from a later op", "op_schema")
+    if any(nbytes(e["dtype"], e["shape"]) > MAX_OP_TENSOR_BYTES for e in inputs) or \
+            any(nbytes("float32", s) > MAX_OP_TENSOR_BYTES for s in want_shapes):
+        raise _reject(f"a tensor larger than {MAX_OP_TENSOR_BYTES} bytes", "op_schema")
     context = dict(op=kind.name, position=proof.position, run=a.run, step=a.step)
     want = [{"dtype": "float32", "shape": list(s)} for s in want_shapes]
     # A party whose record has outputs of the wrong number or shapes is wrong without a re-execution.
@@ -145,12 +153,13 @@ def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_sha
 
     arrays = []
     for entry, openings in zip(inputs, proof.reads):
-        dtype = np.dtype(entry["dtype"]).newbyteorder("<")
-        flat = np.full(nbytes(entry["dtype"], entry["shape"]) // 4, np.nan if entry["dtype"] == "float32" else 0, dtype)
+        # Zeros where no chunk was given: the disputed row never reads there (§18.2; the reference's
+        # tests poison those parts with NaN), and calloc'd pages nobody touches cost no memory.
+        flat = np.zeros(nbytes(entry["dtype"], entry["shape"]) // 4, np.dtype(entry["dtype"]).newbyteorder("<"))
         raw, size = flat.view(np.uint8), chunk_size(state="state" in entry)
         for o in openings:
             raw[o.index * size:o.index * size + len(o.data)] = np.frombuffer(o.data, np.uint8)
-        arrays.append(flat.astype(dtype.newbyteorder("=")).reshape(entry["shape"]))
+        arrays.append(flat.reshape(entry["shape"]))
     if kind == "cross_entropy":
         # [REJECT] the targets index the logits' columns (the agreed batch could not hold others)
         targets = arrays[1]

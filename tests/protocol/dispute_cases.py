@@ -5,6 +5,8 @@ ulp in one element — from which a fraud proof is built. Shared by the referee'
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from open1b.deterministic import activation, attention, loss, matmul, norm, optimizer, reduction
@@ -98,7 +100,8 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
     (kind ``source``: the referee never opens it) — and the fraud proof between them.
     ``signers[0]`` computed ``outputs``; ``signers[1]`` the same but element ``forge_element`` of
     output ``forge_output`` one ulp up. ``edit(record, party)``, if given, changes each party's op
-    record before it is committed (a test's deliberately bad trace)."""
+    record before it is committed (a test's deliberately bad trace); the proof's chunks are still
+    those of the unedited op."""
     names = {i: f"h0.input{i}" for i in state_inputs}
     state = {names[i]: TensorBytes(str(inputs[i].dtype), inputs[i].shape, _raw(inputs[i])) for i in state_inputs}
     state["h0.other"] = TensorBytes("float32", (3,), _raw(np.arange(3, dtype=F)))
@@ -116,10 +119,11 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
     flat = forged[forge_output].reshape(-1)
     flat[forge_element] = np.nextafter(flat[forge_element], F(np.inf))
     pos = len(records)
-    traces, trees, op_records, out_bytes = [], [], [], []
+    traces, trees, op_records, out_bytes, plain = [], [], [], [], []
     for party, (signer, outs) in enumerate(zip(signers, (outputs, forged))):
         record = {"pos": pos, "kind": kind, "attrs": dict(attrs), "inputs": entries,
                   "outputs": [tensor("float32", o.shape, _raw(o)) for o in outs]}
+        plain.append(record)
         record = record if edit is None else edit(record, party)
         tail = {"pos": pos + 1, "kind": "source", "attrs": {}, "inputs": [], "outputs": []}
         tree = trace_tree([*records, record, tail])
@@ -130,4 +134,6 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
         out_bytes.append(_raw(outs[forge_output]))
     given = [InputBytes(_raw(x), tensor_proof(prev, step, state, batch, names[i], lr_bits=bits(6e-4))
                         if i in state_inputs else None) for i, x in enumerate(inputs)]
-    return make_fraud_proof(tuple(traces), tuple(trees), tuple(op_records), given, tuple(out_bytes), forge_output)
+    # the chunks are chosen from the records as the op really is; the proof carries the edited ones
+    proof = make_fraud_proof(tuple(traces), tuple(trees), tuple(plain), given, tuple(out_bytes), forge_output)
+    return dataclasses.replace(proof, records=tuple(op_records))

@@ -114,6 +114,9 @@ def test_inputs_that_do_not_fit_the_kind_are_refused():
     assert verify_fraud_proof(shape.encode()).code == "op_schema"
     later = _proof("gelu", edit=lambda record, party: {**record, "inputs": [{**record["inputs"][0], "op": 5}]})
     assert verify_fraud_proof(later.encode()).code == "op_schema"
+    # a shape that would need a 4 TiB array: refused before anything is allocated
+    huge = _proof("gelu", edit=lambda record, party: {**record, "inputs": [{**record["inputs"][0], "shape": [1 << 20] * 2}]})
+    assert verify_fraud_proof(huge.encode()).code == "op_schema"
     inputs, attrs, outputs = kernel_case("cross_entropy", np.random.default_rng(3))
     inputs[1] = inputs[1].copy()
     inputs[1][:] = 256  # past the vocabulary
