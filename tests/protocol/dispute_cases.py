@@ -94,12 +94,14 @@ def _raw(x: np.ndarray) -> bytes:
 
 
 def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 0, forge_element: int = 0,
-                  state_inputs: frozenset = frozenset(), run=b"\x11" * 32, step=3, edit=None):
+                  state_inputs: frozenset = frozenset(), run=b"\x11" * 32, step=3, edit=None,
+                  first_forges: int | None = None):
     """Two signed traces of a step in which op ``kind`` (last but one) reads ``inputs`` — from
     the state h_step where the index is in ``state_inputs``, else from a stand-in earlier op
     (kind ``source``: the referee never opens it) — and the fraud proof between them.
     ``signers[0]`` computed ``outputs``; ``signers[1]`` the same but element ``forge_element`` of
-    output ``forge_output`` one ulp up. ``edit(record, party)``, if given, changes each party's op
+    output ``forge_output`` one ulp up; with ``first_forges``, ``signers[0]`` lies too, that element
+    of the same output one ulp down. ``edit(record, party)``, if given, changes each party's op
     record before it is committed (a test's deliberately bad trace); the proof's chunks are still
     those of the unedited op."""
     names = {i: f"h0.input{i}" for i in state_inputs}
@@ -118,6 +120,10 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
     forged = [o.copy() for o in outputs]
     flat = forged[forge_output].reshape(-1)
     flat[forge_element] = np.nextafter(flat[forge_element], F(np.inf))
+    if first_forges is not None:
+        outputs = [o.copy() for o in outputs]
+        flat = outputs[forge_output].reshape(-1)
+        flat[first_forges] = np.nextafter(flat[first_forges], F(-np.inf))
     pos = len(records)
     traces, trees, op_records, out_bytes, plain = [], [], [], [], []
     for party, (signer, outs) in enumerate(zip(signers, (outputs, forged))):

@@ -87,6 +87,18 @@ def cases() -> dict[str, dict]:
                                 _proof("add", 103, edit=lambda r, party: {**r, "outputs": r["outputs"] * (party + 1)}))
     out["unsupported-op"] = _case("an op kind this referee does not re-execute: ignored",
                                   _proof("gelu", 104, edit=lambda r, party: {**r, "kind": "scatter_add"}))
+    out["two-liars-first-element"] = _case(
+        "both parties lie: seed 1 in element 9, seed 2 in element 4; the first element at which the chunks differ "
+        "is 4, so only seed 2 is convicted", _proof("gelu", 105, forge_element=4, first_forges=9))
+    out["two-liars-same-element"] = _case("both parties lie in element 4, in opposite directions: both are convicted",
+                                          _proof("gelu", 106, forge_element=4, first_forges=4))
+    dup = _proof("add", 107, forge_element=2)
+    out["duplicate-chunk"] = _case("an input chunk given twice: the chunks are exactly those read, once each",
+                                   dataclasses.replace(dup, reads=((dup.reads[0][0], *dup.reads[0]), *dup.reads[1:])))
+    out["unknown-and-differing"] = _case(
+        "the records differ in an attribute and name a kind this referee does not know: refused, because they part "
+        "before the op (inputs_differ comes before unsupported_op)",
+        _proof("gelu", 108, edit=lambda r, party: {**r, "kind": "scatter_add", "attrs": {"rows": party}}))
     return out
 
 
