@@ -21,7 +21,8 @@ from open1b.protocol.dispute.ops import KINDS
 from open1b.protocol.dispute.proof import Opening
 from open1b.protocol.dispute.referee import verify_fraud_proof
 from open1b.protocol.dispute.trace import TraceCommitment
-from tests.protocol.dispute_cases import kernel_case, traces_around
+from open1b.deterministic import activation, loss
+from tests.protocol.dispute_cases import bits, kernel_case, traces_around
 
 from .common import hx, ident, unhex
 
@@ -99,6 +100,21 @@ def cases() -> dict[str, dict]:
         "the records differ in an attribute and name a kind this referee does not know: refused, because they part "
         "before the op (inputs_differ comes before unsupported_op)",
         _proof("gelu", 108, edit=lambda r, party: {**r, "kind": "scatter_add", "attrs": {"rows": party}}))
+    out["same-root"] = _case("the forger signs a copy of the honest trace: one trace on both sides",
+                             _resigned(dup, 1, FORGER, root=dup.traces[0].root, post_state=dup.traces[0].post_state))
+    rng = np.random.default_rng(109)
+    u = (rng.standard_normal((100, 50)) * 4).astype(np.float32)  # 20,000 bytes: two trace chunks
+    out["rows-two-chunks"] = _case("gelu over two input chunks: the disputed row (in the second) reads only the "
+                                   "second", traces_around("gelu", [u], {}, [activation.KERNELS[False][0](u)],
+                                                           (HONEST, FORGER), forge_element=4900))
+    logits = (rng.standard_normal((300, 16)) * 4).astype(np.float32)  # two trace chunks
+    targets = rng.integers(0, 16, 300).astype(np.int32)
+    inv_n = np.float32(1) / np.float32(300)
+    total, dlogits = loss.KERNELS[False](logits, targets, inv_n)
+    out["cross_entropy-loss"] = _case(
+        "the forger's loss is one ulp off: the loss reads every row, so every chunk of the logits and targets is "
+        "carried", traces_around("cross_entropy", [logits, targets], {"inv_n_bits": bits(inv_n)},
+                                 [np.array([total], np.float32), dlogits], (HONEST, FORGER), forge_output=0))
     return out
 
 
