@@ -137,3 +137,22 @@ def test_bytes_that_are_not_a_valid_proof_are_rejected_before_anything_is_comput
     assert verify_fraud_proof(encode({**value, "traces": [value["traces"][0], bytes(bad_sig)]})).code == \
         "bad_signature"
     assert FraudProof.decode(data) == proof
+
+
+@pytest.mark.parametrize("kind", ["matmul", "adamw", "cross_entropy"])
+def test_no_corruption_of_a_proof_convicts_the_honest_party_or_crashes_the_referee(kind):
+    """Random byte flips of a true proof: each gives a verdict (never an exception), and none
+    convicts the honest party — a corrupted proof is refused, or still convicts the forger."""
+    inputs, attrs, outputs = kernel_case(kind, np.random.default_rng(11), "vector")
+    state = frozenset({0, 2, 3}) if kind == "adamw" else frozenset()
+    data = traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), state_inputs=state).encode()
+    rng = np.random.default_rng(12)
+    outcomes = set()
+    for _ in range(300):
+        mutated = bytearray(data)
+        for at in rng.integers(0, len(data), int(rng.integers(1, 4))):
+            mutated[at] ^= 1 << int(rng.integers(0, 8))
+        verdict = verify_fraud_proof(bytes(mutated))
+        assert HONEST.public_key not in verdict.guilty, verdict
+        outcomes.add(verdict.code)
+    assert len(outcomes) >= 4  # the flips reach several rules, not only the codec
