@@ -106,6 +106,40 @@ def _causal_softmax(inputs, attrs, output, r0, r1):
     return out
 
 
+def _rmsnorm_backward(inputs, attrs, output, r0, r1):
+    x, g = _rows(inputs[0], r0, r1), inputs[1].reshape(-1)
+    rstd, dy, dres = _rows(inputs[2], r0, r1), _rows(inputs[3], r0, r1), _rows(inputs[4], r0, r1)
+    xh = x * rstd
+    dxh = dy * g
+    if output == 1:
+        return dy * xh  # dg_terms
+    mdot = fixed_sum(dxh * xh) * (_ONE / F(x.shape[1]))
+    return dres + (dxh - xh * mdot[:, None]) * rstd
+
+
+def _causal_softmax_backward(inputs, attrs, output, r0, r1):
+    p, dp = inputs
+    t_len = p.shape[-1]
+    scale = _f32(attrs["scale_bits"])
+    fp, fdp = p.reshape(-1, t_len), dp.reshape(-1, t_len)
+    out = np.zeros((r1 - r0, t_len), np.float32)
+    for r in range(r0, r1):
+        i = r % t_len
+        pi, dpi = fp[r, : i + 1], fdp[r, : i + 1]
+        out[r - r0, : i + 1] = (pi * (dpi - fixed_sum(pi * dpi))) * scale
+    return out
+
+
+def _sum_rows(inputs, attrs, output, r0, r1):
+    return fixed_sum(inputs[0][:, r0:r1].T)[:, None]  # output element c: column c summed over rows
+
+
+def _embed(inputs, attrs, output, r0, r1):
+    wte, wpe, tokens = inputs
+    rows = np.arange(r0, r1)
+    return wte[tokens[r0:r1].astype(np.int64)] + wpe[rows % wpe.shape[0]]
+
+
 def _matmul(inputs, attrs, output, r0, r1):
     a, b = inputs
     a3, b3 = (x if x.ndim == 3 else x[None] for x in (a, b))
@@ -157,7 +191,9 @@ def _cross_entropy(inputs, attrs, output, r0, r1):
 
 COMPUTE = {
     "add": _add, "plus_zero": _plus_zero, "gelu": _gelu, "gelu_backward": _gelu_backward, "adamw": _adamw,
-    "rmsnorm": _rmsnorm, "causal_softmax": _causal_softmax, "matmul": _matmul, "cross_entropy": _cross_entropy,
+    "rmsnorm": _rmsnorm, "rmsnorm_backward": _rmsnorm_backward, "causal_softmax": _causal_softmax,
+    "causal_softmax_backward": _causal_softmax_backward, "sum_rows": _sum_rows, "embed": _embed, "matmul": _matmul,
+    "cross_entropy": _cross_entropy,
 }  # fmt: skip
 
 

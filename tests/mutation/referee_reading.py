@@ -26,6 +26,8 @@ KINDS = {  # §18.2: inputs' dtypes, outputs, attrs
                                                               "one_minus_beta2", "decay", "step_size", "sqrt_bias2",
                                                               "eps", "coef"))),
     "rmsnorm": (("float32", "float32"), 2, ("eps_bits",)), "causal_softmax": (("float32",), 1, ("scale_bits",)),
+    "rmsnorm_backward": (("float32",) * 5, 2, ()), "causal_softmax_backward": (("float32",) * 2, 1, ("scale_bits",)),
+    "sum_rows": (("float32",), 1, ()), "embed": (("float32", "float32", "int32"), 1, ()),
     "matmul": (("float32", "float32"), 1, ("trans_a", "trans_b", "structure")),
     "cross_entropy": (("float32", "int32"), 2, ("inv_n_bits",)),
 }
@@ -42,8 +44,10 @@ def rows(shape) -> tuple[int, int]:
 
 def reads_whole(kind: str, attrs: dict, output: int, i: int) -> bool:
     """§18.2's last column: does an output row read all of input i?"""
-    if kind == "rmsnorm":
+    if kind in ("rmsnorm", "rmsnorm_backward"):
         return i == 1
+    if kind in ("sum_rows", "embed"):
+        return kind == "sum_rows" or i < 2
     if kind == "matmul":
         return i == 1 or attrs["trans_a"] == 1
     if kind == "cross_entropy":
@@ -58,8 +62,23 @@ def out_shapes(kind: str, attrs: dict, shapes: list) -> list:
         if len(shapes[0]) != 2 or shapes[1] != [shapes[0][1]]:
             raise Refused("op_schema")
         return [shapes[0], shapes[0][:1]]
-    if kind == "causal_softmax" and (len(shapes[0]) != 3 or shapes[0][1] != shapes[0][2]):
+    if kind in ("causal_softmax", "causal_softmax_backward") and (
+            len(shapes[0]) != 3 or shapes[0][1] != shapes[0][2] or shapes[-1] != shapes[0]):
         raise Refused("op_schema")
+    if kind == "rmsnorm_backward":
+        x, g, r, dy, dres = shapes
+        if len(x) != 2 or g != x[1:] or r != x[:1] or not x == dy == dres:
+            raise Refused("op_schema")
+        return [x, x]
+    if kind == "sum_rows":
+        if len(shapes[0]) != 2:
+            raise Refused("op_schema")
+        return [shapes[0][1:]]
+    if kind == "embed":
+        wte, wpe, tokens = shapes
+        if len(wte) != 2 or len(wpe) != 2 or wpe[1] != wte[1] or len(tokens) != 1 or tokens[0] % wpe[0]:
+            raise Refused("op_schema")
+        return [[tokens[0], wte[1]]]
     if kind == "matmul":
         a, b = shapes
         if len(a) != len(b) or len(a) not in (2, 3) or attrs["trans_a"] > 1 or attrs["trans_b"] > 1 or \

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from open1b.deterministic import activation, attention, loss, matmul, norm, optimizer, reduction
+from open1b.deterministic import activation, attention, embedding, loss, matmul, norm, optimizer, reduction
 from open1b.deterministic.attention import attention_scale
 from open1b.protocol import TensorBytes, state_hash, tensor_proof
 from open1b.protocol.dispute.ops import KINDS
@@ -65,6 +65,21 @@ def kernel_case(kind: str, rng, scale: str = "test"):
         x, g, eps = randn(rng, 5 * n, w, scale=3.0), randn(rng, w), F(1e-5)
         y, rstd = norm.KERNELS[False][0](x, g, eps)
         return [x, g], {"eps_bits": bits(eps)}, [y, rstd]
+    if kind == "rmsnorm_backward":
+        x, g, dy, dres = randn(rng, 5 * n, w, scale=3.0), randn(rng, w), randn(rng, 5 * n, w), randn(rng, 5 * n, w)
+        _, rstd = norm.KERNELS[False][0](x, g, F(1e-5))
+        return [x, g, rstd, dy, dres], {}, list(norm.KERNELS[False][1](x, g, rstd, dy, dres))
+    if kind == "causal_softmax_backward":
+        p = attention.KERNELS[False][3](randn(rng, 3, t_len, t_len, scale=5.0), F(0.125))
+        dp, scale_ = randn(rng, 3, t_len, t_len), attention_scale(64)
+        return [p, dp], {"scale_bits": bits(scale_)}, [attention.KERNELS[False][4](p, dp, scale_)]
+    if kind == "sum_rows":
+        x = randn(rng, 7 * n + 40, w)  # more rows than one chunk of 32: the tree is used
+        return [x], {}, [reduction.KERNELS[False][0](x)]
+    if kind == "embed":
+        wte, wpe = randn(rng, vocab, w), randn(rng, t_len, w)
+        tokens = rng.integers(0, vocab, 2 * t_len).astype(np.int32)
+        return [wte, wpe, tokens], {}, [embedding.KERNELS[False][0](wte, wpe, tokens)]
     if kind == "causal_softmax":
         s, scale_ = randn(rng, 3, t_len, t_len, scale=5.0), attention_scale(64)
         return [s], {"scale_bits": bits(scale_)}, [attention.KERNELS[False][3](s, scale_)]
