@@ -46,6 +46,10 @@ class OpKind:
             return (WHOLE,)  # output element c is column c's sum
         if self.name == "embed":
             return (WHOLE, WHOLE, ROWS)  # row r reads the token's row of wte and position r % T of wpe
+        if self.name == "scatter_add":
+            return (ROWS, WHOLE, WHOLE)  # token t's row: every position holding t
+        if self.name in ("split_heads", "merge_heads", "merge_qkv"):
+            return tuple(WHOLE for _ in self.inputs)  # a row is copied from strided places
         return tuple(ROWS for _ in self.inputs)
 
 
@@ -65,6 +69,10 @@ KINDS: dict[str, OpKind] = {k.name: k for k in (
     OpKind("causal_softmax_backward", (("p", F32), ("dp", F32)), ("ds",), ("scale_bits",)),
     OpKind("sum_rows", (("x", F32),), ("out",), ()),
     OpKind("embed", (("wte", F32), ("wpe", F32), ("tokens", I32)), ("x",), ()),
+    OpKind("scatter_add", (("dwte", F32), ("dx", F32), ("tokens", I32)), ("dwte",), ()),
+    OpKind("split_heads", (("x", F32),), ("heads",), ("col0", "width", "seq_len", "n_heads")),
+    OpKind("merge_heads", (("o", F32),), ("x",), ("seq_len", "n_heads")),
+    OpKind("merge_qkv", (("dq", F32), ("dk", F32), ("dv", F32)), ("dqkv",), ("seq_len", "n_heads")),
     OpKind("matmul", (("a", F32), ("b", F32)), ("out",), ("trans_a", "trans_b", "structure")),
     OpKind("cross_entropy", (("logits", F32), ("targets", I32)), ("loss", "dlogits"), ("inv_n_bits",)),
 )}
@@ -123,6 +131,23 @@ def output_shapes(kind: str, attrs: dict, shapes: list[tuple[int, ...]]) -> list
         if len(x) != 2:
             raise ValueError(f"sum_rows: {x}")
         return [(x[1],)]
+    if kind == "scatter_add":
+        dwte, dx, tokens = shapes
+        if len(dwte) != 2 or len(dx) != 2 or dx[1] != dwte[1] or tokens != (dx[0],):
+            raise ValueError(f"scatter_add: operands {shapes}")
+        return [dwte]
+    if kind == "split_heads":
+        (x,) = shapes
+        t, h, c0, w = attrs["seq_len"], attrs["n_heads"], attrs["col0"], attrs["width"]
+        if len(x) != 2 or not t or not h or x[0] % t or w % h or c0 + w > x[1]:
+            raise ValueError(f"split_heads: {x} with {attrs}")
+        return [(x[0] // t * h, t, w // h)]
+    if kind in ("merge_heads", "merge_qkv"):
+        o = same(*shapes)
+        t, h = attrs["seq_len"], attrs["n_heads"]
+        if len(o) != 3 or not h or o[0] % h or o[1] != t:
+            raise ValueError(f"{kind}: {o} with {attrs}")
+        return [(o[0] // h * t, len(shapes) * h * o[2])]
     if kind == "embed":
         wte, wpe, tokens = shapes
         if len(wte) != 2 or len(wpe) != 2 or wpe[1] != wte[1] or len(tokens) != 1 or tokens[0] % wpe[0]:

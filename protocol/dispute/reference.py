@@ -140,6 +140,37 @@ def _embed(inputs, attrs, output, r0, r1):
     return wte[tokens[r0:r1].astype(np.int64)] + wpe[rows % wpe.shape[0]]
 
 
+def _scatter_add(inputs, attrs, output, r0, r1):
+    dwte, dx, tokens = inputs
+    out = dwte[r0:r1].copy()
+    for p in range(tokens.shape[0]):  # ascending positions: each adds dx[p] to its token's row
+        t = int(tokens[p])
+        if r0 <= t < r1:
+            out[t - r0] = out[t - r0] + dx[p]
+    return out
+
+
+def _split_heads(inputs, attrs, output, r0, r1):
+    x = inputs[0]
+    t_len, heads, col0, width = attrs["seq_len"], attrs["n_heads"], attrs["col0"], attrs["width"]
+    hd = width // heads
+    out = []
+    for r in range(r0, r1):  # output row (b·H + h)·T + t is x[b·T + t, col0 + h·hd : …]
+        bh, t = divmod(r, t_len)
+        b, h = divmod(bh, heads)
+        out.append(x[b * t_len + t, col0 + h * hd: col0 + (h + 1) * hd])
+    return np.stack(out)
+
+
+def _merge(inputs, attrs, output, r0, r1):
+    t_len, heads = attrs["seq_len"], attrs["n_heads"]
+    out = []
+    for r in range(r0, r1):  # output row b·T + t: head h of each input at (b·H + h, t), side by side
+        b, t = divmod(r, t_len)
+        out.append(np.concatenate([o[b * heads + h, t] for o in inputs for h in range(heads)]))
+    return np.stack(out)
+
+
 def _matmul(inputs, attrs, output, r0, r1):
     a, b = inputs
     a3, b3 = (x if x.ndim == 3 else x[None] for x in (a, b))
@@ -193,7 +224,8 @@ COMPUTE = {
     "add": _add, "plus_zero": _plus_zero, "gelu": _gelu, "gelu_backward": _gelu_backward, "adamw": _adamw,
     "rmsnorm": _rmsnorm, "rmsnorm_backward": _rmsnorm_backward, "causal_softmax": _causal_softmax,
     "causal_softmax_backward": _causal_softmax_backward, "sum_rows": _sum_rows, "embed": _embed, "matmul": _matmul,
-    "cross_entropy": _cross_entropy,
+    "cross_entropy": _cross_entropy, "scatter_add": _scatter_add, "split_heads": _split_heads, "merge_heads": _merge,
+    "merge_qkv": _merge,
 }  # fmt: skip
 
 

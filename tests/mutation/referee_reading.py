@@ -28,6 +28,10 @@ KINDS = {  # §18.2: inputs' dtypes, outputs, attrs
     "rmsnorm": (("float32", "float32"), 2, ("eps_bits",)), "causal_softmax": (("float32",), 1, ("scale_bits",)),
     "rmsnorm_backward": (("float32",) * 5, 2, ()), "causal_softmax_backward": (("float32",) * 2, 1, ("scale_bits",)),
     "sum_rows": (("float32",), 1, ()), "embed": (("float32", "float32", "int32"), 1, ()),
+    "scatter_add": (("float32", "float32", "int32"), 1, ()),
+    "split_heads": (("float32",), 1, ("col0", "width", "seq_len", "n_heads")),
+    "merge_heads": (("float32",), 1, ("seq_len", "n_heads")),
+    "merge_qkv": (("float32",) * 3, 1, ("seq_len", "n_heads")),
     "matmul": (("float32", "float32"), 1, ("trans_a", "trans_b", "structure")),
     "cross_entropy": (("float32", "int32"), 2, ("inv_n_bits",)),
 }
@@ -46,8 +50,10 @@ def reads_whole(kind: str, attrs: dict, output: int, i: int) -> bool:
     """§18.2's last column: does an output row read all of input i?"""
     if kind in ("rmsnorm", "rmsnorm_backward"):
         return i == 1
-    if kind in ("sum_rows", "embed"):
-        return kind == "sum_rows" or i < 2
+    if kind in ("sum_rows", "embed", "scatter_add"):
+        return kind == "sum_rows" or (i < 2 if kind == "embed" else i > 0)
+    if kind in ("split_heads", "merge_heads", "merge_qkv"):
+        return True
     if kind == "matmul":
         return i == 1 or attrs["trans_a"] == 1
     if kind == "cross_entropy":
@@ -74,6 +80,22 @@ def out_shapes(kind: str, attrs: dict, shapes: list) -> list:
         if len(shapes[0]) != 2:
             raise Refused("op_schema")
         return [shapes[0][1:]]
+    if kind == "scatter_add":
+        dwte, dx, tokens = shapes
+        if len(dwte) != 2 or len(dx) != 2 or dx[1] != dwte[1] or tokens != dx[:1]:
+            raise Refused("op_schema")
+        return [dwte]
+    if kind == "split_heads":
+        t, h, c0, w = attrs["seq_len"], attrs["n_heads"], attrs["col0"], attrs["width"]
+        x = shapes[0]
+        if len(x) != 2 or not t or not h or x[0] % t or w % h or c0 + w > x[1]:
+            raise Refused("op_schema")
+        return [[x[0] // t * h, t, w // h]]
+    if kind in ("merge_heads", "merge_qkv"):
+        o, t, h = shapes[0], attrs["seq_len"], attrs["n_heads"]
+        if any(s != o for s in shapes) or len(o) != 3 or not h or o[0] % h or o[1] != t:
+            raise Refused("op_schema")
+        return [[o[0] // h * t, len(shapes) * h * o[2]]]
     if kind == "embed":
         wte, wpe, tokens = shapes
         if len(wte) != 2 or len(wpe) != 2 or wpe[1] != wte[1] or len(tokens) != 1 or tokens[0] % wpe[0]:

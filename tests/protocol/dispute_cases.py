@@ -80,6 +80,23 @@ def kernel_case(kind: str, rng, scale: str = "test"):
         wte, wpe = randn(rng, vocab, w), randn(rng, t_len, w)
         tokens = rng.integers(0, vocab, 2 * t_len).astype(np.int32)
         return [wte, wpe, tokens], {}, [embedding.KERNELS[False][0](wte, wpe, tokens)]
+    if kind == "scatter_add":
+        dwte, dx = randn(rng, vocab, w), randn(rng, 2 * t_len, w)
+        tokens = rng.integers(0, vocab // 2, 2 * t_len).astype(np.int32)  # repeated tokens: the order matters
+        out = dwte.copy()
+        embedding.KERNELS[False][1](out, dx, *embedding.positions_by_token(tokens, vocab))
+        return [dwte, dx, tokens], {}, [out]
+    if kind in ("split_heads", "merge_heads", "merge_qkv"):
+        heads, hd = 3, 4
+        attrs = {"seq_len": t_len, "n_heads": heads}
+        split, merge, merge_qkv = attention.KERNELS[False][:3]
+        if kind == "split_heads":
+            x = randn(rng, 2 * t_len, 3 * heads * hd)
+            attrs.update(col0=heads * hd, width=heads * hd)
+            return [x], attrs, [split(x, heads * hd, heads * hd, t_len, heads)]
+        parts = [randn(rng, 2 * heads, t_len, hd) for _ in range(3 if kind == "merge_qkv" else 1)]
+        out = merge_qkv(*parts, t_len, heads) if kind == "merge_qkv" else merge(parts[0], t_len, heads)
+        return parts, attrs, [out]
     if kind == "causal_softmax":
         s, scale_ = randn(rng, 3, t_len, t_len, scale=5.0), attention_scale(64)
         return [s], {"scale_bits": bits(scale_)}, [attention.KERNELS[False][3](s, scale_)]

@@ -92,7 +92,7 @@ def test_each_rule_refuses_a_proof_that_breaks_it():
 
 
 def test_an_op_kind_the_referee_does_not_know_is_ignored():
-    proof = _proof("gelu", edit=lambda record, party: {**record, "kind": "scatter_add"})
+    proof = _proof("gelu", edit=lambda record, party: {**record, "kind": "clip"})
     verdict = verify_fraud_proof(proof.encode())
     assert (verdict.outcome, verdict.code) == (Outcome.IGNORE, "unsupported_op")
 
