@@ -32,8 +32,14 @@ class OpKind:
     attrs: tuple[str, ...]
     """Attribute names; ``*_bits`` attributes are float32 bit patterns (u32)."""
 
-    def reads(self, output: int, attrs: dict) -> tuple[str, ...]:
-        """For output ``output``, ``ROWS`` or ``WHOLE`` per input (see module doc)."""
+    def dtypes(self, count: int) -> list[str]:
+        """The input dtypes of an op of this kind with ``count`` inputs (``clip`` takes any number)."""
+        return [self.inputs[0][1]] * count if self.name == "clip" else [d for _, d in self.inputs]
+
+    def reads(self, output: int, attrs: dict, inputs: int | None = None) -> tuple[str, ...]:
+        """For output ``output``, ``ROWS`` or ``WHOLE`` per input (see module doc); ``inputs`` is
+        the number of inputs of a kind that takes any number (``clip``)."""
+        inputs = self.inputs if inputs is None else range(inputs)
         if self.name == "matmul":
             return (WHOLE if attrs["trans_a"] else ROWS, WHOLE)
         if self.name == "cross_entropy":
@@ -48,9 +54,9 @@ class OpKind:
             return (WHOLE, WHOLE, ROWS)  # row r reads the token's row of wte and position r % T of wpe
         if self.name == "scatter_add":
             return (ROWS, WHOLE, WHOLE)  # token t's row: every position holding t
-        if self.name in ("split_heads", "merge_heads", "merge_qkv"):
-            return tuple(WHOLE for _ in self.inputs)  # a row is copied from strided places
-        return tuple(ROWS for _ in self.inputs)
+        if self.name in ("split_heads", "merge_heads", "merge_qkv", "sumsq", "clip"):
+            return tuple(WHOLE for _ in inputs)  # copies from strided places; sums over everything
+        return tuple(ROWS for _ in inputs)
 
 
 _ADAMW_ATTRS = ("beta1_bits", "one_minus_beta1_bits", "beta2_bits", "one_minus_beta2_bits", "decay_bits",
@@ -73,6 +79,8 @@ KINDS: dict[str, OpKind] = {k.name: k for k in (
     OpKind("split_heads", (("x", F32),), ("heads",), ("col0", "width", "seq_len", "n_heads")),
     OpKind("merge_heads", (("o", F32),), ("x",), ("seq_len", "n_heads")),
     OpKind("merge_qkv", (("dq", F32), ("dk", F32), ("dv", F32)), ("dqkv",), ("seq_len", "n_heads")),
+    OpKind("sumsq", (("g", F32),), ("sumsq",), ()),
+    OpKind("clip", (("sumsq", F32),), ("norm_coef",), ("max_norm_bits",)),  # one input per parameter
     OpKind("matmul", (("a", F32), ("b", F32)), ("out",), ("trans_a", "trans_b", "structure")),
     OpKind("cross_entropy", (("logits", F32), ("targets", I32)), ("loss", "dlogits"), ("inv_n_bits",)),
 )}
@@ -148,6 +156,12 @@ def output_shapes(kind: str, attrs: dict, shapes: list[tuple[int, ...]]) -> list
         if len(o) != 3 or not h or o[0] % h or o[1] != t:
             raise ValueError(f"{kind}: {o} with {attrs}")
         return [(o[0] // h * t, len(shapes) * h * o[2])]
+    if kind == "sumsq":
+        return [(1,)]
+    if kind == "clip":
+        if any(s != (1,) for s in shapes):
+            raise ValueError(f"clip: operands {shapes}")
+        return [(2,)]
     if kind == "embed":
         wte, wpe, tokens = shapes
         if len(wte) != 2 or len(wpe) != 2 or wpe[1] != wte[1] or len(tokens) != 1 or tokens[0] % wpe[0]:

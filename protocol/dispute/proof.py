@@ -34,7 +34,8 @@ KIND = "fraud_proof"
 MAX_FRAUD_PROOF_SIZE = 128 << 20
 """Bytes: the largest proof the referee reads. A proof carries the input chunks one output chunk
 of one op reads (§18.3); the largest is a product reading a whole gpt-1b matrix (64 MiB)."""
-MAX_INPUTS = 8
+MAX_OP_INPUTS = 128
+"""Inputs of one op: `clip` reads one sum of squares per parameter (gpt-1b: 112)."""
 MAX_OUTPUTS = 4
 MAX_NDIM = 8
 MAX_ATTRS = 16
@@ -99,7 +100,7 @@ class FraudProof:
             raise WrongTypeError(f"{KIND}: unsupported protocol version {value.get('v')!r}", code="version")
         check_map({"kind": Enum(frozenset({KIND})), "v": UInt(), "traces": _pair(Bytes(max_size=MAX_TRACE_SIZE)),
                    "position": UInt(maximum=MAX_TRACE_OPS), "records": _pair(_Any()), "paths": _pair(_PATH),
-                   "reads": ListOf(ListOf(_OPENING, 1 << 16), MAX_INPUTS), "state": ListOf(_Any(), MAX_INPUTS),
+                   "reads": ListOf(ListOf(_OPENING, 1 << 16), MAX_OP_INPUTS), "state": ListOf(_Any(), MAX_OP_INPUTS),
                    "output": UInt(maximum=MAX_OUTPUTS - 1), "chunk": UInt(maximum=(1 << 32) - 1),
                    "claimed": _pair(_OPENING)}, value, KIND)  # fmt: skip
         records = tuple(_check_record(r, i) for i, r in enumerate(value["records"]))
@@ -153,7 +154,7 @@ def _check_tensor(value: Any, schema: dict, what: str) -> None:
 
 def _check_record(value: Any, party: int) -> dict:
     what = f"{KIND}.records[{party}]"
-    check_map({"pos": UInt(maximum=MAX_TRACE_OPS), "kind": _Any(), "attrs": _Any(), "inputs": ListOf(_Any(), MAX_INPUTS),
+    check_map({"pos": UInt(maximum=MAX_TRACE_OPS), "kind": _Any(), "attrs": _Any(), "inputs": ListOf(_Any(), MAX_OP_INPUTS),
                "outputs": ListOf(_Any(), MAX_OUTPUTS)}, value, what)  # fmt: skip
     if type(value["kind"]) is not str or len(value["kind"]) > 32:
         raise WrongTypeError(f"{what}.kind: expected a short text")
@@ -247,7 +248,7 @@ def make_fraud_proof(traces: tuple[TraceCommitment, TraceCommitment], trees: tup
     _, row = disputed_element(shape, chunk, outputs[0][chunk * size:(chunk + 1) * size],
                               outputs[1][chunk * size:(chunk + 1) * size])
     kind = KINDS.get(records[0]["kind"])  # a kind this version cannot re-execute: carry every chunk
-    modes = kind.reads(output, records[0]["attrs"]) if kind else (WHOLE,) * len(inputs)
+    modes = kind.reads(output, records[0]["attrs"], len(inputs)) if kind else (WHOLE,) * len(inputs)
     reads = []
     for entry, how, given in zip(records[0]["inputs"], modes, inputs):
         reads.append(_openings(given.data, needed_chunks(entry, how, row), state="state" in entry))

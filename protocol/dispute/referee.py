@@ -92,7 +92,7 @@ def _judge(proof: FraudProof) -> FraudVerdict:
         raise UnjudgeableError(f"op kind {rec_a['kind']!r} is not one the referee re-executes", code="unsupported_op")
     # [REJECT] the attributes and inputs are those of the kind, and the input shapes fit it
     attrs, inputs = rec_a["attrs"], rec_a["inputs"]
-    if sorted(attrs) != sorted(kind.attrs) or [e["dtype"] for e in inputs] != [d for _, d in kind.inputs]:
+    if sorted(attrs) != sorted(kind.attrs) or [e["dtype"] for e in inputs] != kind.dtypes(len(inputs)) or not inputs:
         raise _reject(f"attributes or operands are not those of {kind.name}", "op_schema")
     try:
         want_shapes = output_shapes(kind.name, attrs, [tuple(e["shape"]) for e in inputs])
@@ -131,7 +131,7 @@ def _judge(proof: FraudProof) -> FraudVerdict:
                                     proof.claimed[1].data)
     if len(proof.reads) != len(inputs):
         raise _reject("one list of chunks per input", "reads")
-    for entry, how, openings, state_proof in zip(inputs, kind.reads(proof.output, attrs), proof.reads, proof.state):
+    for entry, how, openings, state_proof in zip(inputs, kind.reads(proof.output, attrs, len(inputs)), proof.reads, proof.state):
         state = "state" in entry
         size = nbytes(entry["dtype"], entry["shape"])
         if [o.index for o in openings] != needed_chunks(entry, how, row):

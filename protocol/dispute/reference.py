@@ -171,6 +171,21 @@ def _merge(inputs, attrs, output, r0, r1):
     return np.stack(out)
 
 
+def _sumsq(inputs, attrs, output, r0, r1):
+    g = inputs[0].reshape(-1)
+    return fixed_sum(g * g).reshape(1, 1)  # Σ fmul(g, g) over the flat tensor (optimizer.py)
+
+
+_CLIP_EPS = F(1e-6)
+
+
+def _clip(inputs, attrs, output, r0, r1):
+    norm = np.sqrt(fixed_sum(np.concatenate([x.reshape(-1) for x in inputs])))  # the tensors' sums, in P's order
+    coef = _f32(attrs["max_norm_bits"]) / (norm + _CLIP_EPS)
+    coef = coef if coef < _ONE else _ONE  # Python's min(1, coef), as optimizer.py writes it
+    return np.array([norm, coef], np.float32)[r0:r1, None]
+
+
 def _matmul(inputs, attrs, output, r0, r1):
     a, b = inputs
     a3, b3 = (x if x.ndim == 3 else x[None] for x in (a, b))
@@ -225,7 +240,7 @@ COMPUTE = {
     "rmsnorm": _rmsnorm, "rmsnorm_backward": _rmsnorm_backward, "causal_softmax": _causal_softmax,
     "causal_softmax_backward": _causal_softmax_backward, "sum_rows": _sum_rows, "embed": _embed, "matmul": _matmul,
     "cross_entropy": _cross_entropy, "scatter_add": _scatter_add, "split_heads": _split_heads, "merge_heads": _merge,
-    "merge_qkv": _merge,
+    "merge_qkv": _merge, "sumsq": _sumsq, "clip": _clip,
 }  # fmt: skip
 
 

@@ -32,6 +32,7 @@ KINDS = {  # §18.2: inputs' dtypes, outputs, attrs
     "split_heads": (("float32",), 1, ("col0", "width", "seq_len", "n_heads")),
     "merge_heads": (("float32",), 1, ("seq_len", "n_heads")),
     "merge_qkv": (("float32",) * 3, 1, ("seq_len", "n_heads")),
+    "sumsq": (("float32",), 1, ()), "clip": (None, 1, ("max_norm_bits",)),  # clip: any number of float32 inputs
     "matmul": (("float32", "float32"), 1, ("trans_a", "trans_b", "structure")),
     "cross_entropy": (("float32", "int32"), 2, ("inv_n_bits",)),
 }
@@ -52,7 +53,7 @@ def reads_whole(kind: str, attrs: dict, output: int, i: int) -> bool:
         return i == 1
     if kind in ("sum_rows", "embed", "scatter_add"):
         return kind == "sum_rows" or (i < 2 if kind == "embed" else i > 0)
-    if kind in ("split_heads", "merge_heads", "merge_qkv"):
+    if kind in ("split_heads", "merge_heads", "merge_qkv", "sumsq", "clip"):
         return True
     if kind == "matmul":
         return i == 1 or attrs["trans_a"] == 1
@@ -80,6 +81,12 @@ def out_shapes(kind: str, attrs: dict, shapes: list) -> list:
         if len(shapes[0]) != 2:
             raise Refused("op_schema")
         return [shapes[0][1:]]
+    if kind == "sumsq":
+        return [[1]]
+    if kind == "clip":
+        if any(s != [1] for s in shapes):
+            raise Refused("op_schema")
+        return [[2]]
     if kind == "scatter_add":
         dwte, dx, tokens = shapes
         if len(dwte) != 2 or len(dx) != 2 or dx[1] != dwte[1] or tokens != dx[:1]:
@@ -205,6 +212,7 @@ def _judge(data: bytes):
         raise Refused("unsupported_op", "ignore")
     dtypes, _, attr_names = KINDS[ra["kind"]]
     inputs, attrs = ra["inputs"], ra["attrs"]
+    dtypes = dtypes or ("float32",) * max(1, len(inputs))
     if sorted(attrs) != sorted(attr_names) or tuple(e["dtype"] for e in inputs) != dtypes:
         raise Refused("op_schema")
     want = out_shapes(ra["kind"], attrs, [e["shape"] for e in inputs])

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from open1b.deterministic import activation, attention, embedding, loss, matmul, norm, optimizer, reduction
+from open1b.deterministic import activation, attention, backend, embedding, loss, matmul, norm, optimizer, reduction
 from open1b.deterministic.attention import attention_scale
 from open1b.protocol import TensorBytes, state_hash, tensor_proof
 from open1b.protocol.dispute.ops import KINDS
@@ -97,6 +97,13 @@ def kernel_case(kind: str, rng, scale: str = "test"):
         parts = [randn(rng, 2 * heads, t_len, hd) for _ in range(3 if kind == "merge_qkv" else 1)]
         out = merge_qkv(*parts, t_len, heads) if kind == "merge_qkv" else merge(parts[0], t_len, heads)
         return parts, attrs, [out]
+    if kind in ("sumsq", "clip"):
+        grads = [randn(rng, 3 * n, w, scale=0.3), randn(rng, w), randn(rng, 40 * n + 7, scale=0.1)]
+        be = backend.cpu_backend(False)
+        if kind == "sumsq":
+            return grads[:1], {}, [np.array([be.sumsq(grads[0])], F)]
+        sums = [np.array([be.sumsq(g)], F) for g in grads]
+        return sums, {"max_norm_bits": bits(1.0)}, [be.clip_norm(grads, F(1.0))]
     if kind == "causal_softmax":
         s, scale_ = randn(rng, 3, t_len, t_len, scale=5.0), attention_scale(64)
         return [s], {"scale_bits": bits(scale_)}, [attention.KERNELS[False][3](s, scale_)]

@@ -92,7 +92,7 @@ def test_each_rule_refuses_a_proof_that_breaks_it():
 
 
 def test_an_op_kind_the_referee_does_not_know_is_ignored():
-    proof = _proof("gelu", edit=lambda record, party: {**record, "kind": "clip"})
+    proof = _proof("gelu", edit=lambda record, party: {**record, "kind": "future_op"})
     verdict = verify_fraud_proof(proof.encode())
     assert (verdict.outcome, verdict.code) == (Outcome.IGNORE, "unsupported_op")
 

@@ -60,9 +60,11 @@ def cases() -> dict[str, dict]:
     out = {}
     for seed, kind in enumerate(sorted(KINDS)):
         last = len(KINDS[kind].outputs) - 1  # the last output: rstd, v, dlogits, …
-        proof = _proof(kind, seed, forge_output=last, forge_element=3)
-        out[f"{kind}-true"] = _case(f"{kind}: the forger's output {last} is one ulp off in element 3; the proof "
-                                    "convicts it", proof)
+        inputs, attrs, outputs = kernel_case(kind, np.random.default_rng(seed), "vector")
+        element = min(3, outputs[last].size - 1)
+        proof = traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), forge_output=last, forge_element=element)
+        out[f"{kind}-true"] = _case(f"{kind}: the forger's output {last} is one ulp off in element {element}; the "
+                                    "proof convicts it", proof)
         out[f"{kind}-forged"] = _case(f"{kind}: the true proof with one bit of an input chunk flipped (the "
                                       "re-execution would blame the honest party): refused", _with_first_read_flipped(proof))
     base = _proof("matmul", 100, forge_element=5)
@@ -87,7 +89,7 @@ def cases() -> dict[str, dict]:
     out["output-shape"] = _case("the forger's record has one output too many: convicted without a re-execution",
                                 _proof("add", 103, edit=lambda r, party: {**r, "outputs": r["outputs"] * (party + 1)}))
     out["unsupported-op"] = _case("an op kind this referee does not re-execute: ignored",
-                                  _proof("gelu", 104, edit=lambda r, party: {**r, "kind": "clip"}))
+                                  _proof("gelu", 104, edit=lambda r, party: {**r, "kind": "future_op"}))
     out["two-liars-first-element"] = _case(
         "both parties lie: seed 1 in element 9, seed 2 in element 4; the first element at which the chunks differ "
         "is 4, so only seed 2 is convicted", _proof("gelu", 105, forge_element=4, first_forges=9))
@@ -99,7 +101,7 @@ def cases() -> dict[str, dict]:
     out["unknown-and-differing"] = _case(
         "the records differ in an attribute and name a kind this referee does not know: refused, because they part "
         "before the op (inputs_differ comes before unsupported_op)",
-        _proof("gelu", 108, edit=lambda r, party: {**r, "kind": "clip", "attrs": {"rows": party}}))
+        _proof("gelu", 108, edit=lambda r, party: {**r, "kind": "future_op", "attrs": {"rows": party}}))
     out["same-root"] = _case("the forger signs a copy of the honest trace: one trace on both sides",
                              _resigned(dup, 1, FORGER, root=dup.traces[0].root, post_state=dup.traces[0].post_state))
     rng = np.random.default_rng(109)
