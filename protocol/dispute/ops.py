@@ -34,7 +34,9 @@ class OpKind:
 
     def dtypes(self, count: int) -> list[str]:
         """The input dtypes of an op of this kind with ``count`` inputs (``clip`` takes any number)."""
-        return [self.inputs[0][1]] * count if self.name == "clip" else [d for _, d in self.inputs]
+        if self.name == "clip":
+            return [self.inputs[0][1]] * count if count else ["at least one"]
+        return [d for _, d in self.inputs]
 
     def reads(self, output: int, attrs: dict, inputs: int | None = None) -> tuple[str, ...]:
         """For output ``output``, ``ROWS`` or ``WHOLE`` per input (see module doc); ``inputs`` is
@@ -79,6 +81,7 @@ KINDS: dict[str, OpKind] = {k.name: k for k in (
     OpKind("split_heads", (("x", F32),), ("heads",), ("col0", "width", "seq_len", "n_heads")),
     OpKind("merge_heads", (("o", F32),), ("x",), ("seq_len", "n_heads")),
     OpKind("merge_qkv", (("dq", F32), ("dk", F32), ("dv", F32)), ("dqkv",), ("seq_len", "n_heads")),
+    OpKind("zeros", (), ("zeros",), ("rows", "cols")),
     OpKind("sumsq", (("g", F32),), ("sumsq",), ()),
     OpKind("clip", (("sumsq", F32),), ("norm_coef",), ("max_norm_bits",)),  # one input per parameter
     OpKind("matmul", (("a", F32), ("b", F32)), ("out",), ("trans_a", "trans_b", "structure")),
@@ -156,6 +159,8 @@ def output_shapes(kind: str, attrs: dict, shapes: list[tuple[int, ...]]) -> list
         if len(o) != 3 or not h or o[0] % h or o[1] != t:
             raise ValueError(f"{kind}: {o} with {attrs}")
         return [(o[0] // h * t, len(shapes) * h * o[2])]
+    if kind == "zeros":
+        return [(attrs["rows"], attrs["cols"])]
     if kind == "sumsq":
         return [(1,)]
     if kind == "clip":

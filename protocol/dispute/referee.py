@@ -92,7 +92,7 @@ def _judge(proof: FraudProof) -> FraudVerdict:
         raise UnjudgeableError(f"op kind {rec_a['kind']!r} is not one the referee re-executes", code="unsupported_op")
     # [REJECT] the attributes and inputs are those of the kind, and the input shapes fit it
     attrs, inputs = rec_a["attrs"], rec_a["inputs"]
-    if sorted(attrs) != sorted(kind.attrs) or [e["dtype"] for e in inputs] != kind.dtypes(len(inputs)) or not inputs:
+    if sorted(attrs) != sorted(kind.attrs) or [e["dtype"] for e in inputs] != kind.dtypes(len(inputs)):
         raise _reject(f"attributes or operands are not those of {kind.name}", "op_schema")
     try:
         want_shapes = output_shapes(kind.name, attrs, [tuple(e["shape"]) for e in inputs])

@@ -171,6 +171,10 @@ def _merge(inputs, attrs, output, r0, r1):
     return np.stack(out)
 
 
+def _zeros(inputs, attrs, output, r0, r1):
+    return np.zeros((r1 - r0, attrs["cols"]), np.float32)  # +0.0: the final norm's residual gradient
+
+
 def _sumsq(inputs, attrs, output, r0, r1):
     g = inputs[0].reshape(-1)
     return fixed_sum(g * g).reshape(1, 1)  # Σ fmul(g, g) over the flat tensor (optimizer.py)
@@ -240,7 +244,7 @@ COMPUTE = {
     "rmsnorm": _rmsnorm, "rmsnorm_backward": _rmsnorm_backward, "causal_softmax": _causal_softmax,
     "causal_softmax_backward": _causal_softmax_backward, "sum_rows": _sum_rows, "embed": _embed, "matmul": _matmul,
     "cross_entropy": _cross_entropy, "scatter_add": _scatter_add, "split_heads": _split_heads, "merge_heads": _merge,
-    "merge_qkv": _merge, "sumsq": _sumsq, "clip": _clip,
+    "merge_qkv": _merge, "zeros": _zeros, "sumsq": _sumsq, "clip": _clip,
 }  # fmt: skip
 
 

@@ -33,6 +33,7 @@ KINDS = {  # §18.2: inputs' dtypes, outputs, attrs
     "merge_heads": (("float32",), 1, ("seq_len", "n_heads")),
     "merge_qkv": (("float32",) * 3, 1, ("seq_len", "n_heads")),
     "sumsq": (("float32",), 1, ()), "clip": (None, 1, ("max_norm_bits",)),  # clip: any number of float32 inputs
+    "zeros": ((), 1, ("rows", "cols")),
     "matmul": (("float32", "float32"), 1, ("trans_a", "trans_b", "structure")),
     "cross_entropy": (("float32", "int32"), 2, ("inv_n_bits",)),
 }
@@ -81,6 +82,8 @@ def out_shapes(kind: str, attrs: dict, shapes: list) -> list:
         if len(shapes[0]) != 2:
             raise Refused("op_schema")
         return [shapes[0][1:]]
+    if kind == "zeros":
+        return [[attrs["rows"], attrs["cols"]]]
     if kind == "sumsq":
         return [[1]]
     if kind == "clip":
@@ -212,7 +215,7 @@ def _judge(data: bytes):
         raise Refused("unsupported_op", "ignore")
     dtypes, _, attr_names = KINDS[ra["kind"]]
     inputs, attrs = ra["inputs"], ra["attrs"]
-    dtypes = dtypes or ("float32",) * max(1, len(inputs))
+    dtypes = ("float32",) * max(1, len(inputs)) if dtypes is None else dtypes
     if sorted(attrs) != sorted(attr_names) or tuple(e["dtype"] for e in inputs) != dtypes:
         raise Refused("op_schema")
     want = out_shapes(ra["kind"], attrs, [e["shape"] for e in inputs])

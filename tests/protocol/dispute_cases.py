@@ -97,6 +97,8 @@ def kernel_case(kind: str, rng, scale: str = "test"):
         parts = [randn(rng, 2 * heads, t_len, hd) for _ in range(3 if kind == "merge_qkv" else 1)]
         out = merge_qkv(*parts, t_len, heads) if kind == "merge_qkv" else merge(parts[0], t_len, heads)
         return parts, attrs, [out]
+    if kind == "zeros":
+        return [], {"rows": 5 * n, "cols": w}, [backend.cpu_backend(False).zeros((5 * n, w))]
     if kind in ("sumsq", "clip"):
         grads = [randn(rng, 3 * n, w, scale=0.3), randn(rng, w), randn(rng, 40 * n + 7, scale=0.1)]
         be = backend.cpu_backend(False)

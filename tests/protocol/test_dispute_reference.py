@@ -61,4 +61,4 @@ def test_matmul_reference_equals_the_kernel_bitwise(spec):
 def test_every_kind_is_tested():
     assert set(KINDS) == {"add", "plus_zero", "gelu", "gelu_backward", "adamw", "rmsnorm", "rmsnorm_backward",
                           "causal_softmax", "causal_softmax_backward", "sum_rows", "embed", "matmul", "cross_entropy",
-                          "scatter_add", "split_heads", "merge_heads", "merge_qkv", "sumsq", "clip"}
+                          "scatter_add", "split_heads", "merge_heads", "merge_qkv", "zeros", "sumsq", "clip"}

@@ -5,7 +5,8 @@ encoded ``proof`` (hex) gives ``outcome`` (``accept`` / ``reject`` / ``ignore``)
 ``code``; an accepted proof names ``op`` at ``position`` and the ``guilty`` peer IDs. For every op
 kind the referee re-executes: ``<kind>-true`` convicts the forger (the traces' second signer,
 seed 2; the honest party is seed 1), ``<kind>-forged`` is the same proof with one input chunk
-altered so that the re-execution would blame the honest party, which the referee must refuse.
+altered so that the re-execution would blame the honest party (for ``zeros``, which has no
+inputs, the honest party's claimed chunk), which the referee must refuse.
 The other cases break one rule each. Inputs are random normals (seeded), outputs are the
 kernels', and a forged output is one ulp off in one element.
 """
@@ -35,10 +36,16 @@ def _proof(kind: str, seed: int, **kw):
     return traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), **kw)
 
 
+def _flip(o: Opening) -> Opening:
+    return Opening(o.index, bytes([o.data[0] ^ 0x01]) + o.data[1:], o.path)
+
+
 def _with_first_read_flipped(proof):
-    first = proof.reads[0][0]
-    flipped = Opening(first.index, bytes([first.data[0] ^ 0x01]) + first.data[1:], first.path)
-    return dataclasses.replace(proof, reads=((flipped, *proof.reads[0][1:]), *proof.reads[1:]))
+    """One bit of the first input chunk flipped; an op without inputs (``zeros``) has the honest
+    party's claimed chunk flipped instead."""
+    if not proof.reads:
+        return dataclasses.replace(proof, claimed=(_flip(proof.claimed[0]), proof.claimed[1]))
+    return dataclasses.replace(proof, reads=((_flip(proof.reads[0][0]), *proof.reads[0][1:]), *proof.reads[1:]))
 
 
 def _resigned(proof, index, signer, **changes):
