@@ -34,6 +34,9 @@ KIND = "fraud_proof"
 MAX_FRAUD_PROOF_SIZE = 128 << 20
 """Bytes: the largest proof the referee reads. A proof carries the input chunks one output chunk
 of one op reads (§18.3); the largest is a product reading a whole gpt-1b matrix (64 MiB)."""
+MAX_FRAUD_PROOF_ITEMS = 1 << 20
+"""CBOR data items of a proof: a full-size proof holds ~8,000 chunks of ~20 items each, and a
+bound on items, not only bytes, keeps a proof of tiny items from costing gigabytes to decode."""
 MAX_OP_INPUTS = 128
 """Inputs of one op: `clip` reads one sum of squares per parameter (gpt-1b: 112)."""
 MAX_OUTPUTS = 4
@@ -92,17 +95,17 @@ class FraudProof:
         """Size, canonical CBOR, schema and both traces' signatures; raises a typed ProtocolError
         (its ``code`` is the rule's, docs/protocol.md §18.4). The op itself is judged by
         :func:`.referee.verify_fraud_proof`."""
-        value = decode(data, max_size=MAX_FRAUD_PROOF_SIZE)
+        value = decode(data, max_size=MAX_FRAUD_PROOF_SIZE, max_items=MAX_FRAUD_PROOF_ITEMS)
         kind = value.get("kind") if type(value) is dict else None
         if kind != KIND:
             raise WrongTypeError(f"expected a {KIND}, got {kind!r}", code="kind")
         if value.get("v") != PROTOCOL_VERSION or type(value.get("v")) is not int:
             raise WrongTypeError(f"{KIND}: unsupported protocol version {value.get('v')!r}", code="version")
-        check_map({"kind": Enum(frozenset({KIND})), "v": UInt(), "traces": _pair(Bytes(max_size=MAX_TRACE_SIZE)),
-                   "position": UInt(maximum=MAX_TRACE_OPS), "records": _pair(_Any()), "paths": _pair(_PATH),
+        check_map({"kind": Enum(frozenset({KIND})), "v": UInt(), "traces": _Pair(Bytes(max_size=MAX_TRACE_SIZE)),
+                   "position": UInt(maximum=MAX_TRACE_OPS), "records": _Pair(_Any()), "paths": _Pair(_PATH),
                    "reads": ListOf(ListOf(_OPENING, 1 << 16), MAX_OP_INPUTS), "state": ListOf(_Any(), MAX_OP_INPUTS),
                    "output": UInt(maximum=MAX_OUTPUTS - 1), "chunk": UInt(maximum=(1 << 32) - 1),
-                   "claimed": _pair(_OPENING)}, value, KIND)  # fmt: skip
+                   "claimed": _Pair(_OPENING)}, value, KIND)  # fmt: skip
         records = tuple(_check_record(r, i) for i, r in enumerate(value["records"]))
         state = tuple(None if p is None else _tensor_proof(p) for p in value["state"])
         if len(state) != len(value["reads"]):
@@ -132,14 +135,16 @@ class _Opening:
 _OPENING = _Opening()
 
 
-def _pair(item) -> Any:
-    class Pair:
-        def check(self, name: str, value: Any) -> None:
-            ListOf(item, 2).check(name, value)
-            if len(value) != 2:
-                raise WrongTypeError(f"{name}: expected two entries, one per party")
+@dataclass(frozen=True)
+class _Pair:
+    """Exactly two of ``item``: one per party, in the traces' order."""
 
-    return Pair()
+    item: Any
+
+    def check(self, name: str, value: Any) -> None:
+        ListOf(self.item, 2).check(name, value)
+        if len(value) != 2:
+            raise WrongTypeError(f"{name}: expected two entries, one per party")
 
 
 def _opening(value: list) -> Opening:

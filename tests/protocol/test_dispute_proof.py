@@ -129,6 +129,8 @@ def test_bytes_that_are_not_a_valid_proof_are_rejected_before_anything_is_comput
     data = proof.encode()
     assert verify_fraud_proof(data[:-1]).code == "malformed"
     assert verify_fraud_proof(b"\x00" * (MAX_FRAUD_PROOF_SIZE + 1)).code == "oversize"
+    # 2 MB of one-byte integers: small in bytes, two million objects to build; refused by count
+    assert verify_fraud_proof(b"\x9a\x00\x20\x00\x00" + b"\x00" * (1 << 21)).code == "oversize"
     value = proof.to_cbor()
     assert verify_fraud_proof(encode({**value, "extra": 1})).code == "unknown_field"
     assert verify_fraud_proof(encode({**value, "kind": "trace"})).code == "kind"
