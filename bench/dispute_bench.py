@@ -83,6 +83,56 @@ def _ops(preset_name: str, rng):
         [np.array([total], np.float32), dlogits], (), 0
 
 
+def _more_ops(preset_name: str, rng):
+    """The backward's row kernels, the column sums, the embedding both ways, the head copies,
+    clipping and zeros, at the preset's shapes (same conventions as :func:`_ops`)."""
+    import numpy as np
+
+    from open1b.deterministic import PRESETS, attention, backend, embedding, norm, reduction
+    from open1b.deterministic.attention import attention_scale
+    from tests.protocol.dispute_cases import bits
+
+    preset = PRESETS[preset_name]
+    c, t = preset.config, preset.topology
+    n, d, T, H = t.micro_batch_size * c.seq_len, c.d_model, c.seq_len, c.n_heads
+
+    def randn(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    x, ln, dy, dres = randn(n, d), randn(d), randn(n, d), randn(n, d)
+    _, rstd = norm.KERNELS[False][0](x, ln, np.float32(1e-5))
+    yield "rmsnorm_backward (gain from the state)", "rmsnorm_backward", [x, ln, rstd, dy, dres], {}, \
+        list(norm.KERNELS[False][1](x, ln, rstd, dy, dres)), (1,), 0
+    scale = attention_scale(c.head_dim)
+    p = attention.KERNELS[False][3](randn(t.micro_batch_size * H, T, T, scale=3.0), scale)
+    dp = randn(*p.shape)
+    yield "causal_softmax_backward", "causal_softmax_backward", [p, dp], {"scale_bits": bits(scale)}, \
+        [attention.KERNELS[False][4](p, dp, scale)], (), 0
+    yield "sum_rows (a gain's gradient)", "sum_rows", [dy], {}, [reduction.KERNELS[False][0](dy)], (), 0
+    wte, wpe = randn(c.vocab_size, d, scale=0.02), randn(T, d, scale=0.02)
+    tokens = rng.integers(0, c.vocab_size, n).astype(np.int32)
+    yield "embed (tables from the state)", "embed", [wte, wpe, tokens], {}, \
+        [embedding.KERNELS[False][0](wte, wpe, tokens)], (0, 1), 0
+    dwte = randn(c.vocab_size, d, scale=1e-3)
+    out = dwte.copy()
+    embedding.KERNELS[False][1](out, dy, *embedding.positions_by_token(tokens, c.vocab_size))
+    yield "scatter_add (the tied table's gradient)", "scatter_add", [dwte, dy, tokens], {}, [out], (), 0
+    qkv = randn(n, 3 * d)
+    split, merge = attention.KERNELS[False][0], attention.KERNELS[False][1]
+    yield "split_heads (k of qkv)", "split_heads", [qkv], {"col0": d, "width": d, "seq_len": T, "n_heads": H}, \
+        [split(qkv, d, d, T, H)], (), 0
+    o = randn(t.micro_batch_size * H, T, c.head_dim)
+    yield "merge_heads", "merge_heads", [o], {"seq_len": T, "n_heads": H}, [merge(o, T, H)], (), 0
+    be = backend.cpu_backend(False)
+    g = randn(d, 4 * d, scale=1e-3)
+    yield "sumsq (mlp_fc's gradient)", "sumsq", [g], {}, [np.array([be.sumsq(g)], np.float32)], (), 0
+    grads = [randn(64, scale=0.1) for _ in range(4 + 6 * c.n_layers)]  # one per parameter: clip reads their sums
+    sums = [np.array([be.sumsq(gi)], np.float32) for gi in grads]
+    yield "clip (one sum per parameter)", "clip", sums, {"max_norm_bits": bits(1.0)}, \
+        [be.clip_norm(grads, np.float32(1.0))], (), 0
+    yield "zeros", "zeros", [], {"rows": n, "cols": d}, [np.zeros((n, d), np.float32)], (), 0
+
+
 def replay_seconds(preset_name: str) -> float:
     """One step of the preset on the serial kernels, this thread's CPU time (a tiny step compiles first)."""
     from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
@@ -110,8 +160,8 @@ def bench_preset(preset_name: str, repeats: int) -> dict:
     honest, forger = Identity(b"\x01" * 32), Identity(b"\x02" * 32)
     rng = np.random.default_rng(0)
     rows = []
-    for label, kind, inputs, attrs, outputs, state, forged in _ops(preset_name, rng):
-        element = outputs[forged].size // 2  # a chunk in the middle
+    for label, kind, inputs, attrs, outputs, state, forged in (*_ops(preset_name, rng), *_more_ops(preset_name, rng)):
+        element = outputs[forged].size // 2  # an element in the middle
         proof = traces_around(kind, inputs, attrs, outputs, (honest, forger), forge_output=forged,
                               forge_element=element, state_inputs=frozenset(state))
         data = proof.encode()

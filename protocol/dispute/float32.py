@@ -203,14 +203,22 @@ def pairwise(partials: list) -> np.ndarray:
 
 def fixed_sum(terms: np.ndarray) -> np.ndarray:
     """Sum over the *last* axis of float32 ``terms`` in the engine's order: chunks of
-    :data:`K_CHUNK` folded from +0.0, then the pairwise tree; +0.0 for no terms. Vectorised over
-    the leading axes only, so each sum sees exactly its own operations."""
+    :data:`K_CHUNK` folded from +0.0, then the pairwise tree; +0.0 for no terms. Each sum sees
+    exactly its own operations; the chunks are lanes. The last chunk is padded with +0.0 terms,
+    which changes no fold (a fold from +0.0 never holds -0.0, and s + 0.0 == s) and adds no chunk."""
     terms = np.asarray(terms, np.float32)
     n = terms.shape[-1]
-    partials = []
-    for start in range(0, n, K_CHUNK):
-        s = np.zeros(terms.shape[:-1], np.float32)
-        for k in range(start, min(start + K_CHUNK, n)):
-            s = s + terms[..., k]
-        partials.append(s)
-    return pairwise(partials) if partials else np.zeros(terms.shape[:-1], np.float32)
+    if n == 0:
+        return np.zeros(terms.shape[:-1], np.float32)
+    chunks = -(-n // K_CHUNK)
+    padded = np.zeros((*terms.shape[:-1], chunks * K_CHUNK), np.float32)
+    padded[..., :n] = terms
+    lanes = padded.reshape(*terms.shape[:-1], chunks, K_CHUNK)
+    s = np.zeros(lanes.shape[:-1], np.float32)
+    for k in range(K_CHUNK):
+        s = s + lanes[..., k]
+    while s.shape[-1] > 1:  # the tree, level by level, an odd last one carried up
+        m = s.shape[-1]
+        level = s[..., 0 : m - 1 : 2] + s[..., 1:m:2]
+        s = np.concatenate([level, s[..., m - 1 :]], axis=-1) if m % 2 else level
+    return s[..., 0]
