@@ -4,7 +4,8 @@ one row of each output reads (docs/protocol.md §18.2). Pure data; no numpy.
 A tensor's *rows*: a 0-D tensor is one row of one element, a 1-D tensor of n elements is n rows of
 one element, and a tensor of shape (…, w) is prod(…) rows of w elements, in C order. An input
 read ``ROWS`` by an output means output row r is a function of input row r alone (elementwise
-ops, the row kernels, the left operand of a product); ``WHOLE`` means it may read any element.
+ops, the row kernels, the left operand of a product); ``WHOLE`` means it may read any element;
+``SPLIT`` and ``MERGE`` are the head copies' row maps (:func:`input_rows`).
 This is what lets a proof carry only the input chunks that one output chunk depends on.
 
 Attributes are float32 bit patterns or small integers, never CBOR floats: a float32 travels as its
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 ROWS = "rows"
 WHOLE = "whole"
+SPLIT = "split"
+MERGE = "merge"
 
 F32 = "float32"
 I32 = "int32"
@@ -56,8 +59,12 @@ class OpKind:
             return (WHOLE, WHOLE, ROWS)  # row r reads the token's row of wte and position r % T of wpe
         if self.name == "scatter_add":
             return (ROWS, WHOLE, WHOLE)  # token t's row: every position holding t
-        if self.name in ("split_heads", "merge_heads", "merge_qkv", "sumsq", "clip"):
-            return tuple(WHOLE for _ in inputs)  # copies from strided places; sums over everything
+        if self.name == "split_heads":
+            return (SPLIT,)
+        if self.name in ("merge_heads", "merge_qkv"):
+            return tuple(MERGE for _ in inputs)
+        if self.name in ("sumsq", "clip"):
+            return tuple(WHOLE for _ in inputs)
         return tuple(ROWS for _ in inputs)
 
 
@@ -189,3 +196,17 @@ def output_shapes(kind: str, attrs: dict, shapes: list[tuple[int, ...]]) -> list
             raise ValueError(f"cross_entropy: logits {logits}, targets {targets}")
         return [(1,), logits]
     raise ValueError(f"unknown op kind {kind!r}")
+
+
+def input_rows(how: str, row: int, attrs: dict) -> list[int]:
+    """The rows of an input read ``how`` (not ``WHOLE``) that output row ``row`` reads: row r
+    itself (``ROWS``); for ``split_heads``, output row (b·H + h)·T + t is a piece of input row
+    b·T + t; for the merges, output row b·T + t gathers row (b·H + h)·T + t of each head h."""
+    if how == ROWS:
+        return [row]
+    t_len, heads = attrs["seq_len"], attrs["n_heads"]
+    if how == SPLIT:
+        bh, t = divmod(row, t_len)
+        return [bh // heads * t_len + t]
+    b, t = divmod(row, t_len)
+    return [(b * heads + h) * t_len + t for h in range(heads)]

@@ -27,7 +27,7 @@ from ..errors import WrongTypeError
 from ..merkle import MerkleTree
 from ..messages import PROTOCOL_VERSION
 from ..schema import Bytes, Enum, ListOf, UInt, check_map
-from .ops import KINDS, ROWS, WHOLE, rows_of
+from .ops import KINDS, WHOLE, input_rows, rows_of
 from .trace import MAX_TRACE_OPS, MAX_TRACE_SIZE, TraceCommitment, chunk_count, chunk_size, chunk_tree, nbytes
 
 KIND = "fraud_proof"
@@ -208,17 +208,16 @@ def disputed_element(shape: Sequence[int], chunk: int, a: bytes, b: bytes) -> tu
     return element, element // rows_of(tuple(shape))[1]
 
 
-def needed_chunks(entry: dict, how: str, row: int) -> list[int]:
-    """The chunk indices of input ``entry`` (a record's input) that output row ``row`` reads ``how``."""
+def needed_chunks(entry: dict, how: str, row: int, attrs: dict) -> list[int]:
+    """The chunk indices of input ``entry`` (a record's input) that output row ``row`` reads
+    ``how``, ascending, each once."""
     state = "state" in entry
-    itemsize = ITEMSIZE[entry["dtype"]]
     total = nbytes(entry["dtype"], entry["shape"])
-    if how != ROWS:
+    if how == WHOLE:
         return list(range(chunk_count(total, state=state)))
-    _, width = rows_of(tuple(entry["shape"]))
+    width = rows_of(tuple(entry["shape"]))[1] * ITEMSIZE[entry["dtype"]]
     size = chunk_size(state=state)
-    start, end = row * width * itemsize, (row + 1) * width * itemsize
-    return list(range(start // size, -(-end // size)))
+    return sorted({c for r in input_rows(how, row, attrs) for c in range(r * width // size, -(-(r + 1) * width // size))})
 
 
 # ---- building a proof (a party that found the op) ---------------------------------------------
@@ -256,7 +255,7 @@ def make_fraud_proof(traces: tuple[TraceCommitment, TraceCommitment], trees: tup
     modes = kind.reads(output, records[0]["attrs"], len(inputs)) if kind else (WHOLE,) * len(inputs)
     reads = []
     for entry, how, given in zip(records[0]["inputs"], modes, inputs):
-        reads.append(_openings(given.data, needed_chunks(entry, how, row), state="state" in entry))
+        reads.append(_openings(given.data, needed_chunks(entry, how, row, records[0]["attrs"]), state="state" in entry))
     return FraudProof(traces, pos, records, (tuple(trees[0].proof(pos)), tuple(trees[1].proof(pos))), tuple(reads),
                       tuple(given.state_proof for given in inputs), output, chunk,
                       (_openings(outputs[0], [chunk], state=False)[0], _openings(outputs[1], [chunk], state=False)[0]))

@@ -134,7 +134,7 @@ def _judge(proof: FraudProof) -> FraudVerdict:
     for entry, how, openings, state_proof in zip(inputs, kind.reads(proof.output, attrs, len(inputs)), proof.reads, proof.state):
         state = "state" in entry
         size = nbytes(entry["dtype"], entry["shape"])
-        if [o.index for o in openings] != needed_chunks(entry, how, row):
+        if [o.index for o in openings] != needed_chunks(entry, how, row, attrs):
             raise _reject("input chunks other than those the disputed rows read", "reads")
         if not all(_opens(o, entry["root"], size, state=state) for o in openings):
             raise _reject("an input chunk does not open its input's root", "reads")

@@ -44,4 +44,9 @@ MUTANTS: list[Mutant] = [
     _m("one-guilty-only", "§18.4", "a proof convicts one party at most",
        ("return [t[\"tracer\"] for t, (_, data, _) in zip(traces, p[\"claimed\"]) if data[first:first + 4] != expected]",
         "return [t[\"tracer\"] for t, (_, data, _) in zip(traces, p[\"claimed\"]) if data[first:first + 4] != expected][:1]")),
+    _m("copies-read-whole", "§18.2", "a head copy's row reads its whole input",
+       ('    if kind in ("sumsq", "clip"):\n        return True', '    if kind in ("sumsq", "clip", "split_heads"):\n'
+        '        return True')),
+    _m("split-reads-same-row", "§18.2", "split_heads' output row r is a piece of input row r",
+       ('    if kind == "split_heads":  # output row', '    if False:  # output row')),
 ]

@@ -54,13 +54,23 @@ def reads_whole(kind: str, attrs: dict, output: int, i: int) -> bool:
         return i == 1
     if kind in ("sum_rows", "embed", "scatter_add"):
         return kind == "sum_rows" or (i < 2 if kind == "embed" else i > 0)
-    if kind in ("split_heads", "merge_heads", "merge_qkv", "sumsq", "clip"):
+    if kind in ("sumsq", "clip"):
         return True
     if kind == "matmul":
         return i == 1 or attrs["trans_a"] == 1
     if kind == "cross_entropy":
         return output == 0
     return False
+
+
+def read_rows(kind: str, attrs: dict, row: int) -> list[int]:
+    """§18.2: the input rows output row ``row`` reads, for an input not read whole."""
+    if kind == "split_heads":  # output row (b·H + h)·T + t is a piece of input row b·T + t
+        return [row // attrs["seq_len"] // attrs["n_heads"] * attrs["seq_len"] + row % attrs["seq_len"]]
+    if kind in ("merge_heads", "merge_qkv"):  # output row b·T + t gathers row (b·H + h)·T + t per head
+        b, t = divmod(row, attrs["seq_len"])
+        return [(b * attrs["n_heads"] + h) * attrs["seq_len"] + t for h in range(attrs["n_heads"])]
+    return [row]
 
 
 def out_shapes(kind: str, attrs: dict, shapes: list) -> list:
@@ -245,7 +255,8 @@ def _judge(data: bytes):
             needed = list(range(max(1, -(-total // chunk))))
         else:
             w = rows(e["shape"])[1] * 4
-            needed = list(range(row * w // chunk, -(-(row + 1) * w // chunk)))
+            needed = sorted({i for r in read_rows(ra["kind"], attrs, row) for i in range(r * w // chunk,
+                                                                                       -(-(r + 1) * w // chunk))})
         if [x[0] for x in openings] != needed or not all(opens(x, e["root"], total, state) for x in openings):
             raise Refused("reads")
         if state != (proof is not None) or (state and not state_proven(e, proof, a["pre_state"])):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from open1b.deterministic import matmul
-from open1b.protocol.dispute.ops import KINDS, ROWS, rows_of
+from open1b.protocol.dispute.ops import KINDS, WHOLE, input_rows, rows_of
 from open1b.protocol.dispute.reference import compute_rows
 
 from .dispute_cases import kernel_case, matmul_case
@@ -34,10 +34,11 @@ def _check(kind, inputs, attrs, outputs, rng):
         r1 = int(rng.integers(r0 + 1, rows + 1))
         poisoned = []
         for x, how in zip(inputs, KINDS[kind].reads(index, attrs, len(inputs))):
-            if how == ROWS and x.dtype == F:
+            if how != WHOLE and x.dtype == F:
                 n, w = rows_of(x.shape)
                 y = np.full((n, w), np.nan, F)
-                y[r0:r1] = x.reshape(n, w)[r0:r1]
+                for r in {i for row in range(r0, r1) for i in input_rows(how, row, attrs)}:
+                    y[r] = x.reshape(n, w)[r]
                 x = y.reshape(x.shape)
             poisoned.append(x)
         n, w = rows_of(want.shape)

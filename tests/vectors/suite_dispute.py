@@ -22,7 +22,7 @@ from open1b.protocol.dispute.ops import KINDS
 from open1b.protocol.dispute.proof import Opening
 from open1b.protocol.dispute.referee import verify_fraud_proof
 from open1b.protocol.dispute.trace import TraceCommitment
-from open1b.deterministic import activation, loss
+from open1b.deterministic import activation, attention, loss
 from tests.protocol.dispute_cases import bits, kernel_case, traces_around
 
 from .common import hx, ident, unhex
@@ -124,6 +124,13 @@ def cases() -> dict[str, dict]:
         "the forger's loss is one ulp off: the loss reads every row, so every chunk of the logits and targets is "
         "carried", traces_around("cross_entropy", [logits, targets], {"inv_n_bits": bits(inv_n)},
                                  [np.array([total], np.float32), dlogits], (HONEST, FORGER), forge_output=0))
+    x = (rng.standard_normal((64, 96))).astype(np.float32)  # 24,576 bytes: two trace chunks
+    split = attention.KERNELS[False][0](x, 32, 32, 16, 2)
+    out["split-heads-two-chunks"] = _case(
+        "split_heads (T 16, 2 heads of 16) of columns 32-63: output row (b·H + h)·T + t = 92 (b 2, h 1, t 12) is a "
+        "piece of input row b·T + t = 44, in the second chunk only",
+        traces_around("split_heads", [x], {"col0": 32, "width": 32, "seq_len": 16, "n_heads": 2}, [split],
+                      (HONEST, FORGER), forge_element=92 * 16 + 3))
     return out
 
 
