@@ -17,6 +17,8 @@ keep their meaning within a protocol version, and anything else may change. How 
   spot-check status and :func:`escape_probability` of a forged run escaping, :func:`evaluations`
   the status of a run's evaluations and :func:`leaderboard` the ranked runs; :func:`select_claim`
   arbitrates DHT claim records;
+* disputes: :func:`verify_fraud_proof` judges a fraud proof (:mod:`.dispute`: the op trace, the
+  proof object and the referee, which re-executes one op with numpy, the ``referee`` extra);
 * data: :class:`DataCommitments` (from a manifest) and :func:`verify_data_proof` check that a run
   trained on a document, that it is not in the corpus, or that no step drew it (the three proofs
   of :mod:`.documents`); :func:`proof_from_json` reads the JSON the ``data`` command prints;
@@ -54,6 +56,7 @@ from .errors import (
     WrongTypeError,
 )
 from .data_proofs import proof_from_json, verify_data_proof
+from .dispute import FraudVerdict, verify_fraud_proof
 from .documents import DataCommitments, document_digest
 from .evaluation import MAX_EVAL_SIZE, EvalStatement, evaluations
 from .escape import escape_probability
@@ -89,7 +92,7 @@ __all__ = [
     "Outcome", "Verdict", "Run", "validate_attestation", "validate_claim", "validate_manifest", "validate_reveal",
     "validate_sync_frame", "validate_eval", "evaluations", "leaderboard", "validate_spotcheck", "spot_coverage",
     "SpotCoverage", "StepSpotCoverage", "SpotStatus", "challenge_signature", "derive_chunks", "derive_slot", "slot_signature",
-    "escape_probability",
+    "escape_probability", "verify_fraud_proof", "FraudVerdict",
     "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments

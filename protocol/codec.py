@@ -35,10 +35,11 @@ def encode(value: Any) -> bytes:
     return cbor2.dumps(value, canonical=True)
 
 
-def _scan(data: bytes) -> None:
+def _scan(data: bytes, max_items: int | None = None) -> None:
     """Check that ``data`` is exactly one well-formed CBOR item of the allowed kinds
-    (docs/protocol.md §3.2 step 2: heads in byte order, the first defect decides)."""
-    pos, size = 0, len(data)
+    (docs/protocol.md §3.2 step 2: heads in byte order, the first defect decides), holding at
+    most ``max_items`` heads when that is given."""
+    pos, size, items = 0, len(data), 0
     # Items still to read in each open container, and whether it is a map (the outermost
     # "container" holds the one data item).
     pending, in_map = [1], [False]
@@ -49,6 +50,9 @@ def _scan(data: bytes) -> None:
             continue
         is_key = in_map[-1] and pending[-1] % 2 == 0
         pending[-1] -= 1
+        items += 1
+        if max_items is not None and items > max_items:
+            raise OversizeError(f"more than {max_items} CBOR items")
         if pos >= size:
             raise DecodeError("truncated CBOR")
         major, info = data[pos] >> 5, data[pos] & 31
@@ -83,14 +87,16 @@ def _scan(data: bytes) -> None:
         raise DecodeError("bytes after the data item")
 
 
-def decode(data: bytes, *, max_size: int) -> Any:
-    """Decode canonical CBOR of at most ``max_size`` bytes, or raise a typed :class:`DecodeError`."""
+def decode(data: bytes, *, max_size: int, max_items: int | None = None) -> Any:
+    """Decode canonical CBOR of at most ``max_size`` bytes (and ``max_items`` data items, counted
+    before any object is built: a large message of tiny items would otherwise cost far more
+    memory than its size), or raise a typed :class:`DecodeError`."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DecodeError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) > max_size:
         raise OversizeError(f"{len(data)} bytes exceeds the limit of {max_size}")
-    _scan(data)
+    _scan(data, max_items)
     try:
         value = cbor2.loads(data)
     except Exception as exc:  # e.g. a text string that is not UTF-8

@@ -223,6 +223,18 @@ def _verify_digest(digest: bytes, proof: TensorProof, expected_hash: bytes) -> b
         return False
 
 
+def verify_tensor_root(name: str, dtype: str, shape: Sequence[int], tensor_root: bytes, proof: TensorProof,
+                       expected_hash: bytes) -> bool:
+    """True if the state hashed to ``expected_hash`` holds, under ``name``, a tensor of ``dtype`` and
+    ``shape`` whose chunk tree has root ``tensor_root``: a tensor proven without its bytes, whose
+    chunks are then opened against that root (a fraud proof's state inputs, docs/protocol.md §18.3)."""
+    try:  # a proof is untrusted input: a malformed one is a failed one
+        return _verify_digest(_digest(name, dtype, tuple(shape), _nbytes(dtype, tuple(shape)), tensor_root), proof,
+                              expected_hash)
+    except (ValueError, TypeError, struct.error):
+        return False
+
+
 def verify_tensor_proof(name: str, tensor: TensorBytes, proof: TensorProof, expected_hash: bytes) -> bool:
     """True if the state hashed to ``expected_hash`` holds ``tensor`` under ``name``. This shows
     membership only: that the state holds no other tensor of that name needs the whole state."""

@@ -22,6 +22,17 @@ def test_line_budget():
     assert sum(lines.values()) <= PACKAGE_BUDGET, f"{sum(lines.values())} lines > {PACKAGE_BUDGET}"
 
 
+DISPUTE_BUDGET = 1275  # the subpackage open1b.protocol.dispute (issue 28): trace, proof, referee, and the numpy
+# reference of all 20 op kinds of a step
+
+
+def test_line_budget_of_the_dispute_package():
+    lines = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "dispute").glob("*.py")}
+    over = {name: n for name, n in lines.items() if n > MODULE_BUDGET}
+    assert not over, f"modules over {MODULE_BUDGET} lines: {over}"
+    assert sum(lines.values()) <= DISPUTE_BUDGET, f"{sum(lines.values())} lines > {DISPUTE_BUDGET}"
+
+
 def test_public_api_is_bounded_and_complete():
     names = open1b.protocol.__all__
     assert len(names) == len(set(names)) <= API_BUDGET

@@ -128,3 +128,16 @@ def test_every_vector_suite_is_specified_and_documented():
     assert listed == set(SUITES)
     readme = (VECTORS / "README.md").read_text()
     assert set(re.findall(r"^### `(\w+)`", readme, re.M)) == set(SUITES)
+
+
+def test_referee_reason_codes_agree_with_the_dispute_vectors():
+    """Every code a `dispute` vector gives is one §18.4 names, and every rule of §18.4's own (after
+    the decoding rules of §3.2 and §5.2) has a vector or a unit test."""
+    rules = re.search(r"^### 18\.4 The referee\n(.*?)(?=^### )", SPEC, re.M | re.S).group(1)
+    named = set(re.findall(r"`(\w+)`", rules))
+    own = {"traces_differ", "same_trace", "record_path", "inputs_differ", "unsupported_op", "op_schema",
+           "output_shape", "output", "claimed_chunk", "reads", "state_input", "bad_input", "guilty"}
+    assert own <= named, own - named
+    in_vectors = {json.loads(p.read_text())["code"] for p in (VECTORS / "dispute").glob("*.json")}
+    assert in_vectors <= named
+    assert own - in_vectors == {"op_schema", "bad_input"}  # tests/protocol/test_dispute_proof.py has them

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import suite_codec, suite_gensyn_handoff, suite_signing
+from . import suite_codec, suite_dispute, suite_gensyn_handoff, suite_signing
 from .common import dump
 from .suite_commitments import Merkle, StateHash, Trajectory
 from .suite_data import DataSuite, EvaluationSuite
@@ -14,7 +14,8 @@ from .suite_spot import SpotSuite
 
 ROOT = Path(__file__).resolve().parent
 SUITES = {s.NAME: s for s in (suite_codec, suite_signing, StateHash, Merkle, Trajectory, Claims, CoverageSuite,
-                              Validation, suite_gensyn_handoff, DataSuite, EvaluationSuite, SpotSuite)}
+                              Validation, suite_gensyn_handoff, DataSuite, EvaluationSuite, SpotSuite,
+                              suite_dispute)}
 
 
 def generated(suite) -> dict[str, bytes]:

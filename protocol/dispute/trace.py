@@ -1,0 +1,117 @@
+"""The op trace of a step and its signed commitment (docs/protocol.md §18.1, run-format §11).
+
+A step is a fixed sequence of ops; op ``pos`` (0-based, in the step's specified order) is
+committed by its *record*, a canonical CBOR map::
+
+    {"pos": pos, "kind": text, "attrs": {name: uint}, "inputs": [input…], "outputs": [tensor…]}
+    tensor = {"dtype": text, "shape": [uint…], "root": 32 bytes}
+    input  = tensor plus {"op": j, "out": o}   (output o of the earlier op j of the same trace)
+          or tensor plus {"state": name}       (tensor ``name`` of the state h_k the step starts from)
+
+An op output's ``root`` is the Merkle root over its raw little-endian bytes cut into
+:data:`TRACE_CHUNK_SIZE` chunks, each hashed as the state tree hashes its chunks
+(``B2(tag ‖ u64le(i) ‖ chunk)``, run-format §3.2) under the trace's own tag. A state input's
+root is the state tree's own tensor root (1 MiB chunks), so it is proven against h_k as it is.
+
+    leaf(pos)   = B2("open1b/trace/op/v1\\0" ‖ canonical(record))
+    trace root  = MTH([leaf(0), …, leaf(ops - 1)])
+
+The commitment a party signs is :class:`TraceCommitment`. Nothing here needs numpy.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+from ..codec import encode
+from ..commitments import CHUNK_SIZE, ITEMSIZE
+from ..hashing import blake2b256
+from ..merkle import MerkleTree
+from ..messages import HASH_SIZE, SignedMessage
+from ..schema import Bytes, FieldType, UInt
+
+TRACE_CHUNK_SIZE = 1 << 14
+"""Bytes per chunk of an op output (16 KiB): a proof carries whole chunks, so they are smaller
+than the state tree's 1 MiB; the last chunk of a tensor may be shorter."""
+STATE_CHUNK_SIZE = CHUNK_SIZE
+MAX_TRACE_OPS = 1 << 24
+"""More ops than any preset's step has (gpt-1b: ~10⁴ per micro-batch)."""
+MAX_TRACE_SIZE = 512
+_TRACE_CHUNK_TAG = b"open1b/trace/chunk/v1\x00"
+_STATE_CHUNK_TAG = b"open1b/chunk/v2\x00"  # the state tree's (protocol.commitments)
+_OP_TAG = b"open1b/trace/op/v1\x00"
+
+
+def chunk_digest(index: int, chunk: bytes | memoryview, *, state: bool) -> bytes:
+    """The digest of chunk ``index``: the state tree's when ``state``, else the trace's."""
+    return blake2b256(_STATE_CHUNK_TAG if state else _TRACE_CHUNK_TAG, struct.pack("<Q", index), chunk)
+
+
+def chunk_size(*, state: bool) -> int:
+    return STATE_CHUNK_SIZE if state else TRACE_CHUNK_SIZE
+
+
+def chunk_count(nbytes: int, *, state: bool) -> int:
+    return max(1, -(-nbytes // chunk_size(state=state)))
+
+
+def chunk_tree(data: bytes | memoryview, *, state: bool = False) -> MerkleTree:
+    """The Merkle tree over the chunk digests of a tensor's raw bytes."""
+    size, raw = chunk_size(state=state), memoryview(data).cast("B")
+    return MerkleTree([chunk_digest(i, raw[i * size:(i + 1) * size], state=state)
+                       for i in range(chunk_count(raw.nbytes, state=state))])
+
+
+def nbytes(dtype: str, shape: Sequence[int]) -> int:
+    n = ITEMSIZE[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def tensor(dtype: str, shape: Sequence[int], data: bytes | memoryview, *, state: bool = False) -> dict:
+    """The record entry of a tensor: dtype, shape and chunk-tree root."""
+    if len(memoryview(data).cast("B")) != nbytes(dtype, shape):
+        raise ValueError(f"{len(data)} bytes for a {dtype} tensor of shape {tuple(shape)}")
+    return {"dtype": dtype, "shape": list(shape), "root": chunk_tree(data, state=state).root}
+
+
+def op_leaf(record: Mapping[str, Any]) -> bytes:
+    """The trace's leaf value of an op record."""
+    return blake2b256(_OP_TAG, encode(dict(record)))
+
+
+def trace_tree(records: Sequence[Mapping[str, Any]]) -> MerkleTree:
+    """The trace tree of a step's op records, in position order."""
+    if [r["pos"] for r in records] != list(range(len(records))):
+        raise ValueError("op records must be given in position order, from 0")
+    return MerkleTree([op_leaf(r) for r in records])
+
+
+_HASH = Bytes(size=HASH_SIZE)
+
+
+@dataclass(frozen=True)
+class TraceCommitment(SignedMessage):
+    """A party's signed commitment to its op trace of step ``step`` of run ``run``: the trace
+    ``root`` over ``ops`` op records, computed from the state ``pre_state`` (h_step), reaching
+    ``post_state`` (its h_{step+1}). Two commitments to the same step that differ are what a
+    bisection starts from; a fraud proof carries both."""
+
+    KIND: ClassVar[str] = "trace"
+    MAX_SIZE: ClassVar[int] = MAX_TRACE_SIZE
+    SIGNER: ClassVar[str] = "tracer"
+    SCHEMA: ClassVar[Mapping[str, FieldType]] = {
+        "run": _HASH, "step": UInt(), "pre_state": _HASH, "post_state": _HASH, "ops": UInt(maximum=MAX_TRACE_OPS),
+        "root": _HASH, "tracer": Bytes(size=32),
+    }  # fmt: skip
+
+    run: bytes
+    step: int
+    pre_state: bytes
+    post_state: bytes
+    ops: int
+    root: bytes
+    tracer: bytes

@@ -1,0 +1,141 @@
+"""``dispute`` vectors (docs/protocol.md §18): fraud proofs and the referee's verdict on each.
+
+Case: ``{"description", "proof", "outcome", "code", "guilty", "op", "position"}`` — judging the
+encoded ``proof`` (hex) gives ``outcome`` (``accept`` / ``reject`` / ``ignore``) with reason
+``code``; an accepted proof names ``op`` at ``position`` and the ``guilty`` peer IDs. For every op
+kind the referee re-executes: ``<kind>-true`` convicts the forger (the traces' second signer,
+seed 2; the honest party is seed 1), ``<kind>-forged`` is the same proof with one input chunk
+altered so that the re-execution would blame the honest party (for ``zeros``, which has no
+inputs, the honest party's claimed chunk), which the referee must refuse.
+The other cases break one rule each. Inputs are random normals (seeded), outputs are the
+kernels', and a forged output is one ulp off in one element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from open1b.protocol.dispute.ops import KINDS
+from open1b.protocol.dispute.proof import Opening
+from open1b.protocol.dispute.referee import verify_fraud_proof
+from open1b.protocol.dispute.trace import TraceCommitment
+from open1b.deterministic import activation, attention, loss
+from tests.protocol.dispute_cases import bits, kernel_case, traces_around
+
+from .common import hx, ident, unhex
+
+NAME = "dispute"
+HONEST, FORGER = ident(1), ident(2)
+
+
+def _proof(kind: str, seed: int, **kw):
+    inputs, attrs, outputs = kernel_case(kind, np.random.default_rng(seed), "vector")
+    return traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), **kw)
+
+
+def _flip(o: Opening) -> Opening:
+    return Opening(o.index, bytes([o.data[0] ^ 0x01]) + o.data[1:], o.path)
+
+
+def _with_first_read_flipped(proof):
+    """One bit of the first input chunk flipped; an op without inputs (``zeros``) has the honest
+    party's claimed chunk flipped instead."""
+    if not proof.reads:
+        return dataclasses.replace(proof, claimed=(_flip(proof.claimed[0]), proof.claimed[1]))
+    return dataclasses.replace(proof, reads=((_flip(proof.reads[0][0]), *proof.reads[0][1:]), *proof.reads[1:]))
+
+
+def _resigned(proof, index, signer, **changes):
+    t = proof.traces[index]
+    fields = {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in ("sig", "tracer")}
+    traces = list(proof.traces)
+    traces[index] = TraceCommitment.create(signer, **{**fields, **changes})
+    return dataclasses.replace(proof, traces=tuple(traces))
+
+
+def _case(description: str, proof) -> dict:
+    data = proof.encode()
+    verdict = verify_fraud_proof(data)
+    return {"description": description, "proof": hx(data), "outcome": verdict.outcome.value, "code": verdict.code,
+            "guilty": list(verdict.guilty_peers), "op": verdict.op, "position": verdict.position}  # fmt: skip
+
+
+def cases() -> dict[str, dict]:
+    out = {}
+    for seed, kind in enumerate(sorted(KINDS)):
+        last = len(KINDS[kind].outputs) - 1  # the last output: rstd, v, dlogits, …
+        inputs, attrs, outputs = kernel_case(kind, np.random.default_rng(seed), "vector")
+        element = min(3, outputs[last].size - 1)
+        proof = traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), forge_output=last, forge_element=element)
+        out[f"{kind}-true"] = _case(f"{kind}: the forger's output {last} is one ulp off in element {element}; the "
+                                    "proof convicts it", proof)
+        out[f"{kind}-forged"] = _case(f"{kind}: the true proof with one bit of an input chunk flipped (the "
+                                      "re-execution would blame the honest party): refused", _with_first_read_flipped(proof))
+    base = _proof("matmul", 100, forge_element=5)
+    out["state-input"] = _case("adamw whose p, m and v are read from the state h_k, each proven against the traces' "
+                               "pre_state", _proof("adamw", 101, forge_output=0, state_inputs=frozenset({0, 2, 3})))
+    bad_state = _proof("adamw", 101, forge_output=0, state_inputs=frozenset({0, 2, 3}))
+    bad_state = dataclasses.replace(bad_state, state=(dataclasses.replace(bad_state.state[0], step=4),
+                                                      *bad_state.state[1:]))
+    out["state-input-wrong-state"] = _case("a state input's tensor proof is for another state", bad_state)
+    out["claimed-swapped"] = _case("the two claimed chunks swapped: neither opens its party's output",
+                                   dataclasses.replace(base, claimed=base.claimed[::-1]))
+    out["record-wrong-position"] = _case("the records proven at another position than they are",
+                                         dataclasses.replace(base, position=base.position + 1))
+    out["same-signer"] = _case("both traces signed by one key", _resigned(base, 1, HONEST))
+    out["different-steps"] = _case("the traces are about different steps", _resigned(base, 1, FORGER, step=4))
+    out["missing-chunk"] = _case("an input chunk the disputed row reads is left out",
+                                 dataclasses.replace(base, reads=((), *base.reads[1:])))
+    out["no-such-output"] = _case("the disputed output does not exist", dataclasses.replace(base, output=1))
+    out["inputs-differ"] = _case("the records differ in an attribute: the traces part before this op's output",
+                                 _proof("matmul", 102, edit=lambda r, party: {**r, "attrs": {**r["attrs"],
+                                                                                             "trans_b": party}}))
+    out["output-shape"] = _case("the forger's record has one output too many: convicted without a re-execution",
+                                _proof("add", 103, edit=lambda r, party: {**r, "outputs": r["outputs"] * (party + 1)}))
+    out["unsupported-op"] = _case("an op kind this referee does not re-execute: ignored",
+                                  _proof("gelu", 104, edit=lambda r, party: {**r, "kind": "future_op"}))
+    out["two-liars-first-element"] = _case(
+        "both parties lie: seed 1 in element 9, seed 2 in element 4; the first element at which the chunks differ "
+        "is 4, so only seed 2 is convicted", _proof("gelu", 105, forge_element=4, first_forges=9))
+    out["two-liars-same-element"] = _case("both parties lie in element 4, in opposite directions: both are convicted",
+                                          _proof("gelu", 106, forge_element=4, first_forges=4))
+    dup = _proof("add", 107, forge_element=2)
+    out["duplicate-chunk"] = _case("an input chunk given twice: the chunks are exactly those read, once each",
+                                   dataclasses.replace(dup, reads=((dup.reads[0][0], *dup.reads[0]), *dup.reads[1:])))
+    out["unknown-and-differing"] = _case(
+        "the records differ in an attribute and name a kind this referee does not know: refused, because they part "
+        "before the op (inputs_differ comes before unsupported_op)",
+        _proof("gelu", 108, edit=lambda r, party: {**r, "kind": "future_op", "attrs": {"rows": party}}))
+    out["same-root"] = _case("the forger signs a copy of the honest trace: one trace on both sides",
+                             _resigned(dup, 1, FORGER, root=dup.traces[0].root, post_state=dup.traces[0].post_state))
+    rng = np.random.default_rng(109)
+    u = (rng.standard_normal((100, 50)) * 4).astype(np.float32)  # 20,000 bytes: two trace chunks
+    out["rows-two-chunks"] = _case("gelu over two input chunks: the disputed row (in the second) reads only the "
+                                   "second", traces_around("gelu", [u], {}, [activation.KERNELS[False][0](u)],
+                                                           (HONEST, FORGER), forge_element=4900))
+    logits = (rng.standard_normal((300, 16)) * 4).astype(np.float32)  # two trace chunks
+    targets = rng.integers(0, 16, 300).astype(np.int32)
+    inv_n = np.float32(1) / np.float32(300)
+    total, dlogits = loss.KERNELS[False](logits, targets, inv_n)
+    out["cross_entropy-loss"] = _case(
+        "the forger's loss is one ulp off: the loss reads every row, so every chunk of the logits and targets is "
+        "carried", traces_around("cross_entropy", [logits, targets], {"inv_n_bits": bits(inv_n)},
+                                 [np.array([total], np.float32), dlogits], (HONEST, FORGER), forge_output=0))
+    x = (rng.standard_normal((64, 96))).astype(np.float32)  # 24,576 bytes: two trace chunks
+    split = attention.KERNELS[False][0](x, 32, 32, 16, 2)
+    out["split-heads-two-chunks"] = _case(
+        "split_heads (T 16, 2 heads of 16) of columns 32-63: output row (b·H + h)·T + t = 92 (b 2, h 1, t 12) is a "
+        "piece of input row b·T + t = 44, in the second chunk only",
+        traces_around("split_heads", [x], {"col0": 32, "width": 32, "seq_len": 16, "n_heads": 2}, [split],
+                      (HONEST, FORGER), forge_element=92 * 16 + 3))
+    return out
+
+
+def check(case: dict, root: Path) -> None:
+    verdict = verify_fraud_proof(unhex(case["proof"]))
+    assert (verdict.outcome.value, verdict.code) == (case["outcome"], case["code"])
+    assert list(verdict.guilty_peers) == case["guilty"]
+    assert (verdict.op, verdict.position) == (case["op"], case["position"])
