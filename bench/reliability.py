@@ -62,11 +62,11 @@ key, as protocol revision r2 did.
 BAD_INPUT = """\
 ## Bad input
 
-An operator's node must not be knocked over by what a local user or a caller names. Each row is an
+An operator's node must not be knocked over by what a local user or a caller names, or a peer sends. Each row is an
 input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
 API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
 `tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
-huge numbers and wrong ports: no traceback) and `tests/node/test_lifecycle.py`.
+huge numbers and wrong ports: no traceback), `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
 
 | input | what the node says | nothing lost |
 |---|---|---|
@@ -87,6 +87,7 @@ huge numbers and wrong ports: no traceback) and `tests/node/test_lifecycle.py`.
 | `train --preset nope`, `--out` a file or under `/proc` | `unknown preset 'nope'; choose one of …` / `--out … exists and is not a directory` / `cannot create --out …` | an earlier run directory given as `--out` has its old checkpoints removed first; a non-empty non-run directory is refused |
 | `status --api 127.0.0.1:abc`, `--api` at a libp2p port | `expected HOST:PORT, got …` / `… did not answer as the node API does` | — |
 | a malformed bootstrap address, in `config.toml` or on the command line | `bootstrap address … is not /ip4/HOST/tcp/PORT/p2p/PEER_ID` | refused at start, not retried forever |
+| a peer PUTs DHT records: 700 × 500 kB under `/junk/…`, oversized or invalid records under `/open1b/`, more than its share | nothing (the PUT stream is reset); the sender is penalised per record and banned past `max_rejects_per_peer` | only registered namespaces, values ≤ 4 KiB, ≤ 1,024 records per sending peer, ≤ 16,384 records and 16 MiB in all; a full store drops the biggest holder's oldest record (700 × 500 kB: 0 records kept, +4 MB process RSS, was +216 MB) |
 | `kill -9` of the daemon during a replay | — | the replay worker dies with it (PR_SET_PDEATHSIG); a broken pipe ends it quietly |
 | SIGTERM, SIGINT, `open1b-node stop` | `SIGTERM received: shutting down` … `stopped` in the log | components stop; `api.addr`, `p2p.addr` and `daemon.lock` are removed |
 
