@@ -88,6 +88,7 @@ huge numbers and wrong ports: no traceback), `tests/node/test_dht_store.py` and 
 | `status --api 127.0.0.1:abc`, `--api` at a libp2p port | `expected HOST:PORT, got …` / `… did not answer as the node API does` | — |
 | a malformed bootstrap address, in `config.toml` or on the command line | `bootstrap address … is not /ip4/HOST/tcp/PORT/p2p/PEER_ID` | refused at start, not retried forever |
 | a peer PUTs DHT records: 700 × 500 kB under `/junk/…`, oversized or invalid records under `/open1b/`, more than its share | nothing (the PUT stream is reset); the sender is penalised per record and banned past `max_rejects_per_peer` | only registered namespaces, values ≤ 4 KiB, ≤ 1,024 records per sending peer, ≤ 16,384 records and 16 MiB in all; a full store drops the biggest holder's oldest record (700 × 500 kB: 0 records kept, +4 MB process RSS, was +216 MB) |
+| the disk fills while a spot check runs (the worker cannot write its recomputed slot, or the node the answer) | `storage full: spot checks fail until there is room (…)`, once | no verdict; the step is spot checked again later (`SPOT_RETRY_S`); the lane and the daemon keep running |
 | `kill -9` of the daemon during a replay | — | the replay worker dies with it (PR_SET_PDEATHSIG); a broken pipe ends it quietly |
 | SIGTERM, SIGINT, `open1b-node stop` | `SIGTERM received: shutting down` … `stopped` in the log | components stop; `api.addr`, `p2p.addr` and `daemon.lock` are removed |
 

@@ -126,6 +126,8 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
                                   harness) as daemon:
                     yield daemon
         finally:
+            for name in (API_ADDR_FILE, P2P_ADDR_FILE):  # also when a component failed: no stale addresses
+                (config.data_dir / name).unlink(missing_ok=True)
             await worker.aclose()
             await answer_worker.aclose()
             store.close()
@@ -203,8 +205,6 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
             yield daemon
         finally:
             nursery.cancel_scope.cancel()
-    for path in addr_files:
-        path.unlink(missing_ok=True)
 
 
 def _checkpoint_of(auditor: Auditor):
