@@ -159,7 +159,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         replayer = harness.replayer(replayer)
     scratch = config.data_dir / SPOT_DIR
     answers = AnswerServer(answer_worker, ingest.manifests, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
-                           stats=stats)
+                           stats=stats, penalise=p2p.penalise)
     p2p.set_stream_handler(SPOTCHECK_PROTOCOL, answers.serve)
     auditor = Auditor(identity, config, ingest, claims, runfiles, p2p, replayer, bootstrapped=syncer.bootstrapped,
                       clock=clock, stats=stats)

@@ -347,6 +347,9 @@ class P2P:
     def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def wrapped(raw) -> None:
             stream = Stream(raw, raw.muxed_conn.peer_id.to_base58())
+            if stream.peer_id in self.banned:  # it may dial us again after we dropped it
+                await stream.reset()
+                return
             try:
                 await handler(stream)
             except Exception as exc:  # a bad peer must not crash the host
