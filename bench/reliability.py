@@ -66,7 +66,7 @@ An operator's node must not be knocked over by what a local user or a caller nam
 input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
 API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
 `tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
-huge numbers and wrong ports: no traceback), `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
+huge numbers and wrong ports: no traceback), `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
 
 | input | what the node says | nothing lost |
 |---|---|---|
@@ -92,6 +92,8 @@ huge numbers and wrong ports: no traceback), `tests/node/test_api_daemon.py`, `t
 | one key sends 8 valid challenges at a time, for 30 s (the same ones again and again, or new steps) | `busy` to all but one of its requests at a time | each (run, step, challenge) computed once and kept (64 MiB); a repeat within 5 s is a reject (banned after `max_rejects_per_peer`); one answer pending per key and its next computed no sooner than the last took, so one key has at most half of the answer worker (one core); other verifiers answered meanwhile (measured on `tiny`: 13 answers computed in 30 s, was one per request) |
 | 200 TCP connections to the bulk port from one address that never send a byte | nothing: the connections are closed | an address has 4 handshake slots (64 in all), apart from the 32 session slots; the rest are closed at once, those 4 after 2 s of silence (`FIRST_BYTES_TIMEOUT_S`); handshakes from elsewhere go on |
 | the page's event stream (`/v1/events`) with nothing new for minutes; a request head sent a byte at a time | — / the connection is closed | the stream stays open (a `: keep-alive` comment every 10 s); Hypercorn's read timeout, which ended it every 5 s, is off: a head must still be whole within 5 s |
+| `config.toml` numbers out of range: `sync_interval_seconds = nan`, `inf` or `0`, `redundancy = 1e20` or `100000000000000000000`, `max_rejects_per_peer = 0`/`-1`, `replay_timeout_seconds = -1`, `blob_cache_bytes = -1` | `…/config.toml: node.sync_interval_seconds must be in [1.0, 86400.0], got nan` (the key and its range, one line) | refused at start; every numeric key has a range |
+| a peer syncing with us with no pause (interval 0: a quarter of a core) | nothing: its extra requests are reset | one answer per peer and run (and one run list) per `MIN_SYNC_INTERVAL_S` (1 s); not counted as a reject (an honest bootstrap may overlap a round) |
 | `kill -9` of the daemon during a replay | — | the replay worker dies with it (PR_SET_PDEATHSIG); a broken pipe ends it quietly |
 | SIGTERM, SIGINT, `open1b-node stop` | `SIGTERM received: shutting down` … `stopped` in the log | components stop; `api.addr`, `p2p.addr` and `daemon.lock` are removed |
 
