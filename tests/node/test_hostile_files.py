@@ -202,6 +202,8 @@ def test_doctor_fails_a_read_only_data_dir_and_explains_untrusted_attesters(tmp_
         subprocess.run(["umount", "-l", str(ro)], check=True)
     assert checks["writable"].level == "FAIL" and "not writable" in checks["writable"].detail
     assert checks["disk"].level == "FAIL"  # 1 MiB free: below the minimum
+    # the doctor's own 2 GiB minimum decides here, not disk_reserve_bytes (256 MiB by default): say so
+    assert "doctor's minimum" in checks["disk"].detail and "the reserve" not in checks["disk"].detail
     assert checks["trust"].level == "WARN" and "open1b-node trust add 12D3KooWpeer" in checks["trust"].detail
 
 
