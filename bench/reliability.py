@@ -66,7 +66,7 @@ An operator's node must not be knocked over by what a local user or a caller nam
 input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
 API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
 `tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
-huge numbers and wrong ports: no traceback), `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
+huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`, `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
 
 | input | what the node says | nothing lost |
 |---|---|---|
@@ -95,6 +95,7 @@ huge numbers and wrong ports: no traceback), `tests/node/test_auditor.py`, `test
 | `config.toml` numbers out of range: `sync_interval_seconds = nan`, `inf` or `0`, `redundancy = 1e20` or `100000000000000000000`, `max_rejects_per_peer = 0`/`-1`, `replay_timeout_seconds = -1`, `blob_cache_bytes = -1` | `…/config.toml: node.sync_interval_seconds must be in [1.0, 86400.0], got nan` (the key and its range, one line) | refused at start; every numeric key has a range |
 | a peer syncing with us with no pause (interval 0: a quarter of a core) | nothing: its extra requests are reset | one answer per peer and run (and one run list) per `MIN_SYNC_INTERVAL_S` (1 s); not counted as a reject (an honest bootstrap may overlap a round) |
 | `doctor` with less free space than its own 2 GiB minimum (above `disk_reserve_bytes`); an auditor below its reserve | `disk FAIL … (needs 2.0 GiB: the doctor's minimum for a node, whatever disk_reserve_bytes says)` / `storage full: replays wait for room on the disk (…)` once, `storage has room again` once | the doctor names the limit that decides; the auditor says a full disk once per spell, not once per step tried |
+| `verify-handoff` on a hand-off whose `model.safetensors`, a rank's chain or `meta.json` is a FIFO; a `--state-hashes` line without `state_hash` | `…/model.safetensors: refused: not a regular file` (was: "the hand-off has no model.safetensors"; `meta.json` was waited on for ever) / `trajectory line 7: no state_hash` (was: `'state_hash'`) | opened non-blocking, nothing read |
 | `kill -9` of the daemon during a replay | — | the replay worker dies with it (PR_SET_PDEATHSIG); a broken pipe ends it quietly |
 | SIGTERM, SIGINT, `open1b-node stop` | `SIGTERM received: shutting down` … `stopped` in the log | components stop; `api.addr`, `p2p.addr` and `daemon.lock` are removed |
 
