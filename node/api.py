@@ -113,9 +113,9 @@ class ApiGuard:
         if scope["method"] not in SAFE_METHODS or self.reads_need_token:
             if scope["method"] == "OPTIONS" and origin is not None and self.origins:
                 return None  # a configured origin's CORS preflight (it carries no credentials)
-            given = headers.get("authorization", "")
-            if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].strip().encode(),
-                                                                          self.token.encode()):
+            scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+            # RFC 7235: the scheme is case-insensitive (`bearer` is as good as `Bearer`)
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
                 return 401, "this request needs the node's API token (Authorization: Bearer, from <data dir>/api.token)"
         return None
 
