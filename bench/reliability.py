@@ -62,11 +62,11 @@ key, as protocol revision r2 did.
 BAD_INPUT = """\
 ## Bad input
 
-An operator's node must not be knocked over by what a local user or a caller names. Each row is an
+An operator's node must not be knocked over by what a local user or a caller names, or a peer sends. Each row is an
 input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
 API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
 `tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
-huge numbers and wrong ports: no traceback) and `tests/node/test_lifecycle.py`.
+huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`, `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
 
 | input | what the node says | nothing lost |
 |---|---|---|
@@ -87,6 +87,17 @@ huge numbers and wrong ports: no traceback) and `tests/node/test_lifecycle.py`.
 | `train --preset nope`, `--out` a file or under `/proc` | `unknown preset 'nope'; choose one of …` / `--out … exists and is not a directory` / `cannot create --out …` | an earlier run directory given as `--out` has its old checkpoints removed first; a non-empty non-run directory is refused |
 | `status --api 127.0.0.1:abc`, `--api` at a libp2p port | `expected HOST:PORT, got …` / `… did not answer as the node API does` | — |
 | a malformed bootstrap address, in `config.toml` or on the command line | `bootstrap address … is not /ip4/HOST/tcp/PORT/p2p/PEER_ID` | refused at start, not retried forever |
+| a peer PUTs DHT records: 700 × 500 kB under `/junk/…`, oversized or invalid records under `/open1b/`, more than its share | nothing (the PUT stream is reset); the sender is penalised per record and banned past `max_rejects_per_peer` | only registered namespaces, values ≤ 4 KiB, ≤ 1,024 records per sending peer, ≤ 16,384 records and 16 MiB in all; a full store drops the biggest holder's oldest record (700 × 500 kB: 0 records kept, +4 MB process RSS, was +216 MB) |
+| the disk fills while a spot check runs (the worker cannot write its recomputed slot, or the node the answer) | `storage full: spot checks fail until there is room (…)`, once | no verdict; the step is spot checked again later (`SPOT_RETRY_S`); the lane and the daemon keep running |
+| one key sends 8 valid challenges at a time, for 30 s (the same ones again and again, or new steps) | `busy` to all but one of its requests at a time | each (run, step, challenge) computed once and kept (64 MiB); a repeat within 5 s is a reject (banned after `max_rejects_per_peer`); one answer pending per key and its next computed no sooner than the last took, so one key has at most half of the answer worker (one core); other verifiers answered meanwhile (measured on `tiny`: 13 answers computed in 30 s, was one per request) |
+| 200 TCP connections to the bulk port from one address that never send a byte | nothing: the connections are closed | an address has 4 handshake slots (64 in all), apart from the 32 session slots; the rest are closed at once, those 4 after 2 s of silence (`FIRST_BYTES_TIMEOUT_S`); handshakes from elsewhere go on |
+| the page's event stream (`/v1/events`) with nothing new for minutes; a request head sent a byte at a time | — / the connection is closed | the stream stays open (a `: keep-alive` comment every 10 s); Hypercorn's read timeout, which ended it every 5 s, is off: a head must still be whole within 5 s |
+| `config.toml` numbers out of range: `sync_interval_seconds = nan`, `inf` or `0`, `redundancy = 1e20` or `100000000000000000000`, `max_rejects_per_peer = 0`/`-1`, `replay_timeout_seconds = -1`, `blob_cache_bytes = -1` | `…/config.toml: node.sync_interval_seconds must be in [1.0, 86400.0], got nan` (the key and its range, one line) | refused at start; every numeric key has a range |
+| a peer syncing with us with no pause (interval 0: a quarter of a core) | nothing: its extra requests are reset | one answer per peer and run (and one run list) per `MIN_SYNC_INTERVAL_S` (1 s); not counted as a reject (an honest bootstrap may overlap a round) |
+| `doctor` with less free space than its own 2 GiB minimum (above `disk_reserve_bytes`); an auditor below its reserve | `disk FAIL … (needs 2.0 GiB: the doctor's minimum for a node, whatever disk_reserve_bytes says)` / `storage full: replays wait for room on the disk (…)` once, `storage has room again` once | the doctor names the limit that decides; the auditor says a full disk once per spell, not once per step tried |
+| `verify-handoff` on a hand-off whose `model.safetensors`, a rank's chain or `meta.json` is a FIFO; a `--state-hashes` line without `state_hash` | `…/model.safetensors: refused: not a regular file` (was: "the hand-off has no model.safetensors"; `meta.json` was waited on for ever) / `trajectory line 7: no state_hash` (was: `'state_hash'`) | opened non-blocking, nothing read |
+| `publish` of a run directory that is a symbolic link, or whose `checkpoints/` is one | `…: refused: the run directory is a symbolic link (name the directory itself)` / `…: refused: its checkpoints/ is a symbolic link …` (HTTP 400, one line) | nothing imported; the CLI sends the path as given (absolute, not resolved) so the daemon sees the link |
+| `Authorization: bearer <token>` (any case of the scheme) | accepted, as RFC 7235 says; `Basic …`, a missing space, a wrong token: 401 | — |
 | `kill -9` of the daemon during a replay | — | the replay worker dies with it (PR_SET_PDEATHSIG); a broken pipe ends it quietly |
 | SIGTERM, SIGINT, `open1b-node stop` | `SIGTERM received: shutting down` … `stopped` in the log | components stop; `api.addr`, `p2p.addr` and `daemon.lock` are removed |
 

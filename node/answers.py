@@ -42,7 +42,8 @@ LEADERBOARD = [{"run": HEX, "eval_set": HEX, "rank": MAYBE_INT, "loss": (float, 
                 "evaluations": {"certified": COUNT, "disputed": COUNT, "unchecked": COUNT}, "replayed": (float, int),
                 "disputed_steps": COUNT, "devices": [str], "reason": str}]
 CLAIMS = [{"run": HEX, "step": int, "slot": int, "claimant": PEER_ID, "expires_in_s": int}]
-ATTESTATIONS = [{"step": int, "verdict": str, "signer": PEER_ID, "engine": str, "hardware": str, "elapsed_ms": int}]
+ATTESTATIONS = [{"step": int, "verdict": str, "signer": PEER_ID, "engine": str, "hardware": str, "elapsed_ms": int,
+                 "encoded": HEX}]
 PUBLICATION = {"run": HEX, "steps": COUNT, "dir": str, "state": str, "done": COUNT, "note": str, "bytes": COUNT,
                "provided": COUNT, "gossiped": bool, "error": (str, type(None)), "seconds": (int, float, type(None))}
 FETCHED = {"run_dir": str}

@@ -39,6 +39,10 @@ _server_log = logging.getLogger(__name__ + ".hypercorn")
 _server_log.setLevel(logging.WARNING)
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+# A request's head must arrive within this: Hypercorn's keep-alive timer runs from the connection's
+# start until a head is whole (a head trickling in is cut off), and no route reads a body (Hypercorn
+# closes a connection whose body is left unread). Not Hypercorn's read timeout: that fires whenever
+# the client has sent nothing for so long, which a page's event stream always is (it ended every 5 s).
 REQUEST_TIMEOUT_S = 5.0
 # h11 refuses a request head still incomplete past this size (a head that arrives whole in one
 # read of up to 64 KiB is parsed): what a slow or huge head can make the server hold is bounded.
@@ -109,9 +113,9 @@ class ApiGuard:
         if scope["method"] not in SAFE_METHODS or self.reads_need_token:
             if scope["method"] == "OPTIONS" and origin is not None and self.origins:
                 return None  # a configured origin's CORS preflight (it carries no credentials)
-            given = headers.get("authorization", "")
-            if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].strip().encode(),
-                                                                          self.token.encode()):
+            scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+            # RFC 7235: the scheme is case-insensitive (`bearer` is as good as `Bearer`)
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
                 return 401, "this request needs the node's API token (Authorization: Bearer, from <data dir>/api.token)"
         return None
 
@@ -130,7 +134,7 @@ async def serve_api(host: str, port: int, app: Asgi, *, what: str = "the API",
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = _server_log
-    config.read_timeout = int(REQUEST_TIMEOUT_S)
+    config.read_timeout = None  # see REQUEST_TIMEOUT_S
     config.h11_max_incomplete_size = MAX_REQUEST_HEAD
     config.keep_alive_timeout = REQUEST_TIMEOUT_S
     config.include_server_header = False

@@ -110,6 +110,9 @@ API_VERSION = "1"
 MAX_STEP = 2**63 - 1  # a step index SQLite can hold; larger ones are refused by the schema
 MAX_REDUNDANCY = 1024
 EVENTS_POLL_S = 1.0  # how often /v1/events looks for a change
+# A comment line on the event stream after this long without an event: a proxy between the page
+# and the node (nginx waits 60 s by default) must not take a quiet stream for a dead one.
+EVENTS_KEEPALIVE_S = 10.0
 
 RunId = Annotated[str, PathParam(min_length=1, max_length=64, pattern="^[0-9a-fA-F]+$",
                                  description="a run id, or a unique prefix of one (hex)")]
@@ -253,12 +256,15 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
              response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
     async def events() -> StreamingResponse:
         async def changes() -> AsyncIterator[str]:
-            last = None
+            last, sent = None, clock.now()
             while True:
                 now = (store.attestation_count(), len(known), len(p2p.connected_peers()), len(p2p.banned))
                 if now != last:
                     yield f"event: change\ndata: {now[0]} attestations, {now[1]} runs, {now[2]} peers\n\n"
-                    last = now
+                    last, sent = now, clock.now()
+                elif clock.now() - sent >= EVENTS_KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    sent = clock.now()
                 await clock.sleep(EVENTS_POLL_S)
 
         return StreamingResponse(changes(), media_type="text/event-stream", headers={"cache-control": "no-store"})

@@ -37,7 +37,7 @@ from .outbox import Outbox
 from .p2p import NetworkError
 from .planner_view import PlannerView
 from .replay_proof import ReplayProof
-from .runs import RunBlob, RunFilesError, why_not_auditable
+from .runs import NoRoomForRunFiles, RunBlob, RunFilesError, why_not_auditable
 from .worker import ReplayFailed, ReplayWorker, WorkerResult
 
 log = logging.getLogger("open1b.node.auditor")
@@ -81,6 +81,7 @@ class Auditor:
         self.hardware = hardware_description()
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
+        self._no_room = False  # the last fetch found the disk full: said once, not for every step tried
 
     async def serve_auditor(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Audit (when the config says so) until cancelled."""
@@ -154,8 +155,16 @@ class Auditor:
         if unavailable is not None:
             # Not a verdict and not permanent: providers may appear (or stop lying). Retry later.
             self._fetch_backoff[(manifest.run_id, step)] = self.clock.now() + FETCH_RETRY_S
-            log.warning("step %d of run %s: files unavailable: %s", step, manifest.run_id.hex()[:12], unavailable)
+            no_room = isinstance(unavailable, NoRoomForRunFiles)
+            if no_room and not self._no_room:
+                log.warning("storage full: replays wait for room on the disk (%s)", unavailable)
+            elif not no_room:
+                log.warning("step %d of run %s: files unavailable: %s", step, manifest.run_id.hex()[:12], unavailable)
+            self._no_room = no_room
             return
+        if self._no_room:
+            log.info("storage has room again: replaying")
+            self._no_room = False
         if failure is not None:
             self.stats.replay_failures += 1
             self._failed.setdefault(manifest.run_id, set()).add(step)

@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import nacl.bindings
 import nacl.exceptions
@@ -63,8 +64,15 @@ MAX_RESPONSE = RESPONSE_HEAD.size + max(MAX_RANGE, MAX_TABLE)
 SOCKET_BUFFER = 4 << 20
 """Kernel socket buffers of a session: a few chunks, so each receive call moves more bytes."""
 HANDSHAKE_TIMEOUT_S = 10.0
+FIRST_BYTES_TIMEOUT_S = 2.0
+"""A client sends its hello as soon as it connects; a connection silent this long is dropped."""
 IDLE_TIMEOUT_S = 60.0
 MAX_SESSIONS = 32
+"""Authenticated sessions. Connections still in their handshake are bounded apart (any TCP client
+can open one): at most MAX_HANDSHAKES_PER_IP from one address, MAX_HANDSHAKES in all, so that idle
+sockets from one host neither hold session slots nor stop others' handshakes."""
+MAX_HANDSHAKES_PER_IP = 4
+MAX_HANDSHAKES = 64
 ADDRESS_PROTOCOL = "/open1b/bulk-addr/1.0.0"
 """libp2p protocol on which a node tells a peer its bulk TCP port (answer: CBOR ``{"port": p}``)."""
 
@@ -312,19 +320,60 @@ class _Session:
         self._open.clear()
 
 
-async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.SocketStream,
-                         allow: Callable[[str], bool], bucket: TokenBucket | None, limiter: trio.CapacityLimiter) -> None:
-    try:
-        limiter.acquire_nowait()
-    except trio.WouldBlock:
-        await trio.aclose_forcefully(stream)
-        return
-    session = None
-    try:
-        with trio.move_on_after(HANDSHAKE_TIMEOUT_S) as handshake:
-            channel = await server_handshake(stream, identity)
-        if handshake.cancelled_caught or not allow(channel.peer_id):
+class _HandshakeGate:
+    """Counts the connections that have not completed a handshake, by remote address."""
+
+    def __init__(self, per_ip: int, total: int) -> None:
+        self.per_ip, self.total = per_ip, total
+        self._by_ip: dict[str, int] = {}
+
+    @contextmanager
+    def enter(self, stream: trio.SocketStream) -> Iterator[bool]:
+        """True while the connection holds a handshake slot; False if its address or all are taken."""
+        try:
+            ip = stream.socket.getpeername()[0]
+        except OSError:  # already gone
+            yield False
             return
+        if self._by_ip.get(ip, 0) >= self.per_ip or sum(self._by_ip.values()) >= self.total:
+            yield False
+            return
+        self._by_ip[ip] = self._by_ip.get(ip, 0) + 1
+        try:
+            yield True
+        finally:
+            self._by_ip[ip] -= 1
+            if not self._by_ip[ip]:
+                del self._by_ip[ip]
+
+
+async def _handshake(stream: trio.SocketStream, identity: Identity) -> Channel | None:
+    """The client's session, or None if it sent nothing within FIRST_BYTES_TIMEOUT_S or did not
+    finish within HANDSHAKE_TIMEOUT_S."""
+    with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+        first = b""
+        with trio.move_on_after(FIRST_BYTES_TIMEOUT_S):
+            first = await stream.socket.recv(1, socket.MSG_PEEK)
+        if first:
+            return await server_handshake(stream, identity)
+    return None
+
+
+async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.SocketStream,
+                         allow: Callable[[str], bool], bucket: TokenBucket | None, limiter: trio.CapacityLimiter,
+                         gate: _HandshakeGate) -> None:
+    session = None
+    admitted = False
+    try:
+        with gate.enter(stream) as entered:
+            channel = await _handshake(stream, identity) if entered else None
+        if channel is None or not allow(channel.peer_id):
+            return
+        try:
+            limiter.acquire_nowait()
+        except trio.WouldBlock:
+            return
+        admitted = True
         session = _Session(cache, channel, bucket)
         while True:
             with trio.move_on_after(IDLE_TIMEOUT_S) as idle:
@@ -337,7 +386,8 @@ async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.Sock
     finally:
         if session is not None:
             session.close()
-        limiter.release()
+        if admitted:
+            limiter.release()
         await trio.aclose_forcefully(stream)
 
 
@@ -349,10 +399,11 @@ async def serve_bulk(cache: BlobCache, identity: Identity, host: str, port: int,
     (e.g. banned ones); ``rate_bytes_per_s`` caps the upload of all sessions together."""
     bucket = TokenBucket(rate_bytes_per_s, burst=MAX_RANGE) if rate_bytes_per_s else None
     limiter = trio.CapacityLimiter(max_sessions)
+    gate = _HandshakeGate(MAX_HANDSHAKES_PER_IP, MAX_HANDSHAKES)
     listeners = await trio.open_tcp_listeners(port, host=host)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _serve_session(cache, identity, stream, allow, bucket, limiter)
+        await _serve_session(cache, identity, stream, allow, bucket, limiter, gate)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, handler, listeners)

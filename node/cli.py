@@ -352,6 +352,15 @@ def cmd_claims(args: argparse.Namespace) -> CommandResult:
 def cmd_attestations(args: argparse.Namespace) -> CommandResult:
     query = f"?step={args.step}" if args.step is not None else ""
     atts = _call(args, f"/v1/attestations/{args.run}{query}", answers.ATTESTATIONS)
+    if args.out:  # the form the library reads (examples/verify_coverage.py): one signed statement, hex, a line
+        from .files import write_atomic
+
+        out = Path(args.out)
+        try:
+            write_atomic(out, "".join(a["encoded"] + "\n" for a in atts).encode())
+        except OSError as exc:
+            raise Open1bError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+        return CommandResult(atts, lambda xs: f"{len(xs)} attestations written to {out}, one hex-encoded per line")
     return CommandResult(atts, lambda xs: _table([["STEP", "VERDICT", "SIGNER", "ENGINE", "HARDWARE", "MS"]] + [
         [str(a["step"]), a["verdict"], a["signer"], a["engine"], a["hardware"], str(a["elapsed_ms"])] for a in xs]))
 
@@ -649,6 +658,8 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser("attestations", parents=[client], help="attestations of a run")
     a.add_argument("run")
     a.add_argument("--step", type=int)
+    a.add_argument("--out", metavar="FILE", help="also write them to FILE, one hex-encoded statement per line "
+                                                 "(what examples/verify_coverage.py and the library read)")
     a.set_defaults(func=cmd_attestations)
 
     r = sub.add_parser("replay", parents=[client], help="replay one step locally: match (0) or mismatch (2)")

@@ -65,7 +65,8 @@ def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job
     no progress for ``timeout`` seconds (a run of many checkpoints takes long, but never stalls)."""
     from urllib.parse import quote
 
-    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).resolve())), method="POST", shape=PUBLICATION,
+    # absolute, not resolved: the daemon refuses a run directory that is a symbolic link
+    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).absolute())), method="POST", shape=PUBLICATION,
                token=token)
     deadline = time.monotonic() + timeout
     while True:

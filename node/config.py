@@ -28,6 +28,7 @@ from .files import FileRefused, read_bounded, write_atomic
 CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 1 << 20
 MAX_SPOT_CHECKS_IN_FLIGHT = 8  # each holds two checkpoints in its own working directory
+MIN_SYNC_INTERVAL_S = 1.0  # peers refuse to serve one peer's syncs more often (node/sync.py)
 
 
 class ConfigError(Open1bError):
@@ -135,6 +136,11 @@ class NodeConfig:
     publishers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for field, (low, high) in _RANGES.items():  # `not low <= v <= high`: also refuses nan
+            value = getattr(self, field)
+            if not low <= value <= high or (field in _ABOVE_LOW and value == low):
+                shown = f"({low}, {high}]" if field in _ABOVE_LOW else f"[{low}, {high}]"
+                raise ConfigError(f"{_KEY_OF.get(field, field)} must be in {shown}, got {value!r}")
         split_hostport(self.listen)
         split_hostport(self.api)
         if self.metrics:
@@ -143,16 +149,6 @@ class NodeConfig:
             scheme, _, rest = origin.partition("://")
             if scheme not in ("http", "https") or not rest or "/" in rest.rstrip("/"):
                 raise ConfigError(f"api_origins: expected http(s)://HOST[:PORT], got {origin!r}")
-        if not 1 <= self.lease_s <= MAX_LEASE_SECONDS:
-            raise ConfigError(f"lease_s must be in [1, {MAX_LEASE_SECONDS}]")
-        if self.disk_reserve_bytes < 0:
-            raise ConfigError("disk_reserve_bytes must be at least 0")
-        if self.redundancy < 1:
-            raise ConfigError("redundancy must be at least 1")
-        if not 1 <= self.spot_checks_in_flight <= MAX_SPOT_CHECKS_IN_FLIGHT:
-            raise ConfigError(f"spot_checks_in_flight must be in [1, {MAX_SPOT_CHECKS_IN_FLIGHT}]")
-        if not 0 < self.answer_s <= ANSWER_SECONDS:
-            raise ConfigError(f"answer_seconds must be in (0, {ANSWER_SECONDS}]: a verifier may not wait longer than the spec")
         try:
             parse_device_spec(self.device)
         except DeviceSpecError as exc:
@@ -161,8 +157,6 @@ class NodeConfig:
             _check_peer_addr(addr)
         if self.trust_policy not in (OPEN, ALLOWLIST):
             raise ConfigError(f"trust_policy must be {OPEN!r} or {ALLOWLIST!r}")
-        if self.earn_trust_matches < 1 or self.earn_trust_publishers < 1:
-            raise ConfigError("earn_trust_matches and earn_trust_publishers must be at least 1")
         if self.dispute_quorum != 0 and self.dispute_quorum < 2:
             raise ConfigError("dispute_quorum must be 0 (off) or at least 2")
         for what, peers in (("trusted peer", self.trusted_peers), ("publisher", self.publishers)):
@@ -179,6 +173,28 @@ class NodeConfig:
 
     def with_overrides(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+_BYTES = 1 << 62
+_DAY_S = 86400.0
+# field -> the inclusive range of its values (a field in _ABOVE_LOW may not equal its low end)
+_RANGES: dict[str, tuple[float, float]] = {
+    "redundancy": (1, 256),  # a claim's slot is at most 255
+    "lease_s": (1, MAX_LEASE_SECONDS),
+    "replay_timeout_s": (0, 7 * _DAY_S),
+    "answer_s": (0, ANSWER_SECONDS),  # a verifier may not wait longer than the spec
+    "spot_checks_in_flight": (1, MAX_SPOT_CHECKS_IN_FLIGHT),
+    "sync_interval_s": (MIN_SYNC_INTERVAL_S, _DAY_S),
+    "idle_poll_s": (0, 3600.0),
+    "heartbeat_s": (0, 3600.0),
+    "max_rejects_per_peer": (1, 1 << 20),
+    "blob_cache_bytes": (0, _BYTES),
+    "disk_reserve_bytes": (0, _BYTES),
+    "earn_trust_matches": (1, 1 << 20),
+    "earn_trust_publishers": (1, 1 << 20),
+    "dispute_quorum": (0, 1 << 20),
+}
+_ABOVE_LOW = frozenset({"replay_timeout_s", "answer_s", "idle_poll_s", "heartbeat_s"})
 
 
 # config.toml key -> (field, type)
@@ -198,6 +214,8 @@ _KEYS: dict[str, tuple[str, type]] = {
     "publishers": ("publishers", list), "device": ("device", str), "api_origins": ("api_origins", list),
 }
 
+
+_KEY_OF = {field: f"node.{key}" for key, (field, _) in _KEYS.items()}
 
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list"}
 

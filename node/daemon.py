@@ -135,6 +135,8 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
                                   harness) as daemon:
                     yield daemon
         finally:
+            for name in (API_ADDR_FILE, P2P_ADDR_FILE):  # also when a component failed: no stale addresses
+                (config.data_dir / name).unlink(missing_ok=True)
             await worker.aclose()
             await answer_worker.aclose()
             store.close()
@@ -168,7 +170,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         replayer = harness.replayer(replayer)
     scratch = config.data_dir / SPOT_DIR
     answers = AnswerServer(answer_worker, known, store.run_dir, scratch, timeout_s=config.replay_timeout_s,
-                           stats=stats)
+                           stats=stats, penalise=p2p.penalise)
     p2p.set_stream_handler(SPOTCHECK_PROTOCOL, answers.serve)
     auditor = Auditor(identity, config, claims, fetcher, replayer, runs=known, planner=ledger.planner,
                       judge=ledger.judge, proof=ledger.proof, outbox=ledger.outbox, bootstrapped=syncer.bootstrapped,
@@ -219,8 +221,6 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
             yield daemon
         finally:
             nursery.cancel_scope.cancel()
-    for path in addr_files:
-        path.unlink(missing_ok=True)
 
 
 async def run_daemon(config: NodeConfig, *, harness: Harness | None = None) -> None:

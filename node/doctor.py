@@ -104,8 +104,10 @@ def _disk(data_dir: Path) -> list[Check]:
         reserve = 0  # reported by the config check
     free = shutil.disk_usage(probe).free
     need = max(MIN_FREE_DISK_GB * 2**30, reserve)
+    why = ("the reserve, disk_reserve_bytes" if reserve > MIN_FREE_DISK_GB * 2**30
+           else "the doctor's minimum for a node, whatever disk_reserve_bytes says")
     checks = [Check("disk", "OK" if free >= need else "FAIL",
-                    f"{free / 2**30:.1f} GiB free at {probe} (needs {need / 2**30:.1f} GiB: the reserve, disk_reserve_bytes)")]
+                    f"{free / 2**30:.1f} GiB free at {probe} (needs {need / 2**30:.1f} GiB: {why})")]
     target = probe / f".doctor-probe.{os.getpid()}"
     try:
         target.write_bytes(b"probe")

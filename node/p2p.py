@@ -1,4 +1,4 @@
-"""The only module that imports libp2p: one host with gossipsub, a Kademlia DHT and streams.
+"""With :mod:`.dht_store`, the only module that imports libp2p: one host with gossipsub, a Kademlia DHT and streams.
 
 py-libp2p has sharp edges (see ../shared/notes/py-libp2p.md); this adapter files them down so
 that the rest of the node sees a small, safe surface:
@@ -11,6 +11,7 @@ that the rest of the node sees a small, safe surface:
 * ``publish`` is paced on the peers' outbound queues, which drop silently when full;
 * each subscription is drained by its own task, so a slow consumer never loses messages in
   libp2p's 32-slot channel;
+* the DHT stores only records of our namespaces, within bounds (:mod:`.dht_store`);
 * DHT reads that must see the network (claim re-checks) drop the local copy first, because
   ``get_value`` answers from local data without asking anyone.
 """
@@ -28,7 +29,6 @@ import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.kad_dht import DHTMode, KadDHT
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -41,6 +41,8 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 from multiaddr import Multiaddr
 
 from open1b.protocol import Identity, Open1bError, Outcome
+
+from .dht_store import BoundedKadDHT, DhtLimits
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,7 @@ class Stream:
 
 class P2P:
     def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
-                 max_rejects_per_peer: int = 20) -> None:
+                 max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits()) -> None:
         self.identity = identity
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
@@ -142,7 +144,8 @@ class P2P:
             degree_high=mesh_degree + 2, heartbeat_interval=heartbeat_s, spam_protection_enabled=False,
         )
         self.pubsub = Pubsub(self.host, self.gossipsub)
-        self.dht = KadDHT(self.host, DHTMode.SERVER)
+        self.dht = BoundedKadDHT(self.host, limits=dht_limits, penalise=self.penalise,
+                                 banned=lambda peer: peer in self.banned)
         self._nursery: trio.Nursery | None = None
         # Penalties are counted against the peer that delivered an invalid message (gossipsub
         # forwards only what its own validator accepted, so an invalid delivery is the
@@ -358,6 +361,9 @@ class P2P:
     def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def wrapped(raw) -> None:
             stream = Stream(raw, raw.muxed_conn.peer_id.to_base58())
+            if stream.peer_id in self.banned:  # it may dial us again after we dropped it
+                await stream.reset()
+                return
             try:
                 await handler(stream)
             except Exception as exc:  # a bad peer must not crash the host

@@ -118,7 +118,12 @@ class Publisher:
 
     async def publish_dir(self, run_dir: Path) -> Publication:
         """Read and validate ``run_dir``'s manifest now (off the event loop); check, import, provide
-        and announce its files in the background. Raises :class:`ApiError` for a bad manifest."""
+        and announce its files in the background. Raises :class:`ApiError` for a bad manifest, or
+        for a run directory or ``checkpoints/`` that is a symbolic link: files are opened without
+        following a link in their last component, and a linked directory would take them elsewhere."""
+        for path, what in ((Path(run_dir), "the run directory"), (Path(run_dir) / "checkpoints", "its checkpoints/")):
+            if path.is_symlink():
+                raise ApiError(400, f"{path}: refused: {what} is a symbolic link (name the directory itself)")
         run_dir = Path(run_dir).resolve()
         return self.start_publish(run_dir, await read_run_manifest_async(run_dir, self.clock.wall()))
 

@@ -74,6 +74,11 @@ class RunFilesError(Open1bError):
     """A run's files are missing, wrong, or cannot be obtained."""
 
 
+class NoRoomForRunFiles(RunFilesError):
+    """Our disk has no room (left, above the reserve) for a run's files: no peer's fault, and a
+    later try may find room."""
+
+
 @dataclass(frozen=True)
 class RunBlob:
     name: str  # "samples", "checkpoint 3"
@@ -371,7 +376,7 @@ class RunFiles:
                             raise first
                         path = await over_libp2p(await dht_providers())
             except StorageFull as exc:  # our disk: no provider is to blame, and a later try may find room
-                raise RunFilesError(f"{blob.name}: {exc}") from None
+                raise NoRoomForRunFiles(f"{blob.name}: {exc}") from None
             except BlobError as exc:
                 self.stats.failed += 1
                 raise RunFilesError(f"{blob.name}: {exc}") from None
@@ -475,7 +480,7 @@ class RunFiles:
                 os.replace(tmp, target)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise RunFilesError(f"{name}: no space left on {work} to assemble it") from None
+                raise NoRoomForRunFiles(f"{name}: no space left on {work} to assemble it") from None
             # A disk remounted read-only, a quota, an I/O error: the node's disk, not a verdict on
             # the run and no peer's fault; retried later like a full disk.
             raise RunFilesError(f"{name}: cannot write it to {work}: {exc.strerror or exc}") from None

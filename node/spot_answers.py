@@ -13,6 +13,16 @@ replays: a replay of a real step can outlast the answer deadline), one at a time
 most :data:`MAX_PENDING_ANSWERS` wait: a request beyond that is refused (``busy``) at once rather
 than queued without bound.
 
+One key must not pin the publisher's CPU nor turn honest verifiers away (one key sending 8
+concurrent challenges for 30 s once got 1,038 answers computed at 92 % of a core, and every other
+verifier ``busy``). So each peer has at most :data:`MAX_PENDING_PER_PEER` answer pending, and after
+an answer that took *t* seconds of the worker its next one is computed no sooner than *t* seconds
+later (``busy`` meanwhile): one peer gets at most half of the answer worker, and waits its turn
+behind the others (the worker's lock is FIFO). Answers are kept (:data:`ANSWER_CACHE_BYTES`) by
+(run, step, challenge): asking again costs no computation, and asking again within
+:data:`REPEAT_INTERVAL_S` is counted as a reject of the peer — an honest verifier asks once per spot
+check, and again only after a failure of its own.
+
 The verifier (:func:`request_answer`) asks the peers it is connected to (the run's publisher
 first), then the run's providers, until one answers or the answer deadline passes (``None``: the
 verifier signs ``no_answer``). It believes no answer: an answer opens no commitment, so its chunks
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -46,6 +57,9 @@ SPOTCHECK_PROTOCOL = "/open1b/spotcheck/1.0.0"
 MAX_CHALLENGE_REQUEST = 256  # {"run": 32 B, "step": u64, "challenge": 64 B} is about 130 bytes
 MAX_ANSWER_FRAME = MAX_ANSWER_SIZE + 64  # the answer inside a one-key map
 MAX_PENDING_ANSWERS = 4  # answers computing or waiting for the worker; more are refused ("busy")
+MAX_PENDING_PER_PEER = 1
+ANSWER_CACHE_BYTES = 64 << 20  # answers kept for repeated challenges (an answer is at most MAX_ANSWER_SIZE)
+REPEAT_INTERVAL_S = 5.0  # the same challenge again sooner than this is a reject of the asker
 ASK_RETRY_S = 1.0  # pause between rounds over the candidate peers, while the deadline allows
 ERRORS = ("unknown_run", "bad_challenge", "busy", "failed")
 
@@ -54,11 +68,17 @@ class AnswerServer:
     """Answers challenges of the runs this node published (those whose directory it holds)."""
 
     def __init__(self, worker: ReplayWorker, manifests: dict[bytes, RunManifest],
-                 run_dir: Callable[[bytes], Path | None], scratch: Path, *, timeout_s: float, stats: NodeStats) -> None:
+                 run_dir: Callable[[bytes], Path | None], scratch: Path, *, timeout_s: float, stats: NodeStats,
+                 penalise: Callable[[str], None] = lambda peer: None) -> None:
         self.worker, self.manifests, self.run_dir, self.scratch = worker, manifests, run_dir, scratch
-        self.timeout_s, self.stats = timeout_s, stats
+        self.timeout_s, self.stats, self.penalise = timeout_s, stats, penalise
         self.pending = 0
+        self.computed = 0  # answers the worker computed (the rest came from the cache)
         self._one = trio.Lock()  # one answer at a time: each costs up to one recomputation of a step
+        self._pending_of: dict[str, int] = {}
+        self._next_of: dict[str, float] = {}  # peer -> trio time before which no answer is computed for it
+        self._cache: OrderedDict[tuple[bytes, int, bytes], tuple[bytes, float]] = OrderedDict()  # -> answer, served at
+        self._cache_bytes = 0
 
     async def serve(self, stream: Stream) -> None:
         request = decode(await stream.receive(MAX_CHALLENGE_REQUEST), max_size=MAX_CHALLENGE_REQUEST)
@@ -78,23 +98,55 @@ class AnswerServer:
             signing.verify(public_key_from_peer_id(peer_id), CHALLENGE_KIND, {"run": run, "step": step}, challenge)
         except (SignatureError, Open1bError):
             return {"error": "bad_challenge"}
-        if self.pending >= MAX_PENDING_ANSWERS:
+        now, key = trio.current_time(), (run, step, challenge)
+        if key in self._cache:  # the challenge signs the asker's key: only that peer asks for it
+            data, served = self._cache[key]
+            if now - served < REPEAT_INTERVAL_S:
+                self.penalise(peer_id)
+            self._cache[key] = (data, now)
+            self._cache.move_to_end(key)
+            self.stats.challenges_answered += 1
+            return {"answer": data}
+        if (self.pending >= MAX_PENDING_ANSWERS or self._pending_of.get(peer_id, 0) >= MAX_PENDING_PER_PEER
+                or now < self._next_of.get(peer_id, now)):
             return {"error": "busy"}
         self.pending += 1
+        self._pending_of[peer_id] = self._pending_of.get(peer_id, 0) + 1
         out = self.scratch / f"answer-{os.urandom(8).hex()}.cbor"
         try:
             async with self._one:
-                self.scratch.mkdir(parents=True, exist_ok=True)
-                await self.worker.answer(run_dir, step, challenge, out, timeout_s=self.timeout_s)
-                data = await trio.to_thread.run_sync(read_bounded, out, MAX_ANSWER_SIZE)
+                started = trio.current_time()
+                try:
+                    self.scratch.mkdir(parents=True, exist_ok=True)
+                    await self.worker.answer(run_dir, step, challenge, out, timeout_s=self.timeout_s)
+                    data = await trio.to_thread.run_sync(read_bounded, out, MAX_ANSWER_SIZE)
+                finally:
+                    self.computed += 1
+                    ended = trio.current_time()
+                    self._next_of[peer_id] = ended + (ended - started)  # at most half the worker's time
         except (ReplayFailed, FileRefused, OSError) as exc:
             log.warning("answer to a challenge of step %d of %s failed: %s", step, run.hex()[:12], exc)
             return {"error": "failed"}
         finally:
             self.pending -= 1
+            self._pending_of[peer_id] -= 1
+            if not self._pending_of[peer_id]:
+                del self._pending_of[peer_id]
             out.unlink(missing_ok=True)
+        self._keep(key, data, trio.current_time())
         self.stats.challenges_answered += 1
         return {"answer": data}
+
+    def _keep(self, key: tuple[bytes, int, bytes], data: bytes, now: float) -> None:
+        if key in self._cache or len(data) > ANSWER_CACHE_BYTES:
+            return
+        self._cache[key] = (data, now)
+        self._cache_bytes += len(data)
+        while self._cache_bytes > ANSWER_CACHE_BYTES:
+            _, (dropped, _) = self._cache.popitem(last=False)
+            self._cache_bytes -= len(dropped)
+        if len(self._next_of) > 4096:  # forget peers whose wait is over
+            self._next_of = {p: t for p, t in self._next_of.items() if t > now}
 
 
 async def ask(p2p: P2P, peer_id: str, run: bytes, step: int, challenge: bytes) -> bytes | None:

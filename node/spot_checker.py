@@ -26,6 +26,7 @@ replay, and both share the worker, one request at a time, in their own working d
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 from pathlib import Path
@@ -48,7 +49,7 @@ from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFilesError, samples_blob, why_not
 from .spot_answers import MAX_PENDING_ANSWERS, request_answer
 from .spot_plan import next_spot_checks, spot_order
 from .store import Store
-from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOutcome
+from .worker import SPOT_ANSWER, SPOT_MICRO, ReplayFailed, ReplayWorker, SpotOutcome, WorkerStorageFull
 
 log = logging.getLogger("open1b.node.spot_checker")
 
@@ -58,6 +59,13 @@ SPOT_RETRY_S = 10.0  # a step whose files could not be fetched is spot checked a
 # 256-step run on a loaded machine), which every idle lane of every daemon on the machine pays.
 SPOT_IDLE_S = 2.0
 ANSWERER_LINKS = ("proof", "update", "gradient", "sum")  # an answer's links: they bind only its answerer
+
+
+def _scratch_failed(exc: OSError, path: Path) -> ReplayFailed:
+    """A write to the spot checks' scratch directory that failed, as the worker's own failures are."""
+    if exc.errno == errno.ENOSPC:
+        return WorkerStorageFull(f"no space left on {path.parent}")
+    return ReplayFailed(f"cannot write {path}: {exc.strerror}")
 
 
 def why_not_spot_checked(manifest: RunManifest) -> str | None:
@@ -84,6 +92,7 @@ class SpotChecker:
         self._own: dict[bytes, set[int]] = {}  # run -> steps this key has spot checked
         self._skip: dict[bytes, dict[int, float]] = {}  # run -> step -> clock.now() to retry after
         self._in_flight: dict[bytes, set[int]] = {}  # run -> steps a lane is checking now
+        self._storage_full = False  # "storage full" is logged when this turns True, not on every check
 
     async def serve_spot_checker(self, *, bootstrapped: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Spot check, ``spot_checks_in_flight`` steps at a time, once bootstrap has pulled what
@@ -153,6 +162,12 @@ class SpotChecker:
         fetched = self.clock.now()
         try:
             outcome = await self._challenge_and_check(manifest, step, run_dir)
+        except WorkerStorageFull as exc:  # our disk, not the step: no verdict; try again later
+            self._skip.setdefault(run, {})[step] = self.clock.now() + SPOT_RETRY_S
+            if not self._storage_full:
+                log.error("storage full: spot checks fail until there is room (%s)", exc)
+            self._storage_full = True
+            return True
         except ReplayFailed as exc:  # a broken worker or files: no verdict, and not retried
             self.stats.spot_failures += 1
             self._skip.setdefault(run, {})[step] = float("inf")
@@ -160,6 +175,7 @@ class SpotChecker:
             return True
         finally:
             release()
+        self._storage_full = False
         # Where a spot check's time goes: what decides how fast spot checks sweep a run
         ended = self.clock.now()
         log.info("spot check of step %d of %s took %.2f s: files %.2f s, then the checks %.2f s (worker %.2f s)",
@@ -179,20 +195,31 @@ class SpotChecker:
             got = await request_answer(self.p2p, self._candidates(manifest), run, step, challenges[0],
                                        deadline_s=deadline - self.clock.now(), skip=tried, sleep=self.clock.sleep)
 
-        self.scratch.mkdir(parents=True, exist_ok=True)
+        try:
+            self.scratch.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _scratch_failed(exc, self.scratch) from None
         recomputed = self.scratch / f"slot-{os.urandom(8).hex()}.f32"
+        failure: ReplayFailed | None = None
         try:
             # The slot is checked while the answer is awaited: a trainer that stalls its answer (up to
             # ANSWER_SECONDS) delays no verdict the slot's loss decides, and an honest answer costs the
             # verifier no wall time beyond its own recomputation.
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ask)
-                micro = await self.worker.spot(run_dir, step, challenges, None, recomputed,
-                                               timeout_s=self.config.replay_timeout_s, links=(SPOT_MICRO,))
-                if not micro.passed:
+                try:
+                    micro = await self.worker.spot(run_dir, step, challenges, None, recomputed,
+                                                   timeout_s=self.config.replay_timeout_s, links=(SPOT_MICRO,))
+                except ReplayFailed as exc:  # raised below: out of the nursery it would come wrapped in a group
+                    failure = exc
                     nursery.cancel_scope.cancel()
-                    return micro
+                else:
+                    if not micro.passed:
+                        nursery.cancel_scope.cancel()
+                        return micro
                 checked = self.clock.now()
+            if failure is not None:
+                raise failure
             waited_s = self.clock.now() - checked
             spent_ms = micro.elapsed_ms
             if waited_s > 0.01:  # what the publisher's answer added to this check
@@ -214,7 +241,11 @@ class SpotChecker:
         path = None
         if got is not None:
             path = self.scratch / f"check-{os.urandom(8).hex()}.cbor"
-            await trio.to_thread.run_sync(path.write_bytes, got[1])
+            try:
+                await trio.to_thread.run_sync(path.write_bytes, got[1])
+            except OSError as exc:
+                path.unlink(missing_ok=True)
+                raise _scratch_failed(exc, path) from None
         try:
             return await self.worker.spot(run_dir, step, challenges, path, recomputed,
                                           timeout_s=self.config.replay_timeout_s, links=(SPOT_ANSWER,))

@@ -31,10 +31,12 @@ from open1b.protocol import Open1bError
 from open1b.protocol.gensyn_handoff import HandoffMeta, handoff_state_hash
 from open1b.protocol.trajectory import MAX_TRAJECTORY_SIZE, parse_state_hash_log
 
+from .files import FileRefused, open_regular, read_bounded
 from .results import CommandResult
 
 MAX_WORLD = 4096
 MAX_META_SIZE = 1 << 20
+MAX_MAPPED_FILE = 1 << 40  # mapped, never read whole: a bound only against the absurd
 # What an absent optimizer.safetensors or gradients.safetensors reads as: a file with no tensors
 # (docs/protocol.md §14.2: absent means no optimizer state, or grad_none, for every weight).
 EMPTY_SAFETENSORS = (2).to_bytes(8, "little") + b"{}"
@@ -84,15 +86,11 @@ def _hashes(meta: HandoffMeta, expected: str | None, prev: str | None, log_path:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    """``path``'s bytes, refused beyond ``limit`` before more than ``limit + 1`` are read."""
+    """``path``'s bytes: a regular file (a FIFO is refused, not waited on) of at most ``limit``."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as exc:
-        raise HandoffError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise HandoffError(f"{path} is larger than {limit} bytes")
-    return data
+        return read_bounded(path, limit, follow=True)
+    except FileRefused as exc:
+        raise HandoffError(str(exc)) from None
 
 
 def _read_meta(root: Path) -> HandoffMeta:
@@ -119,11 +117,15 @@ def verify_handoff(root: Path, *, expected: str | None = None, prev: str | None 
     with ExitStack() as stack:
         def mapped(name: str, *, optional: bool = False) -> memoryview:
             path = root / name
-            if optional and not path.exists():
-                return memoryview(EMPTY_SAFETENSORS)
-            if not path.is_file():
+            if not os.path.lexists(path):
+                if optional:
+                    return memoryview(EMPTY_SAFETENSORS)
                 raise HandoffError(f"the hand-off has no {name}")
-            f = stack.enter_context(open(path, "rb"))
+            try:
+                fd, _ = open_regular(path, MAX_MAPPED_FILE, follow=True)
+            except FileRefused as exc:
+                raise HandoffError(str(exc)) from None
+            f = stack.enter_context(os.fdopen(fd, "rb"))
             if os.fstat(f.fileno()).st_size == 0:
                 return memoryview(b"")
             m = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))

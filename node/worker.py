@@ -33,6 +33,7 @@ Answering and checking run here, never in the daemon's trio process: both recomp
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -57,6 +58,11 @@ MAX_REPLY_BYTES = 4096  # a reply line: hashes and numbers (answers travel as fi
 
 class ReplayFailed(Open1bError):
     """The worker could not replay the step (bad input, crash, timeout)."""
+
+
+class WorkerStorageFull(ReplayFailed):
+    """A write for the request found the disk full: no fault of the step, nor a broken worker;
+    the request may succeed once there is room."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,7 @@ class ReplayWorker:
         if type(reply) is not dict:
             raise ReplayFailed("malformed worker reply: not an object")
         if "error" in reply:
-            raise ReplayFailed(str(reply["error"]))
+            raise (WorkerStorageFull if reply.get("errno") == errno.ENOSPC else ReplayFailed)(str(reply["error"]))
         return reply
 
     async def replay(self, run_dir: Path, step: int, *, timeout_s: float) -> WorkerResult:
@@ -264,6 +270,8 @@ def _serve(device_spec: str) -> int:
             reply = _handle(request, choice)
         except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+            if isinstance(exc, OSError):  # the daemon tells a full disk from a broken step by it
+                reply["errno"] = exc.errno
         _send(reply)
     return 0
 

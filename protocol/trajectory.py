@@ -139,6 +139,11 @@ def parse_state_hash_log(data: bytes) -> dict[int, bytes]:
             continue
         try:
             row = json.loads(line, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+            if type(row) is not dict:
+                raise ValueError("not a JSON object")
+            missing = [key for key in ("step", "state_hash") if key not in row]
+            if missing:  # named: a bare KeyError reads as "'state_hash'"
+                raise ValueError(f"no {missing[0]}")
             step, digest = row["step"], row["state_hash"]
             if type(step) is not int or not 0 <= step <= UINT64_MAX or type(digest) is not str or len(digest) != 64 \
                     or not set(digest) <= _HEX:

@@ -131,6 +131,10 @@ def test_configured_origins_get_cors_and_everything_needs_a_token_off_loopback()
 
     assert refusal(host="192.0.2.7:5701")[0] == 401  # reads need the token off loopback
     assert refusal(host="192.0.2.7:5701", authorization=f"Bearer {TOKEN}") is None
+    for scheme in ("bearer", "BEARER", "beaRer"):  # RFC 7235: the scheme is case-insensitive
+        assert refusal(host="192.0.2.7:5701", authorization=f"{scheme} {TOKEN}") is None
+    for wrong in (f"Basic {TOKEN}", f"Bearer{TOKEN}", "Bearer", f"Bearer {TOKEN}x", f"Bearer  {TOKEN[:-1]}"):
+        assert refusal(host="192.0.2.7:5701", authorization=wrong)[0] == 401, wrong
     assert refusal(host="192.0.2.7", origin="https://dash.example", authorization=f"Bearer {TOKEN}") is None
     assert refusal(host="192.0.2.7", origin=EVIL, authorization=f"Bearer {TOKEN}")[0] == 403
     assert refusal(host="198.51.100.1", authorization=f"Bearer {TOKEN}")[0] == 403

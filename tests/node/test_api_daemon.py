@@ -111,6 +111,55 @@ def test_events_stream_says_what_changed(node):
     assert lines == [b"event: change\n", b"data: 0 attestations, 0 runs, 0 peers\n", b"\n"], lines
 
 
+def test_the_event_stream_stays_open_past_the_request_timeout(node):
+    """Hypercorn's read timeout ended the page's event stream every 5 s (the page said
+    "disconnected" 40 % of the time): the stream now outlives it, and says so with comments."""
+    import time
+
+    from open1b.node.api import REQUEST_TIMEOUT_S
+    from open1b.node.api_routes import EVENTS_KEEPALIVE_S
+
+    host, port = node.api(0).rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=EVENTS_KEEPALIVE_S * 3)
+    try:
+        conn.request("GET", "/v1/events")
+        response = conn.getresponse()
+        assert [response.readline() for _ in range(3)][0] == b"event: change\n"
+        started = time.monotonic()
+        lines = [response.readline(), response.readline()]  # nothing changes on this node: a keep-alive
+        assert lines == [b": keep-alive\n", b"\n"] and time.monotonic() - started > REQUEST_TIMEOUT_S, lines
+    finally:
+        conn.close()
+
+
+def test_a_request_head_that_trickles_in_is_cut_off(node):
+    """With Hypercorn's read timeout off, a client sending its head a byte at a time must still not
+    hold a connection for ever (slowloris)."""
+    import time
+
+    from open1b.node.api import REQUEST_TIMEOUT_S
+
+    host, port = node.api(0).rsplit(":", 1)
+    head = f"GET /v1/status HTTP/1.1\r\nHost: {host}:{port}\r\nX-Slow: {'a' * 100}".encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        started = time.monotonic()
+        closed = False
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            sock.settimeout(0.25)
+            try:
+                closed = sock.recv(4096) == b""
+            except socket.timeout:
+                continue
+            break
+    assert closed and time.monotonic() - started < 4 * REQUEST_TIMEOUT_S
+    assert call(node.api(0), "/v1/status")["peer_id"] == node.peer_id(0)
+
+
 def test_ui_prints_the_pages_url_with_the_token_in_the_fragment(node, tmp_path):
     rc, out, err = cli("ui", "--data-dir", str(node.dirs[0]), "--no-open", "--json")
     assert rc == 0, err

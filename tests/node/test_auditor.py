@@ -196,3 +196,36 @@ def test_a_claim_the_network_refuses_to_store_is_skipped_not_fatal(tmp_path, run
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
     assert not own(ledger, run) and auditor.stats.replays == 0
+
+
+def test_a_full_disk_is_logged_once_per_spell_not_once_per_step_tried(tmp_path, run, caplog):
+    """An auditor below its reserve logged the same line for every step it tried, every second."""
+    from open1b.node.runs import NoRoomForRunFiles
+
+    class FullDisk(FakeRunFiles):
+        async def fetch(self, p2p, blob, on_bad_peer, provide=None, bulk=None):
+            if not self.available:
+                raise NoRoomForRunFiles(f"{blob.name}: 1000 bytes needed plus a reserve of 256, but only 10 are free")
+            return await super().fetch(p2p, blob, on_bad_peer, provide, bulk)
+
+    files = FullDisk(available=False)
+    auditor, ledger, _ = build(tmp_path, run, runfiles=files, audit=False)
+
+    def said(text):
+        return sum(text in r.getMessage() for r in caplog.records)
+
+    async def main():
+        async with serving(auditor):
+            for _ in range(run.steps):  # every step tried, each finding the disk full
+                assert await auditor.audit_once()
+            assert not own(ledger, run) and said("storage full") == 1 and said("files unavailable") == 0
+            files.available = True
+            await trio.sleep(FETCH_RETRY_S)
+            assert await auditor.audit_once() and said("room again") == 1
+            files.available = False
+            await trio.sleep(FETCH_RETRY_S)
+            assert await auditor.audit_once()
+            assert said("storage full") == 2  # a new spell is said again
+
+    with caplog.at_level("INFO", logger="open1b.node.auditor"):
+        trio.run(main, clock=MockClock(autojump_threshold=0))

@@ -9,7 +9,9 @@ import trio.testing
 from open1b.node.blobs import BlobCache
 from open1b.node.bulk import (
     ADDRESS_PROTOCOL,
+    HANDSHAKE_TIMEOUT_S,
     HELLO_SIZE,
+    MAX_HANDSHAKES_PER_IP,
     MAX_RESPONSE,
     OP_RANGE,
     SIGNATURE_SIZE,
@@ -205,5 +207,63 @@ def test_bulk_ports_are_asked_once_and_reused_until_they_expire(monkeypatch):
             await ports.of(b, [a.peer_id])
             await ports.of(b, [a.peer_id])
             assert len(asked) == 3
+
+    trio.run(main)
+
+
+def test_idle_connections_from_one_address_do_not_shut_the_port(tmp_path):
+    """200 TCP connections from 127.0.0.2 that never say a word once held all 32 session slots, and
+    every real handshake was refused until they left. Now that address gets a few handshake slots,
+    the rest are closed at once, the few after FIRST_BYTES_TIMEOUT_S, and a client elsewhere
+    (127.0.0.1) is served meanwhile."""
+    (tmp_path / "blob").write_bytes(b"x" * 100)
+    cache = BlobCache(tmp_path / "cache", 1 << 20)
+    digest = cache.add_file(tmp_path / "blob")
+
+    async def main():
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve_bulk, cache, SERVER, "127.0.0.1", 0)
+                idle = []
+                for _ in range(200):
+                    sock = trio.socket.socket()
+                    await sock.bind(("127.0.0.2", 0))
+                    await sock.connect(("127.0.0.1", port))
+                    idle.append(sock)
+                channel = await open_channel(BulkPeer(SERVER.peer_id, "127.0.0.1", port), CLIENT)
+                await request(channel, OP_RANGE, digest, 0, 100)
+                assert await response(channel, 100) == (0, 100, bytearray(b"x" * 100))
+                closed = 0
+                for sock in idle:  # each is closed by the server: at once, or after the first-bytes timeout
+                    assert await sock.recv(1) == b""
+                    closed += 1
+                    sock.close()
+                assert closed == 200
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_an_address_has_a_few_handshake_slots_at_a_time(tmp_path):
+    async def main():
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve_bulk, BlobCache(tmp_path, 1 << 20), SERVER, "127.0.0.1", 0)
+                socks = []
+                for _ in range(MAX_HANDSHAKES_PER_IP + 3):
+                    sock = trio.socket.socket()
+                    await sock.bind(("127.0.0.3", 0))
+                    await sock.connect(("127.0.0.1", port))
+                    socks.append(sock)
+                started = trio.current_time()
+                for sock in socks[MAX_HANDSHAKES_PER_IP:]:  # refused at once
+                    assert await sock.recv(1) == b""
+                refused_after = trio.current_time() - started
+                for sock in socks[:MAX_HANDSHAKES_PER_IP]:  # dropped for silence, well before the handshake's bound
+                    assert await sock.recv(1) == b""
+                assert refused_after < trio.current_time() - started < HANDSHAKE_TIMEOUT_S
+                for sock in socks:
+                    sock.close()
+                nursery.cancel_scope.cancel()
 
     trio.run(main)

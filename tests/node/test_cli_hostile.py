@@ -102,7 +102,8 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
         "ui": [["--no-open", *c] for c in client],
         "data": [[p] for p in PATHS] + [["adir", "--include", p] for p in ("zero", "fifo", HUGE)]
         + [["adir", "--exclude", "fifo"], ["adir", "--text", "zero"], ["adir", "--text", "fifo"]],
-        "attestations": [["x", "--step", n, "--api", "127.0.0.1:1"] for n in (HUGE, "-1", "abc")],
+        "attestations": [["x", "--step", n, "--api", "127.0.0.1:1"] for n in (HUGE, "-1", "abc")]
+        + [["x", "--out", p, "--api", "127.0.0.1:1"] for p in PATHS],
         "replay": [[p, "--step", "0", "--api", "127.0.0.1:1"] for p in PATHS]
         + [["adir", "--step", n] for n in (HUGE, "-1", "abc")],
         "reveal": [[p, "--api", "127.0.0.1:1"] for p in PATHS] + [["adir", "--step", HUGE]],
@@ -228,3 +229,25 @@ def test_every_command_refuses_hostile_arguments_in_one_line(hostile, monkeypatc
             failures += found
     assert not failures, "\n\n".join(failures)
     assert not (root / "dangling").exists() and not (root / "nothing-here").exists()  # nothing created through links
+
+
+def test_attestations_out_writes_what_the_library_reads_and_a_bad_file_is_one_line(tmp_path, monkeypatch, capsys):
+    from open1b.node import cli as node_cli
+    from open1b.node import client
+    from open1b.node.views import attestation_json
+    from open1b.protocol import Attestation
+    from tests.protocol.conftest import ident, make_attestation, make_manifest
+
+    manifest = make_manifest(ident(0), steps=2)
+    atts = [make_attestation(ident(i), manifest, k) for k in range(2) for i in (1, 2)]
+    monkeypatch.setattr(client, "_request", lambda api, path, method, timeout, token: [attestation_json(a) for a in atts])
+    out = tmp_path / "atts.hex"
+    assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", str(out)]) == 0
+    assert [Attestation.decode(bytes.fromhex(line)) for line in out.read_text().splitlines()] == atts
+    (tmp_path / "adir").mkdir()
+    capsys.readouterr()
+    for bad in (tmp_path / "adir", tmp_path / "afile" / "sub", "/proc/x"):
+        (tmp_path / "afile").write_text("")
+        assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"open1b-node: error: cannot write --out {bad}"), err

@@ -85,3 +85,39 @@ def test_config_roundtrip_and_strictness(tmp_path):
 
 def test_missing_config_means_defaults(tmp_path):
     assert load_config(tmp_path) == NodeConfig(data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("sync_interval_seconds = nan", r"node.sync_interval_seconds must be in \[1.0, 86400.0\], got nan"),
+    ("sync_interval_seconds = inf", r"node.sync_interval_seconds must be in \[1.0, 86400.0\], got inf"),
+    ("sync_interval_seconds = 0", r"node.sync_interval_seconds must be in \[1.0, 86400.0\], got 0.0"),
+    ("redundancy = 100000000000000000000", r"node.redundancy must be in \[1, 256\]"),
+    ("redundancy = 1e20", "node.redundancy must be an integer"),
+    ("redundancy = 0", r"node.redundancy must be in \[1, 256\], got 0"),
+    ("max_rejects_per_peer = 0", r"node.max_rejects_per_peer must be in \[1, "),
+    ("max_rejects_per_peer = -1", r"node.max_rejects_per_peer must be in \[1, "),
+    ("replay_timeout_seconds = -1", r"node.replay_timeout_seconds must be in \(0, 604800.0\], got -1.0"),
+    ("replay_timeout_seconds = nan", r"node.replay_timeout_seconds must be in \(0, "),
+    ("replay_timeout_seconds = 0", r"node.replay_timeout_seconds must be in \(0, "),
+    ("blob_cache_bytes = -1", r"node.blob_cache_bytes must be in \[0, "),
+    ("disk_reserve_bytes = -1", r"node.disk_reserve_bytes must be in \[0, "),
+    ("lease_seconds = 0", r"node.lease_seconds must be in \[1, 3600\]"),
+    ("answer_seconds = -inf", r"node.answer_seconds must be in \(0, 3600\]"),
+    ("earn_trust_matches = 0", r"node.earn_trust_matches must be in \[1, "),
+])
+def test_numbers_out_of_range_are_refused_naming_the_key_and_the_range(tmp_path, line, message):
+    (tmp_path / "config.toml").write_text(f"[node]\n{line}\n")
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_config(tmp_path)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_nan_in_config_toml_stops_the_daemon_in_one_line(tmp_path):
+    from .commands import cli
+
+    (tmp_path / "config.toml").write_text("[node]\nsync_interval_seconds = nan\n")
+    rc, out, err = cli("daemon", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", "--api", "127.0.0.1:0",
+                       "--no-audit", timeout=60)
+    assert rc == 1 and "Traceback" not in err and err.strip().splitlines()[-1].endswith(
+        "node.sync_interval_seconds must be in [1.0, 86400.0], got nan"), err
+    assert len(err.strip().splitlines()) == 1, err

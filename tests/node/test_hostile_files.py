@@ -202,6 +202,8 @@ def test_doctor_fails_a_read_only_data_dir_and_explains_untrusted_attesters(tmp_
         subprocess.run(["umount", "-l", str(ro)], check=True)
     assert checks["writable"].level == "FAIL" and "not writable" in checks["writable"].detail
     assert checks["disk"].level == "FAIL"  # 1 MiB free: below the minimum
+    # the doctor's own 2 GiB minimum decides here, not disk_reserve_bytes (256 MiB by default): say so
+    assert "doctor's minimum" in checks["disk"].detail and "the reserve" not in checks["disk"].detail
     assert checks["trust"].level == "WARN" and "open1b-node trust add 12D3KooWpeer" in checks["trust"].detail
 
 
@@ -279,3 +281,32 @@ def test_assemble_on_a_read_only_remount_is_a_run_files_error_not_a_crash(tmp_pa
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=True)
     assert file_digest(files.assemble(manifest, [blob]) / blob.relpath) == blob.digest  # writable again: it works
+
+
+def test_publish_refuses_a_symlinked_run_directory_or_checkpoints_directory(tmp_path, tampered_run):
+    """Files in a run directory are opened without following a link in their last component; a
+    linked run directory or checkpoints/ would still take every one of them elsewhere."""
+    from open1b.node.clock import Clock
+    from open1b.node.publisher import Publisher
+
+    run_dir, _ = tampered_run
+    linked_run = tmp_path / "linked-run"
+    linked_run.symlink_to(run_dir)
+    linked_checkpoints = tmp_path / "linked-checkpoints"
+    linked_checkpoints.mkdir()
+    for name in ("manifest.cbor", "samples.bin", "fingerprints.cbor"):
+        if (run_dir / name).exists():
+            shutil.copy(run_dir / name, linked_checkpoints / name)
+    (linked_checkpoints / "checkpoints").symlink_to(run_dir / "checkpoints")
+    publisher = Publisher(None, None, None, bootstrapped=trio.Event(), clock=Clock())
+
+    async def publish(path):
+        return await publisher.publish_dir(path)
+
+    for path, said in ((linked_run, "the run directory is a symbolic link"),
+                       (linked_checkpoints, "its checkpoints/ is a symbolic link")):
+        with pytest.raises(ApiError) as refused:
+            trio.run(publish, path)
+        assert refused.value.status == 400 and said in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(RuntimeError, match="before serve_publisher"):  # the directory itself: past the checks
+        trio.run(publish, run_dir)

@@ -160,3 +160,36 @@ def test_the_replay_worker_dies_with_its_daemon():
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_daemon_ended_by_a_failing_component_leaves_no_address_files(tmp_path):
+    """A component's exception ends the daemon (as the spot checker's disk-full error once did);
+    api.addr and p2p.addr must not outlive it, or `status` and `stop` talk to nothing."""
+    import random
+
+    import trio
+
+    from open1b.node.clock import Clock
+    from open1b.node.config import NodeConfig
+    from open1b.node.daemon import open_daemon
+
+    data_dir = tmp_path / "node"
+
+    class Failing:
+        def replayer(self, honest):
+            return honest
+
+        async def run(self, daemon):
+            assert (data_dir / "api.addr").exists() and (data_dir / "p2p.addr").exists()
+            raise RuntimeError("a component failed")
+
+    async def main():
+        config = NodeConfig(data_dir=data_dir, listen="127.0.0.1:0", api="127.0.0.1:0", audit=False)
+        with trio.fail_after(60):
+            async with open_daemon(config, clock=Clock(), rng=random.Random(0), harness=Failing()):
+                await trio.sleep_forever()
+
+    with pytest.raises(BaseExceptionGroup) as failed:
+        trio.run(main)
+    assert failed.group_contains(RuntimeError, match="a component failed")
+    assert not (data_dir / "api.addr").exists() and not (data_dir / "p2p.addr").exists()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from .commands import CLI, cli, wait_for
 pytestmark = pytest.mark.integration
 
 NODES, STEPS = ("a", "b", "c"), 2
+REPO = Path(__file__).resolve().parents[2]
 
 
 def clis(commands):
@@ -78,6 +81,15 @@ def test_three_nodes_that_each_publish_a_run_cover_every_run_without_trust_add(t
             assert listed["trusted_peers"] == [] and [e["peer_id"] for e in listed["earned"]] == others
             for e in listed["earned"]:  # the evidence: proven pairs, none on the earning key's own run
                 assert len(e["pairs"]) >= 3 and all(p["publisher"] != e["peer_id"] for p in e["pairs"])
+        # open1b-node attestations RUN --out FILE, then the library's example on that file (issue 33, item 7)
+        hexfile = tmp_path / "attestations.hex"
+        rc, out, err = cli("attestations", runs["a"], "--data-dir", str(dirs["a"]), "--out", str(hexfile))
+        assert rc == 0 and "attestations written to" in out, err
+        example = subprocess.run([sys.executable, str(REPO / "examples" / "verify_coverage.py"),
+                                  str(tmp_path / "run-a" / "manifest.cbor"), str(hexfile), "3"],
+                                 capture_output=True, text=True, timeout=60)
+        assert example.returncode == 0, example.stdout + example.stderr
+        assert example.stdout.splitlines()[-1] == f"{STEPS}/{STEPS} verified, disputed [], complete True"
     finally:
         for proc in procs.values():
             proc.terminate()

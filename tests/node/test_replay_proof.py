@@ -137,6 +137,8 @@ def test_kill_9_loses_no_committed_reveal(tmp_path, manifest):
 class _Pipe:
     """Both ends of one in-memory stream: what one side sends, the other receives."""
 
+    peer_id = "the-peer"
+
     def __init__(self) -> None:
         self.frames: list[bytes] = []
 

@@ -194,3 +194,56 @@ def test_lanes_past_the_first_take_only_steps_no_one_has_checked(forged_data_run
         assert checker.next_check(0) is not None  # lane 0 goes round again
 
     trio.run(main)
+
+
+class _NoPeers:
+    peer_id = ident(90).peer_id
+
+    def connected_peers(self):
+        return []
+
+    async def find_providers(self, key, count=20):
+        return []
+
+
+def test_a_full_disk_fails_the_check_for_now_logs_once_and_keeps_the_lane(forged_data_run, tmp_path, small_tmpfs,
+                                                                          monkeypatch, caplog):
+    """The worker's ENOSPC, writing the recomputed slot, used to end the spot checker (and the daemon)
+    from inside a nursery; now the step is retried later and "storage full" is logged once."""
+    import open1b.node.spot_checker as spot_checker
+
+    from .fakes import make_ingest
+
+    run_dir, manifest = forged_data_run
+    ingest = make_ingest(tmp_path / "node", manifest)
+    scratch = small_tmpfs / "spot"
+    scratch.mkdir()
+    try:
+        (small_tmpfs / "filler").write_bytes(b"\0" * (40 << 20))
+    except OSError:
+        pass  # the filler takes what is left
+    monkeypatch.setattr(spot_checker, "SPOT_RETRY_S", 0.0)
+    released = []
+
+    async def fetch(m, step, lane):
+        return run_dir, lambda: released.append(step)
+
+    async def main():
+        worker = ReplayWorker()
+        try:
+            config = NodeConfig(data_dir=tmp_path, answer_s=2.0, replay_timeout_s=300)
+            checker = SpotChecker(ident(90), config, ingest, _NoPeers(), worker, fetch, clock=Clock(),
+                                  stats=NodeStats(), scratch=scratch)
+            with trio.fail_after(240):
+                assert await checker.check_once(0)
+                (step,) = released
+                assert checker._skip[manifest.run_id][step] < float("inf")  # retried, not written off
+                assert await checker.check_once(0)
+            assert released == [step, step] and checker.stats.spot_failures == 0
+            assert ingest.store.spotchecks(manifest.run_id) == []  # no verdict
+        finally:
+            await worker.aclose()
+
+    with caplog.at_level("INFO", logger="open1b.node.spot_checker"):
+        trio.run(main)
+    assert sum("storage full" in r.getMessage() for r in caplog.records) == 1

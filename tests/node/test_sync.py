@@ -109,3 +109,59 @@ def test_a_node_that_hears_no_gossip_learns_a_run_through_the_runs_sync_protocol
             assert [a.encoded for a in joiner.store.attestations(run.run_id)] == [att.encoded]
 
     trio.run(main)
+
+
+class _HeldClock(Clock):
+    t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+@pytest.mark.integration
+def test_a_peer_syncing_without_pause_is_served_once_a_second(tmp_path, manifest):
+    """A peer that syncs at interval 0 cost its peer a quarter of a core: now each peer gets at
+    most one answer per run (and one run list) every MIN_SYNC_INTERVAL_S; the rest are reset,
+    without blame, and another peer is served meanwhile."""
+    from contextlib import AsyncExitStack
+
+    from open1b.node.config import MIN_SYNC_INTERVAL_S
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import pull_attestations, pull_manifests
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                server, greedy, other = [await stack.enter_async_context(open_p2p(ident(30 + i), "127.0.0.1", 0))
+                                         for i in range(3)]
+                ledger = make_ledger(tmp_path / "server", manifest, gossip=server)
+                held = _HeldClock()  # time moves only when the test says
+                Syncer(server, ledger.statements, ledger.config, clock=held, rng=random.Random(0), stats=ledger.statements.stats)
+                for peer in (greedy, other):
+                    await peer.connect(server.addrs[0])
+
+                async def statements(node) -> bool:
+                    try:
+                        await pull_attestations(node, server.peer_id, manifest.run_id, lambda frames: 0)
+                        return True
+                    except NetworkError:
+                        return False
+
+                async def runs(node) -> bool:
+                    try:
+                        await pull_manifests(node, server.peer_id, lambda run: True, lambda data: trio.sleep(0))
+                        return True
+                    except NetworkError:
+                        return False
+
+                served = [await statements(greedy) for _ in range(20)]
+                listed = [await runs(greedy) for _ in range(20)]
+                assert served == [True] + [False] * 19 and listed == [True] + [False] * 19
+                assert await statements(other) and await runs(other)
+                held.t += MIN_SYNC_INTERVAL_S * 0.9
+                assert not await statements(greedy)
+                held.t += MIN_SYNC_INTERVAL_S * 0.1
+                assert await statements(greedy) and await runs(greedy)
+                assert server.rejected == {}
+
+    trio.run(main)

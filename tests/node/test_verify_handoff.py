@@ -70,3 +70,32 @@ def test_optimizer_and_gradients_files_may_be_absent(handoff, capsys):
     assert absent.reconstructed_hash == empty.reconstructed_hash and not absent.verified  # the fixture has both
     rc, err = run_cli(capsys, directory, c)
     assert rc == 2 and err == ""  # a verdict (mismatch), not an error
+
+
+def test_a_fifo_is_refused_as_one_not_called_missing_nor_waited_on(handoff, capsys):
+    import os
+
+    directory, c = handoff
+    for name in ("model.safetensors", "optimizer.safetensors", "batch_hasher.rank_0.bin", "meta.json"):
+        original = (directory / name).read_bytes()
+        (directory / name).unlink()
+        os.mkfifo(directory / name)
+        rc, err = run_cli(capsys, directory, c)  # meta.json opened blocking would wait here for ever
+        assert rc == 1 and err.count("\n") == 1 and f"{name}: refused: not a regular file" in err, (name, err)
+        (directory / name).unlink()
+        (directory / name).write_bytes(original)
+    (directory / "model.safetensors").unlink()
+    rc, err = run_cli(capsys, directory, c)
+    assert rc == 1 and "the hand-off has no model.safetensors" in err
+
+
+def test_a_state_hash_line_without_its_hash_is_named(handoff, tmp_path, capsys):
+    directory, c = handoff
+    log = tmp_path / "state_hashes.jsonl"
+    lines = (FIXTURES / c["log"]).read_text().splitlines()
+    for broken, said in (('{"step": 1}', "no state_hash"), ('{"state_hash": "' + "0" * 64 + '"}', "no step"),
+                         ("[1, 2]", "not a JSON object")):
+        log.write_text("\n".join([*lines, broken]) + "\n")
+        rc = cli.main(["verify-handoff", str(directory), "--state-hashes", str(log)])
+        err = capsys.readouterr().err
+        assert rc == 1 and err.count("\n") == 1 and f"line {len(lines) + 1}: {said}" in err, err
