@@ -212,10 +212,10 @@ def test_a_full_disk_fails_the_check_for_now_logs_once_and_keeps_the_lane(forged
     from inside a nursery; now the step is retried later and "storage full" is logged once."""
     import open1b.node.spot_checker as spot_checker
 
-    from .fakes import make_ingest
+    from .fakes import make_ledger
 
     run_dir, manifest = forged_data_run
-    ingest = make_ingest(tmp_path / "node", manifest)
+    ledger = make_ledger(tmp_path / "node", manifest)
     scratch = small_tmpfs / "spot"
     scratch.mkdir()
     try:
@@ -232,7 +232,8 @@ def test_a_full_disk_fails_the_check_for_now_logs_once_and_keeps_the_lane(forged
         worker = ReplayWorker()
         try:
             config = NodeConfig(data_dir=tmp_path, answer_s=2.0, replay_timeout_s=300)
-            checker = SpotChecker(ident(90), config, ingest, _NoPeers(), worker, fetch, clock=Clock(),
+            checker = SpotChecker(ident(90), config, _NoPeers(), worker, fetch, runs=ledger.manifests,
+                                  store=ledger.store, judge=ledger.judge, outbox=ledger.outbox, clock=Clock(),
                                   stats=NodeStats(), scratch=scratch)
             with trio.fail_after(240):
                 assert await checker.check_once(0)
@@ -240,7 +241,7 @@ def test_a_full_disk_fails_the_check_for_now_logs_once_and_keeps_the_lane(forged
                 assert checker._skip[manifest.run_id][step] < float("inf")  # retried, not written off
                 assert await checker.check_once(0)
             assert released == [step, step] and checker.stats.spot_failures == 0
-            assert ingest.store.spotchecks(manifest.run_id) == []  # no verdict
+            assert ledger.store.spotchecks(manifest.run_id) == []  # no verdict
         finally:
             await worker.aclose()
 
