@@ -18,9 +18,11 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.api_routes` — the local API and web page (:mod:`.api`, :mod:`.web`), and Prometheus
   metrics when configured.
 
-Time and randomness are parameters (``clock``, ``rng``), so tests drive a whole node on trio's
-``MockClock``. A test harness reaches the daemon only through :class:`Harness`; the daemon
-imports nothing of the harness (``open1b.devnet``, ``open1b.sim``).
+Time and randomness are parameters (``clock``, ``rng``), and so are the network (``network``: what
+opens the p2p node, :func:`~.p2p.open_p2p` by default) and what replays (``replayer``: the worker
+process by default), so a test runs whole nodes on trio's ``MockClock`` over an in-memory network
+(tests/node/test_whole_node.py). A test harness reaches the daemon only through :class:`Harness`;
+the daemon imports nothing of the harness (``open1b.devnet``, ``open1b.sim``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import AsyncIterator, Protocol
+from typing import AsyncContextManager, AsyncIterator, Callable, Protocol
 
 import trio
 
@@ -74,6 +76,10 @@ P2P_ADDR_FILE = "p2p.addr"
 BLOBS_DIR = "blobs"
 SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the worker)
 
+# What opens a node's p2p side: called as ``open_p2p`` is (identity, host, port, heartbeat_s=,
+# max_rejects_per_peer=) and yields a P2P for the block.
+Network = Callable[..., AsyncContextManager[P2P]]
+
 
 class Harness(Protocol):
     """The one hook a test harness has into a daemon (``devnet/adversaries.py`` implements it
@@ -113,9 +119,12 @@ class Daemon:
 
 @asynccontextmanager
 async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
-                      harness: Harness | None = None) -> AsyncIterator[Daemon]:
+                      harness: Harness | None = None, network: Network = open_p2p,
+                      replayer: Replayer | None = None) -> AsyncIterator[Daemon]:
     """Run a node for the duration of the block: its data dir locked, p2p listening, API served,
-    every component serving. Leaving the block stops them all."""
+    every component serving. Leaving the block stops them all. ``network`` opens the p2p node;
+    ``replayer`` replays in place of the worker process (which then starts only when a spot check
+    or an answer needs it)."""
     prepare_data_dir(config.data_dir)
     check_version(config.data_dir, create=True)
     identity = load_or_create_identity(config.data_dir)
@@ -129,10 +138,10 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
         try:
             # an operator's local runs (--run): a bad manifest stops the daemon before it listens
             local_runs = [(d, read_run_manifest(d, clock.wall())) for d in (Path(r).resolve() for r in config.run_dirs)]
-            async with open_p2p(identity, *split_hostport(config.listen), heartbeat_s=config.heartbeat_s,
-                                max_rejects_per_peer=config.max_rejects_per_peer) as p2p:
+            async with network(identity, *split_hostport(config.listen), heartbeat_s=config.heartbeat_s,
+                               max_rejects_per_peer=config.max_rejects_per_peer) as p2p:
                 async with _serve(config, identity, store, (worker, answer_worker), p2p, local_runs, clock, rng,
-                                  harness) as daemon:
+                                  harness, replayer) as daemon:
                     yield daemon
         finally:
             for name in (API_ADDR_FILE, P2P_ADDR_FILE):  # also when a component failed: no stale addresses
@@ -145,7 +154,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
 @asynccontextmanager
 async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: tuple[ReplayWorker, ReplayWorker],
                  p2p: P2P, local_runs: list, clock: Clock, rng: random.Random,
-                 harness: Harness | None) -> AsyncIterator[Daemon]:
+                 harness: Harness | None, replayer: Replayer | None) -> AsyncIterator[Daemon]:
     worker, answer_worker = workers  # replays and spot checks; answers to challenges
     stats = NodeStats()
     runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes,
@@ -165,7 +174,9 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     await statements.join_known_runs()
     publisher = Publisher(statements, runfiles, p2p, bootstrapped=syncer.bootstrapped, clock=clock)
     fetcher = Fetcher(identity, runfiles, p2p)
-    replayer: Replayer = WorkerReplayer(worker, config.replay_timeout_s)
+    replays_in_worker = replayer is None
+    if replayer is None:
+        replayer = WorkerReplayer(worker, config.replay_timeout_s)
     if harness is not None:
         replayer = harness.replayer(replayer)
     scratch = config.data_dir / SPOT_DIR
@@ -191,7 +202,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         await nursery.start(auditor.serve_auditor)
         if config.audit and config.spot_checks:
             await nursery.start(partial(spot.serve_spot_checker, bootstrapped=syncer.bootstrapped))
-        if config.audit:  # the worker chooses and self-checks its device now, so status shows it
+        if config.audit and replays_in_worker:  # the worker chooses and self-checks its device now, so status shows it
             nursery.start_soon(partial(worker.start, timeout_s=config.replay_timeout_s))
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)

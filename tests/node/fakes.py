@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 import trio
 
@@ -12,8 +15,9 @@ from open1b.node.clock import Clock
 from open1b.node.config import NodeConfig
 from open1b.node.ledger import Ledger, build_ledger
 from open1b.node.metrics import NodeStats
+from open1b.node.p2p import NetworkError
 from open1b.node.store import Store
-from open1b.protocol import Claim, Identity, RunManifest, select_claim
+from open1b.protocol import Claim, Identity, Outcome, RunManifest, peer_id_from_public_key, select_claim
 from open1b.protocol.hashing import blake2b256
 from tests.runs import run_manifest
 
@@ -75,6 +79,212 @@ class FakeClaimBoard:
 
     async def announce(self, claim):
         self.announced.append(claim)
+
+
+class FakeStream:
+    """One side of an in-memory stream: frames as ``p2p.Stream`` carries them, each bounded on
+    receipt; a closed or reset peer is a :class:`NetworkError`, as on libp2p."""
+
+    def __init__(self, peer_id: str, send: trio.MemorySendChannel, receive: trio.MemoryReceiveChannel) -> None:
+        self.peer_id, self._send, self._receive = peer_id, send, receive
+
+    async def send(self, frame: bytes) -> None:
+        try:
+            await self._send.send(bytes(frame))
+        except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            raise NetworkError(f"send to {self.peer_id} failed: {exc!r}") from exc
+
+    async def receive(self, max_size: int) -> bytes:
+        try:
+            frame = await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            raise NetworkError(f"receive from {self.peer_id} failed: {exc!r}") from exc
+        if len(frame) > max_size:
+            raise NetworkError(f"frame of {len(frame)} bytes from {self.peer_id} over {max_size}")
+        return frame
+
+    async def close(self) -> None:
+        await self._send.aclose()  # a half-close: what the peer sent can still be read
+
+    async def reset(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()
+
+
+class FakeNetwork:
+    """An in-memory network that whole daemons join (``open_daemon(…, network=net.open_node)``): one
+    gossip fabric that runs each receiver's validators, one DHT (records under each namespace's
+    record rule, provider records), and streams between connected nodes. Peer IDs are the nodes'
+    keys' (``peer_id_from_public_key``), as on libp2p. Nodes hand out no transport addresses
+    (``peer_addrs`` is empty), so the bulk path (TCP beside libp2p) is never tried: checkpoints
+    travel on the blob stream."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, FakeNode] = {}
+        self.records: dict[str, bytes] = {}  # the DHT's records, as every storing node would hold them
+        self.record_rules: dict[str, object] = {}  # namespace -> RecordValidator
+        self.providers: dict[str, list[str]] = {}
+        self.published: list[tuple[str, str, bytes]] = []  # (author peer ID, topic, data), every publish
+
+    @asynccontextmanager
+    async def open_node(self, identity: Identity, host: str, port: int, **_: object) -> AsyncIterator[FakeNode]:
+        """``open_p2p``'s signature: a node on this network for the duration of the block."""
+        node = FakeNode(self, identity, len(self.nodes) + 1)
+        self.nodes[node.peer_id] = node
+        try:
+            async with trio.open_nursery() as nursery:
+                node._nursery = nursery
+                try:
+                    yield node
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            del self.nodes[node.peer_id]
+            for other in self.nodes.values():
+                other.connected.discard(node.peer_id)
+
+    def put(self, key: str, value: bytes) -> bool:
+        """A DHT write under the namespace's rule: invalid records refused, the preferred one kept."""
+        rule = self.record_rules.get(key.split("/")[1])
+        if rule is None:
+            raise NetworkError(f"no record rule for {key}")
+        try:
+            rule.validate(key, value)
+        except Exception as exc:
+            raise NetworkError(f"DHT put {key} refused: {exc!r}") from exc
+        old = self.records.get(key)
+        if old is not None and old != value and rule.select(key, [old, value]) == 0:
+            return False
+        self.records[key] = value
+        return True
+
+
+class FakeNode:
+    """A daemon's P2P on a :class:`FakeNetwork`: the surface of ``node/p2p.py``'s ``P2P`` it uses."""
+
+    def __init__(self, network: FakeNetwork, identity: Identity, number: int) -> None:
+        self.network, self.identity = network, identity
+        self.peer_id = peer_id_from_public_key(identity.public_key)
+        self.addrs = [f"/ip4/10.0.0.{number}/tcp/4701/p2p/{self.peer_id}"]
+        self.connected: set[str] = set()
+        self.banned: set[str] = set()
+        self.rejected: dict[str, int] = {}
+        self.validator_errors = 0
+        self.max_rejects_per_peer = 20
+        self.validators: dict[str, object] = {}
+        self.handlers: dict[str, object] = {}  # topic -> gossip handler
+        self.stream_handlers: dict[str, object] = {}
+        self.provided: list[str] = []
+        self._nursery: trio.Nursery | None = None
+
+    # -- peers ---------------------------------------------------------------------------------
+    def connected_peers(self) -> list[str]:
+        return sorted(p for p in self.connected if p not in self.banned)
+
+    def peer_addrs(self, peer_id: str) -> list[str]:
+        return []
+
+    async def connect(self, addr: str) -> str:
+        peer = addr.rsplit("/p2p/", 1)[-1]
+        other = self.network.nodes.get(peer)
+        if other is None or peer in self.banned:
+            raise NetworkError(f"cannot connect to {addr}")
+        self.connected.add(peer)
+        other.connected.add(self.peer_id)
+        await trio.sleep(0)
+        return peer
+
+    async def discover(self, max_peers: int) -> list[str]:
+        await trio.sleep(0)
+        return []
+
+    def penalise(self, peer_id: str) -> None:
+        self.rejected[peer_id] = self.rejected.get(peer_id, 0) + 1
+        if self.rejected[peer_id] >= self.max_rejects_per_peer:
+            self.banned.add(peer_id)
+
+    # -- gossip: delivered to every subscribed node connected to the author, and to the author itself
+    #    (libp2p's pubsub does too), each through the receiver's own validator ----------------------
+    def set_validator(self, topic: str, validator) -> None:
+        self.validators[topic] = validator
+
+    async def subscribe(self, topic: str, handler) -> None:
+        self.handlers[topic] = handler
+
+    def topic_peers(self, topic: str) -> int:
+        return sum(1 for p in self.connected if topic in self.network.nodes[p].handlers)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        self.network.published.append((self.peer_id, topic, bytes(data)))
+        for receiver in [self] + [self.network.nodes[p] for p in self.connected_peers() if p in self.network.nodes]:
+            receiver._deliver(self.peer_id, topic, bytes(data))
+        await trio.sleep(0)
+
+    def _deliver(self, author: str, topic: str, data: bytes) -> None:
+        handler = self.handlers.get(topic)
+        if handler is None or author in self.banned:
+            return
+        validator = self.validators.get(topic)
+        if validator is not None:
+            try:
+                outcome = validator(author, data)
+            except Exception:  # our bug: ignored, nobody penalised (p2p.py)
+                self.validator_errors += 1
+                logging.getLogger("tests.fake_network").exception("validator for %s raised", topic)
+                return
+            if outcome is Outcome.REJECT and author != self.peer_id:
+                self.penalise(author)
+            if outcome is not Outcome.ACCEPT:
+                return
+        assert self._nursery is not None
+        self._nursery.start_soon(handler, author, data)
+
+    # -- DHT -------------------------------------------------------------------------------------
+    def register_record_validator(self, namespace: str, validator) -> None:
+        self.network.record_rules[namespace] = validator
+
+    async def put_record(self, key: str, value: bytes) -> bool:
+        await trio.sleep(0)
+        return self.network.put(key, value)
+
+    async def get_record(self, key: str, *, from_network: bool = False) -> bytes | None:
+        await trio.sleep(0)
+        return self.network.records.get(key)
+
+    async def provide(self, key: str) -> bool:
+        await trio.sleep(0)
+        self.provided.append(key)
+        holders = self.network.providers.setdefault(key, [])
+        if self.peer_id not in holders:
+            holders.append(self.peer_id)
+        return True
+
+    async def find_providers(self, key: str, count: int = 20) -> list[str]:
+        await trio.sleep(0)
+        return [p for p in self.network.providers.get(key, []) if p != self.peer_id and p not in self.banned][:count]
+
+    # -- streams ---------------------------------------------------------------------------------
+    def set_stream_handler(self, protocol: str, handler) -> None:
+        self.stream_handlers[protocol] = handler
+
+    async def open_stream(self, peer_id: str, protocol: str) -> FakeStream:
+        other = self.network.nodes.get(peer_id)
+        if other is None or protocol not in other.stream_handlers or peer_id in self.banned:
+            raise NetworkError(f"cannot open {protocol} to {peer_id}")
+        to_them, at_them = trio.open_memory_channel(64)
+        to_us, at_us = trio.open_memory_channel(64)
+        theirs = FakeStream(self.peer_id, to_us, at_them)
+        assert other._nursery is not None
+        other._nursery.start_soon(other._serve_stream, protocol, theirs)
+        await trio.sleep(0)
+        return FakeStream(peer_id, to_them, at_us)
+
+    async def _serve_stream(self, protocol: str, stream: FakeStream) -> None:
+        try:
+            await self.stream_handlers[protocol](stream)
+        except Exception as exc:  # a bad peer must not crash the host (p2p.py)
+            logging.getLogger("tests.fake_network").info("stream %s from %s failed: %s", protocol, stream.peer_id, exc)
+            await stream.reset()
 
 
 def auditable_manifest(publisher: Identity, steps: int, created_at: int) -> RunManifest:
