@@ -1,7 +1,7 @@
 """The replay witness's share of a training step (issue 32): rule v2 (chunk tree, every core) vs
 rule v1 (one sequential hash), each against the step measured in the same run.
 
-    .venv/bin/python bench/witness_bench.py [--repeats 9] [--preset small]
+    .venv/bin/python bench/witness_bench.py [--repeats 9] [--preset small] [--one-thread]
 
 On one ``small`` step of the CPU backend (state 0, batch of step 0), timed round-robin so that a
 change in the machine's load affects every row alike:
@@ -12,10 +12,14 @@ change in the machine's load affects every row alike:
   that step's real loss and gradients (``replay_witness``), on the engine's per-process chunk
   pool, on one thread, and by the sequential rule.
 
-``share_of_step`` is a witness row's median ÷ the median of the step with that rule;
-``step_v2_vs_v1`` is the v2 step's median ÷ the v1 step's (below 1: the step got faster).
+``share_of_step`` is a witness row's median wall time ÷ the median wall time of the step with
+that rule (the witness's latency beside the step's); ``cpu_share_of_step`` the same by process
+CPU time (its work: what it takes from a machine whose cores the step keeps busy, and a ratio
+that the load of other processes disturbs much less). ``step_v2_vs_v1`` is the v2 step's median ÷
+the v1 step's (below 1: the step got faster). The step runs on the preset's default CPU backend
+(``small``: numba's parallel kernels on every core), or on one thread with ``--one-thread``.
 Compile time is kept out (every function runs once before timing). Writes
-bench/results/witness.json.
+bench/results/witness.json (``--one-thread``: witness-one-thread.json).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
-from open1b.deterministic.backend import default_backend
+from open1b.deterministic.backend import cpu_backend, default_backend
 from open1b.deterministic.step import step_gradients
 from open1b.deterministic.witness import replay_witness
 from open1b.protocol import TensorBytes
@@ -59,13 +63,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--preset", default="small")
+    ap.add_argument("--one-thread", action="store_true", help="the step's kernels on one thread")
     args = ap.parse_args()
 
     preset = PRESETS[args.preset]
     config, topology = preset.config, preset.topology
     state = init_state(config, 0)
     batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
-    be = default_backend(config)
+    be = cpu_backend(False) if args.one_thread else default_backend(config)
     loss, grads = step_gradients(state, batch, topology, be)
     loss, order = np.float32(loss[0]), list(config.param_shapes())
     grads = {name: np.asarray(be.download(grads[name]), np.float32) for name in order}
@@ -77,9 +82,9 @@ def main() -> int:
         assert tree_witness(loss_bits, tensors, workers=one) == replay_witness(loss, grads, order, WITNESS_TREE)
         load_before = os.getloadavg()[0]
         times = measure({
-            "step, witness v2": lambda: train_step(state, batch, topology, backend=be).witness,
+            "step, witness v2": lambda: train_step(state, batch, topology, backend=be)[1].witness,
             "step, witness v1": lambda: train_step(state, batch, topology, backend=be,
-                                                   witness_rule=WITNESS_SEQUENTIAL).witness,
+                                                   witness_rule=WITNESS_SEQUENTIAL)[1].witness,
             f"witness v2, all cores ({cores})": lambda: replay_witness(loss, grads, order, WITNESS_TREE),
             "witness v2, 1 worker": lambda: tree_witness(loss_bits, tensors, workers=one),
             "witness v1": lambda: replay_witness(loss, grads, order, WITNESS_SEQUENTIAL),
@@ -87,26 +92,31 @@ def main() -> int:
         load_after = os.getloadavg()[0]
 
     med = {name: statistics.median(t["wall"]) for name, t in times.items()}
+    cpu = {name: statistics.median(t["cpu"]) for name, t in times.items()}
     step = {"v2": med["step, witness v2"], "v1": med["step, witness v1"]}
     rows = {}
     for name, t in times.items():
-        row = {"median_s": med[name], "best_s": min(t["wall"]), "cpu_median_s": statistics.median(t["cpu"]),
+        row = {"median_s": med[name], "best_s": min(t["wall"]), "cpu_median_s": cpu[name],
                "wall_s": t["wall"], "cpu_s": t["cpu"]}
         if name.startswith("witness"):
             rule = "v1" if name == "witness v1" else "v2"
-            row |= {"gb_per_s": nbytes / med[name] / 1e9, "share_of_step": med[name] / step[rule]}
+            row |= {"gb_per_s": nbytes / med[name] / 1e9, "share_of_step": med[name] / step[rule],
+                    "cpu_share_of_step": cpu[name] / cpu[f"step, witness {rule}"]}
         rows[name] = row
 
     print(f"preset {args.preset}: {len(order)} gradients, {nbytes / 1e6:.1f} MB; {cores} cores; median of "
           f"{args.repeats}; load average {load_before:.2f} before, {load_after:.2f} after")
     for name, r in rows.items():
-        extra = f" {r['gb_per_s']:6.2f} GB/s  {100 * r['share_of_step']:5.1f}% of the step" if "gb_per_s" in r else ""
-        print(f"{name:26} {r['median_s'] * 1e3:8.1f} ms (best {r['best_s'] * 1e3:7.1f}){extra}")
+        extra = (f" {r['gb_per_s']:6.2f} GB/s  {100 * r['share_of_step']:5.1f}% of the step, by CPU time"
+                 f" {100 * r['cpu_share_of_step']:5.1f}%") if "gb_per_s" in r else ""
+        print(f"{name:26} {r['median_s'] * 1e3:8.1f} ms (best {r['best_s'] * 1e3:7.1f}, CPU {r['cpu_median_s'] * 1e3:7.1f})"
+              f"{extra}")
     print(f"step with v2 / step with v1: {step['v2'] / step['v1']:.3f}")
 
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "witness.json").write_text(json.dumps({
+    (RESULTS / ("witness-one-thread.json" if args.one_thread else "witness.json")).write_text(json.dumps({
         "preset": args.preset, "gradients": len(order), "bytes": nbytes, "repeats": args.repeats,
+        "step_backend": "one thread" if args.one_thread else "default",
         "step_v2_vs_v1": step["v2"] / step["v1"], "results": rows,
         "machine": {"cpu_count": cores, "python": sys.version.split()[0], "load_average_1m": [load_before, load_after]},
     }, indent=2) + "\n")
