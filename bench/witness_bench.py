@@ -10,7 +10,11 @@ change in the machine's load affects every row alike:
   rule (in the background, overlapping the update, as every step does);
 * ``witness v2, all cores`` / ``witness v2, 1 worker`` / ``witness v1``: the witness alone, from
   that step's real loss and gradients (``replay_witness``), on the engine's per-process chunk
-  pool, on one thread, and by the sequential rule.
+  pool, on one thread, and by the sequential rule;
+* ``witness v2, critical path``: v2 on a pool of one thread per core that adds up the CPU time
+  each thread spends in chunk jobs; its "time" is the calling thread's CPU time (tags, tensor
+  digests, Merkle nodes) plus the busiest thread's — the wall time on that many free cores,
+  measured by CPU clocks, which other processes on a shared machine barely disturb.
 
 ``share_of_step`` is a witness row's median wall time ÷ the median wall time of the step with
 that rule (the witness's latency beside the step's); ``cpu_share_of_step`` the same by process
@@ -29,7 +33,9 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +63,32 @@ def measure(fns: dict, repeats: int) -> dict[str, dict[str, list[float]]]:
             out[name]["cpu"].append(time.process_time() - c)
             out[name]["wall"].append(time.perf_counter() - w)
     return out
+
+
+class CpuTimedPool(ThreadPoolExecutor):
+    """A thread pool that adds up, per thread, the CPU time its jobs take."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.cpu: Counter = Counter()
+
+    def submit(self, fn, /, *args, **kwargs):
+        def timed():
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[threading.get_ident()] += time.thread_time() - start
+
+        return super().submit(timed)
+
+
+def critical_path(loss_bits: int, tensors: dict, pool: CpuTimedPool) -> float:
+    """CPU seconds of v2's critical path on ``pool``: this thread's part plus the busiest worker's."""
+    pool.cpu.clear()
+    start = time.thread_time()
+    tree_witness(loss_bits, tensors, workers=pool)
+    return time.thread_time() - start + max(pool.cpu.values())
 
 
 def main() -> int:
@@ -90,6 +122,8 @@ def main() -> int:
             "witness v1": lambda: replay_witness(loss, grads, order, WITNESS_SEQUENTIAL),
         }, args.repeats)
         load_after = os.getloadavg()[0]
+    with CpuTimedPool(cores) as pool:
+        paths = [critical_path(loss_bits, tensors, pool) for _ in range(args.repeats + 1)][1:]
 
     med = {name: statistics.median(t["wall"]) for name, t in times.items()}
     cpu = {name: statistics.median(t["cpu"]) for name, t in times.items()}
@@ -111,6 +145,12 @@ def main() -> int:
                  f" {100 * r['cpu_share_of_step']:5.1f}%") if "gb_per_s" in r else ""
         print(f"{name:26} {r['median_s'] * 1e3:8.1f} ms (best {r['best_s'] * 1e3:7.1f}, CPU {r['cpu_median_s'] * 1e3:7.1f})"
               f"{extra}")
+    path = statistics.median(paths)
+    rows[f"witness v2, critical path on {cores} cores (CPU clocks)"] = {
+        "median_s": path, "best_s": min(paths), "cpu_s": paths, "gb_per_s": nbytes / path / 1e9,
+        "share_of_step_cpu": path / cpu["step, witness v2"]}
+    print(f"witness v2, critical path on {cores} cores: {path * 1e3:.1f} ms by CPU clocks (best {min(paths) * 1e3:.1f}),"
+          f" {nbytes / path / 1e9:.2f} GB/s, {100 * path / cpu['step, witness v2']:.1f}% of the step's CPU time")
     print(f"step with v2 / step with v1: {step['v2'] / step['v1']:.3f}")
 
     RESULTS.mkdir(exist_ok=True)
