@@ -26,7 +26,7 @@ from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import checked_run_samples
 from .runfile import (
-    ENGINE, ENGINE_VERSION, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest,
+    ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest,
 )  # fmt: skip
 from .selfcheck import require_deterministic_machine
 from .step import train_step
@@ -52,7 +52,8 @@ class ReplayResult:
 def check_engine(manifest: RunManifest) -> None:
     if manifest.engine != ENGINE or manifest.engine_version not in REPLAYABLE_ENGINE_VERSIONS:
         raise EngineMismatchError(
-            f"run needs engine {manifest.engine} {manifest.engine_version}; this node has {ENGINE} {ENGINE_VERSION}")
+            f"run needs engine {manifest.engine} {manifest.engine_version}; this node replays {ENGINE} "
+            f"{', '.join(REPLAYABLE_ENGINE_VERSIONS)}")
 
 
 def check_data_rules(manifest: RunManifest) -> str:

@@ -65,8 +65,8 @@ class StepScalars:
 
 
 # Two pools, so that a witness waiting on its chunks never holds a thread its chunks need: one
-# thread per witness in flight (it builds the tree and waits), and one per core for the chunks
-# (hashlib's BLAKE2b releases the GIL on a chunk, so they run in parallel).
+# thread that builds each witness in turn and waits for its chunks, and one thread per core for
+# the chunks (hashlib's BLAKE2b releases the GIL on a chunk, so they run in parallel).
 _hasher = PerProcessPool(1, "open1b-witness")
 _chunk_pool = PerProcessPool(os.cpu_count() or 1, "open1b-witness-chunk")
 
