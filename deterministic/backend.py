@@ -103,11 +103,11 @@ class CpuBackend:
         norm = np.sqrt(fixed_sum(np.array([self.sumsq(g) for g in grads], np.float32)))
         return np.array([norm, optimizer.clip_coefficient(norm, max_norm)], np.float32)
 
-    def start_witness(self, loss, grads: dict, order: list[str], clip) -> Callable[[], StepScalars]:
-        """Start hashing the replay witness of (``loss``, ``grads``) in the background; the
-        returned function gives the step's :class:`.witness.StepScalars` (on a device backend it
-        waits for them, so call it after launching the update)."""
-        done = witness_async(np.float32(loss[0]), grads, order, np.float32(clip[0]), np.float32(clip[1]))
+    def start_witness(self, loss, grads: dict, order: list[str], clip, rule: str) -> Callable[[], StepScalars]:
+        """Start hashing the replay witness of (``loss``, ``grads``) by ``rule`` in the background;
+        the returned function gives the step's :class:`.witness.StepScalars` (on a device backend
+        it waits for them, so call it after launching the update)."""
+        done = witness_async(np.float32(loss[0]), grads, order, np.float32(clip[0]), np.float32(clip[1]), rule)
         return lambda: done
 
     def adamw_all(self, params: dict, grads: dict, m: dict, v: dict, scalars: dict, clip):

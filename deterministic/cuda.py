@@ -692,10 +692,16 @@ class CudaBackend:
         clip_kernel[1, 1](partials, device_bounds, max_norm, CLIP_EPS, self.empty((len(grads),)), clip)
         return clip
 
-    def start_witness(self, loss, grads: dict, order: list[str], clip):
+    def start_witness(self, loss, grads: dict, order: list[str], clip, rule: str):
         """Gather the loss, [norm, coef] and the gradients into one device buffer, and start its
         one asynchronous copy into a pinned host slot; the returned function waits for it (the
-        update kernels launched meanwhile keep the device busy) and hashes in the background."""
+        update kernels launched meanwhile keep the device busy) and hashes in the background.
+
+        The witness's chunks are hashed on the host's cores (:mod:`.witness`), not on the device:
+        a 1 MiB chunk (run-format §3) is one serial BLAKE2b of 8,192 compressions, so a `small`
+        gradient is 69 serial jobs, too few to fill a GPU, each on one GPU thread whose 64-bit
+        rotations are emulated with 32-bit instructions; and the gradients come down in this one
+        transfer anyway, which the update kernels overlap."""
         sizes = [math.prod(grads[n].shape) for n in order]
         staging = self.empty((3 + sum(sizes),))
         staging[0:1].copy_to_device(loss)
@@ -716,7 +722,7 @@ class CudaBackend:
             for name, size in zip(order, sizes):
                 views[name] = slot[offset:offset + size].reshape(grads[name].shape)
                 offset += size
-            done = witness_async(slot[0], views, order, slot[1], slot[2])
+            done = witness_async(slot[0], views, order, slot[1], slot[2], rule)
             self._slot_users[id(slot)] = done.witness
             return done
 

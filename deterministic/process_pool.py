@@ -1,4 +1,4 @@
-"""A thread pool per process, made on first use (the fingerprint and witness hashers share it)."""
+"""A thread pool per process, made on first use (the replay witness's hashers, :mod:`.witness`)."""
 
 from __future__ import annotations
 

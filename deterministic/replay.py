@@ -18,13 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from open1b.protocol import RunManifest
+from open1b.protocol.witness import WITNESS_KEY, WITNESS_RULES, witness_rule
 
 from .backend import default_backend
 from .data import DATA_ORDER, TOKENIZER, batch_for_step
 from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import checked_run_samples
-from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest
+from .runfile import (
+    ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest,
+)  # fmt: skip
 from .selfcheck import require_deterministic_machine
 from .step import train_step
 from .trainer import config_of
@@ -47,17 +50,22 @@ class ReplayResult:
 
 
 def check_engine(manifest: RunManifest) -> None:
-    if (manifest.engine, manifest.engine_version) != (ENGINE, ENGINE_VERSION):
+    if manifest.engine != ENGINE or manifest.engine_version not in REPLAYABLE_ENGINE_VERSIONS:
         raise EngineMismatchError(
-            f"run needs engine {manifest.engine} {manifest.engine_version}; this node has {ENGINE} {ENGINE_VERSION}")
+            f"run needs engine {manifest.engine} {manifest.engine_version}; this node replays {ENGINE} "
+            f"{', '.join(REPLAYABLE_ENGINE_VERSIONS)}")
 
 
-def check_data_rules(manifest: RunManifest) -> None:
-    """Refuse a run whose data order, tokenizer or schedule is not this engine's own."""
+def check_data_rules(manifest: RunManifest) -> str:
+    """Refuse a run whose data order, tokenizer, schedule or witness rule is not this engine's
+    own; returns the run's witness rule (docs/run-format.md §5.1)."""
     if (manifest.data.get("order"), manifest.data.get("tokenizer"), manifest.data.get("schedule")) != (
             DATA_ORDER, TOKENIZER, SCHEDULE):
         raise RunFormatError(f"run's data rules {dict(manifest.data)} are not this engine's "
                              f"({DATA_ORDER}, {TOKENIZER}, {SCHEDULE})")
+    if (rule := witness_rule(manifest.data)) is None:
+        raise RunFormatError(f"run's witness rule {manifest.data.get(WITNESS_KEY)!r} is not one of {WITNESS_RULES}")
+    return rule
 
 
 def backend_on(device: DeviceChoice | None, config):
@@ -79,7 +87,7 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     check_engine(manifest)
     if not 0 <= step < manifest.steps:
         raise RunFormatError(f"step {step} is outside the run's {manifest.steps} steps")
-    check_data_rules(manifest)
+    rule = check_data_rules(manifest)
     config, topology = config_of(manifest)
     backend = backend_on(device, config)
     started = time.perf_counter()
@@ -93,7 +101,7 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     if recomputed != manifest.state_hashes[step]:
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
-    new_state, report = train_step(state, batch, topology, backend=backend)
+    new_state, report = train_step(state, batch, topology, backend=backend, witness_rule=rule)
     post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,

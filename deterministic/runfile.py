@@ -34,7 +34,11 @@ from .errors import CheckpointMismatchError, RunFormatError
 from .state import TrainState
 
 ENGINE = "open1b-gpt"
-ENGINE_VERSION = "0.4.0"  # 0.4: documents and the evaluation set in the data map (run-format §8, §9)
+ENGINE_VERSION = "0.5.0"  # 0.5: the replay witness is a chunk tree, named by the data key `witness` (run-format §5)
+REPLAYABLE_ENGINE_VERSIONS = ("0.4.0", ENGINE_VERSION)
+"""The engine versions whose runs this engine replays: 0.4.0 runs differ from 0.5.0 ones only by
+their witness rule (v1, no `witness` key), which the replay reads from the run. A 0.4 engine
+refuses 0.5 runs, so it never attests a step whose witness it cannot compute."""
 SCHEDULE = "constant"  # the learning rate of every step is config.lr
 
 MANIFEST_FILE = "manifest.cbor"

@@ -39,6 +39,7 @@ from .gpt import forward_backward
 from .optimizer import AdamWScalars
 from .reduction import RANK_GROUP
 from .state import TrainState
+from .witness import WITNESS_TREE
 
 LOSS_KEY = "loss"
 
@@ -223,7 +224,8 @@ def adamw_scalars(state: TrainState) -> tuple[dict[str, AdamWScalars], np.float3
     return scalars, beta1_pow, beta2_pow
 
 
-def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, StepReport]:
+def finish_step(state: TrainState, loss, grads: dict, be, *, witness_rule: str = WITNESS_TREE
+                ) -> tuple[TrainState, StepReport]:
     """The rest of a step once its mean ``loss`` ((1,) backend array) and summed, pre-clip
     ``grads`` (backend arrays, from :func:`reduce_ranks`) are known: the global gradient norm,
     the clipping coefficient, the replay witness, one AdamW update of every parameter, and the
@@ -233,12 +235,13 @@ def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, S
     trainer derive the same witness from the same bits. On a device backend everything up to
     the witness's bytes stays on the device: the gradients and the step's three scalars come to
     the host in one transfer, which the update kernels overlap, and are hashed in the
-    background. Raises :class:`NonFiniteError` as :func:`train_step` does.
+    background. ``witness_rule`` is the run's (:mod:`.witness`; every new run's is the default).
+    Raises :class:`NonFiniteError` as :func:`train_step` does.
     """
     config = state.config
     order = list(config.param_shapes())
     clip = be.clip_norm([grads[name] for name in order], config.hyper32()["grad_clip"])
-    scalars_of = be.start_witness(loss, grads, order, clip)
+    scalars_of = be.start_witness(loss, grads, order, clip, witness_rule)
     scalars, beta1_pow, beta2_pow = adamw_scalars(state)
     params, m, v = be.load_state(state)
     updated = be.adamw_all(params, grads, m, v, scalars, clip)
@@ -251,6 +254,7 @@ def finish_step(state: TrainState, loss, grads: dict, be) -> tuple[TrainState, S
 
 def train_step(
     state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None, observe: MicroObserver | None = None,
+    witness_rule: str = WITNESS_TREE,
 ) -> tuple[TrainState, StepReport]:
     """Forward, backward, gradient reduction, clipping and one AdamW update.
 
@@ -259,9 +263,10 @@ def train_step(
     It is :func:`step_gradients` (every rank's :func:`rank_gradients`, then :func:`reduce_ranks`)
     followed by :func:`finish_step`; the distributed trainer runs the same three pieces.
     ``observe`` (:data:`MicroObserver`) sees every micro-batch's loss and gradients; it changes no bit.
+    ``witness_rule`` is how the report's witness is hashed (a replay passes its run's).
     """
     config = state.config
     check_batch(batch, config, topology)
     be = backend or default_backend(config)
     loss, grads = step_gradients(state, batch, topology, be, observe)
-    return finish_step(state, loss, grads, be)
+    return finish_step(state, loss, grads, be, witness_rule=witness_rule)

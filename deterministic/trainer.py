@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from open1b.protocol import Identity, RunManifest
+from open1b.protocol.witness import WITNESS_KEY, WITNESS_TREE
 
 from .config import PRESETS, GPTConfig, Topology, from_manifest_model, to_manifest_model
 from .data import (
@@ -61,6 +62,7 @@ def run_fields(preset: str, seed: int, samples: dict, topology: Topology | None 
         "engine_version": ENGINE_VERSION,
         "model": to_manifest_model(preset, config, topology),
         "data": {"corpus": BUILTIN_CORPUS, "tokenizer": TOKENIZER, "order": DATA_ORDER, "schedule": SCHEDULE,
+                 WITNESS_KEY: WITNESS_TREE,
                  **Documents.of(builtin_split(held_out).train).data_fields(), **(evaluation or {})},
         "seed": seed,
         **samples,

@@ -39,8 +39,8 @@ from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import (
     CHECKPOINT_DIR,
     ENGINE,
-    ENGINE_VERSION,
     MANIFEST_FILE,
+    REPLAYABLE_ENGINE_VERSIONS,
     SAMPLES_FILE,
     max_checkpoint_bytes,
 )
@@ -148,8 +148,9 @@ def run_blobs(manifest: RunManifest) -> list[RunBlob]:
 
 def why_not_auditable(manifest: RunManifest) -> str | None:
     """Why this node cannot replay the run (None: it can). A node runs only its own engine."""
-    if (manifest.engine, manifest.engine_version) != (ENGINE, ENGINE_VERSION):
-        return f"engine {manifest.engine} {manifest.engine_version} (this node has {ENGINE} {ENGINE_VERSION})"
+    if manifest.engine != ENGINE or manifest.engine_version not in REPLAYABLE_ENGINE_VERSIONS:
+        return (f"engine {manifest.engine} {manifest.engine_version} (this node replays {ENGINE} "
+                f"{', '.join(REPLAYABLE_ENGINE_VERSIONS)})")
     if manifest.samples_size > MAX_SAMPLES_FILE:
         return f"samples file of {manifest.samples_size} bytes exceeds {MAX_SAMPLES_FILE}"
     try:

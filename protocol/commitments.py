@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -93,24 +93,25 @@ def _digest(name: str, dtype: str, shape: Sequence[int], nbytes: int, root: byte
                       struct.pack("<Q", nbytes), root)
 
 
-def _all_chunk_digests(raws: Sequence[memoryview], workers: int | None) -> list[list[bytes]]:
+def _all_chunk_digests(raws: Sequence[memoryview], workers: int | Executor | None) -> list[list[bytes]]:
     """Chunk digests of every tensor, computed by a pool of ``workers`` threads (default: one per
-    core). Each digest depends only on its chunk and index and lands in a fixed slot, so the
-    result is the same for any number of workers."""
+    core) or on the executor ``workers`` (a caller's long-lived pool). Each digest depends only on
+    its chunk and index and lands in a fixed slot, so the result is the same for any number of workers."""
     jobs = [(t, i) for t, raw in enumerate(raws) for i in range(_chunk_count(raw.nbytes))]
 
     def job(ti: tuple[int, int]) -> bytes:
         t, i = ti
         return _chunk_digest(i, raws[t][i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE])
 
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    if workers < 1:
+    if isinstance(workers, Executor):
+        digests = list(workers.map(job, jobs))  # map keeps the jobs' order, whatever finishes first
+    elif (workers := (os.cpu_count() or 1) if workers is None else workers) < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    if workers == 1 or len(jobs) == 1:
+    elif workers == 1 or len(jobs) == 1:
         digests = list(map(job, jobs))
     else:
         with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
-            digests = list(pool.map(job, jobs))  # map keeps the jobs' order, whatever finishes first
+            digests = list(pool.map(job, jobs))
     out: list[list[bytes]] = [[] for _ in raws]
     for (t, _), d in zip(jobs, digests):
         out[t].append(d)
@@ -130,7 +131,7 @@ class _Tree:
     digests: list[bytes]  # tensor digests, in that order
 
 
-def _tree(tensors: Mapping[str, TensorBytes], workers: int | None) -> _Tree:
+def _tree(tensors: Mapping[str, TensorBytes], workers: int | Executor | None) -> _Tree:
     if not tensors:
         raise ValueError("a state has at least one tensor")
     if len(tensors) >= 1 << 32:
@@ -161,7 +162,7 @@ def state_hash(prev: bytes, step: int, tensors: Mapping[str, TensorBytes], batch
     return state_hash_of_root(prev, step, lr_bits, batch_digest, *state_root(tensors, workers=workers))
 
 
-def state_root(tensors: Mapping[str, TensorBytes], *, workers: int | None = None) -> tuple[int, bytes]:
+def state_root(tensors: Mapping[str, TensorBytes], *, workers: int | Executor | None = None) -> tuple[int, bytes]:
     """(tensor count, state root) of a state: the expensive part of h_k, which does not depend on
     ``prev`` (a trainer hashes each state as it goes and chains them once the genesis is known)."""
     tree = _tree(tensors, workers)

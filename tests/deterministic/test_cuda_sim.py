@@ -22,6 +22,7 @@ from open1b.deterministic.probes import PROBE_INPUTS, probe_cpu
 from open1b.deterministic.selfcheck import state_fingerprint
 from open1b.deterministic.state import init_state
 from open1b.deterministic.step import train_step
+from open1b.protocol.witness import WITNESS_SEQUENTIAL, WITNESS_TREE
 
 from .conftest import MICRO, MICRO_TOPOLOGY, F, micro_batch, rand
 
@@ -118,8 +119,9 @@ def matmul_reference_digests() -> dict[str, str]:
 
 def step_fingerprint(be) -> list:
     """Two two-rank steps of the micro model (the cross-rank sum included) through ``be``, the
-    second from the state the first returned: each state's fingerprint and report's bits, and
-    the host transfers each step made (``be.upload``/``be.download`` calls)."""
+    second from the state the first returned: each state's fingerprint and report's bits (the
+    first step's witness by rule v2, the second's by v1), and the host transfers each step made
+    (``be.upload``/``be.download`` calls)."""
     transfers = {"upload": 0, "download": 0}
     for kind in transfers:
         method = getattr(be, kind)
@@ -133,7 +135,8 @@ def step_fingerprint(be) -> list:
     try:
         for step in range(2):
             transfers.update(upload=0, download=0)
-            state, report = train_step(state, micro_batch(step), MICRO_TOPOLOGY, backend=be)
+            state, report = train_step(state, micro_batch(step), MICRO_TOPOLOGY, backend=be,
+                                       witness_rule=(WITNESS_TREE, WITNESS_SEQUENTIAL)[step])
             moved = dict(transfers)
             out.append([state_fingerprint(state), _digest(np.float32(report.loss), np.float32(report.grad_norm),
                                                           np.float32(report.clip_coef)), report.witness.hex(), moved])  # fmt: skip

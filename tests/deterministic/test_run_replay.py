@@ -6,18 +6,19 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset
+from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.device import select_device
 from open1b.deterministic import provenance
 from open1b.deterministic.errors import CheckpointMismatchError, EngineMismatchError, RunFormatError, SamplesMismatchError
 from open1b.deterministic.replay import replay
 from open1b.deterministic.runfile import (
-    ENGINE, ENGINE_VERSION, as_tensor_bytes, checkpoint_path, load_checkpoint, max_checkpoint_bytes, step_batch_digest,
+    ENGINE, ENGINE_VERSION, RunWriter, as_tensor_bytes, checkpoint_path, load_checkpoint, max_checkpoint_bytes,
+    step_batch_digest,
 )  # fmt: skip
-from open1b.deterministic.trainer import config_of, publish_run
+from open1b.deterministic.trainer import config_of, publish_run, run_fields
 from open1b.protocol import Identity, RunManifest, batch_digest
 from open1b.protocol.hashing import blake2b256
-from open1b.protocol.witness import witness_commitment
+from open1b.protocol.witness import WITNESS_KEY, WITNESS_SEQUENTIAL, WITNESS_TREE, witness_commitment
 
 PRESET = PRESETS["tiny"]
 
@@ -41,6 +42,7 @@ def test_train_and_replay_on_a_chosen_device(forged_run, tmp_path):
 def test_manifest_carries_engine_preset_config_and_topology(forged_run):
     _, manifest = forged_run
     assert (manifest.engine, manifest.engine_version) == (ENGINE, ENGINE_VERSION)
+    assert manifest.data[WITNESS_KEY] == WITNESS_TREE  # the witness rule it was trained with
     assert manifest.model["preset"] == "tiny"
     assert config_of(manifest) == (PRESET.config, PRESET.topology)
 
@@ -107,15 +109,55 @@ def test_samples_are_checked_once_per_file_and_again_for_a_rewrite_or_another_fi
     assert reads == [copy, copy, copy, run_dir]
 
 
-def test_engine_and_range_are_checked(forged_run):
-    run_dir, manifest = forged_run
+def _resigned(manifest: RunManifest, **changes) -> RunManifest:
     fields = {k: v for k, v in manifest.body().items() if k not in ("kind", "v", "publisher")}
-    fields["engine_version"] = "9.9.9"
-    other = RunManifest.create(Identity(blake2b256(b"x")), **fields)
+    return RunManifest.create(Identity(blake2b256(b"x")), **{**fields, **changes})
+
+
+def test_engine_witness_rule_and_range_are_checked(forged_run):
+    run_dir, manifest = forged_run
     with pytest.raises(EngineMismatchError):
-        replay(run_dir, 0, other)
+        replay(run_dir, 0, _resigned(manifest, engine_version="9.9.9"))
+    with pytest.raises(RunFormatError, match="witness rule"):
+        replay(run_dir, 0, _resigned(manifest, data={**manifest.data, WITNESS_KEY: "open1b/witness/v9"}))
     with pytest.raises(RunFormatError):
         replay(run_dir, 3, manifest)
+
+
+# A tiny run (2 steps, seed 7, no fingerprints) as engine 0.4.0 published it, before the chunk-tree
+# witness: h_0 … h_2 and C_0, C_1 of its manifest, computed by that engine.
+V1_RUN_STATE_HASHES = [
+    "19b0ec070477d083651ce48d8d713f028c64ec920ff8ac172180e0ccab45b0fb",
+    "299d05fb31fcd0d2bb6702b80cc57a4cfe6af3343de7fb4d9eddbf324876847d",
+    "0d3476d62ac29b47a12ec098cf2c7992f3c2023197b5ae6770791f387b5407fe",
+]
+V1_RUN_WITNESSES = [
+    "cc2621dba692f60a12b210ff6d7d7f661a5219d675b3e86e9a07383b524410fc",
+    "95044a9dfb803694d59104ba8636cf615447d54e7f974ea50a89b86db16bd493",
+]
+
+
+def test_a_run_of_engine_0_4_with_the_sequential_witness_still_replays_and_matches(tmp_path):
+    # Trained as engine 0.4.0 trained it: no `witness` key in its data map, each W_k by rule v1.
+    # The pins show these are that engine's bytes (genesis, chain and witnesses); this engine
+    # reads the rule from the run, so its replay matches and its W_k opens each C_k.
+    config, topology, seed = PRESET.config, PRESET.topology, 7
+    dataset = builtin_dataset(config)
+    fields = run_fields("tiny", seed, provenance.write_run_samples(tmp_path, dataset))
+    assert fields["data"].pop(WITNESS_KEY) == WITNESS_TREE  # what a new run records
+    writer = RunWriter(tmp_path, {**fields, "engine_version": "0.4.0"})
+    state = init_state(config, seed)
+    writer.start(state)
+    for k in range(2):
+        batch = batch_for_step(dataset, seed, k, config, topology)
+        state, report = train_step(state, batch, topology, witness_rule=WITNESS_SEQUENTIAL)
+        writer.record(state, batch, report.witness)
+    manifest = writer.finish(Identity(blake2b256(b"trainer")), created_at=1)
+    assert [h.hex() for h in manifest.state_hashes] == V1_RUN_STATE_HASHES
+    assert [c.hex() for c in manifest.witnesses] == V1_RUN_WITNESSES
+    results = [replay(tmp_path, k) for k in range(2)]
+    assert all(r.match for r in results)
+    assert [witness_commitment(r.witness) for r in results] == manifest.witnesses
 
 
 def test_batch_digest_lists_each_rank_in_order():

@@ -12,9 +12,14 @@ import pytest
 import trio
 import trio.testing
 
+from open1b.deterministic import PRESETS
+from open1b.deterministic.config import to_manifest_model
+from open1b.deterministic.runfile import ENGINE, ENGINE_VERSION
 from open1b.node.fetcher import Fetcher, all_or_first_error
-from open1b.node.runs import RunFilesError, samples_blob
+from open1b.node.runs import RunFilesError, samples_blob, why_not_auditable
+from open1b.protocol import Identity, blake2b256
 
+from ..runs import run_manifest
 from .conftest import ident
 from .fakes import FakeP2P, auditable_manifest
 
@@ -99,3 +104,16 @@ def test_a_fetch_before_the_fetcher_serves_says_so():
     fetcher = Fetcher(ident(1), LyingProviderFiles(), FakeP2P())
     with pytest.raises(RuntimeError, match="before serve_fetcher"):
         trio.run(fetcher.for_replay, manifest, 0)
+
+
+def test_a_node_audits_the_runs_of_every_engine_version_its_engine_replays():
+    # 0.4.0 runs (witness rule v1) still replay on engine 0.5 (docs/run-format.md §5.1); others do not.
+    tiny = PRESETS["tiny"]
+    model = to_manifest_model("tiny", tiny.config, tiny.topology)
+
+    def manifest(version: str):
+        return run_manifest(Identity(blake2b256(b"publisher")), engine=ENGINE, engine_version=version, model=model,
+                            data={}, seed=0, steps=1, state_hashes=[bytes(32), bytes(32)], created_at=1)
+
+    assert why_not_auditable(manifest("0.4.0")) is None and why_not_auditable(manifest(ENGINE_VERSION)) is None
+    assert "0.3.0" in why_not_auditable(manifest("0.3.0"))

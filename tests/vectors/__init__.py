@@ -7,13 +7,13 @@ from pathlib import Path
 
 from . import suite_codec, suite_dispute, suite_gensyn_handoff, suite_signing
 from .common import dump
-from .suite_commitments import Merkle, StateHash, Trajectory
+from .suite_commitments import Merkle, StateHash, Trajectory, Witness
 from .suite_data import DataSuite, EvaluationSuite
 from .suite_network import Claims, CoverageSuite, Validation
 from .suite_spot import SpotSuite
 
 ROOT = Path(__file__).resolve().parent
-SUITES = {s.NAME: s for s in (suite_codec, suite_signing, StateHash, Merkle, Trajectory, Claims, CoverageSuite,
+SUITES = {s.NAME: s for s in (suite_codec, suite_signing, StateHash, Witness, Merkle, Trajectory, Claims, CoverageSuite,
                               Validation, suite_gensyn_handoff, DataSuite, EvaluationSuite, SpotSuite,
                               suite_dispute)}
 

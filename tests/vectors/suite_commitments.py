@@ -1,4 +1,4 @@
-"""Suites ``state_hash``, ``merkle`` and ``trajectory``: the commitments a run is checked against.
+"""Suites ``state_hash``, ``witness``, ``merkle`` and ``trajectory``: the commitments a run is checked against.
 
 ``state_hash`` case (docs/run-format.md §3): ``{"description", "tensors": {name: tensor},
 "chunk_digests": {name: [hash per chunk]}, "tensor_roots": {name: hash}, "tensor_digests": {name:
@@ -13,6 +13,10 @@ proof is ``{"prev", "step", "lr_bits", "batch_digest", "count", "state_root", "i
 a chunk proof ``{"dtype", "shape", "tensor_root", "path", "tensor": tensor proof}``, checked
 against chunk ``chunk`` of the tensor (a bad one presents chunk ``data_chunk``'s bytes). Every
 proof verifies against ``state_hash``; every bad one fails.
+
+``witness`` case (docs/run-format.md §5.1): ``{"description", "rule", "loss_bits", "gradients": [{"name",
+"tensor"}, ...] (canonical order), "witness", "commitment", "binding": {"run", "step", "signer", "value"}}``,
+and for rule v2 the tree's ``"chunk_digests"``, ``"tensor_digests"`` (by name) and ``"root"``.
 
 ``merkle`` case: ``{"description", "leaves", "root", "proofs": [[hash, ...] per leaf],
 "bad_proofs": [{"index", "size", "leaf", "proof", "why"}]}`` — every bad proof must fail.
@@ -37,9 +41,12 @@ from open1b.protocol import (
     verify_merkle_proof, verify_tensor_proof,
 )
 from open1b.protocol.commitments import ChunkProof, chunk_proof, verify_chunk_proof
+from open1b.protocol.witness import (
+    WITNESS_SEQUENTIAL, WITNESS_TREE, sequential_witness, tree_witness, witness_binding, witness_commitment,
+)  # fmt: skip
 
 from . import fixtures
-from .common import hx, typed, unhex, untyped
+from .common import hx, ident, typed, unhex, untyped
 
 ITEMSIZE = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1}
 FILL = "i mod 251"
@@ -223,6 +230,62 @@ class StateHash:
             data = _chunks(tensors[bad["name"]])[bad["data_chunk"]]
             assert not verify_chunk_proof(bad["name"], bad["chunk"], data, _chunk_proof_from_json(bad["proof"]), h), \
                 bad["why"]
+
+
+def _witness_case(description: str, rule: str, loss_bits: int, grads: dict[str, TensorBytes]) -> dict:
+    ordered = list(grads.items())  # the canonical parameter order
+    if rule == WITNESS_SEQUENTIAL:
+        w, tree = sequential_witness(loss_bits, [(n, t.data) for n, t in ordered]), {}
+    else:
+        w = tree_witness(loss_bits, grads)
+        names = sorted(grads, key=str.encode)
+        tree = {"chunk_digests": {n: [hx(d) for d in _chunk_digests(t)] for n, t in ordered},
+                "tensor_digests": {n: hx(tensor_digest(n, t)) for n, t in ordered},
+                "root": hx(merkle_root([tensor_digest(n, grads[n]) for n in names]))}
+    run, signer = fixtures.state(1, b"vector-run"), ident(1).public_key
+    return {"description": description, "rule": rule, "loss_bits": loss_bits,
+            "gradients": [{"name": n, "tensor": _json_tensor(t)} for n, t in ordered], **tree, "witness": hx(w),
+            "commitment": hx(witness_commitment(w)),
+            "binding": {"run": hx(run), "step": 3, "signer": hx(signer), "value": hx(witness_binding(run, 3, signer, w))}}
+
+
+class Witness:
+    NAME = "witness"
+
+    @staticmethod
+    def cases() -> dict[str, dict]:
+        loss = struct.unpack("<I", struct.pack("<f", 2.5))[0]
+        small = {"wte": _tensor("wte", "float32", (4, 3)), "h0.w": _tensor("h0.w", "float32", (2, 2)),
+                 "b": _tensor("b", "float32", (3,))}  # canonical order; sorted by name: b, h0.w, wte
+        large = {"wte": _filled("float32", (640, 1024)), **{n: t for n, t in small.items() if n != "wte"}}
+        return {
+            "sequential": _witness_case("rule v1 (a run without the data key `witness`): one hash over the loss and"
+                                        " every gradient in canonical order", WITNESS_SEQUENTIAL, loss, small),
+            "tree": _witness_case("rule v2 over the same gradients: the tree of their tensor digests, leaves sorted by"
+                                  " name", WITNESS_TREE, loss, small),
+            "tree-multi-chunk": _witness_case("rule v2, a 2.5 MiB gradient in three chunks of the state hash's chunking",
+                                              WITNESS_TREE, loss, large),
+        }
+
+    @staticmethod
+    def check(case: dict, root: Path) -> None:
+        grads = {g["name"]: _from_json(g["tensor"]) for g in case["gradients"]}
+        if case["rule"] == WITNESS_SEQUENTIAL:
+            w = sequential_witness(case["loss_bits"], [(n, t.data) for n, t in grads.items()])
+        else:
+            assert case["rule"] == WITNESS_TREE
+            for name, t in grads.items():
+                assert [hx(d) for d in _chunk_digests(t)] == case["chunk_digests"][name]
+                assert tensor_digest(name, t) == unhex(case["tensor_digests"][name])
+            names = sorted(grads, key=str.encode)
+            root_hash = merkle_root([unhex(case["tensor_digests"][n]) for n in names])
+            assert root_hash == unhex(case["root"])
+            w = tree_witness(case["loss_bits"], grads, workers=2)
+            assert w == blake2b256(b"open1b/witness/v2\x00", struct.pack("<II", case["loss_bits"], len(grads)), root_hash)
+        assert w == unhex(case["witness"])
+        assert witness_commitment(w) == unhex(case["commitment"])
+        b = case["binding"]
+        assert witness_binding(unhex(b["run"]), b["step"], unhex(b["signer"]), w) == unhex(b["value"])
 
 
 class Merkle:
