@@ -16,8 +16,9 @@ the whole-file address checked). Numbers:
 * ``three_seeders_vs_one``: the fetch time from one seeder over that from three, each behind its
   own 40 Mbit/s uplink (one of the three behind a ``--random-fully`` NAT).
 
-No latency is added (this kernel has no ``netem``): round trips are veth's, well under a
-millisecond, plus the shaper's queue (at most 50 ms).
+Every home's WAN link carries a 25 ms delay each way (a 50 ms round trip; devnet/delay_line.py,
+as this kernel has no ``netem``); ``without_added_latency`` repeats the measurement without it
+(round trips: veth's, well under a millisecond, plus the shaper's queue of at most 50 ms).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ from transfer_bench import write_state_checkpoint  # noqa: E402  (bench/ is not 
 RESULTS = Path(__file__).parent / "results" / "nat.json"
 LINK_MBIT = 40.0
 PORT = 7700  # each seeder's bulk port, forwarded by its home router
+DELAY_MS = 25.0
+"""One-way delay between each home's router and the internet (a 50 ms round trip: a home uplink
+to a peer a few countries away)."""
 
 
 def serve(cache_dir: str, seed_hex: str, host: str) -> None:
@@ -114,13 +118,14 @@ def _ready(proc: subprocess.Popen) -> subprocess.Popen:
     return proc
 
 
-def measure(workdir: Path, preset: str, raw_bytes: int) -> dict:
+def measure(workdir: Path, preset: str, raw_bytes: int, delay_ms: float) -> dict:
+    workdir.mkdir(parents=True)
     path, expect = write_state_checkpoint(preset, workdir)
     expect_file = workdir / "expect.pickle"
     expect_file.write_bytes(pickle.dumps(expect))
     table = compute_table(path)
-    homes = [HomeSpec(f"s{i}", nat="random" if i == 3 else "port-preserving", uplink_mbit=LINK_MBIT, forwards=(PORT,))
-             for i in (1, 2, 3)]
+    homes = [HomeSpec(f"s{i}", nat="random" if i == 3 else "port-preserving", uplink_mbit=LINK_MBIT, forwards=(PORT,),
+                      delay_ms=delay_ms) for i in (1, 2, 3)]
     with NatTopology(homes) as net:
         sites = [net.homes[h.name] for h in homes]
         sender = _ready(_in(sites[0], "--raw-send", sites[0].address, str(raw_bytes)))
@@ -150,6 +155,7 @@ def measure(workdir: Path, preset: str, raw_bytes: int) -> dict:
         "preset": preset,
         "checkpoint_bytes": one["bytes"],
         "link_mbit_s": LINK_MBIT,
+        "round_trip_added_ms": 2 * delay_ms,
         "raw_tcp_mbit_s": round(raw_rate * 8 / 1e6, 2),
         "raw_tcp_vs_link": round(raw_rate / link, 3),
         "one_seeder_mbit_s": round(one_rate * 8 / 1e6, 2),
@@ -176,8 +182,10 @@ def main() -> None:
             setup_logging("warning")
             return run(*getattr(args, role))
     setup_logging("warning")
+    preset, raw = ("tiny", 8 << 20) if args.quick else ("small", 40 << 20)
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure(Path(tmp), "tiny" if args.quick else "small", (8 if args.quick else 40) << 20)
+        results = measure(Path(tmp) / "delayed", preset, raw, DELAY_MS)
+        results["without_added_latency"] = measure(Path(tmp) / "direct", preset, raw, 0.0)
     results["load_average"] = os.getloadavg()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")

@@ -8,6 +8,7 @@
                         │  10.241.1.1            10.241.2.1    …         │
                         └────┬───────────────────────┬──────────────────┘
                              │ veth (WAN)             │ veth (WAN)
+                             │ [delay line]           │ [delay line]   (with delay_ms)
                   10.241.1.2 │ tbf: uplink  10.241.2.2 │ tbf: uplink
             ┌─── router A (namespace) ──┐  ┌─── router B (namespace) ──┐
             │ MASQUERADE (port-         │  │ MASQUERADE --random-fully │
@@ -25,8 +26,11 @@ Each home's nodes share its namespace (one address, a port each). A router masqu
 behind its WAN address and, as a typical home firewall does, silently drops unsolicited inbound
 connections (no RST), except on the TCP ports it forwards to the home (what a UPnP mapping would
 open). Shaping is a token bucket (``tc tbf``) on the router's egress: WAN for the uplink, LAN for
-the downlink. There is no added latency (this kernel has no ``netem``): RTTs are the
-sub-millisecond ones of veth pairs plus whatever a full token-bucket queue adds.
+the downlink. This kernel has neither ``netem`` nor ``fq``, so a home's ``delay_ms`` is added by
+a delay line (devnet/delay_line.py): its WAN link becomes two veth pairs with a namespace between
+them, where a small process passes every frame on ``delay_ms`` later in each direction. Without
+it, round trips are the sub-millisecond ones of veth pairs plus whatever a full token-bucket queue
+adds.
 
 The internet does not route the homes' private addresses, nodes have no route over their
 management link beyond its /24, and this host does not forward: the only path between homes, and
@@ -41,6 +45,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -64,6 +69,7 @@ class HomeSpec:
     uplink_mbit: float | None = 40.0
     downlink_mbit: float | None = None
     forwards: tuple[int, ...] = ()  # TCP ports the router forwards to the home's address
+    delay_ms: float = 0.0  # one-way delay between the router and the internet (round trip: twice)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class NatTopology:
         self.homes = {spec.name: Site(spec.name, f"{self.tag}h{i}", f"192.168.{i}.2", f"10.242.{i}.1", f"10.241.{i}.2")
                       for i, spec in enumerate(self.specs, start=1)}
         self._lock = None
+        self._lines: list[subprocess.Popen] = []
 
     def router(self, home: str) -> str:
         """The namespace of ``home``'s router."""
@@ -133,7 +140,10 @@ class NatTopology:
             _add_namespace(router, forwarding=True)
             _add_namespace(home.namespace, forwarding=False)
             wan, lan = f"{self.tag}wr{i}", f"{self.tag}lr{i}"
-            _veth(inet, f"{self.tag}wi{i}", f"10.241.{i}.1/24", router, wan, f"10.241.{i}.2/24")
+            if spec.delay_ms:
+                self._delay_line(i, spec.delay_ms)
+            else:
+                _veth(inet, f"{self.tag}wi{i}", f"10.241.{i}.1/24", router, wan, f"10.241.{i}.2/24")
             _veth(router, lan, f"192.168.{i}.1/24", home.namespace, f"{self.tag}lh{i}", f"{home.address}/24")
             _run("ip", "-n", router, "route", "add", "default", "via", f"10.241.{i}.1")
             _run("ip", "-n", home.namespace, "route", "add", "default", "via", f"192.168.{i}.1")
@@ -142,6 +152,21 @@ class NatTopology:
                 if mbit is not None:
                     shape(router, dev, mbit)
             self._management(home.namespace, i)
+
+    def _delay_line(self, i: int, delay_ms: float) -> None:
+        """Home ``i``'s WAN link as two veth pairs joined by a delay line in a namespace of its own
+        (devnet/delay_line.py): the internet and the router still share one Ethernet segment."""
+        line, router = f"{self.tag}d{i}", self.router(self.specs[i - 1].name)
+        _add_namespace(line, forwarding=False)
+        _run("ip", "netns", "exec", line, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")  # no chatter of its own
+        ends = f"{self.tag}xa{i}", f"{self.tag}xb{i}"
+        _veth(self.internet.namespace, f"{self.tag}wi{i}", f"10.241.{i}.1/24", line, ends[0], None)
+        _veth(router, f"{self.tag}wr{i}", f"10.241.{i}.2/24", line, ends[1], None)
+        proc = subprocess.Popen(["ip", "netns", "exec", line, sys.executable, "-m", "open1b.devnet.delay_line",
+                                 *ends, str(delay_ms)], stdout=subprocess.PIPE, text=True)
+        self._lines.append(proc)
+        if proc.stdout.readline().strip() != "ready":
+            raise NetnsUnavailable(f"NAT topology: the delay line of home {i} did not start")
 
     @staticmethod
     def _firewall(router: str, wan: str, lan: str, spec: HomeSpec, home_address: str) -> None:
@@ -170,10 +195,15 @@ class NatTopology:
         _run("ip", "link", "set", outer, "up")
 
     def _teardown(self) -> None:
+        for proc in self._lines:
+            proc.kill()
+            proc.wait()
+        self._lines.clear()
         for k in range(len(self.specs) + 1):
             subprocess.run(["ip", "link", "del", f"{self.tag}mh{k}"], capture_output=True)
+        lines = [f"{self.tag}d{i}" for i, s in enumerate(self.specs, start=1) if s.delay_ms]
         for ns in [self.internet.namespace, *(self.router(s.name) for s in self.specs),
-                   *(h.namespace for h in self.homes.values())]:
+                   *(h.namespace for h in self.homes.values()), *lines]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # and the links inside it
         if self._lock is not None:
             self._lock.close()  # releases the host's lock
@@ -191,7 +221,7 @@ def shape(namespace: str, dev: str, mbit: float) -> None:
 MAX_HOMES = 9  # interface names stay within Linux's 15 characters
 TAG_PREFIX = "o1n"
 LOCK_PATH = "/run/open1b-nat.lock"
-_OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(i|[rh]\d|mh\d)$")
+_OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(i|[rhd]\d|mh\d)$")
 
 
 def clear_stale() -> list[str]:
@@ -216,10 +246,11 @@ def _add_namespace(namespace: str, *, forwarding: bool) -> None:
     _run("ip", "netns", "exec", namespace, "sysctl", "-qw", f"net.ipv4.ip_forward={int(forwarding)}")
 
 
-def _veth(ns_a: str, dev_a: str, addr_a: str, ns_b: str, dev_b: str, addr_b: str) -> None:
+def _veth(ns_a: str, dev_a: str, addr_a: str, ns_b: str, dev_b: str, addr_b: str | None) -> None:
     _run("ip", "link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
     for ns, dev, addr in ((ns_a, dev_a, addr_a), (ns_b, dev_b, addr_b)):
-        _run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+        if addr is not None:
+            _run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
         _run("ip", "-n", ns, "link", "set", dev, "up")
 
 

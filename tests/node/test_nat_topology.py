@@ -1,6 +1,6 @@
 """The NAT test topology (devnet/nat_topology.py): a home behind its router cannot be dialled
-from the internet, it can dial out, a forwarded port is reachable, and the shaped uplink holds its
-rate. Real namespaces, NAT and token buckets: needs root, iproute2 and iptables."""
+from the internet, it can dial out, a forwarded port is reachable, a delay line adds its round
+trip, and the shaped uplink holds its rate. Real namespaces, NAT and token buckets: needs root, iproute2 and iptables."""
 
 from __future__ import annotations
 
@@ -33,13 +33,17 @@ while True:
         first = first or time.perf_counter(); got += n
     print(got, time.perf_counter() - (first or time.perf_counter()), flush=True); c.close()
 """
-# A dialler: connects within a timeout and sends N bytes; exit 0 when all were sent.
+# A dialler: connects within a timeout (printing the seconds the handshake took) and sends N
+# bytes; exit 0 when all were sent.
 DIAL = """
-import socket, sys
+import socket, sys, time
+t = time.perf_counter()
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3]))
+print(time.perf_counter() - t, flush=True)
 c.settimeout(60); c.sendall(bytes(int(sys.argv[4]))); c.shutdown(socket.SHUT_WR); c.recv(1); c.close()
 """
 PORT = 7400
+DELAY_MS = 30.0
 
 
 class Listener:
@@ -67,7 +71,8 @@ def dial(site, host: str, port: int = PORT, *, size: int = 1000, timeout_s: floa
 
 @pytest.fixture(scope="module")
 def net():
-    with NatTopology([HomeSpec("a", uplink_mbit=20.0), HomeSpec("b", nat="random", forwards=(PORT,))]) as topology:
+    homes = [HomeSpec("a", uplink_mbit=20.0), HomeSpec("b", nat="random", forwards=(PORT,), delay_ms=DELAY_MS)]
+    with NatTopology(homes) as topology:
         yield topology
 
 
@@ -96,13 +101,17 @@ def test_a_home_node_cannot_be_dialled_from_the_internet_but_dials_out(net):
         out.close()
 
 
-def test_a_forwarded_port_is_reachable_through_a_random_fully_nat(net):
+def test_a_forwarded_port_is_reachable_through_a_random_fully_nat_behind_its_delay_line(net):
     b = net.homes["b"]
     listener = Listener(b)
     try:
         sent = dial(net.internet, b.public_address)
         assert sent.returncode == 0, sent.stderr
         assert listener.accepted()[0] == 1000
+        # the TCP handshake crossed home B's delay line twice (SYN out, SYN-ACK back); the bound
+        # above is loose because user-space scheduling on a loaded machine only ever adds delay
+        handshake_s = float(sent.stdout.split()[0])
+        assert 2 * DELAY_MS / 1000 <= handshake_s < 2 * DELAY_MS / 1000 + 0.5, handshake_s
     finally:
         listener.close()
 
