@@ -132,3 +132,4 @@ def test_the_shaped_uplink_holds_its_rate(net):
         assert 10.0 < mbit < 20.5, mbit
     finally:
         listener.close()
+
