@@ -151,6 +151,10 @@ WHAT = {
                          "not the 1-in-slots odds, which bench/spotcheck_bench.py measures).",
     "refusing-trainer": "An honest run whose publisher never answers a challenge. Every spot check must fail by "
                         "`no_answer`, and replays still verify every step.",
+    "nat": "Nodes at home behind NAT routers that drop unsolicited inbound connections (devnet/nat_topology.py): "
+           "the run is published from home A (port-preserving NAT) and audited from home B (`--random-fully`) and "
+           "the internet, where the bootstrap node and the observer sit. Coverage must complete at the observer, "
+           "with attestations from home B and the internet.",
 }
 
 

@@ -7,7 +7,9 @@ adversaries injected (``open1b-devnet``, :mod:`.cli`; docs/reliability.md).
 * :mod:`.scenarios` — one module per scenario, and the driver that combines them;
 * :mod:`.adversaries` — deliberately broken daemons (``--behaviour``), reaching the daemon only
   through its documented hook (:class:`open1b.node.daemon.Harness`), started by :mod:`.daemon_entry`;
-* :mod:`.forged_run` — runs whose published states are forged; :mod:`.netns` — network namespaces.
+* :mod:`.forged_run` — runs whose published states are forged; :mod:`.netns` — network namespaces
+  (the partition); :mod:`.nat_topology` — homes behind NAT routers on shaped links, with latency
+  from :mod:`.delay_line`.
 
 Neither the daemon nor ``open1b-node`` imports anything from here (tests/test_import_graph.py).
 """

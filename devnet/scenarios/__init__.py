@@ -39,6 +39,7 @@ from .forged_data import ForgedData
 from .forged_microbatch import ForgedMicrobatch
 from .late_joiner import LateJoiner
 from .lying_auditor import LyingAuditor
+from .nat import Nat
 from .partition import Partition
 from .refusing_trainer import RefusingTrainer
 from .skipped_update import SkippedUpdate
@@ -47,7 +48,7 @@ from .tampered_step import TamperedStep
 
 TYPES: dict[str, type[Scenario]] = {s.name: s for s in (TamperedStep, LyingAuditor, CopyingAuditor, ForgedAndMalformed,
                                                         Sybil, Crash, Partition, LateJoiner, ForgedData, SkippedUpdate,
-                                                        ForgedMicrobatch, RefusingTrainer)}
+                                                        ForgedMicrobatch, RefusingTrainer, Nat)}
 assert tuple(TYPES) == SCENARIOS
 
 
@@ -87,9 +88,18 @@ def run_scenarios(opts: DevnetOptions) -> dict:
             if partition is not None:
                 partition.partition = Netns()
                 halves = stack.enter_context(partition.partition)
+            nat = next((s for s in chosen if isinstance(s, Nat)), None)
+            if nat is not None:
+                if partition is not None:
+                    raise DevnetError("the nat and partition scenarios each build their own network: run them apart")
+                stack.enter_context(nat.topology)
+                nat.place(nodes)
             daemons = Daemons(workdir, run_dir, redundancy, device=opts.device)
             for node in nodes:
-                if halves is None:
+                if nat is not None:
+                    site = nat.site(node)
+                    daemons.plan(1, host=site.address, api_host=site.api_address, prefix=site.prefix)
+                elif halves is None:
                     daemons.plan(1)
                 else:
                     half = halves[node.half]

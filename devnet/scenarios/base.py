@@ -17,7 +17,7 @@ from ..options import DevnetOptions
 POLL_S = 0.5
 CONVERGE_TIMEOUT_S = 45.0
 LOST_GRACE_S = 15.0  # several sync rounds (every 2 s): enough for anything that was merely in flight
-HONEST_ROLES = ("auditor", "observer", "observer-b", "late")  # one trust policy: their coverage must agree
+HONEST_ROLES = ("auditor", "observer", "observer-b", "late", "home-publisher")  # one trust policy: their coverage must agree
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Node:
     args: tuple[str, ...] = ()
     late: bool = False  # started once the run is covered
     half: int = 0  # partition half
+    site: str = ""  # the nat scenario's home ("a", "b") or "internet"
 
 
 class Net:
