@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from open1b.node.blobs import MAX_CHUNK, BlobCache, BlobError
 from open1b.node.claim_records import ClaimRecords
 from open1b.node.ledger import Ledger
+from open1b.node.p2p import NetworkError
 from open1b.node.sync import pull_attestations, pull_manifests, serve_runs, serve_sync
 from open1b.protocol import (
     Claim,
@@ -43,8 +44,13 @@ GOOD = [fixtures.attestation(s, RUN, k, match=(s + k) % 3 != 0, issued_at=ISSUED
         for k in range(RUN.steps)]
 
 
-class TooLong(Exception):
-    """What the real framing raises for a frame over its limit (libp2p's MessageTooLarge)."""
+class TooLong(NetworkError):
+    """What the real stream raises for a frame over its limit (libp2p's MessageTooLarge, wrapped by
+    ``p2p.Stream.receive`` as every failure of the peer's stream is)."""
+
+
+class StreamClosed(NetworkError):
+    """What the real stream raises when the peer closed it (libp2p's StreamEOF, wrapped)."""
 
 
 class FakeStream:
@@ -55,7 +61,7 @@ class FakeStream:
 
     async def receive(self, max_size: int) -> bytes:
         if not self.incoming:
-            raise EOFError("stream closed")
+            raise StreamClosed("stream closed")
         frame = self.incoming.pop(0)
         if len(frame) > max_size:
             raise TooLong(f"{len(frame)} > {max_size}")
@@ -159,7 +165,7 @@ def test_sync_client_validates_every_frame(daemon, frames):
     try:
         new = trio.run(pull_attestations, FakeP2P(stream), "fuzz-peer", RUN.run_id,
                        lambda frames: daemon.statements.ingest_attestations(frames))
-    except (TooLong, EOFError):
+    except (TooLong, StreamClosed):
         new = 0
     assert 0 <= new <= len(frames)
     _stored_are_valid(daemon)
@@ -251,7 +257,7 @@ def test_runs_sync_server_answers_or_raises_a_typed_error(requests):
     stream = FakeStream(requests)
     try:
         trio.run(serve_runs, stream, lambda: [RUN.run_id], lambda run: RUN.encoded if run == RUN.run_id else None)
-    except (ProtocolError, TooLong, EOFError):
+    except (ProtocolError, TooLong, StreamClosed):
         return
     assert stream.closed and stream.sent[0] == encode([RUN.run_id])
     assert all(frame in (RUN.encoded, b"") for frame in stream.sent[1:])
@@ -272,7 +278,7 @@ def test_runs_sync_client_validates_the_list_and_every_manifest(daemon, listing,
 
     try:
         new = trio.run(pull_manifests, FakeP2P(stream), "fuzz-peer", lambda run: False, ingest)
-    except (ProtocolError, TooLong, EOFError):
+    except (ProtocolError, TooLong, StreamClosed):
         new = None
     assert all(m.encoded == RUN.encoded for m in accepted)  # the only validly signed manifest offered
     if new is not None:

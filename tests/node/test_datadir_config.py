@@ -112,6 +112,7 @@ def test_numbers_out_of_range_are_refused_naming_the_key_and_the_range(tmp_path,
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.integration  # runs the daemon command (refused before it listens)
 def test_a_nan_in_config_toml_stops_the_daemon_in_one_line(tmp_path):
     from .commands import cli
 

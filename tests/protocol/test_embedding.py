@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -119,7 +120,9 @@ def test_base_install_runs_the_example_without_the_node_stack(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for package in ("protocol", "deterministic", "node"):  # setuptools maps all three; only protocol imports
+    # setuptools maps every package folder (protocol, deterministic, node, devnet, sim); only protocol imports
+    folders = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    for package in sorted(folders):
         shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
     python = str(tmp_path / "venv" / "bin" / "python")
