@@ -124,11 +124,13 @@ WHAT = {
              "with 5 s leases. Others must retake the steps and complete coverage; restarted nodes must keep "
              "every attestation they had.",
     "partition": "The network splits into two halves of 3 daemons (2 auditors and an observer each) by taking "
-                 "the link between two network namespaces down, then heals. Each half must keep attesting on its "
-                 "own, and all nodes must converge to identical coverage. The runs below used a stricter version "
-                 "(commit 3fa3bbf: a 16-step run, split once every publisher has provided it and a quarter is "
-                 "covered); under load it stalls (Findings), so the tree keeps the earlier scenario, which splits "
-                 "at the first covered step and can find the run covered before the split.",
+                 "the link between two network namespaces down, then heals. The split comes once every publisher "
+                 "has provided the run and a quarter of it is covered; replays are slowed by 1 s and the run has "
+                 "16 steps, so the halves still have work (`verified_steps_at_split`). Each half must make two "
+                 "attestations on its own within 240 s, and all nodes must converge to identical coverage. "
+                 "`first_attestation_after_split_s` is when each half's first one reached the half's observer "
+                 "(it may come from a replay under way at the split; `attestations_after_split_s` lists them "
+                 "all). The runs below had a second devnet (64 steps, in a loop) running on the same cores.",
     "late-joiner": "A node starts after the run is covered. It must report the same coverage as the others.",
     "forged-data": "The trainer commits batch k but trains step k on other text, with fingerprints consistent with "
                    "what it trained. Auditors spot check beside their replays (each replay slowed by 2 s, the "

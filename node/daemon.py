@@ -145,7 +145,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
             runfiles.pin(manifest)  # runs we published: served for as long as we run
     syncer = Syncer(p2p, ingest, config, clock=clock, rng=rng, stats=stats)
     claims = ClaimAgent(identity, DhtClaimBoard(p2p), lease_s=config.lease_s, clock=clock.wall, sleep=clock.sleep,
-                        seen=ingest.seen_claim, rng=rng)
+                        seen=ingest.seen_claim, heard=store.slot_claims, rng=rng)
     p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
     p2p.set_stream_handler(BLOB_PROTOCOL, runfiles.cache.serve)
     p2p.set_validator(RUNS_TOPIC, ingest.validate_gossip_manifest)

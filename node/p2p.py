@@ -12,7 +12,10 @@ that the rest of the node sees a small, safe surface:
 * each subscription is drained by its own task, so a slow consumer never loses messages in
   libp2p's 32-slot channel;
 * DHT reads that must see the network (claim re-checks) drop the local copy first, because
-  ``get_value`` answers from local data without asking anyone.
+  ``get_value`` answers from local data without asking anyone;
+* a peer that leaves a request unanswered (a DHT query, opening a stream) is set aside until it
+  answers a ping (:mod:`.peer_liveness`): nothing connects a walk's timeouts to each other, and a
+  split link leaves connections open but silent, so every walk waited on every unreachable peer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.host.ping import ID as PING_PROTOCOL
+from libp2p.host.ping import perform_ping_roundtrip
 from libp2p.kad_dht import DHTMode, KadDHT
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
@@ -40,6 +45,8 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 from multiaddr import Multiaddr
 
 from open1b.protocol import Identity, Open1bError, Outcome
+
+from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +149,10 @@ class P2P:
         )
         self.pubsub = Pubsub(self.host, self.gossipsub)
         self.dht = KadDHT(self.host, DHTMode.SERVER)
+        # Peers that stopped answering (a network split leaves their connections open but silent)
+        # are neither asked nor waited on until they answer a ping again.
+        self.liveness = PeerLiveness(trio.current_time)
+        guard_dht_requests(self.dht, self.liveness)
         self._nursery: trio.Nursery | None = None
         # Penalties are counted against the peer that delivered an invalid message (gossipsub
         # forwards only what its own validator accepted, so an invalid delivery is the
@@ -160,7 +171,23 @@ class P2P:
         return [str(a) for a in self.host.get_addrs()]
 
     def connected_peers(self) -> list[str]:
-        return sorted(p.to_base58() for p in self.host.get_connected_peers() if p.to_base58() not in self.banned)
+        """Peers we hold a connection to that answer (not banned, not set aside as silent)."""
+        return sorted(p for p in (p.to_base58() for p in self.host.get_connected_peers())
+                      if p not in self.banned and self.liveness.usable(p))
+
+    async def ping(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` answers a libp2p ping within UNANSWERED_AFTER_S."""
+        with trio.move_on_after(UNANSWERED_AFTER_S):
+            try:
+                stream = await self.host.new_stream(ID.from_base58(peer_id), [PING_PROTOCOL])
+                try:
+                    await perform_ping_roundtrip(stream)
+                finally:
+                    await stream.close()
+                return True
+            except Exception as exc:
+                log.debug("ping %s failed: %s", peer_id, exc)
+        return False
 
     def peer_addrs(self, peer_id: str) -> list[str]:
         try:
@@ -258,7 +285,9 @@ class P2P:
         if len(data) > MAX_PUBSUB_MESSAGE:
             raise NetworkError(f"message of {len(data)} bytes exceeds the gossip limit")
         with trio.move_on_after(PUBLISH_PACING_TIMEOUT_S):
-            while any(len(q) >= PUBLISH_QUEUE_HIGH_WATER for q in self.pubsub.peer_queues.values()):
+            # a silent peer's queue never drains: waiting on it would hold every publish
+            while any(len(q) >= PUBLISH_QUEUE_HIGH_WATER for p, q in self.pubsub.peer_queues.items()
+                      if self.liveness.usable(p.to_base58())):
                 await trio.sleep(0.01)
         await self.pubsub.publish(topic, data)
         await trio.sleep(0)  # publish() never yields; give the send loops a turn
@@ -353,11 +382,18 @@ class P2P:
         self.host.set_stream_handler(TProtocol(protocol), wrapped)
 
     async def open_stream(self, peer_id: str, protocol: str) -> Stream:
-        try:
-            raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
-        except Exception as exc:
-            raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
-        return Stream(raw, peer_id)
+        """A stream to ``peer_id``; NetworkError at once if the peer is set aside as silent, and
+        after UNANSWERED_AFTER_S (setting it aside) if opening one goes unanswered."""
+        if not self.liveness.usable(peer_id):
+            raise NetworkError(f"cannot open {protocol} to {peer_id}: the peer is not answering")
+        with trio.move_on_after(UNANSWERED_AFTER_S):
+            try:
+                raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+            except Exception as exc:
+                raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
+            return Stream(raw, peer_id)
+        self.liveness.unanswered(peer_id, f"opening {protocol}")
+        raise NetworkError(f"cannot open {protocol} to {peer_id}: no answer in {UNANSWERED_AFTER_S:.0f} s")
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -395,6 +431,7 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
             try:
                 async with trio.open_nursery() as nursery:
                     node._nursery = nursery
+                    nursery.start_soon(probe_forever, node.liveness, node.ping)
                     try:
                         yield node
                     finally:
