@@ -270,16 +270,24 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   is flagged) is retaken only after its lease ends *and* a new round begins (the crash table's
   retake seconds). In the scenarios the liar therefore claims nothing, and the crash and
   partition runs use 5–10 s leases; with the default 120-s lease the wait is up to ~3 minutes.
-- **Partitions are slow, and under load one half stalls.** While half the network is
-  unreachable, py-libp2p's DHT walks wait out their 10-s query timeouts on the missing peers. On a
-  quiet machine both halves keep attesting (the partition table). Next to other devnets on the
-  same two cores (2026-12-02), the half holding the run's first publisher made no attestation in
-  240 s (three runs) and then in 480 s (a clean-clone CI run), while the other half made one every
-  72 s or slower. A run with each claim attempt logged showed single attempts of 60.8–80.7 s while
-  split (two slot reads, a write, a pause and a re-read, each a DHT walk, each bounded by
-  `DHT_OP_TIMEOUT_S`, 30 s), but that explains slowness, not a half that makes nothing for 480 s.
-  The cause is not found. Until it is, the scenario in the tree is the earlier, weaker one (see
-  the partition section). After healing, coverage converged within seconds.
+- **Partitions: claims no longer wait on the unreachable half.** A split link leaves connections
+  open but silent, and nothing told py-libp2p those peers were gone: every DHT walk asked each
+  peer near the key and waited out its 10-s query timeout on every unreachable one, the GET or PUT
+  that followed waited another 10 s on the same peers, and the next walk did it all again. With
+  each request logged (2026-12-03, a 64-step devnet running beside), every claim read, write and
+  re-read took 20.0 s while split, so a claim attempt took 43–58 s, and a read that found the step
+  already claimed by the node's own half cost as much; a checkpoint fetch took 31 s trying the
+  unreachable connected peers first. Earlier, under heavier CI load, the half holding the run's
+  first publisher made no attestation in 480 s; that full stall did not recur in two runs under
+  this load before the fix (one attestation per half within 43 s and 22 s), and what stretched
+  it to minutes was not isolated. Now a peer that leaves one DHT request or stream open unanswered
+  for 5 s is set aside — later requests to it fail at once, fetches, syncs and publish pacing skip
+  it — until it answers a ping (`node/peer_liveness.py`); claim reads also weigh the slot's
+  claims heard on gossip, under the same order. While split, a claim attempt then takes 1.5–3 s;
+  in the five runs of the partition table, with a second devnet running at once, each half's
+  first attestation reached its own observer 0.4–16.4 s after the split and its second within
+  17.4 s (`first_attestation_after_split_s`, `attestations_after_split_s`). After healing,
+  set-aside peers are let back within one probe interval (up to 16 s), and coverage converged.
 - **Fixed while building these scenarios:** a node whose only bootstrap peer was down never
   started auditing even when other peers had connected to it (now it proceeds once any peer is
   connected); `decode_message` raised `TypeError` on a non-text `kind` and the trajectory and
