@@ -39,6 +39,7 @@ from .ingest import Gossip, Ingest
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .p2p import P2P
 from .publisher import Publisher
+from .reachability import ReachabilityMonitor
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .spot_checker import why_not_spot_checked
 from .topics import reveals_topic
@@ -61,6 +62,7 @@ class Components:
     worker: ReplayWorker
     shutdown: trio.Event
     evaluator: Evaluator
+    reachability: ReachabilityMonitor
 
     def gauges(self) -> Gauges:
         f, cache = self.runfiles.stats, self.runfiles.cache
@@ -68,12 +70,14 @@ class Components:
                       len(self.ingest.manifests), blobs_fetched=f.fetched, blob_fetch_failures=f.failed,
                       blob_fetched_bytes=f.fetched_bytes, blob_served_bytes=cache.served_bytes,
                       blob_bad_providers=f.bad_providers, blob_cache_bytes=cache.used_bytes(),
-                      trusted_listed=len(self.ingest.listed.roots), trusted_earned=len(self.ingest.earned))
+                      trusted_listed=len(self.ingest.listed.roots), trusted_earned=len(self.ingest.earned),
+                      reachability=self.reachability.current.state)
 
     def status(self) -> dict:
         s, g, ingest, p2p = self.stats, self.gauges(), self.ingest, self.p2p
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
+            "reachability": self.reachability.current.as_json(),
             "runs": [r.hex() for r in ingest.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,

@@ -51,6 +51,7 @@ from .ingest import Ingest
 from .metrics import NodeStats
 from .p2p import P2P, open_p2p
 from .publisher import Publisher, read_run_manifest
+from .reachability import DIALBACK_PROTOCOL, DialBackServer, ReachabilityMonitor
 from .runs import RunFiles, why_not_auditable
 from .spot_answers import SPOTCHECK_PROTOCOL, AnswerServer
 from .spot_checker import SpotChecker
@@ -167,7 +168,11 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
                           device=cpu_device_class(), policy=lambda: ingest.trust, redundancy=config.redundancy,
                           sleep=clock.sleep)
     shutdown = trio.Event()
-    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown, evaluator)
+    dialback = DialBackServer()
+    p2p.set_stream_handler(DIALBACK_PROTOCOL, dialback.handle)
+    reachability = ReachabilityMonitor(p2p, lambda: p2p.listen_port, rng, clock.sleep)
+    node = Components(identity, config, p2p, ingest, publisher, auditor, runfiles, stats, worker, shutdown, evaluator,
+                      reachability)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(publisher.serve_publisher)
@@ -193,6 +198,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())
         log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
         await nursery.start(syncer.serve_syncer)
+        nursery.start_soon(partial(reachability.serve, ready=syncer.bootstrapped))
         await nursery.start(ingest.serve_judgements)
         await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either
         daemon = Daemon(identity, config, clock, p2p, store, ingest, publisher, auditor, syncer, runfiles, stats,

@@ -47,6 +47,7 @@ from multiaddr import Multiaddr
 from open1b.protocol import Identity, Open1bError, Outcome
 
 from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
+from .reachability import interface_ipv4s
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,15 @@ class Stream:
         self._raw = raw
         self.peer_id = peer_id
 
+    @property
+    def remote_host(self) -> str | None:
+        """The IP address the peer's connection comes from, as this end sees it."""
+        try:
+            address = self._raw.get_remote_address()
+        except Exception:
+            return None
+        return address[0] if address else None
+
     # py-libp2p raises many types for a peer's failure (resets, EOF, yamux and noise errors, an
     # oversized frame): here they all become one NetworkError, so callers catch exactly that.
     async def send(self, frame: bytes) -> None:
@@ -139,9 +149,12 @@ class P2P:
     def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
                  max_rejects_per_peer: int = 20) -> None:
         self.identity = identity
+        # Hosts at which peers' dial-backs reached our listener (node/reachability.py sets them).
+        self.dialled_back_at: set[str] = set()
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
             connection_config=ConnectionConfig(max_connections_per_peer=1),
+            addrs_factory=self._usable_addrs,
         )
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
@@ -169,6 +182,35 @@ class P2P:
     @property
     def addrs(self) -> list[str]:
         return [str(a) for a in self.host.get_addrs()]
+
+    def _usable_addrs(self, candidates: list[Multiaddr]) -> list[Multiaddr]:
+        """The addresses we announce, only ones a peer can dial: an unspecified listen address
+        (0.0.0.0) becomes this machine's interface addresses; an address peers merely observed us
+        at (identify) only once a dial-back reached our listener there — behind NAT the observed
+        port is the router's mapping, which nobody else can use."""
+        out: list[Multiaddr] = []
+        for addr in candidates:
+            try:
+                host, port = addr.value_for_protocol("ip4"), addr.value_for_protocol("tcp")
+            except Exception:  # not TCP over IPv4: announced as libp2p found it
+                out.append(addr)
+                continue
+            if host == "0.0.0.0":
+                out += [Multiaddr(f"/ip4/{ip}/tcp/{port}") for ip in interface_ipv4s()]
+            elif addr in self._listening:
+                out.append(addr)
+            elif host in self.dialled_back_at:
+                out.append(Multiaddr(f"/ip4/{host}/tcp/{self.listen_port}"))
+        return list(dict.fromkeys(out)) or candidates
+
+    @property
+    def _listening(self) -> list[Multiaddr]:
+        return list(self.host.get_transport_addrs())
+
+    @property
+    def listen_port(self) -> int:
+        """The TCP port libp2p listens on."""
+        return int(self._listening[0].value_for_protocol("tcp"))
 
     def connected_peers(self) -> list[str]:
         """Peers we hold a connection to that answer (not banned, not set aside as silent)."""
