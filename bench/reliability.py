@@ -274,20 +274,28 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   open but silent, and nothing told py-libp2p those peers were gone: every DHT walk asked each
   peer near the key and waited out its 10-s query timeout on every unreachable one, the GET or PUT
   that followed waited another 10 s on the same peers, and the next walk did it all again. With
-  each request logged (2026-12-03, a 64-step devnet running beside), every claim read, write and
-  re-read took 20.0 s while split, so a claim attempt took 43–58 s, and a read that found the step
-  already claimed by the node's own half cost as much; a checkpoint fetch took 31 s trying the
-  unreachable connected peers first. Earlier, under heavier CI load, the half holding the run's
-  first publisher made no attestation in 480 s; that full stall did not recur in two runs under
-  this load before the fix (one attestation per half within 43 s and 22 s), and what stretched
-  it to minutes was not isolated. Now a peer that leaves one DHT request or stream open unanswered
-  for 5 s is set aside — later requests to it fail at once, fetches, syncs and publish pacing skip
-  it — until it answers a ping (`node/peer_liveness.py`); claim reads also weigh the slot's
-  claims heard on gossip, under the same order. While split, a claim attempt then takes 1.5–3 s;
-  in the five runs of the partition table, with a second devnet running at once, each half's
-  first attestation reached its own observer 0.4–16.4 s after the split and its second within
-  17.4 s (`first_attestation_after_split_s`, `attestations_after_split_s`). After healing,
-  set-aside peers are let back within one probe interval (up to 16 s), and coverage converged.
+  each request logged (2026-12-03, one or two 64-step devnets running beside), every claim read,
+  write and re-read took 20.0 s while split, so a claim attempt took 43–61 s; a checkpoint fetch
+  took 31 s trying the unreachable connected peers first. What turned that into a stall is the
+  end of the run: the planner offers the few steps left, and a step whose slot holds another
+  node's claim from the current 60-s lease round cannot be retaken before the round ends, even
+  when that claim's lease (10 s here) has run out — the strict order prefers the earlier claim
+  within a round (the crash finding above). Each such attempt still paid its 20-s read before the
+  write was refused, and the planner offered the same step again: with two devnets beside, one
+  auditor spent 81 s on three attempts at one step (reads of 20.0, 20.0 and 20.1 s, two writes
+  refused, the third in the next round taking 55.6 s), and both auditors of the other half took
+  the same last step in the new round, the loser after a 59.6-s attempt; each half's second
+  attestation came 83 and 93 s after the split. The clean-clone CI run that made none in 480 s
+  was not reproduced here. Now a peer that leaves one DHT request or stream open unanswered for
+  5 s is set aside — later requests to it fail at once, fetches, syncs and publish pacing skip it
+  — until it answers a ping (`node/peer_liveness.py`); claim reads also weigh the slot's claims
+  heard on gossip, under the same order. While split, a claim attempt then takes 1.5–3 s and a
+  refused one about 1 s; in the five runs of the partition table, with a second devnet running
+  at once, each half's first attestation reached its own observer 0.4–16.4 s after the split and
+  its second within 17.4 s (`first_attestation_after_split_s`, `attestations_after_split_s`).
+  After healing, set-aside peers are let back within one probe interval (up to 16 s), and
+  coverage converged. A slot held by an expired claim of the current round still blocks its step
+  until the round ends (up to 60 s); the planner does not know it yet.
 - **Fixed while building these scenarios:** a node whose only bootstrap peer was down never
   started auditing even when other peers had connected to it (now it proceeds once any peer is
   connected); `decode_message` raised `TypeError` on a non-text `kind` and the trajectory and
