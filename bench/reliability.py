@@ -293,6 +293,10 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   refused one about 1 s; in the five runs of the partition table, with a second devnet running
   at once, each half's first attestation reached its own observer 0.4–16.4 s after the split and
   its second within 17.4 s (`first_attestation_after_split_s`, `attestations_after_split_s`).
+  With a 10-s bound instead (py-libp2p's own query timeout; five runs, 2026-12-03), the first
+  attestations came 11.2–33.2 s after the split, and in one run the split came only after the
+  run was covered (under load the second publisher finished providing last), which tests
+  nothing: the scenario test refuses such a run (`verified_steps_at_split` < steps).
   After healing, set-aside peers are let back within one probe interval (up to 16 s), and
   coverage converged. A slot held by an expired claim of the current round still blocks its step
   until the round ends (up to 60 s); the planner does not know it yet.

@@ -27,12 +27,11 @@ import trio
 log = logging.getLogger(__name__)
 
 # One request to one peer (a DHT query, opening a stream, a ping) that takes longer than this
-# counts as unanswered: py-libp2p's own bound on a DHT query (QUERY_TIMEOUT), so a peer is set aside
-# only for a request libp2p would have abandoned anyway. A DHT request takes 50–500 ms on the
-# internet, but up to 9 s was seen on a shared two-core machine running two devnets, where a 5-s bound
-# set live peers aside for seconds at a time (their requests then fail, as a publisher's gossip
-# would with no peer left).
-UNANSWERED_AFTER_S = 10.0
+# counts as unanswered. A DHT request takes 50–500 ms on the internet; on a shared two-core machine
+# running two devnets it took up to 9 s, and live peers were set aside there for 1–7 s at a time
+# (a cost only to that many seconds of DHT replication). At 10 s (py-libp2p's own query bound) a
+# half's first attestation after a split came up to 33 s late (docs/reliability.md, "Findings").
+UNANSWERED_AFTER_S = 5.0
 # A set-aside peer is pinged after this long, then at doubling intervals up to PROBE_MAX_S.
 PROBE_FIRST_S = 1.0
 PROBE_MAX_S = 16.0
