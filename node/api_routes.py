@@ -41,6 +41,7 @@ from .metrics import Gauges, NodeStats, metrics_registry, render
 from .outbox import StatementOutbox
 from .p2p import P2P
 from .publisher import Publisher
+from .reachability import ReachabilityMonitor
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .spot_checker import why_not_spot_checked
 from .web import mount_page
@@ -63,6 +64,7 @@ class Components:
     worker: ReplayWorker
     shutdown: trio.Event
     evaluator: Evaluator
+    reachability: ReachabilityMonitor
 
     def gauges(self) -> Gauges:
         f, cache = self.runfiles.stats, self.runfiles.cache
@@ -71,12 +73,14 @@ class Components:
                       len(ledger.manifests), blobs_fetched=f.fetched, blob_fetch_failures=f.failed,
                       blob_fetched_bytes=f.fetched_bytes, blob_served_bytes=cache.served_bytes,
                       blob_bad_providers=f.bad_providers, blob_cache_bytes=cache.used_bytes(),
-                      trusted_listed=len(ledger.counting.listed.roots), trusted_earned=len(ledger.counting.earned))
+                      trusted_listed=len(ledger.counting.listed.roots), trusted_earned=len(ledger.counting.earned),
+                      reachability=self.reachability.current.state)
 
     def status(self) -> dict:
         s, g, ledger, p2p = self.stats, self.gauges(), self.ledger, self.p2p
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
+            "reachability": self.reachability.current.as_json(),
             "runs": [r.hex() for r in ledger.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,

@@ -8,7 +8,8 @@ from the network; take a free slot (:func:`~open1b.node.planner.free_slot`); wri
 a moment and read the slot again — only if the network then shows *our* claim is it announced on
 gossip and compute spent.
 A lost race costs a few lookups; a stolen or lost claim costs at most a duplicate replay,
-never a wrong verdict.
+never a wrong verdict. Each read also weighs the claims for the slot heard on gossip, under the
+same order, so a claim survives a split that cuts its storing peers off.
 
 Leases are at most ``MAX_LEASE_SECONDS`` (an hour) while one Open-1B step takes from under an
 hour (H100) to 18 hours (a 24 GB laptop), so a node keeps its claim alive with :meth:`ClaimAgent.hold`
@@ -19,7 +20,7 @@ strict order prefers), before the old one runs out.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol
 
 from open1b.protocol import LEASE_ROUND_SECONDS, Claim, Identity, Open1bError, claim_key, is_live, select_claim
 
@@ -68,11 +69,16 @@ class ClaimAgent:
         clock: Callable[[], int],
         sleep: Callable[[float], Awaitable[None]],
         seen: Callable[[Claim], None] = lambda claim: None,
+        heard: Callable[[bytes, int, int], Iterable[Claim]] = lambda run, step, slot: (),
         rng: random.Random | None = None,
         decode: Callable[[bytes], Claim] = Claim.decode,
     ) -> None:
         self.identity, self.board, self.lease_s = identity, board, lease_s
         self.clock, self.sleep, self.seen = clock, sleep, seen
+        # Claims for a slot that reached us otherwise (gossip announces every winning claim): a read
+        # arbitrates between them and the DHT's answer under the same strict order, so a claim
+        # whose storing peers we cannot reach (a network split) still holds its slot for us.
+        self.heard = heard
         self.rng = rng or random.Random()
         # ``decode`` must authenticate like Claim.decode (a simulator passes a memo of it).
         self.decode = decode
@@ -81,22 +87,24 @@ class ClaimAgent:
         self.lost = 0
         self.renewed = 0
 
-    async def _read(self, key: str) -> Claim | None:
-        value = await self.board.read(key)
-        if value is None:
-            return None
-        try:
-            claim = self.decode(value)
-        except Open1bError:
-            return None
-        self.seen(claim)
-        return claim
+    async def _read(self, run: bytes, step: int, slot: int) -> Claim | None:
+        value = await self.board.read(claim_key(run, step, slot))
+        found = None
+        if value is not None:
+            try:
+                found = self.decode(value)
+            except Open1bError:
+                pass
+            else:
+                self.seen(found)
+        candidates = ([found] if found is not None else []) + list(self.heard(run, step, slot))
+        return candidates[select_claim(candidates)] if candidates else None
 
     async def try_claim(self, run: bytes, cand: planner.Candidate) -> Claim | None:
         """Claim a free redundancy slot of ``cand.step``; returns our claim if the network shows it."""
         step, slots, attesters = cand.step, cand.slots, cand.attesters
         now = self.clock()
-        records = {s: await self._read(claim_key(run, step, s)) for s in range(slots)}
+        records = {s: await self._read(run, step, s) for s in range(slots)}
         # The view we planned with may be stale: with the slots just read, is the step still
         # short of attesters once others' unfinished live claims are counted?
         busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
@@ -118,7 +126,7 @@ class ClaimAgent:
             return None
         # Re-check before spending compute: a concurrent claim may have won the order.
         await self.sleep(self.rng.uniform(*RECHECK_DELAY_S))
-        current = await self._read(key)
+        current = await self._read(run, step, slot)
         if current is not None and current.digest != mine.digest:
             self.lost += 1
             return None

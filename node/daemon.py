@@ -60,6 +60,7 @@ from .ledger import Ledger, build_ledger
 from .metrics import NodeStats
 from .p2p import P2P, open_p2p
 from .publisher import Publisher, read_run_manifest
+from .reachability import DIALBACK_PROTOCOL, DialBackServer, ReachabilityMonitor
 from .runs import RunFiles, why_not_auditable
 from .spot_answers import SPOTCHECK_PROTOCOL, AnswerServer
 from .spot_checker import SpotChecker
@@ -166,7 +167,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
             runfiles.pin(manifest)  # runs we published: served for as long as we run
     syncer = Syncer(p2p, statements, config, clock=clock, rng=rng, stats=stats)
     claims = ClaimAgent(identity, DhtClaimBoard(p2p), lease_s=config.lease_s, clock=clock.wall, sleep=clock.sleep,
-                        seen=statements.add_claim, rng=rng)
+                        seen=statements.add_claim, heard=store.slot_claims, rng=rng)
     p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
     p2p.set_stream_handler(BLOB_PROTOCOL, runfiles.cache.serve)
     p2p.set_validator(RUNS_TOPIC, statements.validate_gossip_manifest)
@@ -192,8 +193,11 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
                           device=cpu_device_class(), policy=lambda: ledger.counting.trust,
                           redundancy=config.redundancy, sleep=clock.sleep)
     shutdown = trio.Event()
+    dialback = DialBackServer()
+    p2p.set_stream_handler(DIALBACK_PROTOCOL, dialback.handle)
+    reachability = ReachabilityMonitor(p2p, lambda: p2p.listen_port, rng, clock.sleep)
     node = Components(identity, config, clock, p2p, ledger, publisher, fetcher, runfiles, stats, worker, shutdown,
-                      evaluator)
+                      evaluator, reachability)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.serve_fetcher)
@@ -221,6 +225,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         write_atomic(addr_files[1], f"{p2p.addrs[0]}\n".encode())
         log.info("node %s listening on %s, API on %s:%d", p2p.peer_id, p2p.addrs[0], api_host, api_port)
         await nursery.start(syncer.serve_syncer)
+        nursery.start_soon(partial(reachability.serve, ready=syncer.bootstrapped))
         await nursery.start(ledger.judge.serve_judge)
         await nursery.start(partial(ledger.proof.serve_reveals, ledger.outbox.publish, clock=clock))
         await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either

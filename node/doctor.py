@@ -183,5 +183,7 @@ def run_checks(data_dir: Path, api_status: dict | None, device: str | None = Non
         checks.append(Check("replay device", "OK", f"{d['class']}: {d['reason']}" if d["class"]
                             else f"{d['requested']} (the replay worker has not started yet)"))
         checks.append(Check("peers", "OK" if n else "WARN", f"{n} connected"))
+        r = api_status["reachability"]
+        checks.append(Check("reachability", "OK" if r["state"] == "public" else "WARN", f"{r['state']}: {r['reason']}"))
     checks += [_trust(c) for c in coverages]
     return checks

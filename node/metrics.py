@@ -38,8 +38,10 @@ METRIC_NAMES = (
     "open1b_challenges_answered_total",
     "open1b_trusted_keys",
     "open1b_own_statements_total",
+    "open1b_reachability",
 )
 RUN_STEP_STATUSES = ("verified", "disputed", "refuted")  # the per-run gauge's statuses
+REACHABILITY_STATES = ("public", "private", "unknown")
 
 REPLAY_SECONDS_BUCKETS = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 
@@ -96,6 +98,8 @@ class Gauges:
     # keys whose attestations coverage counts: the operator's list, and those that earned trust
     trusted_listed: int = 0
     trusted_earned: int = 0
+    # whether peers can dial this node (node/reachability.py): public, private or unknown
+    reachability: str = "unknown"
 
 
 class _Collector:
@@ -141,6 +145,11 @@ class _Collector:
         yield GaugeMetricFamily("open1b_peers_connected", "Connected libp2p peers", value=g.peers_connected)
         yield GaugeMetricFamily("open1b_peers_banned", "Peers disconnected for invalid messages", value=g.peers_banned)
         yield GaugeMetricFamily("open1b_runs_known", "Runs this node knows", value=g.runs_known)
+        reach = GaugeMetricFamily("open1b_reachability", "1 for whether peers can dial this node (dial-back test)",
+                                  labels=["state"])
+        for state in REACHABILITY_STATES:
+            reach.add_metric([state], 1 if g.reachability == state else 0)
+        yield reach
         fetches = CounterMetricFamily("open1b_blob_fetches", "Blobs fetched from peers, by result", labels=["result"])
         fetches.add_metric(["ok"], g.blobs_fetched)
         fetches.add_metric(["failed"], g.blob_fetch_failures)

@@ -13,7 +13,10 @@ that the rest of the node sees a small, safe surface:
   libp2p's 32-slot channel;
 * the DHT stores only records of our namespaces, within bounds (:mod:`.dht_store`);
 * DHT reads that must see the network (claim re-checks) drop the local copy first, because
-  ``get_value`` answers from local data without asking anyone.
+  ``get_value`` answers from local data without asking anyone;
+* a peer that leaves a request unanswered (a DHT query, opening a stream) is set aside until it
+  answers a ping (:mod:`.peer_liveness`): nothing connects a walk's timeouts to each other, and a
+  split link leaves connections open but silent, so every walk waited on every unreachable peer.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.host.ping import ID as PING_PROTOCOL
+from libp2p.host.ping import perform_ping_roundtrip
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -43,6 +48,8 @@ from multiaddr import Multiaddr
 from open1b.protocol import Identity, Open1bError, Outcome
 
 from .dht_store import BoundedKadDHT, DhtLimits
+from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
+from .reachability import interface_ipv4s
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +111,15 @@ class Stream:
         self._raw = raw
         self.peer_id = peer_id
 
+    @property
+    def remote_host(self) -> str | None:
+        """The IP address the peer's connection comes from, as this end sees it."""
+        try:
+            address = self._raw.get_remote_address()
+        except Exception:
+            return None
+        return address[0] if address else None
+
     # py-libp2p raises many types for a peer's failure (resets, EOF, yamux and noise errors, an
     # oversized frame): here they all become one NetworkError, so callers catch exactly that.
     async def send(self, frame: bytes) -> None:
@@ -135,9 +151,12 @@ class P2P:
     def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
                  max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits()) -> None:
         self.identity = identity
+        # Hosts at which peers' dial-backs reached our listener (node/reachability.py sets them).
+        self.dialled_back_at: set[str] = set()
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
             connection_config=ConnectionConfig(max_connections_per_peer=1),
+            addrs_factory=self._usable_addrs,
         )
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
@@ -146,6 +165,10 @@ class P2P:
         self.pubsub = Pubsub(self.host, self.gossipsub)
         self.dht = BoundedKadDHT(self.host, limits=dht_limits, penalise=self.penalise,
                                  banned=lambda peer: peer in self.banned)
+        # Peers that stopped answering (a network split leaves their connections open but silent)
+        # are neither asked nor waited on until they answer a ping again.
+        self.liveness = PeerLiveness(trio.current_time)
+        guard_dht_requests(self.dht, self.liveness)
         self._nursery: trio.Nursery | None = None
         # Penalties are counted against the peer that delivered an invalid message (gossipsub
         # forwards only what its own validator accepted, so an invalid delivery is the
@@ -165,8 +188,53 @@ class P2P:
     def addrs(self) -> list[str]:
         return [str(a) for a in self.host.get_addrs()]
 
+    def _usable_addrs(self, candidates: list[Multiaddr]) -> list[Multiaddr]:
+        """The addresses we announce, only ones a peer can dial: an unspecified listen address
+        (0.0.0.0) becomes this machine's interface addresses; an address peers merely observed us
+        at (identify) only once a dial-back reached our listener there — behind NAT the observed
+        port is the router's mapping, which nobody else can use."""
+        out: list[Multiaddr] = []
+        for addr in candidates:
+            try:
+                host, port = addr.value_for_protocol("ip4"), addr.value_for_protocol("tcp")
+            except Exception:  # not TCP over IPv4: announced as libp2p found it
+                out.append(addr)
+                continue
+            if host == "0.0.0.0":
+                out += [Multiaddr(f"/ip4/{ip}/tcp/{port}") for ip in interface_ipv4s()]
+            elif addr in self._listening:
+                out.append(addr)
+            elif host in self.dialled_back_at:
+                out.append(Multiaddr(f"/ip4/{host}/tcp/{self.listen_port}"))
+        return list(dict.fromkeys(out)) or candidates
+
+    @property
+    def _listening(self) -> list[Multiaddr]:
+        return list(self.host.get_transport_addrs())
+
+    @property
+    def listen_port(self) -> int:
+        """The TCP port libp2p listens on."""
+        return int(self._listening[0].value_for_protocol("tcp"))
+
     def connected_peers(self) -> list[str]:
-        return sorted(p.to_base58() for p in self.host.get_connected_peers() if p.to_base58() not in self.banned)
+        """Peers we hold a connection to that answer (not banned, not set aside as silent)."""
+        return sorted(p for p in (p.to_base58() for p in self.host.get_connected_peers())
+                      if p not in self.banned and self.liveness.usable(p))
+
+    async def ping(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` answers a libp2p ping within UNANSWERED_AFTER_S."""
+        with trio.move_on_after(UNANSWERED_AFTER_S):
+            try:
+                stream = await self.host.new_stream(ID.from_base58(peer_id), [PING_PROTOCOL])
+                try:
+                    await perform_ping_roundtrip(stream)
+                finally:
+                    await stream.close()
+                return True
+            except Exception as exc:
+                log.debug("ping %s failed: %s", peer_id, exc)
+        return False
 
     def peer_addrs(self, peer_id: str) -> list[str]:
         try:
@@ -275,7 +343,9 @@ class P2P:
         if len(data) > MAX_PUBSUB_MESSAGE:
             raise NetworkError(f"message of {len(data)} bytes exceeds the gossip limit")
         with trio.move_on_after(PUBLISH_PACING_TIMEOUT_S):
-            while any(len(q) >= PUBLISH_QUEUE_HIGH_WATER for q in self.pubsub.peer_queues.values()):
+            # a silent peer's queue never drains: waiting on it would hold every publish
+            while any(len(q) >= PUBLISH_QUEUE_HIGH_WATER for p, q in self.pubsub.peer_queues.items()
+                      if self.liveness.usable(p.to_base58())):
                 await trio.sleep(0.01)
         await self.pubsub.publish(topic, data)
         await trio.sleep(0)  # publish() never yields; give the send loops a turn
@@ -373,11 +443,18 @@ class P2P:
         self.host.set_stream_handler(TProtocol(protocol), wrapped)
 
     async def open_stream(self, peer_id: str, protocol: str) -> Stream:
-        try:
-            raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
-        except Exception as exc:
-            raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
-        return Stream(raw, peer_id)
+        """A stream to ``peer_id``; NetworkError at once if the peer is set aside as silent, and
+        after UNANSWERED_AFTER_S (setting it aside) if opening one goes unanswered."""
+        if not self.liveness.usable(peer_id):
+            raise NetworkError(f"cannot open {protocol} to {peer_id}: the peer is not answering")
+        with trio.move_on_after(UNANSWERED_AFTER_S):
+            try:
+                raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+            except Exception as exc:
+                raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
+            return Stream(raw, peer_id)
+        self.liveness.unanswered(peer_id, f"opening {protocol}")
+        raise NetworkError(f"cannot open {protocol} to {peer_id}: no answer in {UNANSWERED_AFTER_S:.0f} s")
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -415,6 +492,7 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
             try:
                 async with trio.open_nursery() as nursery:
                     node._nursery = nursery
+                    nursery.start_soon(probe_forever, node.liveness, node.ping)
                     try:
                         yield node
                     finally:

@@ -161,6 +161,12 @@ class Store:
                 "SELECT encoded FROM claims WHERE run_id = ? AND lease_expiry > ? ORDER BY digest", (run_id, live_at))
         return [Claim.decode(r[0]) for r in rows.fetchall()]
 
+    def slot_claims(self, run_id: bytes, step: int, slot: int) -> list[Claim]:
+        """Every claim held for one redundancy slot (heard on gossip, read or made here)."""
+        rows = self._db.execute("SELECT encoded FROM claims WHERE run_id = ? AND step = ? AND slot = ? ORDER BY digest",
+                                (run_id, step, slot))
+        return [Claim.decode(r[0]) for r in rows.fetchall()]
+
     # -- proof of replay -------------------------------------------------------------------
     def add_reveal(self, reveal: WitnessReveal) -> bool:
         return self._insert(

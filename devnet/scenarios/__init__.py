@@ -16,6 +16,7 @@ test re-checks it without trusting the devnet's own judgement.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -70,6 +71,8 @@ def _layout(opts: DevnetOptions, chosen: list[Scenario]) -> list[Node]:
 
 def run_scenarios(opts: DevnetOptions) -> dict:
     started = time.monotonic()
+    steps = max([opts.steps] + [TYPES[name].min_steps for name in opts.scenarios])
+    opts = dataclasses.replace(opts, steps=steps)  # validated again
     chosen = [TYPES[name](opts) for name in opts.scenarios]
     redundancy = max([opts.redundancy] + [s.min_redundancy for s in chosen])
     forgeries: dict[int, str] = {}

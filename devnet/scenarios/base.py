@@ -91,6 +91,7 @@ class Scenario:
     name = ""
     min_redundancy = 1
     min_auditors = 1
+    min_steps = 1  # a run shorter than this is covered before the scenario can do what it tests
     needs_forgery = False
 
     def __init__(self, opts: DevnetOptions) -> None:

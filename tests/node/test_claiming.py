@@ -158,3 +158,45 @@ def test_leases_over_hours_of_protocol_time_a_crashed_holder_is_retaken_after_it
     elapsed = run_virtual(main)
     assert elapsed > crash_at  # hours of protocol time
     assert holder.renewed >= crash_at // lease_s  # the lease was renewed all along
+
+
+class _BlindBoard(FakeClaimBoard):
+    """A DHT whose storing peers are all out of reach (a network split): writes land nowhere a
+    read can see, and every read finds nothing."""
+
+    async def read(self, key):
+        await trio.sleep(0)
+        return None
+
+
+def test_a_claim_heard_on_gossip_holds_its_slot_when_the_dht_shows_nothing(manifest):
+    clock = Clock(wall_at_zero=T0)
+    heard: list[Claim] = []
+
+    def gossip(run, step, slot):
+        return [c for c in heard if (c.run, c.step, c.slot) == (run, step, slot)]
+
+    board = _BlindBoard()
+    a = ClaimAgent(ident(90), board, lease_s=60, clock=clock.wall, sleep=clock.sleep, rng=random.Random(90),
+                   heard=gossip)
+
+    async def main():
+        other = Claim.create(ident(91), run=manifest.run_id, step=5, slot=0, issued_at=T0, lease_expiry=T0 + 60)
+        heard.append(other)
+        assert await a.try_claim(manifest.run_id, cand(5)) is None  # its live claim, heard on gossip, is respected
+        assert a.lost == 0 and board.records == {}  # nothing written
+        # a slot nobody announced is taken on the agent's own say (the DHT took the write)
+        mine = await a.try_claim(manifest.run_id, cand(6))
+        assert mine is not None and mine.claimant == ident(90).public_key
+        # a competitor in the same lease round but earlier, heard only by gossip, wins the re-check
+        await trio.sleep(1)
+        earlier = Claim.create(ident(92), run=manifest.run_id, step=7, slot=0, issued_at=T0, lease_expiry=T0 + 60)
+
+        async def race(seconds):
+            heard.append(earlier)  # arrives while the agent waits to re-check
+            await trio.sleep(seconds)
+
+        a.sleep = race
+        assert await a.try_claim(manifest.run_id, cand(7)) is None and a.lost == 1
+
+    run_virtual(main)

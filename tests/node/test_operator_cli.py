@@ -123,6 +123,15 @@ def test_doctor(network):
     # the truth about the GPU: none here, so auto replays on the CPU, which the running node reports
     assert checks["gpu"]["level"] == "OK" and "replays on the CPU" in checks["gpu"]["detail"]
     assert checks["replay device"]["detail"].startswith(cpu_device_class() + ":")
+    # four daemons on loopback dial each other back at 127.0.0.1: reachable, but on this machine only
+    d0 = network["daemons"].api(0)
+    wait_for(lambda: call(d0, "/v1/status")["reachability"]["state"] != "unknown", 90, what="a reachability verdict")
+    reach = call(d0, "/v1/status")["reachability"]
+    assert reach["state"] == "private" and "127.0.0.1" in reach["reason"] and "that network only" in reach["reason"]
+    rc, out, err = cli("doctor", "--data-dir", str(network["daemons"].dirs[0]), "--json")
+    checks = {c["check"]: c for c in json.loads(out)}
+    assert checks["reachability"] == {"check": "reachability", "level": "WARN",
+                                      "detail": f"private: {reach['reason']}"}
     rc, out, err = cli("doctor", "--data-dir", str(network["daemons"].dirs[0]), "--device", "cuda", "--json")
     checks = {c["check"]: c for c in json.loads(out)}
     assert checks["gpu"]["level"] == "WARN" and checks["overall"]["level"] in ("WARN", "FAIL")
@@ -131,10 +140,15 @@ def test_doctor(network):
 def test_metrics_golden_list(network):
     import urllib.request
 
+    d0 = network["daemons"].api(0)
+    wait_for(lambda: call(d0, "/v1/status")["reachability"]["state"] != "unknown", 90, what="a reachability verdict")
     text = urllib.request.urlopen(f"http://{network['metrics']}/metrics", timeout=5).read().decode()
     assert set(re.findall(r"^# TYPE (\S+) ", text, re.M)) == set(METRIC_NAMES)
     status = call(network["daemons"].api(0), "/v1/status")
     assert f"open1b_replays_total {float(status['replays'])}" in text
+    state = status["reachability"]["state"]
+    assert all(f'open1b_reachability{{state="{s}"}} {1.0 if s == state else 0.0}' in text
+               for s in ("public", "private", "unknown"))
     policy = call(network["daemons"].api(0), f"/v1/coverage/{network['run']}")["policy"]
     listed, earned = len(policy["roots"]) - len(policy["earned"]), len(policy["earned"])
     assert f'open1b_trusted_keys{{source="listed"}} {float(listed)}' in text and listed >= 1

@@ -8,6 +8,7 @@ Screenshots go to ``$OPEN1B_ARTIFACTS`` (default: the test's temporary directory
 
 import json
 import os
+import re
 from pathlib import Path
 
 import cbor2
@@ -145,6 +146,8 @@ def test_the_page_shows_the_tampered_step_its_evidence_and_refuses_other_origins
         assert ident(3).peer_id in page.inner_text("main")
         page.goto(f"http://{api}/#/peers")
         page.wait_for_selector("h1:has-text('Peers')")
+        # the node's reachability and its reason (it may change between two reads: checked by shape)
+        assert re.fullmatch(r"Reachability: (public|private|unknown) \(.+\)", page.inner_text("#reachability"))
         page.goto(f"http://{api}/#/node")
         page.wait_for_selector(f"td:has-text('{daemons.peer_id(0)}')", timeout=10_000)
         assert outside == [], outside  # no CDN, font or third-party request

@@ -149,7 +149,9 @@
 
   async function peersView() {
     const [peers, status] = await Promise.all([get("/v1/peers"), get("/v1/status")]);
+    const reach = status.reachability;
     view.replaceChildren(h("h1", { text: "Peers" }),
+      h("p", { id: "reachability", text: `Reachability: ${reach.state} (${reach.reason})` }),
       h("h2", { text: `Connected (${peers.length})` }),
       table(["peer", "trusted", "rejected messages", "addresses"], peers.map(p => [p.peer_id, p.trusted ? "trusted" : "untrusted", p.rejected, p.addrs.join(" ")])),
       h("h2", { text: `Banned (${status.banned.length})` }),

@@ -1,0 +1,221 @@
+"""Whether peers can dial this node: ``public``, ``private`` or ``unknown``, with the reason.
+
+How (a dial-back over a fresh connection): the node asks a few connected peers, over
+:data:`DIALBACK_PROTOCOL`, to dial its libp2p port at the address they see its connection come
+from. Each opens a *new* TCP connection there and checks that a libp2p listener greets it (the
+multistream-select header every libp2p listener sends first). AutoNAT v1 answers over the
+connection the request came on, so a firewalled node passes it; a new connection cannot pass a
+NAT or firewall that drops unsolicited connections. The asker chooses only the port: the peer
+dials the address the request came from, so nobody can use the service to make a node dial a
+third party.
+
+Verdict (:func:`verdict`): ``public`` when at least :data:`MIN_CONFIRMATIONS` peers dialled back
+to a global address; ``private`` when that many tried and none could, or reached it only at a
+private-range address (RFC 1918, loopback, CGNAT: reachable on that network only, as the reason
+says); else ``unknown`` (too few peers answered). What the test cannot tell: that the listener
+found is this node's (a port forwarded to another libp2p node would pass).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import logging
+import random
+import socket
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+import trio
+
+from open1b.protocol import Open1bError
+from open1b.protocol.codec import decode, encode
+
+if TYPE_CHECKING:
+    from .p2p import P2P, Stream
+
+log = logging.getLogger(__name__)
+
+DIALBACK_PROTOCOL = "/open1b/dialback/1.0.0"
+# What a libp2p listener sends first on a new connection: multistream-select's header, varint-delimited.
+MULTISTREAM_HEADER = b"\x13/multistream/1.0.0\n"
+DIAL_TIMEOUT_S = 5.0  # a peer's dial back, connect and greeting together
+ASK_TIMEOUT_S = 2 * DIAL_TIMEOUT_S  # a whole request to one peer
+MIN_CONFIRMATIONS = 2  # distinct peers that must agree before a verdict
+ASK_PEERS = 3  # peers asked per check
+CHECK_EVERY_S = 600.0  # how often the node checks again once it has a verdict
+RETRY_UNKNOWN_S = 30.0  # and while it has none (too few peers yet)
+MAX_REQUEST = 64
+SERVE_PER_PEER_S = 10.0  # a peer gets at most one dial-back this often
+
+
+@dataclass(frozen=True)
+class Reachability:
+    state: str  # "public", "private" or "unknown"
+    reason: str
+
+    def as_json(self) -> dict:
+        return {"state": self.state, "reason": self.reason}
+
+
+UNKNOWN = Reachability("unknown", "not checked yet")
+
+
+@dataclass(frozen=True)
+class DialBack:
+    """One peer's answer: whether it reached our listener at ``host`` (the address it saw us at)."""
+    peer: str
+    host: str
+    reached: bool
+
+
+def verdict(answers: list[DialBack]) -> Reachability:
+    """The verdict from the dial-backs of distinct peers (the latest answer of each counts)."""
+    latest = {a.peer: a for a in answers}
+    reached = [a for a in latest.values() if a.reached]
+    failed = [a for a in latest.values() if not a.reached]
+    if len(reached) >= MIN_CONFIRMATIONS:
+        where = ", ".join(sorted({a.host for a in reached}))
+        if any(_global(a.host) for a in reached):
+            return Reachability("public", f"{len(reached)} peers dialled back to {where}")
+        return Reachability("private", f"{len(reached)} peers dialled back to {where}, a private-range address: "
+                                       "reachable on that network only, not from the internet")
+    if len(failed) >= MIN_CONFIRMATIONS and not reached:
+        seen = ", ".join(sorted({a.host for a in failed}))
+        return Reachability("private", f"{len(failed)} peers could not dial back to {seen} (behind NAT or a "
+                                       "firewall): this node dials out and pulls, and serves nobody directly")
+    if not latest:
+        return Reachability("unknown", "no peer answered a dial-back request yet")
+    return Reachability("unknown", f"{len(reached)} of {len(latest)} peers dialled back; "
+                                   f"{MIN_CONFIRMATIONS} must agree")
+
+
+def _global(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_global
+    except ValueError:
+        return False
+
+
+def interface_ipv4s() -> list[str]:
+    """This machine's IPv4 interface addresses (what a listener on 0.0.0.0 can be reached at),
+    loopback last: it serves only this machine."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's address, as `ip addr` shows it (Linux)
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on it
+                continue
+            found.append(socket.inet_ntoa(answer[20:24]))
+    return sorted(set(found), key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))
+
+
+SIOCGIFADDR = 0x8915
+
+
+# -- the asking side --------------------------------------------------------------------------
+async def ask(p2p: P2P, peer: str, port: int) -> DialBack | None:
+    """Ask ``peer`` to dial our libp2p ``port`` back; None if it did not answer sensibly."""
+    try:
+        with trio.fail_after(ASK_TIMEOUT_S):
+            stream = await p2p.open_stream(peer, DIALBACK_PROTOCOL)
+            try:
+                await stream.send(encode({"port": port}))
+                answer = decode(await stream.receive(MAX_REQUEST), max_size=MAX_REQUEST)
+            finally:
+                await stream.reset()
+    except (Open1bError, trio.TooSlowError) as exc:
+        log.debug("dial-back request to %s: %s", peer, exc)
+        return None
+    if type(answer) is not dict or type(answer.get("reached")) is not bool or type(answer.get("host")) is not str:
+        return None
+    return DialBack(peer, answer["host"][:64], answer["reached"])
+
+
+async def ask_peers(p2p: P2P, port: int, rng: random.Random) -> list[DialBack]:
+    """Ask up to ASK_PEERS connected peers at once; their answers."""
+    peers = p2p.connected_peers()
+    rng.shuffle(peers)
+    answers: list[DialBack] = []
+
+    async def one(peer: str) -> None:
+        answer = await ask(p2p, peer, port)
+        if answer is not None:
+            answers.append(answer)
+
+    async with trio.open_nursery() as nursery:
+        for peer in peers[:ASK_PEERS]:
+            nursery.start_soon(one, peer)
+    return answers
+
+
+class ReachabilityMonitor:
+    """The node's current verdict, checked again every CHECK_EVERY_S (RETRY_UNKNOWN_S while unknown)."""
+
+    def __init__(self, p2p: P2P, port: Callable[[], int], rng: random.Random,
+                 sleep: Callable[[float], Awaitable[None]]) -> None:
+        self.p2p, self.port, self.rng, self.sleep = p2p, port, rng, sleep
+        self.current = UNKNOWN
+
+    async def serve(self, *, ready: trio.Event) -> None:
+        await ready.wait()
+        while True:
+            answers = await ask_peers(self.p2p, self.port(), self.rng)
+            found = verdict(answers)
+            if found != self.current:
+                log.info("reachability: %s (%s)", found.state, found.reason)
+            self.current = found
+            # a public node announces the address peers reached it at (behind a 1:1 NAT, as on most
+            # clouds, no interface has it); nobody else's observations of us are announced
+            self.p2p.dialled_back_at = {a.host for a in answers if a.reached} if found.state == "public" else set()
+            await self.sleep(RETRY_UNKNOWN_S if found.state == "unknown" else CHECK_EVERY_S)
+
+
+# -- the answering side -----------------------------------------------------------------------
+async def dial_back(host: str, port: int, *, timeout_s: float = DIAL_TIMEOUT_S) -> bool:
+    """Whether a new TCP connection to ``host:port`` is greeted by a libp2p listener."""
+    try:
+        with trio.fail_after(timeout_s):
+            stream = await trio.open_tcp_stream(host, port)
+            try:
+                got = b""
+                while len(got) < len(MULTISTREAM_HEADER):
+                    chunk = await stream.receive_some(len(MULTISTREAM_HEADER) - len(got))
+                    if not chunk:
+                        return False
+                    got += chunk
+                return got == MULTISTREAM_HEADER
+            finally:
+                await trio.aclose_forcefully(stream)
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError):
+        return False
+
+
+class DialBackServer:
+    """The handler of DIALBACK_PROTOCOL: dials the asker's address (as its connection shows it)
+    at the port it names, one dial at a time, at most once per peer per SERVE_PER_PEER_S."""
+
+    def __init__(self, dial: Callable[[str, int], Awaitable[bool]] = dial_back) -> None:
+        self.dial = dial
+        self._last: dict[str, float] = {}
+        self._one = trio.Lock()
+
+    async def handle(self, stream: Stream) -> None:
+        host = stream.remote_host
+        request = decode(await stream.receive(MAX_REQUEST), max_size=MAX_REQUEST)
+        port = request.get("port") if type(request) is dict else None
+        if host is None or type(port) is not int or not 0 < port < 65536:
+            await stream.reset()
+            return
+        now = trio.current_time()
+        if now - self._last.get(stream.peer_id, -SERVE_PER_PEER_S) < SERVE_PER_PEER_S:
+            await stream.reset()
+            return
+        self._last = {p: t for p, t in self._last.items() if now - t < SERVE_PER_PEER_S}  # stays bounded
+        self._last[stream.peer_id] = now
+        async with self._one:
+            reached = await self.dial(host, port)
+        await stream.send(encode({"host": host, "reached": reached}))
+        await stream.close()
