@@ -85,6 +85,8 @@ class FakeStream:
     """One side of an in-memory stream: frames as ``p2p.Stream`` carries them, each bounded on
     receipt; a closed or reset peer is a :class:`NetworkError`, as on libp2p."""
 
+    remote_host = None  # in memory: no address a dial-back could reach (node/reachability.py)
+
     def __init__(self, peer_id: str, send: trio.MemorySendChannel, receive: trio.MemoryReceiveChannel) -> None:
         self.peer_id, self._send, self._receive = peer_id, send, receive
 
@@ -166,6 +168,8 @@ class FakeNode:
         self.network, self.identity = network, identity
         self.peer_id = peer_id_from_public_key(identity.public_key)
         self.addrs = [f"/ip4/10.0.0.{number}/tcp/4701/p2p/{self.peer_id}"]
+        self.listen_port = 4701
+        self.dialled_back_at: set[str] = set()  # node/reachability.py's verdict writes it
         self.connected: set[str] = set()
         self.banned: set[str] = set()
         self.rejected: dict[str, int] = {}
