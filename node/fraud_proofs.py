@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from open1b.protocol import Outcome, RunManifest
-from open1b.protocol.dispute import FraudProof, verify_fraud_proof
+from open1b.protocol import Conviction, Outcome, RunManifest
+from open1b.protocol.dispute import FraudProof, FraudVerdict, verify_fraud_proof
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key
 from open1b.protocol.validation import Verdict
@@ -48,10 +48,17 @@ class ProvenFraud:
     op: str
     position: int
     guilty: tuple[bytes, ...]
+    pre_state: bytes
+    post_states: tuple[bytes, ...]  # each guilty key's trace's post_state, in the order of ``guilty``
 
     @property
     def digest(self) -> bytes:
         return blake2b256(self.encoded)
+
+    def convictions(self) -> list[Conviction]:
+        """What coverage reads of it (docs/protocol.md §8.3): one conviction per guilty key."""
+        return [Conviction(self.run, self.step, k, self.pre_state, post, self.digest)
+                for k, post in zip(self.guilty, self.post_states)]
 
     def to_json(self) -> dict:
         return {"digest": self.digest.hex(), "run": self.run.hex(), "step": self.step, "op": self.op,
@@ -65,7 +72,14 @@ def proven_fraud(data: bytes) -> ProvenFraud:
     verdict = verify_fraud_proof(data)
     if not verdict.accepted:
         raise ValueError(f"a stored fraud proof no longer convicts: {verdict.reason}")
-    return ProvenFraud(data, verdict.run, verdict.step, verdict.op, verdict.position, verdict.guilty)
+    return _proven(data, verdict)
+
+
+def _proven(data: bytes, verdict: FraudVerdict) -> ProvenFraud:
+    traces = FraudProof.decode(data).traces  # the referee checked both agree on run, step and pre_state
+    post = {t.tracer: t.post_state for t in traces}
+    return ProvenFraud(data, verdict.run, verdict.step, verdict.op, verdict.position, verdict.guilty,
+                       traces[0].pre_state, tuple(post[k] for k in verdict.guilty))
 
 
 def _verdict(outcome: Outcome, code: str, reason: str) -> Verdict:
@@ -84,10 +98,9 @@ def judge_fraud_proof(data: bytes, manifest_of: Callable[[bytes], RunManifest | 
     manifest = manifest_of(verdict.run)
     if manifest is None:
         return _verdict(Outcome.IGNORE, "unknown_run", "a run this node does not know")
-    pre_state = FraudProof.decode(data).traces[0].pre_state  # the referee checked both traces agree on it
-    if verdict.step >= manifest.steps or pre_state != manifest.state_hashes[verdict.step]:
+    fraud = _proven(data, verdict)
+    if verdict.step >= manifest.steps or fraud.pre_state != manifest.state_hashes[verdict.step]:
         return _verdict(Outcome.REJECT, "pre_state", "the traces do not start from the run's published state")
     if not any(k == manifest.publisher or attested(verdict.run, verdict.step, k) for k in verdict.guilty):
         return _verdict(Outcome.IGNORE, "not_attested", "no guilty key published the run or attested the step")
-    fraud = ProvenFraud(data, verdict.run, verdict.step, verdict.op, verdict.position, verdict.guilty)
     return Verdict(Outcome.ACCEPT, "convicts " + ", ".join(fraud.to_json()["guilty"]), message=fraud)

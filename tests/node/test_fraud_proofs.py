@@ -32,15 +32,18 @@ def _add_case():
     return kernel_case("add", np.random.default_rng(5))
 
 
-def _pre_state() -> bytes:
-    """h_3 of the traces dispute_cases builds (a function of the op's inputs, not of the run)."""
+def _states() -> tuple[bytes, bytes]:
+    """h_3 of the traces dispute_cases builds, and the forger's post_state (functions of the op,
+    not of the run or the signers): the run below publishes the forger's state as h_4."""
     inputs, attrs, outputs = _add_case()
-    return traces_around("add", inputs, attrs, outputs, (OTHER, PUBLISHER)).traces[0].pre_state
+    traces = traces_around("add", inputs, attrs, outputs, (OTHER, PUBLISHER)).traces
+    return traces[0].pre_state, traces[1].post_state
 
 
+STATES = {STEP: _states()[0], STEP + 1: _states()[1]}
 MANIFEST = run_manifest(PUBLISHER, engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
-                        steps=5, state_hashes=[_pre_state() if k == STEP else blake2b256(b"h", bytes([k]))
-                                               for k in range(6)], created_at=T0 - 100)
+                        steps=5, state_hashes=[STATES.get(k, blake2b256(b"h", bytes([k]))) for k in range(6)],
+                        created_at=T0 - 100)
 
 
 def proof(honest, liar, *, run=MANIFEST.run_id, step=STEP, forged=False) -> bytes:
@@ -124,3 +127,23 @@ def test_the_outbox_stores_then_gossips_a_proof_on_the_runs_topic(tmp_path):
 
 def test_the_gossip_bound_is_a_pubsub_message_less_its_envelope():
     assert MAX_GOSSIP_FRAUD_PROOF == MAX_PUBSUB_MESSAGE - 4096
+
+
+def test_coverage_cites_a_stored_proof_refuting_the_publishers_step_and_flagging_an_auditor(tmp_path):
+    ledger = _ledger(tmp_path)
+    assert ledger.judge.coverage(MANIFEST.run_id).refuted_steps == []
+    data = proof(AUDITOR, PUBLISHER)
+    assert ledger.statements.ingest_fraud_proof(data)
+    cov = ledger.judge.coverage(MANIFEST.run_id)  # the default policy has no quorum: the proof alone
+    assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(data),)
+    assert [(f.signer, f.kind, f.statement) for f in cov.flagged] == [
+        (peer_id_from_public_key(PUBLISHER.public_key), "fraud", blake2b256(data))]
+    # an auditor that attested a mismatch and signed a losing trace is flagged by its proof
+    ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
+    against = proof(PUBLISHER, AUDITOR)
+    assert ledger.statements.ingest_fraud_proof(against)
+    assert ledger.judge.refresh()  # the judge re-judged the run and set the flags in the counting
+    cov = ledger.judge.coverage(MANIFEST.run_id)
+    assert {f.signer: f.statement for f in cov.flagged}[peer_id_from_public_key(AUDITOR.public_key)] == \
+        blake2b256(against)
+    assert AUDITOR.public_key in ledger.counting.flagged[MANIFEST.run_id]
