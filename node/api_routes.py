@@ -204,6 +204,10 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     async def spotchecks(run: RunId, step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None) -> list[dict]:
         return [views.spotcheck_json(sc) for sc in store.spotchecks(run_arg(known, run)) if step in (None, sc.step)]
 
+    @app.get("/v1/disputes/{run}", summary="a run's fraud proofs the referee accepted: who is guilty, of which op")
+    async def disputes(run: RunId) -> list[dict]:
+        return [f.to_json() for f in store.fraud_proofs(run_arg(known, run))]
+
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
     async def evidence(run: RunId, step: Step) -> Response:

@@ -3,7 +3,8 @@ as JSON with ``--json``. Commands that ask a running daemon use its local API: `
 ``api.addr`` the daemon wrote in its data directory.
 
 Exit codes: 0 success (and ``match`` for replay); 1 error (or a FAIL from doctor); 2 mismatch,
-or a devnet that did not complete before its deadline.
+or a devnet that did not complete before its deadline; ``dispute verify``: 0 a proof that
+convicts, 2 one that is refused, 3 one this referee cannot judge.
 
 ``open1b-node devnet ARGS`` runs the test harness, a program of its own (``open1b-devnet ARGS``),
 in a child process: the node imports none of it.
@@ -720,6 +721,8 @@ def parser() -> argparse.ArgumentParser:
     add_verify_handoff(sub, parents=[reporting])
     from .data_command import add_parser as add_data  # data inclusion and exclusion proofs
     add_data(sub, parents=[reporting])
+    from .dispute_command import add_parser as add_dispute  # fraud proofs, judged offline
+    add_dispute(sub, parents=[reporting])
     return p
 
 

@@ -39,6 +39,7 @@ from open1b.protocol.witness import WitnessReveal
 from .clock import Clock
 from .counting import Counting, Recount
 from .earned_trust import EarnedTrust, EarnRule
+from .fraud_proofs import ProvenFraud
 from .metrics import NodeStats
 from .store import Store
 
@@ -68,7 +69,7 @@ class Judge:
 
     def stored(self, statement: object) -> None:
         """A statement was stored (:mod:`.statements` tells every one)."""
-        if isinstance(statement, (Attestation, RunManifest)):
+        if isinstance(statement, (Attestation, RunManifest, ProvenFraud)):
             self._stale.add(statement.run_id if isinstance(statement, RunManifest) else statement.run)
         elif isinstance(statement, WitnessReveal):
             # coverage may flag a copier now, and the planner stops counting the matches it disproves
@@ -83,6 +84,7 @@ class Judge:
         return coverage(
             self.manifests[run], self.store.attestations(run), self.store.claims(run, live_at=now),
             reveals=self.store.reveals(run),
+            convictions=[c for proof in self.store.fraud_proofs(run) for c in proof.convictions()],
             now=now, redundancy=redundancy or self.redundancy, policy=self.counting.trust,
         )
 

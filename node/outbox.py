@@ -2,9 +2,9 @@
 
 Every producer hands its signed statement to :meth:`Outbox.publish`: the auditor's attestations,
 the spot checker's spot checks, the replay proof's reveals, the evaluator's results and checks,
-and the API's reveals and submitted evaluations. A statement kind is publishable once
+and the API's reveals, submitted evaluations and submitted fraud proofs. A statement kind is publishable once
 :func:`~.topics.statement_topic` names its topic and :meth:`~.statements.Statements.add_own`
-knows how the store keeps it (the fraud proofs and relayed statements to come add a line to each).
+knows how the store keeps it (fraud proofs: a proof submitted through the API, node/fraud_proofs.py).
 
 Stored first: the store is what sync serves, so a statement whose gossip fails still reaches
 peers on their next sync round, and the node's own judgements (coverage, the planner, earned
@@ -24,6 +24,7 @@ import trio
 from open1b.protocol import Attestation, EvalStatement, SpotCheck, WitnessReveal
 
 from .clock import Clock
+from .fraud_proofs import ProvenFraud
 from .metrics import NodeStats
 from .p2p import NetworkError
 from .statements import Statements
@@ -31,7 +32,7 @@ from .topics import statement_topic
 
 log = logging.getLogger("open1b.node.outbox")
 
-OwnStatement = Attestation | WitnessReveal | SpotCheck | EvalStatement
+OwnStatement = Attestation | WitnessReveal | SpotCheck | EvalStatement | ProvenFraud
 RETRY_S = 5.0
 TRIES = 4  # gossip attempts per statement, the first included; after them sync alone carries it
 MAX_RETRYING = 1024  # statements waiting for a retry; beyond, the oldest is left to sync

@@ -1,9 +1,9 @@
 """Statements: every statement that reaches this node, from gossip or sync, is validated and only
 then stored; every one stored (ours included) is then told to the listeners given at wiring time.
 
-* gossip validators (one per kind: manifest, attestation, claim, reveal, eval, spot check) answer
-  the protocol's accept / reject / ignore (:mod:`open1b.protocol.validation`) and count every
-  refusal in :attr:`Statements.validation`;
+* gossip validators (one per kind: manifest, attestation, claim, reveal, eval, spot check, fraud
+  proof) answer the protocol's accept / reject / ignore (:mod:`open1b.protocol.validation`) and
+  count every refusal in :attr:`Statements.validation`;
 * ``ingest_*`` store what a validator accepted, or what a sync response carried (a provably
   invalid statement from sync counts against its sender, as on gossip);
 * :meth:`Statements.add_own` stores what this node signed (the outbox's first half,
@@ -39,17 +39,18 @@ from open1b.protocol.validation import Verdict, validate_eval, validate_reveal, 
 from open1b.protocol.witness import WitnessReveal
 
 from .clock import Clock
+from .fraud_proofs import ProvenFraud, judge_fraud_proof
 from .metrics import NodeStats
 from .p2p import GossipHandler, GossipValidator
 from .runs import why_not_auditable
 from .store import Store
-from .topics import attestations_topic, claims_topic, evals_topic, reveals_topic, spotchecks_topic
+from .topics import attestations_topic, claims_topic, evals_topic, fraud_proofs_topic, reveals_topic, spotchecks_topic
 
 log = logging.getLogger("open1b.node.statements")
 
 MAX_KNOWN_RUNS = 256  # manifests from the network beyond this are ignored (published ones still count)
 
-Statement = Attestation | Claim | WitnessReveal | SpotCheck | EvalStatement | RunManifest
+Statement = Attestation | Claim | WitnessReveal | SpotCheck | EvalStatement | RunManifest | ProvenFraud
 Listener = Callable[[Statement], None]
 
 
@@ -82,6 +83,9 @@ class Statements:
             SpotCheck.KIND: (validate_spotcheck, store.add_spotcheck),
             EvalStatement.KIND: (validate_eval, store.add_eval),
             Claim.KIND: (validate_claim, store.add_claim),
+            # the referee's verdict and the node's relevance rules (node/fraud_proofs.py)
+            ProvenFraud.KIND: (lambda data, manifest_of, now: judge_fraud_proof(data, manifest_of, store.has_attestation),
+                               store.add_fraud_proof),
         }
 
     def _told(self, statement: Statement) -> None:
@@ -106,6 +110,7 @@ class Statements:
             (reveals_topic(run), self.validator(WitnessReveal.KIND), self.ingest_reveal),
             (evals_topic(run), self.validator(EvalStatement.KIND), self.ingest_eval),
             (spotchecks_topic(run), self.validator(SpotCheck.KIND), self.ingest_spotcheck),
+            (fraud_proofs_topic(run), self.validator(ProvenFraud.KIND), self.ingest_fraud_proof),
         ):
             if topic in self._topics:
                 continue
@@ -237,6 +242,11 @@ class Statements:
         coverage, never as a replay."""
         return self._ingest(SpotCheck.KIND, data, source)
 
+    def ingest_fraud_proof(self, data: bytes, source: str | None = None) -> bool:
+        """Validate (the referee, then node/fraud_proofs.py's rules) and store one fraud proof;
+        True if it holds a conviction not stored yet."""
+        return self._ingest(ProvenFraud.KIND, data, source)
+
     def ingest_synced(self, frames: list[bytes], source: str) -> int:
         """A sync response: attestations, witness reveals and spot checks, told apart by their kind; the
         attestations are stored in one transaction (the order does not matter: what is judged
@@ -259,7 +269,7 @@ class Statements:
         if claim.run in self.manifests and self.store.add_claim(claim):
             self._told(claim)
 
-    def add_own(self, statement: Attestation | WitnessReveal | SpotCheck | EvalStatement) -> bool:
+    def add_own(self, statement: Attestation | WitnessReveal | SpotCheck | EvalStatement | ProvenFraud) -> bool:
         """Store a statement this node signed or checked already (:mod:`.outbox`); True if new."""
         added = self._kinds[statement.KIND][1](statement)
         if added:

@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, SpotCheck, WitnessReveal
 
+from .fraud_proofs import ProvenFraud, proven_fraud
+
 log = logging.getLogger(__name__)
 
 STORE_FILE = "store.sqlite"  # in the data dir
@@ -41,6 +43,9 @@ CREATE INDEX IF NOT EXISTS evals_by_state ON evals (run_id, state);
 CREATE TABLE IF NOT EXISTS spotchecks (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, encoded BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS spotchecks_by_step ON spotchecks (run_id, step);
+CREATE TABLE IF NOT EXISTS fraud_proofs (
+    run_id BLOB NOT NULL, step INTEGER NOT NULL, guilty BLOB NOT NULL, encoded BLOB NOT NULL,
+    PRIMARY KEY (run_id, step, guilty));
 CREATE TABLE IF NOT EXISTS replay_witnesses (
     run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
@@ -143,6 +148,10 @@ class Store:
             "SELECT encoded, rowid FROM attestations WHERE run_id = ? ORDER BY rowid", (run_id,))
         return [(Attestation.decode(r[0]), r[1]) for r in rows.fetchall()]
 
+    def has_attestation(self, run_id: bytes, step: int, signer: bytes) -> bool:
+        return self._db.execute("SELECT 1 FROM attestations WHERE run_id = ? AND step = ? AND signer = ? LIMIT 1",
+                                (run_id, step, signer)).fetchone() is not None
+
     def attestation_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM attestations").fetchone()[0]
 
@@ -203,6 +212,20 @@ class Store:
     def spotchecks(self, run_id: bytes) -> list[SpotCheck]:
         rows = self._db.execute("SELECT encoded FROM spotchecks WHERE run_id = ? ORDER BY step, digest", (run_id,))
         return [SpotCheck.decode(r[0]) for r in rows.fetchall()]
+
+    def add_fraud_proof(self, fraud: ProvenFraud) -> bool:
+        """One row per guilty key: a proof of a conviction already held (same run, step and
+        key) adds nothing. True if any row is new."""
+        with self._db:
+            return any([self._db.execute("INSERT OR IGNORE INTO fraud_proofs VALUES (?, ?, ?, ?)",
+                                         (fraud.run, fraud.step, key, fraud.encoded)).rowcount == 1
+                        for key in fraud.guilty])
+
+    def fraud_proofs(self, run_id: bytes) -> list[ProvenFraud]:
+        """A run's fraud proofs, each re-judged by the referee as it is read back (module doc)."""
+        rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ? ORDER BY step, encoded",
+                                (run_id,))
+        return [proven_fraud(r[0]) for r in rows.fetchall()]
 
     def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> bool:
         """W_step from this node's own replay (checked against the manifest's C_step by the caller).

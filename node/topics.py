@@ -1,6 +1,6 @@
 """The gossip topics a node joins (docs/protocol.md §11): one network-wide topic of signed run
-manifests, and per run one topic each for attestations, claims, witness reveals, evaluations and
-spot checks."""
+manifests, and per run one topic each for attestations, claims, witness reveals, evaluations, spot checks and
+fraud proofs."""
 
 from __future__ import annotations
 
@@ -29,10 +29,15 @@ def spotchecks_topic(run: bytes) -> str:
     return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/spotchecks"
 
 
+def fraud_proofs_topic(run: bytes) -> str:
+    return f"/open1b/{PROTOCOL_VERSION}/run/{run.hex()}/fraudproofs"
+
+
 # A statement kind's topic, for the outbox (node/outbox.py): a new kind of statement is gossiped
 # once its topic is named here.
 _TOPIC_OF_KIND = {"attestation": attestations_topic, "reveal": reveals_topic, "claim": claims_topic,
-                  "eval": evals_topic, "spotcheck": spotchecks_topic}
+                  "eval": evals_topic, "spotcheck": spotchecks_topic,
+                  "fraud_proof": fraud_proofs_topic}
 
 
 def statement_topic(kind: str, run: bytes) -> str:

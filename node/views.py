@@ -68,13 +68,15 @@ def coverage_json(cov: Coverage, manifest: RunManifest, earned: Collection[bytes
                    "earned": sorted(peer_id_from_public_key(k) for k in earned if k in cov.policy.roots),
                    "quorum": cov.policy.quorum},
         # evidence: digests of signed attestations (and, for a copier, of the witness reveal its
-        # binding fails), which /v1/attestations and /v1/reveals serve for anyone to re-check
+        # binding fails; for a fraud flag, of the proof), which /v1/attestations, /v1/reveals and
+        # /v1/disputes serve for anyone to re-check
         "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": f.statement.hex(),
                      "conflicting": f.conflicting.hex(), "reveal": f.reveal.hex() or None} for f in cov.flagged],
         "untrusted": list(cov.untrusted),
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),
-                      "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices)} for s in cov.steps],
+                      "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices),
+                      "fraud_proofs": [d.hex() for d in s.fraud_proofs]} for s in cov.steps],
     }
 
 

@@ -39,7 +39,7 @@ from .commitments import (
     CHUNK_SIZE, ZERO_HASH, TensorBytes, TensorProof, batch_digest, genesis, state_hash, tensor_digest, tensor_proof,
     verify_tensor_proof,
 )
-from .coverage import Contradiction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage
+from .coverage import Contradiction, Conviction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage
 from .errors import (
     DecodeError,
     InvalidStatementError,
@@ -93,7 +93,7 @@ __all__ = [
     "validate_sync_frame", "validate_eval", "evaluations", "leaderboard", "validate_spotcheck", "spot_coverage",
     "SpotCoverage", "StepSpotCoverage", "SpotStatus", "challenge_signature", "derive_chunks", "derive_slot", "slot_signature",
     "escape_probability", "verify_fraud_proof", "FraudVerdict",
-    "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction",
+    "MAX_CLOCK_SKEW_SECONDS", "coverage", "Coverage", "StepCoverage", "StepStatus", "TrustPolicy", "Contradiction", "Conviction",
     "claim_key", "claim_precedence", "select_claim", "select_claim_record", "validate_claim_record", "is_live", "LEASE_ROUND_SECONDS", "MAX_LEASE_SECONDS",
     # commitments
     "TensorBytes", "ZERO_HASH", "tensor_digest", "state_hash", "genesis", "batch_digest", "CHUNK_SIZE", "TensorProof",

@@ -1,6 +1,7 @@
 """Coverage: what a set of statements says about each step of a run (docs/protocol.md §8).
 
-``coverage`` is a pure function of (run, attestations, claims, reveals, now, redundancy, policy):
+``coverage`` is a pure function of (run, attestations, claims, reveals, convictions, now,
+redundancy, policy):
 two nodes holding the same statements and applying the same policy report the same coverage
 whatever order they heard them in. It is written as the numbered steps of the spec's §8.3, each
 defined only by the ones before it; the step numbers in the comments are the spec's.
@@ -11,7 +12,9 @@ Whose attestations count is a :class:`TrustPolicy`, applied here and never to wh
 itself is flagged. Independently of the quorum, a revealed replay witness flags *copiers*: keys
 whose match of a step does not bind the witness that another key's match proves it knew. A
 flagged key's attestations count nowhere in the run. Claims are hints: any valid live claim
-makes a step ``claimed``, whoever signed it.
+makes a step ``claimed``, whoever signed it. A *conviction* (a fraud proof's verdict, §18.4)
+needs no trust and no quorum: it flags the guilty key, and refutes the step when the guilty key is
+the publisher's and its trace reaches the published state.
 
 The statements passed in are decoded ones: the spec's step 1 also drops statements that do not
 decode (§5.2), which ``X.decode`` refuses before anything reaches this function.
@@ -32,7 +35,7 @@ from .validation import Run, check_attestation, check_claim, check_reveal
 from .witness import WitnessReveal, witness_binding
 
 OPEN, ALLOWLIST = "open", "allowlist"
-CONTRADICTION, COPIER = "contradiction", "copier"  # kinds of flag
+CONTRADICTION, COPIER, FRAUD = "contradiction", "copier", "fraud"  # kinds of flag
 
 
 class StepStatus(str, enum.Enum):
@@ -67,7 +70,8 @@ class Contradiction:
     one (the settled result's, or its own other result) — both from the same pre_state with
     different post_states, which one deterministic replay cannot both give. For ``kind`` COPIER,
     ``statement`` is its match whose witness binding fails the revealed W_step, ``conflicting``
-    another key's match that binds it, and ``reveal`` the reveal. Values are digests."""
+    another key's match that binds it, and ``reveal`` the reveal. For ``kind`` FRAUD, ``statement``
+    is the fraud proof that convicts it (§18.4) and ``conflicting`` is empty. Values are digests."""
 
     signer: str
     step: int
@@ -75,6 +79,21 @@ class Contradiction:
     conflicting: bytes
     kind: str = CONTRADICTION
     reveal: bytes = b""
+
+
+@dataclass(frozen=True)
+class Conviction:
+    """What a fraud proof the referee accepted shows (docs/protocol.md §18.4), judged by the
+    caller (the referee's re-execution needs numpy; coverage does not): ``guilty`` signed a trace
+    of ``step`` of ``run`` from ``pre_state`` to its ``post_state`` in which one op's output does
+    not follow from its inputs. ``proof``: B2 of the encoded proof, what coverage cites."""
+
+    run: bytes
+    step: int
+    guilty: bytes
+    pre_state: bytes
+    post_state: bytes
+    proof: bytes
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,7 @@ class StepCoverage:
     claimants: tuple[str, ...]  # peer IDs holding a live claim, sorted
     evidence: tuple[bytes, ...] = ()  # digests of the counted mismatch attestations, sorted
     devices: tuple[str, ...] = ()  # device classes of the counted matches, sorted
+    fraud_proofs: tuple[bytes, ...] = ()  # digests of the proofs convicting the publisher's step, sorted
 
     @property
     def attesters(self) -> int:
@@ -136,6 +156,7 @@ def coverage(
     claims: Iterable[Claim] = (),
     *,
     reveals: Iterable[WitnessReveal] = (),
+    convictions: Iterable[Conviction] = (),
     now: int = 0,
     redundancy: int = 1,
     policy: TrustPolicy = TrustPolicy(),
@@ -147,6 +168,8 @@ def coverage(
     atts = [a for a in attestations if a.run == run and _ok(check_attestation, a, manifest)]
     live = [c for c in claims if c.run == run and _ok(check_claim, c, manifest) and is_live(c, now)]
     valid_reveals = [r for r in reveals if r.run == run and _ok(check_reveal, r, manifest)]
+    proven = sorted({c for c in convictions if c.run == run and c.step < manifest.steps
+                     and c.pre_state == manifest.state_hashes[c.step]}, key=lambda c: (c.step, c.proof))
     # 2. Trust: the policy's keys; the others are reported, never counted.
     untrusted = {a.signer for a in atts if not policy.trusts(a.signer)}
     trusted = [a for a in atts if policy.trusts(a.signer)]
@@ -164,10 +187,13 @@ def coverage(
     for a in trusted:
         if a not in unbound:
             reports[a.step].setdefault(a.signer, {}).setdefault(a.post_state, []).append(a)
-    # 7-8. Contradictions, against steps settled without the copiers (only with a quorum).
-    contradictions = _contradictions(reports, policy.quorum, copiers) if policy.quorum else {}
-    # 9. Flags: a contradiction is the stronger proof, so it replaces a key's copier flag.
-    flagged = {**copiers, **contradictions}
+    # 7-8. Contradictions, against steps settled without the copiers and the convicted keys (only
+    # with a quorum).
+    convicted = _convicted(proven)
+    contradictions = _contradictions(reports, policy.quorum, {**copiers, **convicted}) if policy.quorum else {}
+    # 9. Flags: a conviction needs no vote, so it replaces any other flag; a contradiction is the
+    # stronger proof of the others, so it replaces a key's copier flag.
+    flagged = {**copiers, **contradictions, **convicted}
     # 10-11. Each step, over the counted keys: trusted and not flagged.
     steps = []
     for k in range(manifest.steps):
@@ -178,7 +204,9 @@ def coverage(
         dissent = {s: atts for s, atts in dissent.items() if atts}
         settled = _settled(counted, policy.quorum) if policy.quorum else None
         claimants = {c.claimant for c in live if c.step == k}
-        if settled is not None and settled != published:
+        frauds = sorted({c.proof for c in proven if c.step == k and c.guilty == manifest.publisher
+                         and c.post_state == published})
+        if frauds or (settled is not None and settled != published):
             status = StepStatus.REFUTED
         elif dissent:
             status = StepStatus.DISPUTED
@@ -191,7 +219,7 @@ def coverage(
         devices = {a.device for posts in counted.values() for a in posts.get(published, ())}
         steps.append(StepCoverage(k, status, _ids(auditors), _ids(dissent), _ids(claimants),
                                   tuple(sorted(a.digest for atts in dissent.values() for a in atts)),
-                                  tuple(sorted(devices))))
+                                  tuple(sorted(devices)), tuple(frauds)))
     return Coverage(run, redundancy, tuple(steps), policy,
                     tuple(sorted(flagged.values(), key=lambda c: c.signer)), _ids(untrusted))
 
@@ -218,6 +246,14 @@ def _cite(backers: list[tuple[bytes, bytes]], flagged: Mapping[bytes, object]) -
     the evidence against a key cites an honest statement wherever the statements allow it."""
     backers = sorted(backers)
     return next((d for d, s in backers if s not in flagged), backers[0][0])
+
+
+def _convicted(proven: list[Conviction]) -> dict[bytes, Contradiction]:
+    """Step 9's convicted keys: each with the proof of its lowest step (the lowest digest there)."""
+    found: dict[bytes, Contradiction] = {}
+    for c in proven:  # sorted by (step, proof): the first of a key is its flag
+        found.setdefault(c.guilty, Contradiction(peer_id_from_public_key(c.guilty), c.step, c.proof, b"", FRAUD))
+    return found
 
 
 def _copiers(trusted: list[Attestation], unbound: set[Attestation], revealed: Mapping[int, tuple[bytes, bytes]]

@@ -114,6 +114,10 @@ class ExternalRun:
     def engine_version(self) -> str:
         return self.manifest.engine_version
 
+    @property
+    def publisher(self) -> bytes:
+        return self.manifest.publisher
+
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]

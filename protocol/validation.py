@@ -45,6 +45,8 @@ class Run(Protocol):
     def engine(self) -> str: ...
     @property
     def engine_version(self) -> str: ...
+    @property
+    def publisher(self) -> bytes: ...  # the key a conviction of which refutes a step (coverage)
 
 
 RunLookup = Callable[[bytes], "Run | None"]

@@ -475,13 +475,16 @@ def settle(pairs: set[tuple[bytes, bytes]], quorum: int):
 
 
 def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[bytes], now: int, redundancy: int,
-             policy: dict) -> dict:
+             policy: dict, convictions: list[dict] = ()) -> dict:
     quorum = policy["quorum"]
     counts_key = (lambda key: True) if policy["name"] == "open" else (lambda key: peer_id(key) in policy["roots"])
     # 1. statements
     A = _statements(atts, "attestation", run)
     C = [c for c in _statements(claims, "claim", run) if c["issued_at"] <= now < c["lease_expiry"]]
     V = _statements(reveals, "reveal", run)
+    Conv = [c for c in convictions if c["run"] == run["id"] and c["step"] < run["steps"]
+            and c["pre_state"] == run["h"][c["step"]]]
+    convicted = {c["guilty"] for c in Conv}
     # 2. trust
     untrusted = {a["signer"] for a in A if not counts_key(a["signer"])}
     T = [a for a in A if counts_key(a["signer"])]
@@ -517,7 +520,7 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
     # 7-8. contradictions
     contradiction_flags = {}
     if quorum > 0:
-        s1 = [settle({(K, p) for K in keys_of[k] if K not in copied for p in posts(k, K)}, quorum)
+        s1 = [settle({(K, p) for K in keys_of[k] if K not in copied.keys() | convicted for p in posts(k, K)}, quorum)
               for k in range(run["steps"])]
         found = {}  # key -> (step, case)
         for k in range(run["steps"]):
@@ -531,7 +534,7 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
         for K, (k, case) in found.items():
             if case == "a":
                 statement = lowest([att(k, K, p) for p in posts(k, K) if p != s1[k]])["digest"]
-                backers = [J for J in keys_of[k] if J not in copied and s1[k] in posts(k, J)]
+                backers = [J for J in keys_of[k] if J not in copied.keys() | convicted and s1[k] in posts(k, J)]
                 honest = [J for J in backers if J not in found]
                 conflicting = lowest([att(k, J, s1[k]) for J in (honest or backers)])["digest"]
             else:
@@ -539,7 +542,12 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
             contradiction_flags[K] = {"signer": peer_id(K), "step": k, "kind": "contradiction",
                                       "statement": statement, "conflicting": conflicting, "reveal": None}
     # 9. flags
-    flags = {**copier_flags, **contradiction_flags}
+    fraud_flags = {}
+    for K in convicted:
+        k = min(c["step"] for c in Conv if c["guilty"] == K)
+        fraud_flags[K] = {"signer": peer_id(K), "step": k, "kind": "fraud", "reveal": None, "conflicting": b"",
+                          "statement": min(c["proof"] for c in Conv if c["guilty"] == K and c["step"] == k)}
+    flags = {**copier_flags, **contradiction_flags, **fraud_flags}
     # 10-11. steps
     steps = []
     for k in range(run["steps"]):
@@ -551,7 +559,9 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
         devices = sorted({a["device"] for a in Rep if a["step"] == k and a["post_state"] == h and a["signer"] in counted})
         claimants = {c["claimant"] for c in C if c["step"] == k}
         s2 = settle({(K, p) for K in counted for p in posts(k, K)}, quorum) if quorum > 0 else None
-        if s2 is not None and s2 != h:
+        frauds = sorted({c["proof"] for c in Conv if c["step"] == k and c["guilty"] == run["publisher"]
+                         and c["post_state"] == h})
+        if frauds or (s2 is not None and s2 != h):
             status = "refuted"
         elif dissenters:
             status = "disputed"
@@ -563,7 +573,7 @@ def coverage(run: dict, atts: list[bytes], claims: list[bytes], reveals: list[by
             status = "unaudited"
         steps.append({"step": k, "status": status, "auditors": sorted(map(peer_id, auditors)),
                       "dissenters": sorted(map(peer_id, dissenters)), "claimants": sorted(map(peer_id, claimants)),
-                      "evidence": evidence, "devices": devices,
+                      "evidence": evidence, "devices": devices, "fraud_proofs": frauds,
                       "attesters": len(set(auditors) | set(dissenters))})
     # 12. run
     return {"complete": all(s["attesters"] >= redundancy for s in steps), "steps": steps,

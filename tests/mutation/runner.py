@@ -71,11 +71,13 @@ def _claims(ref: ModuleType, c: dict):
 
 def _coverage(ref: ModuleType, c: dict):
     p = c["policy"]
+    convictions = [{k: v if k == "step" else unhex(v) for k, v in conv.items()} for conv in c.get("convictions", [])]
     got = ref.coverage(_runs(ref, c)[0], [unhex(a) for a in c["attestations"]], [unhex(x) for x in c["claims"]],
-                       [unhex(r) for r in c["reveals"]], c["now"], c["redundancy"], p)
+                       [unhex(r) for r in c["reveals"]], c["now"], c["redundancy"], p, convictions)
     hexed = lambda d: None if d is None else "0x" + d.hex()  # noqa: E731
     result = {"complete": got["complete"],
-              "steps": [{**{k: v for k, v in s.items() if k != "attesters"}, "evidence": [hexed(d) for d in s["evidence"]]}
+              "steps": [{**{k: v for k, v in s.items() if k != "attesters"}, "evidence": [hexed(d) for d in s["evidence"]],
+                         "fraud_proofs": [hexed(d) for d in s["fraud_proofs"]]}
                         for s in got["steps"]],
               "flagged": [{**f, "statement": hexed(f["statement"]), "conflicting": hexed(f["conflicting"]),
                            "reveal": hexed(f["reveal"])} for f in got["flagged"]],

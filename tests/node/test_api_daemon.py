@@ -55,7 +55,7 @@ def test_queries_are_typed_and_bounded(node):
     api = node.api(0)
     for path in ("/v1/attestations/ab?step=" + "9" * 40, "/v1/attestations/ab?step=-1", "/v1/coverage/ab?redundancy=0",
                  "/v1/coverage/ab?redundancy=x", "/v1/evidence/ab?step=1e9", "/v1/evidence/ab", "/v1/coverage/zz",
-                 "/v1/spotchecks/zz", "/v1/spotchecks/ab?step=" + "9" * 40, "/v1/spotchecks/ab?step=-1"):
+                 "/v1/spotchecks/zz", "/v1/spotchecks/ab?step=" + "9" * 40, "/v1/spotchecks/ab?step=-1", "/v1/disputes/zz"):
         status, _, body = request(api, "GET", path)
         assert status == 422 and json.loads(body)["error"], (path, status, body)
     assert request(api, "GET", "/v1/coverage/ab?redundancy=2")[0] == 404  # valid, but no such run

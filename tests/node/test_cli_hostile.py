@@ -41,6 +41,8 @@ def hostile(tmp_path_factory):
     (root / "afile").write_bytes(b"not a directory")
     (root / "adir").mkdir()
     os.mkfifo(root / "fifo")
+    with open(root / "huge", "wb") as f:  # sparse: larger than any bounded read, costing no disk
+        f.truncate(1 << 30)
     (root / "zero").symlink_to("/dev/zero")
     (root / "dangling").symlink_to(root / "nothing-here")
     (root / "ro").mkdir()
@@ -121,6 +123,8 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
             ["--seed", "-1"], ["--tamper-step", HUGE], ["--tamper-step", "-1"], ["--device", "nope"])],
         "devnet": [["--nodes", n] for n in ("0", "-1", HUGE)] + [["--steps", n] for n in ("0", HUGE)]
         + [["--redundancy", "9"], ["--deadline", "abc"], ["--scenario", "nope"], ["--tamper-step", HUGE]],
+        "dispute": [["verify", p] for p in PATHS] + [["verify", p, "--follow"] for p in ("zero", "dangling")]
+        + [["verify", "huge"], ["nope"], ["verify"]],
         "verify-handoff": [[p] for p in PATHS] + [["adir", "--expected", "zz"], ["adir", "--state-hashes", "fifo"],
                                                   ["adir", "--state-hashes", "zero"]],
     }
@@ -199,8 +203,10 @@ def refusals(command: str, argument_lists: list[list[str]]) -> list[str]:
             line.startswith(prog) for line in lines) == 1
         # doctor reports (OK / WARN / FAIL rows, exit 1 on a FAIL) instead of refusing
         report = command in REPORTS and rc in (0, 1) and not lines and out.strip()
+        # `dispute verify` judges any regular file: garbage is a refused proof, one verdict line (exit 2)
+        verdict = command == "dispute" and rc == 2 and not lines and len(out.strip().splitlines()) == 1
         # an odd but valid input (an empty directory as a data dir) may simply succeed
-        if "Traceback" in err or not (rc == 0 or usage or one_line or report):
+        if "Traceback" in err or not (rc == 0 or usage or one_line or report or verdict):
             failures.append(f"open1b-node {command} {' '.join(args)} -> rc {rc}: {err[-600:]}")
     return failures
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import cbor2
 
 from open1b.protocol import (
-    PROTOCOL_VERSION, Attestation, Claim, ProtocolError, signing_bytes, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
+    PROTOCOL_VERSION, Attestation, Claim, Conviction, ProtocolError, signing_bytes, TrustPolicy, blake2b256, claim_key, claim_precedence, coverage, decode_message,
     WitnessReveal, encode, public_key_from_peer_id, resolve_external_run, select_claim_record, sign,
     validate_attestation, validate_claim, validate_claim_record, validate_eval, validate_manifest, validate_reveal,
     validate_spotcheck, validate_sync_frame,
@@ -667,7 +667,56 @@ class CoverageSuite:
                     "claims": [], "reveals": [hx(r.encoded) for r in reveals], "now": NOW, "redundancy": redundancy,
                     "policy": policy}
             out[name] = {**case, "result": CoverageSuite._result(case)}
+        for name, (description, atts, convictions, policy) in CoverageSuite._convictions(m, settle, default).items():
+            case = {"description": description, "runs": one, "attestations": [hx(a.encoded) for a in atts],
+                    "claims": [], "reveals": [], "convictions": convictions, "now": NOW, "redundancy": 1,
+                    "policy": policy}
+            out[name] = {**case, "result": CoverageSuite._result(case)}
         return out
+
+    @staticmethod
+    def _convictions(m, settle: dict, default: dict) -> dict[str, tuple]:
+        """§8.3 with fraud proofs' convictions (§18.7): no trust, no quorum; the publisher's step
+        refuted only when its trace reaches the published state; the fraud flag first."""
+        A = fixtures.attestation
+        other = blake2b256(b"vector-another-trace")
+
+        def conv(key: int, step: int, proof: bytes, *, post: bytes | None = None, pre: bytes | None = None,
+                 run: bytes | None = None) -> dict:
+            return {"run": hx(run or m.run_id), "step": step, "guilty": hx(ident(key).public_key),
+                    "pre_state": hx(pre or m.state_hashes[step]),
+                    "post_state": hx(m.state_hashes[step + 1] if post is None else post),
+                    "proof": hx(blake2b256(b"vector-proof", proof))}
+
+        roots = {"name": "allowlist", "roots": [ident(n).peer_id for n in (1, 2, 3)], "quorum": 2}
+        return {
+            "fraud-refutes-publisher-step": (
+                "two keys match step 1, but two proofs convict the publisher's trace, which reaches the published h_2:"
+                " step 1 is refuted without a quorum, citing both proofs; the publisher's flag cites the lower",
+                [A(1, m, 1), A(2, m, 1)], [conv(0, 1, b"x"), conv(0, 1, b"y")], default),
+            "fraud-other-post-state": (
+                "a proof convicts the publisher's trace of step 1 that does not reach the published h_2: its key is"
+                " flagged, the step is not refuted", [A(1, m, 1)], [conv(0, 1, b"x", post=other)], default),
+            "fraud-flags-auditor": (
+                "a proof convicts key 1, which disputed step 1 and matched step 2, of a false op in a trace of step 2"
+                " that reaches the published h_3: flagged, it counts nowhere; only the publisher's conviction refutes",
+                [A(1, m, 1, match=False), A(1, m, 2), A(2, m, 2)], [conv(1, 2, b"x")], default),
+            "fraud-needs-no-trust": (
+                "allowlist, quorum 2: a proof convicts key 3, which a contradiction flag would cite, and the publisher"
+                " (no root) at step 3: the fraud flags replace the contradiction flag, and step 3 is refuted",
+                [A(1, m, 0), A(2, m, 0), A(3, m, 0, match=False)],
+                [conv(3, 0, b"x", post=other), conv(0, 3, b"y")], roots),
+            "fraud-out-of-settlement": (
+                "quorum 2: keys 1 and 2 match step 0, keys 3 and 4 dissent; a proof convicts key 3: without it, step 0"
+                " settles on the match and key 4 is flagged for contradicting it",
+                [A(1, m, 0), A(2, m, 0), A(3, m, 0, match=False), A(4, m, 0, match=False)],
+                [conv(3, 0, b"x", post=other)], settle),
+            "fraud-not-of-this-run": (
+                "convictions of another run, of another pre_state and of a step outside the run are not read",
+                [A(1, m, 1)], [conv(0, 1, b"x", run=blake2b256(b"vector-other-run")),
+                               conv(0, 1, b"y", pre=other),
+                               {**conv(0, 3, b"z"), "step": m.steps}], default),
+        }
 
     @staticmethod
     def _evidence_choices(m, settle: dict, default: dict) -> dict[str, tuple]:
@@ -715,12 +764,15 @@ class CoverageSuite:
         run = _runs(case)[0]
         p = case["policy"]
         policy = TrustPolicy(p["name"], frozenset(public_key_from_peer_id(r) for r in p["roots"]), p["quorum"])
+        convictions = [Conviction(unhex(c["run"]), c["step"], unhex(c["guilty"]), unhex(c["pre_state"]),
+                                  unhex(c["post_state"]), unhex(c["proof"])) for c in case.get("convictions", [])]
         cov = coverage(run, _decoded(Attestation, case["attestations"]), _decoded(Claim, case["claims"]),
-                       reveals=_decoded(WitnessReveal, case["reveals"]), now=case["now"],
+                       reveals=_decoded(WitnessReveal, case["reveals"]), convictions=convictions, now=case["now"],
                        redundancy=case["redundancy"], policy=policy)
         return {"complete": cov.complete, "steps": [
             {"step": s.step, "status": s.status.value, "auditors": list(s.auditors), "dissenters": list(s.dissenters),
-             "claimants": list(s.claimants), "evidence": [hx(d) for d in s.evidence], "devices": list(s.devices)}
+             "claimants": list(s.claimants), "evidence": [hx(d) for d in s.evidence], "devices": list(s.devices),
+             "fraud_proofs": [hx(d) for d in s.fraud_proofs]}
             for s in cov.steps],
             "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": hx(f.statement),
                          "conflicting": hx(f.conflicting), "reveal": hx(f.reveal) if f.reveal else None}

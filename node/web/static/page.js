@@ -141,6 +141,8 @@
       flagged.length ? table(["signer", "kind", "its statement", "conflicting statement"],
         flagged.map(f => [f.signer, f.kind, h("code", { text: f.statement }), h("code", { text: f.conflicting })])) :
         h("p", { text: s.status === "verified" ? "No dispute: every counted replay agrees." : "No flagged statements." }),
+      ...(s.fraud_proofs || []).map(d => h("p", { text: `Refuted by fraud proof ${d} (the publisher's trace has a false op: ` +
+        "GET /v1/disputes/" + cov.run + ", and open1b-node dispute verify PROOF re-checks it offline)" })),
       h("p", {}, h("a", { id: "evidence", href: evidence, download: `open1b-evidence-${cov.run.slice(0, 16)}-step${k}.cbor`,
         text: "Download this step's signed statements (raw CBOR)" })),
       h("p", { text: "Re-check offline: the statements verify with their signers' keys; replaying the step decides who is right:" }),

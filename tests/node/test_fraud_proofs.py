@@ -1,0 +1,149 @@
+"""Fraud proofs as statements (node/fraud_proofs.py): the run's gossip topic and its validator
+(the referee's REJECT and IGNORE, then the node's rules), stored once per conviction, read back
+re-judged, published through the outbox, served by the API."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import trio
+
+from open1b.node.clock import Clock
+from open1b.node.fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, ProvenFraud, judge_fraud_proof
+from open1b.node.p2p import MAX_PUBSUB_MESSAGE
+from open1b.node.topics import fraud_proofs_topic, statement_topic
+from open1b.protocol import Outcome
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import peer_id_from_public_key
+from tests.protocol.conftest import make_attestation
+from tests.protocol.dispute_cases import kernel_case, traces_around
+from tests.runs import run_manifest
+
+from .conftest import ident
+from .fakes import FakeGossip, make_ledger
+
+T0 = 1_800_000_000
+STEP = 3
+PUBLISHER, AUDITOR, OTHER = ident(0), ident(1), ident(2)
+
+
+def _add_case():
+    return kernel_case("add", np.random.default_rng(5))
+
+
+def _states() -> tuple[bytes, bytes]:
+    """h_3 of the traces dispute_cases builds, and the forger's post_state (functions of the op,
+    not of the run or the signers): the run below publishes the forger's state as h_4."""
+    inputs, attrs, outputs = _add_case()
+    traces = traces_around("add", inputs, attrs, outputs, (OTHER, PUBLISHER)).traces
+    return traces[0].pre_state, traces[1].post_state
+
+
+STATES = {STEP: _states()[0], STEP + 1: _states()[1]}
+MANIFEST = run_manifest(PUBLISHER, engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0,
+                        steps=5, state_hashes=[STATES.get(k, blake2b256(b"h", bytes([k]))) for k in range(6)],
+                        created_at=T0 - 100)
+
+
+def proof(honest, liar, *, run=MANIFEST.run_id, step=STEP, forged=False) -> bytes:
+    """A proof that convicts ``liar`` (one ulp off in one element of an `add`); ``forged``: one
+    bit of an input chunk flipped, which the referee refuses."""
+    inputs, attrs, outputs = _add_case()
+    p = traces_around("add", inputs, attrs, outputs, (honest, liar), run=run, step=step)
+    if forged:
+        first = p.reads[0][0]
+        flipped = dataclasses.replace(first, data=bytes([first.data[0] ^ 1]) + first.data[1:])
+        p = dataclasses.replace(p, reads=((flipped, *p.reads[0][1:]), *p.reads[1:]))
+    return p.encode()
+
+
+def _ledger(tmp_path, gossip=None):
+    ledger = make_ledger(tmp_path, MANIFEST, identity=OTHER, clock=Clock(wall_at_zero=T0), gossip=gossip)
+    trio.run(ledger.statements.join_known_runs)
+    return ledger
+
+
+def test_the_gossip_rules_in_order(tmp_path):
+    gossip = FakeGossip()
+    ledger = _ledger(tmp_path, gossip)
+    validate = gossip.validators[fraud_proofs_topic(MANIFEST.run_id)]
+    cases = [
+        (proof(AUDITOR, PUBLISHER), Outcome.ACCEPT, None),  # the trainer's own trace convicts it
+        (proof(AUDITOR, PUBLISHER, forged=True), Outcome.REJECT, "fraud_proof/reject/reads"),
+        (b"\xa0", Outcome.REJECT, "fraud_proof/reject/kind"),
+        (b"\x00" * (MAX_GOSSIP_FRAUD_PROOF + 1), Outcome.REJECT, "fraud_proof/reject/oversize"),
+        (proof(AUDITOR, PUBLISHER, run=b"\x22" * 32), Outcome.IGNORE, "fraud_proof/ignore/unknown_run"),
+        (proof(AUDITOR, PUBLISHER, step=2), Outcome.REJECT, "fraud_proof/reject/pre_state"),
+        (proof(AUDITOR, PUBLISHER, step=5), Outcome.REJECT, "fraud_proof/reject/pre_state"),  # no step 5
+        (proof(PUBLISHER, AUDITOR), Outcome.IGNORE, "fraud_proof/ignore/not_attested"),  # not yet
+    ]
+    for data, outcome, counted in cases:
+        before = ledger.statements.validation.copy()
+        assert validate("peer", data) is outcome, counted
+        before.update([counted] if counted else [])
+        assert ledger.statements.validation == before, counted  # the refusal counted under its code
+    # once the auditor has attested the step, a proof convicting it bears on coverage
+    ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
+    assert validate("peer", proof(PUBLISHER, AUDITOR)) is Outcome.ACCEPT
+
+
+def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
+    ledger = _ledger(tmp_path)
+    told = []
+    ledger.statements.listeners.append(told.append)
+    data = proof(AUDITOR, PUBLISHER)
+    assert ledger.statements.ingest_fraud_proof(data, source="peer")
+    assert not ledger.statements.ingest_fraud_proof(data, source="peer")  # held already
+    # another proof of the same conviction (another honest party) adds nothing
+    assert not ledger.statements.ingest_fraud_proof(proof(OTHER, PUBLISHER), source="peer")
+    # a refused proof from sync counts against its sender, as on gossip
+    assert not ledger.statements.ingest_fraud_proof(proof(AUDITOR, PUBLISHER, forged=True), source="liar")
+    assert ledger.store.fraud_proofs(b"\x22" * 32) == []
+    [stored] = ledger.store.fraud_proofs(MANIFEST.run_id)
+    assert [type(s) for s in told] == [ProvenFraud] and told[0] == stored
+    assert (stored.encoded, stored.step, stored.op, stored.guilty) == (data, STEP, "add", (PUBLISHER.public_key,))
+    assert stored.to_json()["guilty"] == [peer_id_from_public_key(PUBLISHER.public_key)]
+    assert stored.to_json()["digest"] == blake2b256(data).hex()
+    assert ledger.statements.gossip.penalised == ["liar"]
+
+
+def test_the_outbox_stores_then_gossips_a_proof_on_the_runs_topic(tmp_path):
+    gossip = FakeGossip()
+    ledger = _ledger(tmp_path, gossip)
+    verdict = judge_fraud_proof(proof(AUDITOR, PUBLISHER), ledger.statements.manifests.get,
+                                ledger.store.has_attestation)
+    fraud = verdict.message
+
+    async def main():
+        assert await ledger.outbox.publish(fraud)
+        assert not await ledger.outbox.publish(fraud)
+
+    trio.run(main)
+    assert gossip.published == [(fraud_proofs_topic(MANIFEST.run_id), fraud.encoded)]
+    assert statement_topic("fraud_proof", MANIFEST.run_id) == fraud_proofs_topic(MANIFEST.run_id)
+    assert ledger.store.fraud_proofs(MANIFEST.run_id) == [fraud]
+
+
+def test_the_gossip_bound_is_a_pubsub_message_less_its_envelope():
+    assert MAX_GOSSIP_FRAUD_PROOF == MAX_PUBSUB_MESSAGE - 4096
+
+
+def test_coverage_cites_a_stored_proof_refuting_the_publishers_step_and_flagging_an_auditor(tmp_path):
+    ledger = _ledger(tmp_path)
+    assert ledger.judge.coverage(MANIFEST.run_id).refuted_steps == []
+    data = proof(AUDITOR, PUBLISHER)
+    assert ledger.statements.ingest_fraud_proof(data)
+    cov = ledger.judge.coverage(MANIFEST.run_id)  # the default policy has no quorum: the proof alone
+    assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(data),)
+    assert [(f.signer, f.kind, f.statement) for f in cov.flagged] == [
+        (peer_id_from_public_key(PUBLISHER.public_key), "fraud", blake2b256(data))]
+    # an auditor that attested a mismatch and signed a losing trace is flagged by its proof
+    ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
+    against = proof(PUBLISHER, AUDITOR)
+    assert ledger.statements.ingest_fraud_proof(against)
+    assert ledger.judge.refresh()  # the judge re-judged the run and set the flags in the counting
+    cov = ledger.judge.coverage(MANIFEST.run_id)
+    assert {f.signer: f.statement for f in cov.flagged}[peer_id_from_public_key(AUDITOR.public_key)] == \
+        blake2b256(against)
+    assert AUDITOR.public_key in ledger.counting.flagged[MANIFEST.run_id]
