@@ -39,7 +39,8 @@ from .commitments import (
     CHUNK_SIZE, ZERO_HASH, TensorBytes, TensorProof, batch_digest, genesis, state_hash, tensor_digest, tensor_proof,
     verify_tensor_proof,
 )
-from .coverage import Contradiction, Conviction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage
+from .convictions import Conviction
+from .coverage import Contradiction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage
 from .errors import (
     DecodeError,
     InvalidStatementError,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .claims import is_live
+from .convictions import Conviction
 from .errors import ProtocolError
 from .identity import peer_id_from_public_key
 from .messages import MATCH, Attestation, Claim
@@ -79,21 +80,6 @@ class Contradiction:
     conflicting: bytes
     kind: str = CONTRADICTION
     reveal: bytes = b""
-
-
-@dataclass(frozen=True)
-class Conviction:
-    """What a fraud proof the referee accepted shows (docs/protocol.md §18.4), judged by the
-    caller (the referee's re-execution needs numpy; coverage does not): ``guilty`` signed a trace
-    of ``step`` of ``run`` from ``pre_state`` to its ``post_state`` in which one op's output does
-    not follow from its inputs. ``proof``: B2 of the encoded proof, what coverage cites."""
-
-    run: bytes
-    step: int
-    guilty: bytes
-    pre_state: bytes
-    post_state: bytes
-    proof: bytes
 
 
 @dataclass(frozen=True)
