@@ -181,9 +181,9 @@ def _open(path: Path, config: GPTConfig, step: int) -> tuple[int, int]:
 
 
 def scan_checkpoint(path: Path, config: GPTConfig, step: int, address: bytes | None = None, *,
-                    keep: str = "param/") -> Scan:
+                    keep: str | None = "param/") -> Scan:
     """Read checkpoint ``step`` of ``config``'s model at ``path`` once, in file order, and keep the
-    tensors whose names start with ``keep``. Refused when the file is larger than the model allows
+    tensors whose names start with ``keep`` (None: none). Refused when the file is larger than the model allows
     (before it is read), when ``address`` is given and the file's BLAKE2b-256 is not it
     (:class:`CheckpointMismatchError`, which takes precedence), or when its header is not that
     model's (:func:`parse_header`)."""
@@ -209,7 +209,7 @@ def scan_checkpoint(path: Path, config: GPTConfig, step: int, address: bytes | N
         kept: dict[str, np.ndarray] = {}
         for name, slot in sorted(slots.items(), key=lambda item: item[1].offset):
             target = None
-            if name.startswith(keep):
+            if keep is not None and name.startswith(keep):
                 kept[name] = np.empty(slot.shape, _F32)
                 target = memoryview(kept[name].reshape(-1)).cast("B")
             jobs = []

@@ -82,10 +82,12 @@ def backend_on(device: DeviceChoice | None, config):
 
 
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
-           device: DeviceChoice | None = None, out: Path | None = None) -> ReplayResult:
+           device: DeviceChoice | None = None, out: Path | None = None, recompute: bool = True) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step`` on ``device``
     (:func:`.device.select_device`, whose self-checks it trusts; default: the CPU, checked here).
-    ``out``: write the replayed state ``step + 1`` there as a checkpoint file (CPU only)."""
+    ``out``: write the replayed state ``step + 1`` there as a checkpoint file (CPU only).
+    ``recompute=False`` keeps every activation instead (:func:`.gpt.forward_backward`): more
+    memory, less time, the same bits."""
     run_dir = Path(run_dir)
     manifest = manifest or read_manifest(run_dir)
     check_engine(manifest)
@@ -106,12 +108,12 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
     if isinstance(backend, CpuBackend):
         recomputed, post, report = _replay_streamed(run_dir, step, manifest, config, topology, backend, prev, prev_batch,
-                                                    batch, out)  # fmt: skip
+                                                    batch, out, recompute)  # fmt: skip
     else:
         state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
         recomputed = next_state_hash(prev, state, prev_batch)
         _check_pre_state(recomputed, manifest, step)
-        new_state, report = train_step(state, batch, topology, backend=backend)
+        new_state, report = train_step(state, batch, topology, backend=backend, recompute=recompute)
         post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
@@ -125,7 +127,7 @@ def _check_pre_state(recomputed: bytes, manifest: RunManifest, step: int) -> Non
 
 
 def _replay_streamed(run_dir: Path, step: int, manifest: RunManifest, config, topology, backend, prev: bytes,
-                     prev_batch, batch, out: Path | None):
+                     prev_batch, batch, out: Path | None, recompute: bool):
     """(h_step recomputed, h_{step+1} replayed, report) with the state never whole in memory."""
     scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step])
     recomputed = hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root()))
@@ -134,7 +136,7 @@ def _replay_streamed(run_dir: Path, step: int, manifest: RunManifest, config, to
     try:
         sink = StateSink(config, writer)
         params, report, beta1_pow, beta2_pow = train_step_streamed(scanned_state(scan, config, step), batch, topology,
-                                                                   sink.add, backend=backend)  # fmt: skip
+                                                                   sink.add, backend=backend, recompute=recompute)
         add_params_and_powers(sink, params, beta1_pow, beta2_pow)
         if writer is not None:
             writer.finish()
