@@ -81,7 +81,7 @@ def bench_1b(workdir: Path, preset: str) -> dict:
     scan = measured([sys.executable, __file__, "--child-scan", str(run), "--step", "1"], workdir, "scan-1b")
     scan.update(json.loads(scan.pop("stdout")))
     disk = _disk(run)
-    shutil.rmtree(run)
+    shutil.rmtree(run)  # 22 GB
     return {
         "preset": preset, "params": n, "train": train, "replay": replay, "scan_checkpoint": scan,
         "disk_bytes": disk, "match": replay["result"]["verdict"] == "match",

@@ -371,8 +371,10 @@ def file_state(config: GPTConfig, step: int, path: Path, slots: Mapping[str, Slo
 
 def scanned_state(scan: Scan, config: GPTConfig, step: int) -> TrainState:
     """The state of a checkpoint :func:`scan_checkpoint` read (keeping ``param/``), for a step:
-    its parameters in memory, its moments read back from the file when the update needs them."""
-    params = {name: scan.kept[f"param/{name}"] for name in config.param_shapes()}
+    its parameters in memory, its moments read back from the file when the update needs them.
+    The parameters move out of ``scan.kept``: a streamed update replaces each one in the state,
+    and a second holder would keep every old one alive (a third copy of the parameters)."""
+    params = {name: scan.kept.pop(f"param/{name}") for name in config.param_shapes()}
     return file_state(config, step, scan.path, scan.slots, scan.digests, params)
 
 
