@@ -13,12 +13,14 @@ How the pieces fit:
   parallel) and :mod:`.cuda` to numba-cuda;
 * :mod:`.config` — :class:`GPTConfig`, :class:`Topology` and the :data:`PRESETS`;
   :mod:`.state` — :class:`TrainState` and the counter-based :func:`init_state`;
-* :mod:`.gpt` — forward and backward of one micro-batch as a fixed sequence of kernels;
+* :mod:`.gpt` — forward and backward of one micro-batch as a fixed sequence of kernels
+  (each block recomputed for its backward, with the same bits);
   :mod:`.step` — :func:`train_step`, the one function a trainer and a replayer share;
 * :mod:`.data` — the shipped corpus, the ``bytes/v1`` tokenizer and :func:`batch_for_step` (the
   ``open1b/data/v2`` order); :mod:`.samples` — :class:`Dataset`, its Merkle commitment and the
   samples file; :mod:`.provenance` — which samples a step used, with proofs; :mod:`.trainer`,
-  :mod:`.replay`, :mod:`.runfile` — publishing and replaying runs;
+  :mod:`.replay`, :mod:`.runfile` — publishing and replaying runs; :mod:`.checkpoint_stream` —
+  checkpoints read, hashed and written a tensor at a time, so that a step never holds two states;
 * :mod:`.selfcheck` — probes that refuse a process that would compute other bits (:mod:`.probes`
   runs their arithmetic on each backend); :mod:`.device` — :func:`select_device` (``auto``,
   ``cpu``, ``cuda[:N]``): a self-checked device, its class for attestations, and the backend a

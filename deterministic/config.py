@@ -122,6 +122,8 @@ def _gpt(vocab_size, seq_len, d_model, n_layers, n_heads, lr=1e-3) -> GPTConfig:
     )  # fmt: skip
 
 
+_GPT_1B = _gpt(256, 2048, 2048, 18, 16, lr=3e-4)
+
 PRESETS: dict[str, Preset] = {
     # ~0.12M parameters: unit tests and the devnet (a step takes tens of milliseconds).
     "tiny": Preset(_gpt(256, 32, 64, 2, 4, lr=3e-3), Topology(ranks=2, micro_batches=2, micro_batch_size=2)),
@@ -133,8 +135,15 @@ PRESETS: dict[str, Preset] = {
     # the manifest. The name keeps the shape's usual handle. 2 ranks x 1 sequence of 1024 tokens:
     # one CPU step here takes about a minute (bench/gpt125m_devnet.py trains, publishes and audits it).
     "gpt-125m": Preset(_gpt(256, 1024, 768, 12, 12, lr=6e-4), Topology(ranks=2, micro_batches=1, micro_batch_size=1)),
-    # A ~1B shape on the same byte vocabulary (0.91B parameters): memory and time estimates only.
-    "gpt-1b": Preset(_gpt(256, 2048, 2048, 18, 16, lr=3e-4), Topology(ranks=64, micro_batches=4, micro_batch_size=4)),
+    # A ~1B shape on the same byte vocabulary (0.91B parameters), at a production topology
+    # (64 ranks x 4 micro-batches x 4 rows, 2M tokens a step): estimates and GPU benchmarks only.
+    "gpt-1b": Preset(_GPT_1B, Topology(ranks=64, micro_batches=4, micro_batch_size=4)),
+    # The same model at the topology one commodity machine trains and replays: 1 rank x 1
+    # micro-batch x 1 row of 2,048 tokens, about 11 TFLOP a step (minutes on a 2-core CPU). A
+    # one-process CPU step holds the parameters, the gradients and one block's activations (about
+    # 9.5 bytes a parameter, ~8.6 GB); the moments stay in the checkpoints (12 bytes a parameter,
+    # 11 GB each), read and written a tensor at a time (deterministic/checkpoint_stream.py).
+    "gpt-1b-one-row": Preset(_GPT_1B, Topology(ranks=1, micro_batches=1, micro_batch_size=1)),
 }
 
 MANIFEST_PRESET_KEY = "preset"

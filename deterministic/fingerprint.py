@@ -48,7 +48,9 @@ from .config import GPTConfig, Topology
 from .gpt import forward_backward
 from .reduction import RANK_GROUP
 from .state import TrainState
-from .step import StepReport, _GroupedTree, _inv_tokens, adamw_scalars, check_batch, finish_step, step_gradients
+from .step import (
+    StepReport, _GroupedTree, _inv_tokens, adamw_scalars, check_batch, finish_step, step_gradients, train_step_streamed,
+)  # fmt: skip
 
 CHUNK_ELEMENTS = 1 << 14
 """float32 elements per gradient chunk (64 KiB): a constant of the run format, like a tile size."""
@@ -151,6 +153,20 @@ def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology,
     fingerprint = StepFingerprint(state.step, recorder.slot_losses(), f32_bits(report.loss),
                                   f32_bits(report.grad_norm), f32_bits(report.clip_coef))
     return new_state, report, fingerprint
+
+
+def fingerprinted_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink, *, backend=None
+                                ) -> tuple[dict, StepReport, np.float32, np.float32, StepFingerprint]:
+    """:func:`.step.train_step_streamed` (``state`` consumed, new moments to ``sink``) and the
+    step's :class:`StepFingerprint`: :func:`fingerprinted_step` for a state held a tensor at a time."""
+    be = backend or default_backend(state.config)
+    recorder = _Recorder(state.config, topology, be)
+    step = state.step
+    params, report, beta1_pow, beta2_pow = train_step_streamed(state, batch, topology, sink, backend=be,
+                                                               observe=recorder)  # fmt: skip
+    fingerprint = StepFingerprint(step, recorder.slot_losses(), f32_bits(report.loss), f32_bits(report.grad_norm),
+                                  f32_bits(report.clip_coef))
+    return params, report, beta1_pow, beta2_pow, fingerprint
 
 
 def _recorded_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be, keep: tuple[int, ...]):

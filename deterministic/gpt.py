@@ -33,32 +33,81 @@ def _layer_names(layer: int) -> tuple[str, ...]:
     return tuple(f"h{layer}.{p}" for p in ("ln1", "attn_qkv", "attn_out", "ln2", "mlp_fc", "mlp_proj"))
 
 
-def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config: GPTConfig, be):
+def _layer_forward(x, w: tuple, config: GPTConfig, eps, scale, be, *, full: bool = True):
+    """One block's forward from its input ``x``: ``(x_out, activations)``. ``full=False`` (a recompute
+    for the backward) stops before the last product, which the backward does not read: x_out is None."""
+    seq_len, heads, d = config.seq_len, config.n_heads, config.d_model
+    ln1, w_qkv, w_out, ln2, w_fc, w_proj = w
+    h, rstd1 = be.rmsnorm(x, ln1, eps)
+    qkv = be.matmul(h, w_qkv)
+    q, k, v = (be.split_heads(qkv, i * d, d, seq_len, heads) for i in range(3))
+    p = be.causal_softmax(be.matmul(q, k, False, True, CAUSAL_OUTPUT), scale)
+    att = be.merge_heads(be.matmul(p, v, False, False, A_LOWER), seq_len, heads)
+    x_mid = be.add(x, be.matmul(att, w_out))
+    h2, rstd2 = be.rmsnorm(x_mid, ln2, eps)
+    u = be.matmul(h2, w_fc)
+    a = be.gelu(u)
+    x_out = be.add(x_mid, be.matmul(a, w_proj)) if full else None
+    return x_out, (x, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a)
+
+
+def _layer_backward(acts: list, w: tuple, names: tuple, dx, grads: dict, config: GPTConfig, scale, be):
+    """One block's backward given its forward's activations ``acts`` (a list, emptied here) and the
+    residual stream's gradient ``dx`` at its output; fills its gradients into ``grads`` and returns
+    ``dx`` at its input. Each activation is dropped after its last use, so a recompute holds at
+    most one block's, and the attention's three T×T arrays only while the softmax's backward runs."""
+    seq_len, heads, d = config.seq_len, config.n_heads, config.d_model
+    ln1, w_qkv, w_out, ln2, w_fc, w_proj = w
+    x_in, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a = acts
+    acts.clear()
+    # x_out = x_mid + gelu(h2 @ w_fc) @ w_proj
+    grads[names[5]] = be.matmul(a, dx, True, False)
+    du = be.gelu_backward(u, be.matmul(dx, w_proj, False, True))
+    del a, u
+    grads[names[4]] = be.matmul(h2, du, True, False)
+    dx, dg = be.rmsnorm_backward(x_mid, ln2, rstd2, be.matmul(du, w_fc, False, True), dx)
+    del h2, du, x_mid
+    grads[names[3]] = be.sum_rows(dg)
+    # x_mid = x_in + attention(h @ w_qkv) @ w_out
+    grads[names[2]] = be.matmul(att, dx, True, False)
+    del att
+    do = be.split_heads(be.matmul(dx, w_out, False, True), 0, d, seq_len, heads)
+    dv = be.matmul(p, do, True, False, A_UPPER)
+    ds = be.causal_softmax_backward(p, be.matmul(do, v, False, True, CAUSAL_OUTPUT), scale)
+    del p, do, v
+    dq, dk = be.matmul(ds, k, False, False, A_LOWER), be.matmul(ds, q, True, False, A_UPPER)
+    dqkv = be.merge_qkv(dq, dk, dv, seq_len, heads)
+    grads[names[1]] = be.matmul(h, dqkv, True, False)
+    dx, dg = be.rmsnorm_backward(x_in, ln1, rstd1, be.matmul(dqkv, w_qkv, False, True), dx)
+    grads[names[0]] = be.sum_rows(dg)
+    return dx
+
+
+def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config: GPTConfig, be, *,
+                     recompute: bool = True):
     """``(loss, grads)`` of one micro-batch (:class:`.microbatch.MicroBatch`, on the backend);
     the loss (a (1,) backend array) and every gradient already scaled by ``inv_n`` (one over the
-    *step's* number of target tokens). ``params`` and the results are backend arrays."""
-    seq_len, heads, d = config.seq_len, config.n_heads, config.d_model
+    *step's* number of target tokens). ``params`` and the results are backend arrays.
+
+    ``recompute`` keeps only each block's input through the forward and recomputes the block's
+    forward (:func:`_layer_forward`) just before its backward: one block's activations (its
+    attention probabilities among them) are alive at a time instead of all of them. The recompute
+    calls the same kernels on the same inputs, so the activations, and every result, have the
+    same bits as without it (``recompute=False`` keeps them all, and the tests compare the two)."""
+    seq_len, d = config.seq_len, config.d_model
     eps = config.hyper32()["norm_eps"]
     scale = attention_scale(config.head_dim)
     rows = micro.rows
+    weights = [tuple(params[n] for n in _layer_names(layer)) for layer in range(config.n_layers)]
 
     # ---- forward -------------------------------------------------------------------------
     x = be.embed(params["wte"], params["wpe"], micro.inputs)
     saved = []
     for layer in range(config.n_layers):
-        ln1, w_qkv, w_out, ln2, w_fc, w_proj = (params[n] for n in _layer_names(layer))
-        h, rstd1 = be.rmsnorm(x, ln1, eps)
-        qkv = be.matmul(h, w_qkv)
-        q, k, v = (be.split_heads(qkv, i * d, d, seq_len, heads) for i in range(3))
-        p = be.causal_softmax(be.matmul(q, k, False, True, CAUSAL_OUTPUT), scale)
-        att = be.merge_heads(be.matmul(p, v, False, False, A_LOWER), seq_len, heads)
-        x_mid = be.add(x, be.matmul(att, w_out))
-        h2, rstd2 = be.rmsnorm(x_mid, ln2, eps)
-        u = be.matmul(h2, w_fc)
-        a = be.gelu(u)
-        x_out = be.add(x_mid, be.matmul(a, w_proj))
-        saved.append((x, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a))
+        x_out, acts = _layer_forward(x, weights[layer], config, eps, scale, be)
+        saved.append(x if recompute else acts)
         x = x_out
+    del acts
     xf, rstd_f = be.rmsnorm(x, params["ln_f"], eps)
     logits = be.matmul(xf, params["wte"], False, True)
     loss, dlogits = be.loss_and_grad(logits, micro.targets, inv_n)
@@ -69,26 +118,12 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
     d_wte = be.matmul(dlogits, xf, True, False)
     dx, dg = be.rmsnorm_backward(x, params["ln_f"], rstd_f, dxf, be.zeros((rows, d)))
     grads["ln_f"] = be.sum_rows(dg)
+    del logits, dlogits, dxf, xf, dg, x
     for layer in reversed(range(config.n_layers)):
-        names = _layer_names(layer)
-        ln1, w_qkv, w_out, ln2, w_fc, w_proj = (params[n] for n in names)
-        x_in, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a = saved.pop()
-        # x_out = x_mid + gelu(h2 @ w_fc) @ w_proj
-        grads[names[5]] = be.matmul(a, dx, True, False)
-        du = be.gelu_backward(u, be.matmul(dx, w_proj, False, True))
-        grads[names[4]] = be.matmul(h2, du, True, False)
-        dx, dg = be.rmsnorm_backward(x_mid, ln2, rstd2, be.matmul(du, w_fc, False, True), dx)
-        grads[names[3]] = be.sum_rows(dg)
-        # x_mid = x_in + attention(h @ w_qkv) @ w_out
-        grads[names[2]] = be.matmul(att, dx, True, False)
-        do = be.split_heads(be.matmul(dx, w_out, False, True), 0, d, seq_len, heads)
-        dv = be.matmul(p, do, True, False, A_UPPER)
-        ds = be.causal_softmax_backward(p, be.matmul(do, v, False, True, CAUSAL_OUTPUT), scale)
-        dq, dk = be.matmul(ds, k, False, False, A_LOWER), be.matmul(ds, q, True, False, A_UPPER)
-        dqkv = be.merge_qkv(dq, dk, dv, seq_len, heads)
-        grads[names[1]] = be.matmul(h, dqkv, True, False)
-        dx, dg = be.rmsnorm_backward(x_in, ln1, rstd1, be.matmul(dqkv, w_qkv, False, True), dx)
-        grads[names[0]] = be.sum_rows(dg)
+        kept = saved.pop()
+        acts = list(_layer_forward(kept, weights[layer], config, eps, scale, be, full=False)[1] if recompute else kept)
+        del kept  # the list is the activations' only holder, and the backward empties it
+        dx = _layer_backward(acts, weights[layer], _layer_names(layer), dx, grads, config, scale, be)
     be.scatter_add_sorted(d_wte, dx, micro.order, micro.starts)
     grads["wte"] = d_wte
     grads["wpe"] = be.sum_rows(dx.reshape(rows // seq_len, seq_len * d)).reshape(seq_len, d)

@@ -4,9 +4,16 @@ The replayer trusts nothing in the run directory it has not checked: the manifes
 (on decode), the engine it names (it must be exactly this one), the corpus (by digest), and
 the checkpoint (its bytes must have the address the manifest names, and its recomputed h_k
 must equal the manifest's — so a flipped bit anywhere in the input state is caught before the
-step runs, even one the step itself would round away). Only then does it call the same
-:func:`train_step` the trainer called, with the run's topology, and hash the result. The
-step's replay witness comes back with the result; the caller binds it to its key.
+step runs, even one the step itself would round away). Only then does it run the step the
+trainer ran, with the run's topology, and hash the result. The step's replay witness comes back
+with the result; the caller binds it to its key.
+
+On the CPU the state is never whole in memory (:mod:`.checkpoint_stream`): the checkpoint is
+read once in pieces (its address and h_k computed on the way, the parameters kept), the step is
+:func:`.step.train_step_streamed`, which reads each moment tensor back (checked against that
+read) when its update runs, and the new state is hashed a tensor at a time and written only when
+``out`` asks for it. A device backend loads the checkpoint and runs :func:`.step.train_step`
+(its state lives on the device). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -20,16 +27,18 @@ import numpy as np
 from open1b.protocol import RunManifest
 from open1b.protocol.witness import WITNESS_KEY, WITNESS_RULES, witness_rule
 
-from .backend import default_backend
+from .backend import CpuBackend, default_backend
+from .checkpoint_stream import CheckpointWriter, StateSink, add_params_and_powers, scan_checkpoint, scanned_state
 from .data import DATA_ORDER, TOKENIZER, batch_for_step
 from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import checked_run_samples
 from .runfile import (
-    ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, genesis_hash, load_checkpoint, next_state_hash, read_manifest,
+    ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, checkpoint_path, genesis_hash, hash_of_link, link_of_root,
+    load_checkpoint, next_state_hash, read_manifest,
 )  # fmt: skip
 from .selfcheck import require_deterministic_machine
-from .step import train_step
+from .step import train_step, train_step_streamed
 from .trainer import config_of
 
 
@@ -79,9 +88,12 @@ def backend_on(device: DeviceChoice | None, config):
 
 
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
-           device: DeviceChoice | None = None) -> ReplayResult:
+           device: DeviceChoice | None = None, out: Path | None = None, recompute: bool = True) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step`` on ``device``
-    (:func:`.device.select_device`, whose self-checks it trusts; default: the CPU, checked here)."""
+    (:func:`.device.select_device`, whose self-checks it trusts; default: the CPU, checked here).
+    ``out``: write the replayed state ``step + 1`` there as a checkpoint file (CPU only).
+    ``recompute=False`` keeps every activation instead (:func:`.gpt.forward_backward`): more
+    memory, less time, the same bits."""
     run_dir = Path(run_dir)
     manifest = manifest or read_manifest(run_dir)
     check_engine(manifest)
@@ -90,20 +102,55 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     rule = check_data_rules(manifest)
     config, topology = config_of(manifest)
     backend = backend_on(device, config)
+    if out is not None and not isinstance(backend, CpuBackend):
+        raise ValueError("replay writes the replayed state (out) on the CPU only")
     started = time.perf_counter()
     dataset = checked_run_samples(run_dir, manifest)
-    state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
     if step == 0:
-        recomputed = next_state_hash(genesis_hash(manifest.body()), state, None)
+        prev, prev_batch = genesis_hash(manifest.body()), None
     else:
-        prev_batch = batch_for_step(dataset, manifest.seed, step - 1, config, topology)
-        recomputed = next_state_hash(manifest.state_hashes[step - 1], state, prev_batch)
-    if recomputed != manifest.state_hashes[step]:
-        raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
+        prev, prev_batch = manifest.state_hashes[step - 1], batch_for_step(dataset, manifest.seed, step - 1, config,
+                                                                           topology)  # fmt: skip
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
-    new_state, report = train_step(state, batch, topology, backend=backend, witness_rule=rule)
-    post = next_state_hash(manifest.state_hashes[step], new_state, batch)
+    if isinstance(backend, CpuBackend):
+        recomputed, post, report = _replay_streamed(run_dir, step, manifest, config, topology, backend, prev, prev_batch,
+                                                    batch, out, recompute, rule)  # fmt: skip
+    else:
+        state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
+        recomputed = next_state_hash(prev, state, prev_batch)
+        _check_pre_state(recomputed, manifest, step)
+        new_state, report = train_step(state, batch, topology, backend=backend, recompute=recompute,
+                                       witness_rule=rule)
+        post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
         expected=manifest.state_hashes[step + 1], loss=report.loss, witness=report.witness, elapsed_s=time.perf_counter() - started,
     )
+
+
+def _check_pre_state(recomputed: bytes, manifest: RunManifest, step: int) -> None:
+    if recomputed != manifest.state_hashes[step]:
+        raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
+
+
+def _replay_streamed(run_dir: Path, step: int, manifest: RunManifest, config, topology, backend, prev: bytes,
+                     prev_batch, batch, out: Path | None, recompute: bool, rule: str):
+    """(h_step recomputed, h_{step+1} replayed, report) with the state never whole in memory."""
+    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step])
+    recomputed = hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root()))
+    _check_pre_state(recomputed, manifest, step)
+    writer = CheckpointWriter(Path(out), config, step + 1) if out is not None else None
+    try:
+        sink = StateSink(config, writer)
+        params, report, beta1_pow, beta2_pow = train_step_streamed(scanned_state(scan, config, step), batch, topology,
+                                                                   sink.add, backend=backend, recompute=recompute,
+                                                                   witness_rule=rule)
+        add_params_and_powers(sink, params, beta1_pow, beta2_pow)
+        if writer is not None:
+            writer.finish()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    post = hash_of_link(manifest.state_hashes[step], link_of_root(config, step + 1, batch, sink.root()))
+    return recomputed, post, report

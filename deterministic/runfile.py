@@ -28,6 +28,9 @@ from open1b.protocol.messages import MAX_MANIFEST_SIZE
 from open1b.protocol.witness import witness_commitment
 
 from .bounded_read import FileRefused, read_bounded
+from .checkpoint_stream import HEADER_SLACK as CHECKPOINT_HEADER_SLACK  # noqa: F401 (node reads it here)
+from .checkpoint_stream import METADATA_KEY as CHECKPOINT_METADATA_KEY
+from .checkpoint_stream import max_checkpoint_bytes
 from .config import GPTConfig
 from .durable_write import write_atomic
 from .errors import CheckpointMismatchError, RunFormatError
@@ -47,9 +50,6 @@ SAMPLES_FILE = "samples.bin"
 EVALUATIONS_FILE = "evaluations.cbor"
 """The trainer's evaluation results, a CBOR list of [state k, float32 loss bits]: not part of the manifest (the
 manifest commits to the schedule and the set; results are signed as ``eval`` statements)."""
-CHECKPOINT_METADATA_KEY = "open1b_checkpoint_step"
-CHECKPOINT_HEADER_SLACK = 1 << 20
-"""Bytes allowed for a checkpoint's safetensors header beyond its tensors' data."""
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -122,14 +122,22 @@ class RunWriter:
         self.evaluations: dict[int, int] = {}
 
     def start(self, state: TrainState) -> None:
-        self.links.append(state_link(state, None))
-        self.checkpoints.append(save_checkpoint(self.run_dir, state))
+        self.start_written(state_link(state, None), save_checkpoint(self.run_dir, state))
+
+    def start_written(self, link: tuple, address: bytes) -> None:
+        """:meth:`start` for a checkpoint 0 already written (its :func:`state_link` and blob address)."""
+        self.links.append(link)
+        self.checkpoints.append(address)
 
     def record(self, state: TrainState, batch: np.ndarray, witness: bytes, fingerprint: dict | None = None) -> None:
         """State ``k + 1``, the batch of step k (named in h_{k+1}), W_k, step k's witness, and
         F_k's map (:meth:`.fingerprint.StepFingerprint.value`) when the run records fingerprints."""
-        self.links.append(state_link(state, batch))
-        self.checkpoints.append(save_checkpoint(self.run_dir, state))
+        self.record_written(state_link(state, batch), save_checkpoint(self.run_dir, state), witness, fingerprint)
+
+    def record_written(self, link: tuple, address: bytes, witness: bytes, fingerprint: dict | None = None) -> None:
+        """:meth:`record` for a checkpoint already written (its :func:`state_link` and blob address)."""
+        self.links.append(link)
+        self.checkpoints.append(address)
         self.witnesses.append(witness_commitment(witness))
         if fingerprint is not None:
             self.fingerprints.append(fingerprint)
@@ -162,15 +170,19 @@ class RunWriter:
 
 def state_link(state: TrainState, batch: np.ndarray | None) -> tuple[int, int, bytes, int, bytes]:
     """h_k's preimage but ``prev`` (as :func:`next_state_hash` fills it): step, lr bits, batch digest, count, root."""
+    return link_of_root(state.config, state.step, batch, state_root(state_tensor_bytes(state)))
+
+
+def link_of_root(config: GPTConfig, step: int, batch: np.ndarray | None, counted_root: tuple[int, bytes]) -> tuple:
+    """:func:`state_link` of state ``step`` from its (tensor count, state root), hashed elsewhere
+    (:mod:`.checkpoint_stream`)."""
     consumed = step_batch_digest(batch) if batch is not None else bytes(32)
-    lr = lr_bits(state.config) if batch is not None else 0
-    return (state.step, lr, consumed, *state_root(state_tensor_bytes(state)))
+    return (step, lr_bits(config) if batch is not None else 0, consumed, *counted_root)
 
 
-def max_checkpoint_bytes(config: GPTConfig) -> int:
-    """The largest checkpoint file of ``config``'s state: parameters and two moments (float32),
-    the two bias-correction powers, and :data:`CHECKPOINT_HEADER_SLACK` for the header."""
-    return 4 * (3 * config.n_params() + 2) + CHECKPOINT_HEADER_SLACK
+def hash_of_link(prev: bytes, link: tuple) -> bytes:
+    """h_k from h_{k-1} (or the genesis hash) and state k's :func:`state_link`."""
+    return state_hash_of_root(prev, *link)
 
 
 def load_checkpoint(run_dir: Path, step: int, config: GPTConfig, address: bytes | None = None) -> TrainState:

@@ -115,12 +115,15 @@ def init_scale(config: GPTConfig, name: str) -> np.float32 | None:
     return np.float32(std * math.sqrt(3.0))
 
 
+def init_param(config: GPTConfig, seed: int, name: str) -> np.ndarray:
+    """Parameter ``name`` of the step-0 state (read-only): a matrix from :func:`uniform_init`
+    (half-width :func:`init_scale`), or a gain of ones."""
+    shape, scale = config.param_shapes()[name], init_scale(config, name)
+    return frozen(np.ones(shape, np.float32) if scale is None else uniform_init(seed, name, shape, scale))
+
+
 def init_state(config: GPTConfig, seed: int) -> TrainState:
-    """Step-0 state: matrices from :func:`uniform_init` (half-widths :func:`init_scale`), gains
-    one, moments zero, ``beta1_pow = beta2_pow = 1``."""
-    params = {}
-    for name, shape in config.param_shapes().items():
-        scale = init_scale(config, name)
-        params[name] = frozen(np.ones(shape, np.float32) if scale is None else uniform_init(seed, name, shape, scale))
+    """Step-0 state: every parameter :func:`init_param`, moments zero, ``beta1_pow = beta2_pow = 1``."""
+    params = {name: init_param(config, seed, name) for name in config.param_shapes()}
     zeros = {n: frozen(np.zeros(s, np.float32)) for n, s in config.param_shapes().items()}
     return TrainState(config, params, zeros, dict(zeros), 0, np.float32(1.0), np.float32(1.0))

@@ -103,10 +103,14 @@ class _GroupedTree:
         self.in_group = 0
 
     def push(self, term: dict) -> None:
+        """Add ``term``, which is consumed: its arrays are replaced or dropped one key at a time,
+        so the sum never holds a second copy of every gradient."""
         if self.acc is None:
-            self.acc = {k: self.plus_zero(a) for k, a in term.items()}
+            for k in term:
+                term[k] = self.plus_zero(term[k])
+            self.acc = term
         else:
-            self.acc = {k: self.add(self.acc[k], term[k]) for k in term}
+            _add_into(self.acc, term, self.add)
         self.in_group += 1
         if self.in_group == self.group:
             self._push_group()
@@ -115,8 +119,9 @@ class _GroupedTree:
         value, self.acc, self.in_group = self.acc, None, 0
         level = 0
         while (self.count >> level) & 1:
-            value = {k: self.add(self.stack[level][k], value[k]) for k in value}
-            self.stack[level] = None
+            left, self.stack[level] = self.stack[level], None
+            _add_into(left, value, self.add)
+            value = left
             level += 1
         if level == len(self.stack):
             self.stack.append(None)
@@ -130,8 +135,16 @@ class _GroupedTree:
         for level in range(len(self.stack)):
             if (self.count >> level) & 1:
                 block = self.stack[level]
-                total = block if total is None else {k: self.add(block[k], total[k]) for k in block}
+                if total is not None:
+                    _add_into(block, total, self.add)
+                total = block
         return total
+
+
+def _add_into(left: dict, right: dict, add: Callable) -> None:
+    """``left[k] = add(left[k], right[k])`` for every key, emptying ``right`` as it goes."""
+    for k in list(right):
+        left[k] = add(left[k], right.pop(k))
 
 
 def _inv_tokens(config: GPTConfig, topology: Topology) -> np.float32:
@@ -145,10 +158,10 @@ arrays) as the step computes them, before they are summed; the fingerprints (:mo
 
 
 def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
-               observe: MicroObserver | None = None, rank: int = 0) -> dict:
+               observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True) -> dict:
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
     for index, mb in enumerate(micros):
-        loss, grads = forward_backward(params, mb, inv_n, config, be)
+        loss, grads = forward_backward(params, mb, inv_n, config, be, recompute=recompute)
         if observe is not None:
             observe(rank, index, loss, grads)
         grads[LOSS_KEY] = loss
@@ -180,7 +193,8 @@ def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:
     (step 2 of the module doc).
 
     Consumes ``terms`` as it goes and keeps O(log W) partial sums, so a generator of terms
-    never holds every rank's gradients at once. The bits depend on the terms' bits and their
+    never holds every rank's gradients at once; each term dict is emptied (its arrays replaced or
+    dropped one by one), so no second copy of a rank's gradients outlives its addition. The bits depend on the terms' bits and their
     order only, not on which process computed each term.
     """
     tree = _GroupedTree(RANK_GROUP, be.add, be.plus_zero)
@@ -193,16 +207,18 @@ def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:
 
 
 def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
-                   observe: MicroObserver | None = None) -> tuple[object, dict]:
+                   observe: MicroObserver | None = None, *, recompute: bool = True) -> tuple[object, dict]:
     """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
     every rank's term computed here, one after the other, and reduced as they come. The batch
     goes to the backend once (:meth:`micro_batches`), the parameters not at all when they are
-    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way."""
+    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way.
+    ``recompute`` (:func:`.gpt.forward_backward`) changes the memory and time, never the bits."""
     config = state.config
     inv_n = _inv_tokens(config, topology)
     params, _, _ = be.load_state(state)
     micros = be.micro_batches(batch, config.vocab_size)
-    terms = (_rank_term(params, micros[rank], inv_n, config, be, observe, rank) for rank in range(topology.ranks))
+    terms = (_rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute)
+             for rank in range(topology.ranks))
     return reduce_ranks(terms, be)
 
 
@@ -252,9 +268,57 @@ def finish_step(state: TrainState, loss, grads: dict, be, *, witness_rule: str =
     return new_state, StepReport(done.loss, done.grad_norm, done.clip_coef, done.witness)
 
 
+MomentSink = Callable[[str, np.ndarray], None]
+"""``sink(name, array)``: receives each new moment tensor, ``adam_m/<n>`` then ``adam_v/<n>`` for every
+parameter n in order, as the update computes it (:class:`.checkpoint_stream.StateSink` hashes and writes it)."""
+
+
+def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentSink, *,
+                         witness_rule: str = WITNESS_TREE) -> tuple[dict, StepReport, np.float32, np.float32]:
+    """:func:`finish_step` one parameter at a time, for a state too large to hold twice: the same
+    norm, clipping, witness (computed and called as there) and AdamW kernels, so the same bits.
+
+    Each parameter's moments are read from ``state`` when its update runs (a state from
+    :func:`.checkpoint_stream.file_state` reads them from its checkpoint then), its new moments go
+    to ``sink`` and are not kept, and its new value replaces the old one in ``state.params`` at
+    once: ``state`` is **consumed** (its parameters are the new ones afterwards) and must not be
+    used again. Returns the new parameters (that same dict), the report and the new
+    bias-correction powers. CPU backends only: a device backend keeps the whole state there.
+    Raises :class:`NonFiniteError` as :func:`train_step` does, before anything is updated."""
+    config = state.config
+    order = list(config.param_shapes())
+    clip = be.clip_norm([grads[name] for name in order], config.hyper32()["grad_clip"])
+    scalars_of = be.start_witness(loss, grads, order, clip, witness_rule)
+    scalars, beta1_pow, beta2_pow = adamw_scalars(state)
+    done = scalars_of()
+    if not (np.isfinite(done.loss) and np.isfinite(done.grad_norm)):
+        raise NonFiniteError(f"step {state.step}: loss {done.loss}, gradient norm {done.grad_norm}")
+    params = state.params
+    for name in order:
+        p, m, v = be.adamw(params[name], grads[name], state.m[name], state.v[name],
+                           replace(scalars[name], coef=done.clip_coef))
+        sink(f"adam_m/{name}", m)
+        sink(f"adam_v/{name}", v)
+        p.flags.writeable = False
+        params[name] = p
+    return params, StepReport(done.loss, done.grad_norm, done.clip_coef, done.witness), beta1_pow, beta2_pow
+
+
+def train_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink: MomentSink, *, backend=None,
+                        observe: MicroObserver | None = None, recompute: bool = True,
+                        witness_rule: str = WITNESS_TREE) -> tuple[dict, StepReport, np.float32, np.float32]:
+    """:func:`train_step` with :func:`finish_step_streamed` in place of :func:`finish_step`: the
+    same bits, ``state`` consumed, the new moments handed to ``sink`` (see there)."""
+    check_batch(batch, state.config, topology)
+    be = backend or default_backend(state.config)
+    loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
+    return finish_step_streamed(state, loss, grads, be, sink, witness_rule=witness_rule)
+
+
 def train_step(
     state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None, observe: MicroObserver | None = None,
     witness_rule: str = WITNESS_TREE,
+    recompute: bool = True,
 ) -> tuple[TrainState, StepReport]:
     """Forward, backward, gradient reduction, clipping and one AdamW update.
 
@@ -264,9 +328,10 @@ def train_step(
     followed by :func:`finish_step`; the distributed trainer runs the same three pieces.
     ``observe`` (:data:`MicroObserver`) sees every micro-batch's loss and gradients; it changes no bit.
     ``witness_rule`` is how the report's witness is hashed (a replay passes its run's).
+    ``recompute`` (:func:`.gpt.forward_backward`: one block's activations alive at a time) neither.
     """
     config = state.config
     check_batch(batch, config, topology)
     be = backend or default_backend(config)
-    loss, grads = step_gradients(state, batch, topology, be, observe)
+    loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
     return finish_step(state, loss, grads, be, witness_rule=witness_rule)

@@ -3,6 +3,12 @@
 It hashes every state as it goes (h_0 … h_S), saves every state as a checkpoint, and signs the
 manifest last, once the whole hash chain is known. The manifest's ``model`` map carries the
 preset name, the full :class:`.config.GPTConfig` and the :class:`.config.Topology`.
+One process on the CPU (the default) trains with the state a tensor at a time
+(:mod:`.checkpoint_stream`): the parameters in memory, the moments in the last checkpoint written,
+read back for each tensor's update, the new state hashed and written tensor by tensor. So a run's
+memory is its parameters, its gradients and one micro-batch's activations, as a replay's is.
+Data-parallel ranks and device backends hold whole states; all give the same bits.
+
 ``tamper_step`` exists for tests and the devnet: it forges the state after that step (one
 flipped bit in a weight) and then carries on honestly from the forged state, as a dishonest
 trainer would — so replaying that one step, and no other, disagrees with the published chain.
@@ -27,13 +33,16 @@ from .data import (
     BUILTIN_CORPUS, DATA_ORDER, TOKENIZER, batch_for_step, builtin_dataset, builtin_eval_dataset, builtin_split,
 )
 from .documents import KEY_EVAL_DOCUMENTS, Documents
+from .backend import CpuBackend, default_backend
+from .checkpoint_stream import CheckpointWriter, StateSink, add_params_and_powers, file_state
 from .device import DeviceChoice
-from .distributed import run_steps
-from .fingerprint import StepFingerprint
+from .distributed import launched_rank, run_steps
+from .fingerprint import StepFingerprint, fingerprinted_step_streamed
 from .evaluation import eval_fields, eval_loss, eval_schedule, loss_bits
 from .provenance import write_run_samples
-from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, RunWriter
-from .state import TrainState, init_state
+from .runfile import ENGINE, ENGINE_VERSION, SCHEDULE, RunWriter, checkpoint_path, link_of_root
+from .state import TrainState, init_param, init_state
+from .step import train_step_streamed
 
 Progress = Callable[[int, int], None]
 
@@ -42,10 +51,14 @@ DEFAULT_PRESET = "tiny"
 
 def flip_weight_bit(state: TrainState) -> TrainState:
     """The same state with the lowest mantissa bit of ``wte[0, 0]`` flipped."""
-    wte = np.array(state.params["wte"], copy=True)
+    return replace(state, params={**state.params, "wte": _flipped(state.params["wte"])})
+
+
+def _flipped(wte: np.ndarray) -> np.ndarray:
+    wte = np.array(wte, copy=True)
     wte.view(np.uint32)[0, 0] ^= np.uint32(1)
     wte.flags.writeable = False
-    return replace(state, params={**state.params, "wte": wte})
+    return wte
 
 
 def run_fields(preset: str, seed: int, samples: dict, topology: Topology | None = None, *,
@@ -116,23 +129,79 @@ def publish_run(
             raise ValueError(f"eval_every {eval_every} schedules no state of a {steps}-step run")
     writer = RunWriter(Path(out_dir), run_fields(preset, seed, write_run_samples(Path(out_dir), dataset), topology,
                                                  evaluation=evaluation))
-    state = init_state(config, seed)
-    writer.start(state)
-    # Picklable (module-level functions and partials): with W > 1 they run in every rank's process.
-    batch_fn = functools.partial(batch_for_step, dataset, seed, config=config, topology=topology)
-    forge = functools.partial(_forge_after, tamper_step) if tamper_step is not None else None
     backend = device.backend_for(config) if device is not None else None
-    recorded: list[StepFingerprint] = []
-    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge, backend=backend,
-                        on_fingerprint=recorded.append if fingerprints else None)
+    if (ranks or 1) == 1 and launched_rank() is None and isinstance(backend or default_backend(config), CpuBackend):
+        trained = _streamed_steps(Path(out_dir), writer, config, seed, topology, dataset, steps, tamper_step,
+                                  fingerprints, backend)  # fmt: skip
+    else:
+        trained = _whole_state_steps(writer, config, seed, topology, dataset, steps, tamper_step, fingerprints,
+                                     ranks, backend)  # fmt: skip
     with contextlib.closing(trained):  # a failure below ends the worker processes at once
-        for k, (state, batch, report) in enumerate(trained):
-            writer.record(state, batch, report.witness, recorded[k].value() if fingerprints else None)
+        for k, state in enumerate(trained):
             if state.step in schedule:
                 writer.record_evaluation(state.step, loss_bits(eval_loss(state, eval_set)))
             if progress:
                 progress(k + 1, steps)
     return writer.finish(identity, created_at=int(time.time()))
+
+
+def _whole_state_steps(writer: RunWriter, config: GPTConfig, seed: int, topology: Topology, dataset, steps: int,
+                       tamper_step: int | None, fingerprints: bool, ranks: int | None, backend):
+    """The run's states, each recorded in ``writer``: :func:`.distributed.run_steps` with whole states."""
+    state = init_state(config, seed)
+    writer.start(state)
+    # Picklable (module-level functions and partials): with W > 1 they run in every rank's process.
+    batch_fn = functools.partial(batch_for_step, dataset, seed, config=config, topology=topology)
+    forge = functools.partial(_forge_after, tamper_step) if tamper_step is not None else None
+    recorded: list[StepFingerprint] = []
+    trained = run_steps(state, batch_fn, topology, steps, world=ranks or 1, after_step=forge, backend=backend,
+                        on_fingerprint=recorded.append if fingerprints else None)
+    with contextlib.closing(trained):
+        for k, (state, batch, report) in enumerate(trained):
+            writer.record(state, batch, report.witness, recorded[k].value() if fingerprints else None)
+            yield state
+
+
+def _streamed_steps(run_dir: Path, writer: RunWriter, config: GPTConfig, seed: int, topology: Topology, dataset,
+                    steps: int, tamper_step: int | None, fingerprints: bool, backend):
+    """The run's states, each recorded in ``writer``, with the state a tensor at a time (module
+    doc): checkpoint 0 is written as it is drawn, and each step reads its moments from the last
+    checkpoint and writes the next one (the forgery, if any, before its parameters are written)."""
+    path = checkpoint_path(run_dir, 0)
+    out, params = CheckpointWriter(path, config, 0), {}
+    sink = StateSink(config, out)
+    for name, shape in config.param_shapes().items():
+        params[name] = init_param(config, seed, name)
+        zeros = np.zeros(shape, np.float32)
+        sink.add(f"adam_m/{name}", zeros)
+        sink.add(f"adam_v/{name}", zeros)
+    add_params_and_powers(sink, params, np.float32(1.0), np.float32(1.0))
+    writer.start_written(link_of_root(config, 0, None, sink.root()), out.finish())
+    state = file_state(config, 0, path, out.slots, sink.digests, params)
+    for _ in range(steps):
+        k = state.step
+        batch = batch_for_step(dataset, seed, k, config, topology)
+        path = checkpoint_path(run_dir, k + 1)
+        out = CheckpointWriter(path, config, k + 1)
+        sink = StateSink(config, out)
+        try:
+            if fingerprints:
+                params, report, beta1_pow, beta2_pow, fingerprint = fingerprinted_step_streamed(
+                    state, batch, topology, sink.add, backend=backend)
+            else:
+                params, report, beta1_pow, beta2_pow = train_step_streamed(state, batch, topology, sink.add,
+                                                                           backend=backend)  # fmt: skip
+            if k == tamper_step:
+                params["wte"] = _flipped(params["wte"])
+            add_params_and_powers(sink, params, beta1_pow, beta2_pow)
+            address = out.finish()
+        except BaseException:
+            out.abort()
+            raise
+        writer.record_written(link_of_root(config, k + 1, batch, sink.root()), address, report.witness,
+                              fingerprint.value() if fingerprints else None)
+        state = file_state(config, k + 1, path, out.slots, sink.digests, params)
+        yield state
 
 
 def _forge_after(tamper_step: int, state: TrainState) -> TrainState:

@@ -419,7 +419,7 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
         update(0, f"choosing the device ({args.device}) and running its self-checks")
         device = _device(args.device)
         update(0, f"on {device.device_class}: loading, checking the checkpoint, replaying")
-        result = replay(run_dir, args.step, device=device)
+        result = replay(run_dir, args.step, device=device, out=args.out)
         update(1, "done")
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
@@ -667,6 +667,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="a run directory, or a run id the daemon knows")
     r.add_argument("--step", type=int, required=True)
     r.add_argument("--device", default="auto", help=DEVICE_HELP)
+    r.add_argument("--out", type=Path, help="also write the replayed state K+1 to this checkpoint file (CPU only)")
     r.set_defaults(func=cmd_replay)
 
     rv = sub.add_parser("reveal", parents=[client],

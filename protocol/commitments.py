@@ -169,6 +169,28 @@ def state_root(tensors: Mapping[str, TensorBytes], *, workers: int | Executor | 
     return len(tree.digests), merkle_root(tree.digests)
 
 
+def chunk_digest(index: int, chunk: bytes | memoryview) -> bytes:
+    """``chunk_digest(i, c)`` of the module doc: for a state hashed as it is produced or read, a
+    chunk at a time (with :func:`tensor_digest_of_chunks` and :func:`state_root_of_digests`)."""
+    return _chunk_digest(index, chunk)
+
+
+def tensor_digest_of_chunks(name: str, dtype: str, shape: Sequence[int], chunk_digests: Sequence[bytes]) -> bytes:
+    """``tensor_digest(n, t)`` from the chunk digests of t's raw bytes, in index order."""
+    nbytes = _nbytes(dtype, shape)
+    if len(chunk_digests) != _chunk_count(nbytes):
+        raise ValueError(f"{len(chunk_digests)} chunk digests for a tensor of {nbytes} bytes")
+    return _digest(name, dtype, shape, nbytes, merkle_root(list(chunk_digests)))
+
+
+def state_root_of_digests(digests: Mapping[str, bytes]) -> tuple[int, bytes]:
+    """(tensor count, state root) from every tensor's digest (:func:`tensor_digest_of_chunks`):
+    what :func:`state_root` gives for the whole state."""
+    if not digests or len(digests) >= 1 << 32:
+        raise ValueError(f"a state has 1 to 2**32 - 1 tensors, not {len(digests)}")
+    return len(digests), merkle_root([digests[n] for n in sorted(digests, key=lambda n: n.encode())])
+
+
 def state_hash_of_root(prev: bytes, step: int, lr_bits: int, batch_digest: bytes, count: int, root: bytes) -> bytes:
     """h_k from ``prev`` and the rest of its preimage (:func:`state_root` gives count and root)."""
     return _hash(prev, step, lr_bits, batch_digest, count, root)

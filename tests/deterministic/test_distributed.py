@@ -85,9 +85,9 @@ def test_the_step_pieces_compose_to_train_step_in_rank_order_only():
     state, batch, be = init_state(CONFIG, SEED), batches(4)(0), default_backend(CONFIG)
     terms = [rank_gradients(state, batch[r], topology(4), be) for r in range(4)]
     expected, expected_report = train_step(state, batch, topology(4))
-    composed, report = finish_step(state, *reduce_ranks(iter(terms), be), be)
+    composed, report = finish_step(state, *reduce_ranks((dict(t) for t in terms), be), be)  # it empties its terms
     assert state_fingerprint(composed) == state_fingerprint(expected) and report == expected_report
-    reordered, _ = finish_step(state, *reduce_ranks(reversed(terms), be), be)
+    reordered, _ = finish_step(state, *reduce_ranks((dict(t) for t in reversed(terms)), be), be)
     assert state_fingerprint(reordered) != state_fingerprint(expected)
 
 

@@ -19,6 +19,8 @@ def test_presets_have_the_sizes_they_promise():
     assert 9_000_000 <= sizes["small"] <= 12_000_000
     assert sizes["gpt-125m"] == 85_936_896  # GPT-2 small's body on a 256-byte vocabulary
     assert 0.9e9 <= sizes["gpt-1b"] <= 0.92e9
+    assert PRESETS["gpt-1b-one-row"].config == PRESETS["gpt-1b"].config  # the same model, one row a step
+    assert PRESETS["gpt-1b-one-row"].topology.sequences == 1
     assert {p.config.vocab_size for p in PRESETS.values()} == {256}  # the byte tokenizer's, for every preset
     shapes = CONFIG.param_shapes()
     assert list(shapes)[:2] == ["wte", "wpe"] and list(shapes)[-1] == "ln_f"
