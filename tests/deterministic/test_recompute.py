@@ -11,10 +11,12 @@ from open1b.deterministic.fingerprint import fingerprinted_step
 from open1b.deterministic.gpt import forward_backward
 from open1b.deterministic.runfile import state_link
 from open1b.deterministic.step import _inv_tokens
+from open1b.protocol.witness import WITNESS_SEQUENTIAL
 
 SEED = 7
 
-# `tiny` from init_state(seed 7), step 0, by the code before recompute existed (commit 49fe3ec).
+# `tiny` from init_state(seed 7), step 0, by the code before recompute existed (commit 49fe3ec); its
+# witness is the rule runs had then (v1, sequential: docs/run-format.md §5.1).
 PINNED_TINY_STEP0 = {
     "root": "bb3b9855a53e61a19428a6c45ddc429dbd46abea6fbf26e147e9abe448abd490",
     "witness": "ef3bab15fc66b81ef882ae5f67e3173bd0db319f8b95de573e54fa35789085be",
@@ -32,8 +34,10 @@ def test_the_default_step_keeps_the_pinned_bits():
     p, state, batch = _step0("tiny")
     new, report, fingerprint = fingerprinted_step(state, batch, p.topology)
     assert state_link(new, batch)[-1].hex() == PINNED_TINY_STEP0["root"]
-    assert report.witness.hex() == PINNED_TINY_STEP0["witness"]
     assert fingerprint.commitment.hex() == PINNED_TINY_STEP0["fingerprint"]
+    _, v1 = train_step(state, batch, p.topology, witness_rule=WITNESS_SEQUENTIAL)
+    assert v1.witness.hex() == PINNED_TINY_STEP0["witness"]
+    assert report.witness == train_step(state, batch, p.topology)[1].witness  # the default rule, v2, alike
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
