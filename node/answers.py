@@ -27,7 +27,8 @@ STATUS = {"peer_id": PEER_ID, "addrs": [str], "peers": [PEER_ID], "peers_banned"
           "attestations_stored": COUNT, "replays": COUNT, "replay_failures": COUNT, "claims_won": COUNT,
           "claims_lost": COUNT, "gossip_rejected": COUNT, "gossip_ignored": COUNT, "synced": COUNT, "audit": bool,
           "replaying_step": MAYBE_INT,
-          "device": {"requested": str, "class": (str, type(None)), "reason": str}}
+          "device": {"requested": str, "class": (str, type(None)), "reason": str},
+          "reachability": {"state": str, "reason": str}}
 PEERS = [{"peer_id": PEER_ID, "addrs": [str], "rejected": COUNT}]
 RUNS = [{"run": HEX, "steps": COUNT, "engine": str, "run_dir": (str, type(None))}]
 COVERAGE = {"run": HEX, "steps": COUNT, "redundancy": COUNT, "verified_steps": COUNT, "disputed_steps": [int],

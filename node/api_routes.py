@@ -206,7 +206,7 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.get("/v1/disputes/{run}", summary="a run's fraud proofs the referee accepted: who is guilty, of which op")
     async def disputes(run: RunId) -> list[dict]:
-        return [f.to_json() for f in store.fraud_proofs(run_arg(known, run))]
+        return [f.to_json() for f in store.fraud.of_run(run_arg(known, run))]
 
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})

@@ -156,7 +156,7 @@ class P2P:
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
             connection_config=ConnectionConfig(max_connections_per_peer=1),
-            addrs_factory=self._usable_addrs,
+            addrs_factory=lambda found: usable_addrs(found, lambda: self._listening, self.dialled_back_at),
         )
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
@@ -187,26 +187,6 @@ class P2P:
     @property
     def addrs(self) -> list[str]:
         return [str(a) for a in self.host.get_addrs()]
-
-    def _usable_addrs(self, candidates: list[Multiaddr]) -> list[Multiaddr]:
-        """The addresses we announce, only ones a peer can dial: an unspecified listen address
-        (0.0.0.0) becomes this machine's interface addresses; an address peers merely observed us
-        at (identify) only once a dial-back reached our listener there — behind NAT the observed
-        port is the router's mapping, which nobody else can use."""
-        out: list[Multiaddr] = []
-        for addr in candidates:
-            try:
-                host, port = addr.value_for_protocol("ip4"), addr.value_for_protocol("tcp")
-            except Exception:  # not TCP over IPv4: announced as libp2p found it
-                out.append(addr)
-                continue
-            if host == "0.0.0.0":
-                out += [Multiaddr(f"/ip4/{ip}/tcp/{port}") for ip in interface_ipv4s()]
-            elif addr in self._listening:
-                out.append(addr)
-            elif host in self.dialled_back_at:
-                out.append(Multiaddr(f"/ip4/{host}/tcp/{self.listen_port}"))
-        return list(dict.fromkeys(out)) or candidates
 
     @property
     def _listening(self) -> list[Multiaddr]:
@@ -499,3 +479,26 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
                         nursery.cancel_scope.cancel()
             finally:
                 shutdown.deadline = trio.current_time() + 10
+
+
+def usable_addrs(candidates: list[Multiaddr], listening: Callable[[], list[Multiaddr]],
+                 dialled_back_at: set[str]) -> list[Multiaddr]:
+    """The addresses a node announces, only ones a peer can dial: an unspecified listen address
+    (0.0.0.0) becomes this machine's interface addresses; an address peers merely observed us
+    at (identify) only once a dial-back reached our listener there — behind NAT the observed
+    port is the router's mapping, which nobody else can use. ``listening`` is read only when an
+    address needs it (the host asks for its addresses while it is being built)."""
+    out: list[Multiaddr] = []
+    for addr in candidates:
+        try:
+            host, found_port = addr.value_for_protocol("ip4"), addr.value_for_protocol("tcp")
+        except Exception:  # not TCP over IPv4: announced as libp2p found it
+            out.append(addr)
+            continue
+        if host == "0.0.0.0":
+            out += [Multiaddr(f"/ip4/{ip}/tcp/{found_port}") for ip in interface_ipv4s()]
+        elif addr in listening():
+            out.append(addr)
+        elif host in dialled_back_at:
+            out.append(Multiaddr(f"/ip4/{host}/tcp/{listening()[0].value_for_protocol('tcp')}"))
+    return list(dict.fromkeys(out)) or candidates

@@ -85,7 +85,7 @@ class Statements:
             Claim.KIND: (validate_claim, store.add_claim),
             # the referee's verdict and the node's relevance rules (node/fraud_proofs.py)
             ProvenFraud.KIND: (lambda data, manifest_of, now: judge_fraud_proof(data, manifest_of, store.has_attestation),
-                               store.add_fraud_proof),
+                               store.fraud.add),
         }
 
     def _told(self, statement: Statement) -> None:

@@ -72,6 +72,7 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
         self._reveal_order = "attestations_before" in {r[1] for r in self._db.execute("PRAGMA table_info(reveals)")}
+        self.fraud = FraudProofs(self._db)  # fraud proofs (docs/protocol.md §18.7)
         if not self._reveal_order and not read_only:
             self._db.execute(_REVEAL_ORDER)
             self._reveal_order = True
@@ -213,20 +214,6 @@ class Store:
         rows = self._db.execute("SELECT encoded FROM spotchecks WHERE run_id = ? ORDER BY step, digest", (run_id,))
         return [SpotCheck.decode(r[0]) for r in rows.fetchall()]
 
-    def add_fraud_proof(self, fraud: ProvenFraud) -> bool:
-        """One row per guilty key: a proof of a conviction already held (same run, step and
-        key) adds nothing. True if any row is new."""
-        with self._db:
-            return any([self._db.execute("INSERT OR IGNORE INTO fraud_proofs VALUES (?, ?, ?, ?)",
-                                         (fraud.run, fraud.step, key, fraud.encoded)).rowcount == 1
-                        for key in fraud.guilty])
-
-    def fraud_proofs(self, run_id: bytes) -> list[ProvenFraud]:
-        """A run's fraud proofs, each re-judged by the referee as it is read back (module doc)."""
-        rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ? ORDER BY step, encoded",
-                                (run_id,))
-        return [proven_fraud(r[0]) for r in rows.fetchall()]
-
     def add_replay_witness(self, run_id: bytes, step: int, witness: bytes) -> bool:
         """W_step from this node's own replay (checked against the manifest's C_step by the caller).
         Kept so that a restarted node can still check later attestations' bindings; it is not a
@@ -236,3 +223,25 @@ class Store:
     def replay_witnesses(self, run_id: bytes) -> dict[int, bytes]:
         rows = self._db.execute("SELECT step, witness FROM replay_witnesses WHERE run_id = ?", (run_id,))
         return {r[0]: r[1] for r in rows.fetchall()}
+
+
+class FraudProofs:
+    """The store's fraud proofs (``Store.fraud``), in the store's database: a table of their own
+    beside the statements, read back through the referee."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def add(self, fraud: ProvenFraud) -> bool:
+        """One row per guilty key: a proof of a conviction already held (same run, step and
+        key) adds nothing. True if any row is new."""
+        with self._db:
+            return any([self._db.execute("INSERT OR IGNORE INTO fraud_proofs VALUES (?, ?, ?, ?)",
+                                         (fraud.run, fraud.step, key, fraud.encoded)).rowcount == 1
+                        for key in fraud.guilty])
+
+    def of_run(self, run_id: bytes) -> list[ProvenFraud]:
+        """A run's fraud proofs, each re-judged by the referee as it is read back (module doc)."""
+        rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ? ORDER BY step, encoded",
+                                (run_id,))
+        return [proven_fraud(r[0]) for r in rows.fetchall()]

@@ -99,8 +99,8 @@ def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
     assert not ledger.statements.ingest_fraud_proof(proof(OTHER, PUBLISHER), source="peer")
     # a refused proof from sync counts against its sender, as on gossip
     assert not ledger.statements.ingest_fraud_proof(proof(AUDITOR, PUBLISHER, forged=True), source="liar")
-    assert ledger.store.fraud_proofs(b"\x22" * 32) == []
-    [stored] = ledger.store.fraud_proofs(MANIFEST.run_id)
+    assert ledger.store.fraud.of_run(b"\x22" * 32) == []
+    [stored] = ledger.store.fraud.of_run(MANIFEST.run_id)
     assert [type(s) for s in told] == [ProvenFraud] and told[0] == stored
     assert (stored.encoded, stored.step, stored.op, stored.guilty) == (data, STEP, "add", (PUBLISHER.public_key,))
     assert stored.to_json()["guilty"] == [peer_id_from_public_key(PUBLISHER.public_key)]
@@ -122,7 +122,7 @@ def test_the_outbox_stores_then_gossips_a_proof_on_the_runs_topic(tmp_path):
     trio.run(main)
     assert gossip.published == [(fraud_proofs_topic(MANIFEST.run_id), fraud.encoded)]
     assert statement_topic("fraud_proof", MANIFEST.run_id) == fraud_proofs_topic(MANIFEST.run_id)
-    assert ledger.store.fraud_proofs(MANIFEST.run_id) == [fraud]
+    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud]
 
 
 def test_the_gossip_bound_is_a_pubsub_message_less_its_envelope():

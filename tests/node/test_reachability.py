@@ -7,7 +7,7 @@ from contextlib import AsyncExitStack
 import trio
 from multiaddr import Multiaddr
 
-from open1b.node.p2p import open_p2p
+from open1b.node.p2p import open_p2p, usable_addrs
 from open1b.node.reachability import (
     DIALBACK_PROTOCOL,
     DialBack,
@@ -92,9 +92,9 @@ def test_only_dialable_addresses_are_announced():
             assert {a.split("/")[2] for a in node.addrs} == set(interface_ipv4s())
             # what libp2p offers: the listen address, and where a peer observed us (a NAT's mapping)
             listening, observed = Multiaddr(f"/ip4/0.0.0.0/tcp/{port}"), Multiaddr("/ip4/8.8.4.4/tcp/61234")
-            assert Multiaddr(f"/ip4/8.8.4.4/tcp/{port}") not in node._usable_addrs([listening, observed])
+            assert Multiaddr(f"/ip4/8.8.4.4/tcp/{port}") not in usable_addrs([listening, observed], lambda: node._listening, node.dialled_back_at)
             node.dialled_back_at = {"8.8.4.4"}  # peers' dial-backs reached our listener there
-            assert node._usable_addrs([listening, observed])[-1] == Multiaddr(f"/ip4/8.8.4.4/tcp/{port}")
-            assert observed not in node._usable_addrs([listening, observed])
+            assert usable_addrs([listening, observed], lambda: node._listening, node.dialled_back_at)[-1] == Multiaddr(f"/ip4/8.8.4.4/tcp/{port}")
+            assert observed not in usable_addrs([listening, observed], lambda: node._listening, node.dialled_back_at)
 
     trio.run(main)

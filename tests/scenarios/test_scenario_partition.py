@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from open1b.node.devnet.scenarios.partition import Partition
+from open1b.devnet.scenarios.partition import Partition
 
 from .devnets import CLI, assert_network_kept_its_promises
 
