@@ -76,7 +76,9 @@ def _chunk_count(nbytes: int) -> int:
     return max(1, -(-nbytes // CHUNK_SIZE))  # a zero-byte tensor has one empty chunk
 
 
-def _chunk_digest(index: int, chunk: bytes | memoryview) -> bytes:
+def chunk_digest(index: int, chunk: bytes | memoryview) -> bytes:
+    """``chunk_digest(i, c)`` of the module doc (public: a state is also hashed a chunk at a time as
+    it is produced or read, with :func:`tensor_digest_of_chunks` and :func:`state_root_of_digests`)."""
     # hashlib's BLAKE2b releases the GIL while it hashes a buffer of 2 KiB or more (CPython's
     # HASHLIB_GIL_MINSIZE). Checked on the 2-core build machine (CPython 3.11.7): a pure-Python
     # counter thread kept its idle rate while another thread hashed 128 MiB, so threads give real
@@ -101,7 +103,7 @@ def _all_chunk_digests(raws: Sequence[memoryview], workers: int | Executor | Non
 
     def job(ti: tuple[int, int]) -> bytes:
         t, i = ti
-        return _chunk_digest(i, raws[t][i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE])
+        return chunk_digest(i, raws[t][i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE])
 
     if isinstance(workers, Executor):
         digests = list(workers.map(job, jobs))  # map keeps the jobs' order, whatever finishes first
@@ -144,8 +146,9 @@ def _tree(tensors: Mapping[str, TensorBytes], workers: int | Executor | None) ->
     return _Tree(names, chunks, digests)
 
 
-def _hash(prev: bytes, step: int, lr_bits: int, batch_digest: bytes, count: int, root: bytes) -> bytes:
-    """h from its preimage fields, every one fixed-width, so the 128-byte preimage is unambiguous."""
+def state_hash_of_root(prev: bytes, step: int, lr_bits: int, batch_digest: bytes, count: int, root: bytes) -> bytes:
+    """h_k from ``prev`` and the rest of its preimage (:func:`state_root` gives count and root), every
+    field fixed-width, so the 128-byte preimage is unambiguous."""
     if len(prev) != DIGEST_SIZE or len(batch_digest) != DIGEST_SIZE or len(root) != DIGEST_SIZE:
         raise ValueError("prev, batch digest and state root are 32-byte hashes")
     if not all(type(v) is int for v in (step, lr_bits, count)) or not (
@@ -169,12 +172,6 @@ def state_root(tensors: Mapping[str, TensorBytes], *, workers: int | Executor | 
     return len(tree.digests), merkle_root(tree.digests)
 
 
-def chunk_digest(index: int, chunk: bytes | memoryview) -> bytes:
-    """``chunk_digest(i, c)`` of the module doc: for a state hashed as it is produced or read, a
-    chunk at a time (with :func:`tensor_digest_of_chunks` and :func:`state_root_of_digests`)."""
-    return _chunk_digest(index, chunk)
-
-
 def tensor_digest_of_chunks(name: str, dtype: str, shape: Sequence[int], chunk_digests: Sequence[bytes]) -> bytes:
     """``tensor_digest(n, t)`` from the chunk digests of t's raw bytes, in index order."""
     nbytes = _nbytes(dtype, shape)
@@ -189,11 +186,6 @@ def state_root_of_digests(digests: Mapping[str, bytes]) -> tuple[int, bytes]:
     if not digests or len(digests) >= 1 << 32:
         raise ValueError(f"a state has 1 to 2**32 - 1 tensors, not {len(digests)}")
     return len(digests), merkle_root([digests[n] for n in sorted(digests, key=lambda n: n.encode())])
-
-
-def state_hash_of_root(prev: bytes, step: int, lr_bits: int, batch_digest: bytes, count: int, root: bytes) -> bytes:
-    """h_k from ``prev`` and the rest of its preimage (:func:`state_root` gives count and root)."""
-    return _hash(prev, step, lr_bits, batch_digest, count, root)
 
 
 @dataclass(frozen=True)
@@ -239,7 +231,7 @@ def _proof(tree: _Tree, prev: bytes, step: int, lr_bits: int, batch_digest: byte
 
 def _verify_digest(digest: bytes, proof: TensorProof, expected_hash: bytes) -> bool:
     try:  # a proof is untrusted input: a malformed one is a failed one
-        h = _hash(proof.prev, proof.step, proof.lr_bits, proof.batch_digest, proof.count, proof.state_root)
+        h = state_hash_of_root(proof.prev, proof.step, proof.lr_bits, proof.batch_digest, proof.count, proof.state_root)
         return (h == expected_hash and type(proof.index) is int
                 and verify_merkle_proof(digest, proof.index, proof.count, proof.path, proof.state_root))
     except (ValueError, TypeError):
@@ -286,7 +278,7 @@ def verify_chunk_proof(name: str, chunk: int, data: bytes | memoryview, proof: C
         if type(chunk) is not int or not 0 <= chunk < count or \
                 data.nbytes != min(CHUNK_SIZE, nbytes - chunk * CHUNK_SIZE):
             return False  # a chunk's length follows from its index: check it rather than leave it to the hash
-        return (verify_merkle_proof(_chunk_digest(chunk, data), chunk, count, proof.path, proof.tensor_root)
+        return (verify_merkle_proof(chunk_digest(chunk, data), chunk, count, proof.path, proof.tensor_root)
                 and _verify_digest(_digest(name, proof.dtype, proof.shape, nbytes, proof.tensor_root), proof.tensor,
                                    expected_hash))
     except (ValueError, TypeError):
