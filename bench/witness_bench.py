@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from hash_bench import measure
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.backend import cpu_backend, default_backend
@@ -49,20 +50,6 @@ from open1b.protocol import TensorBytes
 from open1b.protocol.witness import WITNESS_SEQUENTIAL, WITNESS_TREE, tree_witness
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def measure(fns: dict, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """Wall and process-CPU seconds of each function, round-robin after one warm-up call each."""
-    for fn in fns.values():
-        fn()
-    out = {name: {"wall": [], "cpu": []} for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            w, c = time.perf_counter(), time.process_time()
-            fn()
-            out[name]["cpu"].append(time.process_time() - c)
-            out[name]["wall"].append(time.perf_counter() - w)
-    return out
 
 
 class CpuTimedPool(ThreadPoolExecutor):

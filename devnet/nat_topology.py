@@ -49,6 +49,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+from . import netns
 from .netns import NetnsUnavailable
 
 Nat = Literal["port-preserving", "random"]
@@ -227,17 +228,7 @@ _OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(i|[rhd]\d|mh\d)$")
 def clear_stale() -> list[str]:
     """Delete the namespaces and host links of a topology whose process is gone (a killed run):
     a leftover host link would hold the management addresses the next topology needs."""
-    live = {int(p) % 100000 for p in os.listdir("/proc") if p.isdigit()}
-    listed = [line.split()[0] for line in _out("ip", "netns", "list").splitlines() if line.strip()]
-    links = [line.split()[0].split("@")[0] for line in _out("ip", "-br", "link").splitlines() if line.strip()]
-    deleted = []
-    for kind, names in (("netns", listed), ("link", links)):
-        for name in names:
-            match = _OURS.match(name)
-            if match and int(match.group(1)) not in live:
-                subprocess.run(["ip", kind, "del", name], capture_output=True)
-                deleted.append(name)
-    return deleted
+    return netns.clear_stale(_OURS)
 
 
 def _add_namespace(namespace: str, *, forwarding: bool) -> None:

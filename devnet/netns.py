@@ -108,17 +108,19 @@ LOCK_PATH = "/run/open1b-netns.lock"  # root-only, as network namespaces are
 _OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(a|b|ma|mb|mah|mbh|ab|ba)$")
 
 
-def clear_stale() -> list[str]:
+def clear_stale(ours: re.Pattern = _OURS) -> list[str]:
     """Delete the namespaces and host links a killed devnet left behind (its process is gone):
-    their host addresses are the same 10.232.x ones every partition uses, so a leftover would
-    make the next partition's management links unreachable. Returns what it deleted."""
+    their host addresses are the same ones every run of that topology uses, so a leftover would
+    make the next one's management links unreachable. ``ours`` names a topology's namespaces and
+    links, with the owning process ID as its first group (the partition's by default; the NAT
+    topology passes its own). Returns what it deleted."""
     live = {int(p) % 100000 for p in os.listdir("/proc") if p.isdigit()}
     listed = [line.split()[0] for line in _out("ip", "netns", "list").splitlines() if line.strip()]
     links = [line.split()[0].split("@")[0] for line in _out("ip", "-br", "link").splitlines() if line.strip()]
     deleted = []
     for kind, names in (("netns", listed), ("link", links)):
         for name in names:
-            match = _OURS.match(name)
+            match = ours.match(name)
             if match and int(match.group(1)) not in live:
                 subprocess.run(["ip", kind, "del", name], capture_output=True)
                 deleted.append(name)
