@@ -1,24 +1,24 @@
 """Fraud proofs at model shapes (issue 28): proof size and the referee's time per op kind, against
 a replay of one whole step measured in the same run.
 
-    .venv/bin/python bench/dispute_bench.py [--presets small gpt-125m] [--repeats 3]
+    .venv/bin/python bench/dispute_bench.py [--presets small gpt-125m] [--trace-presets tiny small] [--repeats 3]
 
 For each preset and each op kind the referee re-executes, one op at the shape the model runs it
 (the first layer's, micro-batch rows = micro_batch_size x seq_len), its inputs random normals (the
 cost depends on shapes, not values), its output computed by deterministic/'s kernel; a forger's
 trace differs from the honest one in one element, and the proof between them is built as a party
 would (tests/protocol/dispute_cases.py). Weights and Adam moments are inputs from the state h_k
-(1 MiB state chunks, a tensor proof each); everything else comes from earlier ops (16 KiB trace
+(1 MiB state chunks, a tensor proof each); everything else comes from earlier ops (64 KiB trace
 chunks). Measured: ``proof_bytes`` (the encoded proof), ``referee_s`` (``verify_fraud_proof`` of
 those bytes, median CPU time of this thread: it decodes, checks both signatures and every Merkle
 path, re-executes the disputed rows), ``replay_s`` (one ``train_step`` of the preset on the serial
 kernels, this thread's CPU time, compiled beforehand) and ``referee_vs_replay`` = referee_s /
-replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay``: one step
-through :class:`HashingBackend` (every op output chunk-hashed as the op returns it, what a trace
-producer must do) against the same step plain, CPU time. Bisection rounds are not measured: no
-dispute stream exists yet.
+replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay`` (per
+``--trace-presets`` preset): ``train_step(…, trace=OpTrace())`` against the same step untraced,
+alternated in this run (:func:`trace_overhead`). Bisection rounds are not measured: no dispute
+stream exists yet.
 
-Writes bench/results/dispute.json.
+Writes bench/results/dispute.json (a run that measures one part keeps the file's other parts).
 """
 
 from __future__ import annotations
@@ -152,70 +152,48 @@ def replay_seconds(preset_name: str) -> float:
     return time.thread_time() - start
 
 
-_TRACED = {"matmul", "rmsnorm", "rmsnorm_backward", "gelu", "gelu_backward", "causal_softmax", "causal_softmax_backward",
-           "split_heads", "merge_heads", "merge_qkv", "loss_and_grad", "embed", "add", "plus_zero", "sum_rows", "zeros",
-           "clip_norm", "adamw_all", "sumsq"}
-
-
-class HashingBackend:
-    """A stand-in for the trace producer train_step does not have yet: the backend a step runs
-    on, with the chunk-tree root (trace.py, 16 KiB chunks) of every op's output computed as the
-    op returns it, plus its record's leaf. It changes no bit of the step; what it adds is the
-    hashing a producer must do (scatter_add works in place: its result is hashed after it)."""
-
-    def __init__(self, inner) -> None:
-        self._inner, self.ops = inner, 0
-
-    def _hash(self, value) -> None:
-        import numpy as np
-
-        from open1b.protocol.dispute.trace import chunk_tree, op_leaf
-
-        arrays = [value] if isinstance(value, np.ndarray) else [
-            v for part in (value if isinstance(value, tuple) else (value,))
-            for v in (part.values() if isinstance(part, dict) else [part]) if isinstance(v, np.ndarray)]
-        roots = [chunk_tree(np.ascontiguousarray(a).view(np.uint8)).root for a in arrays]
-        op_leaf({"pos": self.ops, "kind": "op", "attrs": {}, "inputs": [], "outputs": roots})
-        self.ops += 1
-
-    def scatter_add_sorted(self, dwte, dx, order, starts) -> None:
-        self._inner.scatter_add_sorted(dwte, dx, order, starts)
-        self._hash(dwte)
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if name not in _TRACED:
-            return attr
-
-        def traced(*args, **kwargs):
-            out = attr(*args, **kwargs)
-            self._hash(out)
-            return out
-
-        return traced
-
-
-def trace_overhead(preset_name: str) -> dict:
-    """One step on the serial kernels, plain and through :class:`HashingBackend` (CPU time of
-    this thread; the hashing is single-threaded here, where a producer could spread it)."""
+def trace_overhead(preset_name: str, repeats: int) -> dict:
+    """The trace producer inside train_step (deterministic/op_trace.py) against the same step
+    untraced, in this run: ``repeats`` alternated pairs on the serial kernels, process CPU time
+    (the witness's background hashing counts in both) and wall time, the median of the pairs'
+    ratios. The state inputs' roots are given, as a replay that verified checkpoint k against
+    h_k has hashed every state tensor already; ``state_roots_s`` is what hashing them again
+    would add. The traced step's bits are checked against the plain step's."""
     from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
     from open1b.deterministic.backend import cpu_backend
+    from open1b.deterministic.op_trace import OpTrace
+    from open1b.protocol.dispute.trace import chunk_tree
 
     preset = PRESETS[preset_name]
     config, topology = preset.config, preset.topology
     state = init_state(config, 0)
     batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
-    be, traced = cpu_backend(False), HashingBackend(cpu_backend(False))
+    be = cpu_backend(False)
     plain_state, _ = train_step(state, batch, topology, backend=be)  # compiled before timing
-    times = {}
-    for name, backend in (("plain", be), ("traced", traced)):
-        start = time.thread_time()
-        new_state, _ = train_step(state, batch, topology, backend=backend)
-        times[name] = time.thread_time() - start
-    same = all(new_state.params[k].tobytes() == plain_state.params[k].tobytes() for k in plain_state.params)
-    assert same, "hashing op outputs changed the step"
-    return {"replay_s": times["plain"], "traced_s": times["traced"], "ops_hashed": traced.ops,
-            "trace_overhead_vs_replay": times["traced"] / times["plain"] - 1}
+    start = time.process_time()
+    roots = {name: chunk_tree(memoryview(a.reshape(-1)).cast("B"), state=True).root
+             for name, a in state.tensors().items()}
+    state_roots_s = time.process_time() - start
+    cpu, wall, ops = {"plain": [], "traced": []}, {"plain": [], "traced": []}, 0
+    for _ in range(repeats):
+        for name in ("plain", "traced"):
+            trace = OpTrace(state_roots=roots) if name == "traced" else None
+            c0, w0 = time.process_time(), time.perf_counter()
+            new_state, report = train_step(state, batch, topology, backend=be, trace=trace)
+            report.witness  # the step is done when its witness is
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+            if trace is not None:
+                ops = trace.ops
+                trace.tree()  # the root, once per step
+        same = all(new_state.tensors()[k].tobytes() == t.tobytes() for k, t in plain_state.tensors().items())
+        assert same, "tracing changed the step"
+    ratio_cpu = statistics.median(t / p for t, p in zip(cpu["traced"], cpu["plain"]))
+    ratio_wall = statistics.median(t / p for t, p in zip(wall["traced"], wall["plain"]))
+    return {"ops": ops, "pairs": repeats, "plain_cpu_s": statistics.median(cpu["plain"]),
+            "traced_cpu_s": statistics.median(cpu["traced"]), "trace_overhead_vs_replay": ratio_cpu - 1,
+            "trace_overhead_wall": ratio_wall - 1, "state_roots_s": state_roots_s,
+            "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
 
 
 def bench_preset(preset_name: str, repeats: int) -> dict:
@@ -246,39 +224,45 @@ def bench_preset(preset_name: str, repeats: int) -> dict:
         print(f"{preset_name:9} {label:42} {len(data):>10,} B  referee {statistics.median(times) * 1e3:8.1f} ms",
               flush=True)
     replay = replay_seconds(preset_name)
-    trace = trace_overhead(preset_name)
-    print(f"{preset_name:9} hashing every op output ({trace['ops_hashed']} ops): "
-          f"+{trace['trace_overhead_vs_replay']:.0%} of a replay", flush=True)
     for row in rows:
         row["referee_vs_replay"] = row["referee_s"] / replay
     print(f"{preset_name:9} replay of one step {replay:.2f} s (CPU, one thread)", flush=True)
-    return {"replay_s": replay, "ops": rows, "trace": trace, "proof_bytes_max": max(r["proof_bytes"] for r in rows),
+    return {"replay_s": replay, "ops": rows, "proof_bytes_max": max(r["proof_bytes"] for r in rows),
             "proof_bytes_median": statistics.median(r["proof_bytes"] for r in rows),
             "referee_vs_replay_max": max(r["referee_vs_replay"] for r in rows)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=["small", "gpt-125m"])
+    parser.add_argument("--presets", nargs="*", default=["small", "gpt-125m"], help="proof size and referee time")
+    parser.add_argument("--trace-presets", nargs="*", default=["tiny", "small"], help="the trace producer's overhead")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import os
 
     import numpy as np
 
-    results = {p: bench_preset(p, args.repeats) for p in args.presets}
-    out = {
-        "proof_bytes": {p: {r["kind"] if r["kind"] != "matmul" and r["kind"] != "cross_entropy" else r["op"]:
-                            r["proof_bytes"] for r in res["ops"]} for p, res in results.items()},
-        "referee_vs_replay": {p: res["referee_vs_replay_max"] for p, res in results.items()},
-        "presets": results,
-        "trace_overhead_vs_replay": {p: res["trace"]["trace_overhead_vs_replay"] for p, res in results.items()},
-        "rounds": None,
-        "not_measured": "rounds: no bisection stream exists yet; trace_overhead_vs_replay is HashingBackend's "
-                        "(every op output chunk-hashed as it is returned), not a producer inside train_step",
-        "machine": {"cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0], "numpy": np.__version__},
-    }  # fmt: skip
     path = ROOT / "bench" / "results" / "dispute.json"
+    out = json.loads(path.read_text()) if path.exists() else {}  # a partial run keeps the other parts
+    machine = {"cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0], "numpy": np.__version__}
+    if args.presets:
+        results = {p: bench_preset(p, args.repeats) for p in args.presets}
+        out.update({
+            "proof_bytes": {p: {r["kind"] if r["kind"] != "matmul" and r["kind"] != "cross_entropy" else r["op"]:
+                                r["proof_bytes"] for r in res["ops"]} for p, res in results.items()},
+            "referee_vs_replay": {p: res["referee_vs_replay_max"] for p, res in results.items()},
+            "presets": results, "machine": machine,
+        })  # fmt: skip
+    if args.trace_presets:
+        traces = {}
+        for p in args.trace_presets:
+            traces[p] = trace_overhead(p, 21 if p == "tiny" else max(args.repeats, 5))
+            print(f"{p:9} traced step ({traces[p]['ops']} ops): +{traces[p]['trace_overhead_vs_replay']:.1%} CPU, "
+                  f"+{traces[p]['trace_overhead_wall']:.1%} wall of the same step untraced", flush=True)
+        out.update({"trace": traces, "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
+                    "trace_overhead_vs_replay": {p: t["trace_overhead_vs_replay"] for p, t in traces.items()}})
+    out["rounds"] = out.get("rounds")
+    out["not_measured"] = "rounds: no bisection stream exists yet"
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
     return 0

@@ -100,7 +100,11 @@ class CpuBackend:
     def clip_norm(self, grads: list, max_norm: np.float32) -> np.ndarray:
         """``[global gradient norm, clipping coefficient]`` (:mod:`.optimizer`): each tensor's
         sum of squares, then their sum, in the fixed orders."""
-        norm = np.sqrt(fixed_sum(np.array([self.sumsq(g) for g in grads], np.float32)))
+        return self.clip(np.array([self.sumsq(g) for g in grads], np.float32), max_norm)
+
+    def clip(self, sums: np.ndarray, max_norm: np.float32) -> np.ndarray:
+        """``[norm, coefficient]`` from the gradients' sums of squares in parameter order."""
+        norm = np.sqrt(fixed_sum(sums))
         return np.array([norm, optimizer.clip_coefficient(norm, max_norm)], np.float32)
 
     def start_witness(self, loss, grads: dict, order: list[str], clip, rule: str) -> Callable[[], StepScalars]:

@@ -76,3 +76,8 @@ class DeviceSpecError(DeviceError, ValueError):
 class DeviceUnavailableError(DeviceError):
     """An explicitly named device that this machine lacks, or that failed the self-checks (the
     machine's fault: it would compute other bits, so it is refused rather than used)."""
+
+
+class TraceError(Open1bError):
+    """A step that cannot be traced as run-format §11 defines its trace: an op input from no
+    traced op, a device backend, a tensor that is not contiguous. A fault of the calling code."""

@@ -36,6 +36,7 @@ from .backend import default_backend
 from .config import GPTConfig, Topology
 from .errors import BatchFormatError, NonFiniteError
 from .gpt import forward_backward
+from .op_trace import OpTrace, TracingBackend
 from .optimizer import AdamWScalars
 from .reduction import RANK_GROUP
 from .state import TrainState
@@ -319,6 +320,7 @@ def train_step(
     state: TrainState, batch: np.ndarray, topology: Topology, *, backend=None, observe: MicroObserver | None = None,
     witness_rule: str = WITNESS_TREE,
     recompute: bool = True,
+    trace: OpTrace | None = None,
 ) -> tuple[TrainState, StepReport]:
     """Forward, backward, gradient reduction, clipping and one AdamW update.
 
@@ -329,9 +331,14 @@ def train_step(
     ``observe`` (:data:`MicroObserver`) sees every micro-batch's loss and gradients; it changes no bit.
     ``witness_rule`` is how the report's witness is hashed (a replay passes its run's).
     ``recompute`` (:func:`.gpt.forward_backward`: one block's activations alive at a time) neither.
+    ``trace`` (off by default; a disputing replay passes an empty :class:`.op_trace.OpTrace`) is
+    filled with the step's op records as the ops run (:class:`.op_trace.TracingBackend`): the
+    same kernels and bits, each output hashed where it lies.
     """
     config = state.config
     check_batch(batch, config, topology)
     be = backend or default_backend(config)
+    if trace is not None:
+        be = TracingBackend(be, trace)
     loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
     return finish_step(state, loss, grads, be, witness_rule=witness_rule)

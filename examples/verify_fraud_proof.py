@@ -1,5 +1,5 @@
 """Judge a fraud proof (docs/protocol.md §18) with nothing but the base install of open1b (cbor2
-and pynacl) and numpy (`pip install 'open1b[referee]'`):
+and pynacl), numpy and blake3 (`pip install 'open1b[referee]'`):
 
     python examples/verify_fraud_proof.py PROOF [--json]
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import struct
 
+import blake3
+
 from . import reference as spec
 from .reference import CONST, Refused, b2, decode, ed25519_valid, encode, peer_id
 
@@ -170,8 +172,11 @@ def opens(opening: list, root: bytes, total: int, state: bool) -> bool:
     i, data, path = opening
     if not 0 <= i < count or len(data) != min(chunk, total - i * chunk):
         return False
-    tag = b"open1b/chunk/v2\0" if state else b"open1b/trace/chunk/v1\0"
-    return path_ok(b2(tag, struct.pack("<Q", i), data), i, count, path, root)
+    if state:
+        digest = b2(b"open1b/chunk/v2\0", struct.pack("<Q", i), data)
+    else:
+        digest = blake3.blake3(data + struct.pack("<Q", i), derive_key_context="open1b/trace/chunk/v2").digest()
+    return path_ok(digest, i, count, path, root)
 
 
 def trace(data: bytes) -> dict:

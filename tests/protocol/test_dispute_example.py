@@ -1,5 +1,5 @@
 """examples/verify_fraud_proof.py judges proofs in an interpreter that can import only open1b's
-protocol package, cbor2, pynacl (with cffi) and numpy: no site-packages, a path holding just those
+protocol package, cbor2, pynacl (with cffi), numpy and blake3 (the referee extra): no site-packages, a path holding just those
 (linked from this environment). If the example, or anything it imports, needed numba, torch, trio
 or libp2p, it would fail to import here."""
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import blake3
 import cbor2
 import cffi
 import nacl
@@ -27,7 +28,7 @@ def referee_only_path(tmp_path_factory) -> Path:
     (root / "open1b").mkdir()
     (root / "open1b" / "protocol").symlink_to(REPO / "protocol")
     site = Path(numpy.__file__).resolve().parents[1]
-    for module in (cbor2, nacl, cffi, numpy):
+    for module in (cbor2, nacl, cffi, numpy, blake3):
         (root / module.__name__).symlink_to(Path(module.__file__).resolve().parent)
     for extra in [*site.glob("_cffi_backend*.so"), *site.glob("numpy.libs"), *site.glob("_cbor2*.so")]:
         (root / extra.name).symlink_to(extra)

@@ -112,25 +112,25 @@ def cases() -> dict[str, dict]:
     out["same-root"] = _case("the forger signs a copy of the honest trace: one trace on both sides",
                              _resigned(dup, 1, FORGER, root=dup.traces[0].root, post_state=dup.traces[0].post_state))
     rng = np.random.default_rng(109)
-    u = (rng.standard_normal((100, 50)) * 4).astype(np.float32)  # 20,000 bytes: two trace chunks
+    u = (rng.standard_normal((400, 50)) * 4).astype(np.float32)  # 80,000 bytes: two trace chunks
     out["rows-two-chunks"] = _case("gelu over two input chunks: the disputed row (in the second) reads only the "
                                    "second", traces_around("gelu", [u], {}, [activation.KERNELS[False][0](u)],
-                                                           (HONEST, FORGER), forge_element=4900))
-    logits = (rng.standard_normal((300, 16)) * 4).astype(np.float32)  # two trace chunks
-    targets = rng.integers(0, 16, 300).astype(np.int32)
-    inv_n = np.float32(1) / np.float32(300)
+                                                           (HONEST, FORGER), forge_element=19900))
+    logits = (rng.standard_normal((1200, 16)) * 4).astype(np.float32)  # two trace chunks
+    targets = rng.integers(0, 16, 1200).astype(np.int32)
+    inv_n = np.float32(1) / np.float32(1200)
     total, dlogits = loss.KERNELS[False](logits, targets, inv_n)
     out["cross_entropy-loss"] = _case(
         "the forger's loss is one ulp off: the loss reads every row, so every chunk of the logits and targets is "
         "carried", traces_around("cross_entropy", [logits, targets], {"inv_n_bits": bits(inv_n)},
                                  [np.array([total], np.float32), dlogits], (HONEST, FORGER), forge_output=0))
-    x = (rng.standard_normal((64, 96))).astype(np.float32)  # 24,576 bytes: two trace chunks
+    x = (rng.standard_normal((256, 96))).astype(np.float32)  # 98,304 bytes: two trace chunks
     split = attention.KERNELS[False][0](x, 32, 32, 16, 2)
     out["split-heads-two-chunks"] = _case(
-        "split_heads (T 16, 2 heads of 16) of columns 32-63: output row (b·H + h)·T + t = 92 (b 2, h 1, t 12) is a "
-        "piece of input row b·T + t = 44, in the second chunk only",
+        "split_heads (T 16, 2 heads of 16) of columns 32-63: output row (b·H + h)·T + t = 412 (b 12, h 1, t 12) is "
+        "a piece of input row b·T + t = 204, in the second chunk only",
         traces_around("split_heads", [x], {"col0": 32, "width": 32, "seq_len": 16, "n_heads": 2}, [split],
-                      (HONEST, FORGER), forge_element=92 * 16 + 3))
+                      (HONEST, FORGER), forge_element=412 * 16 + 3))
     return out
 
 

@@ -1,0 +1,289 @@
+"""The op trace of a step (docs/protocol.md §18.1, run-format §11): every op's record, in the
+order :func:`.step.train_step` runs the ops, and the trace root over them.
+
+Tracing is a backend: ``train_step(…, trace=OpTrace())`` runs the step on
+:class:`TracingBackend`, which calls the same kernels of the same inner backend and, as each op
+returns, hashes its outputs where they lie (the chunk trees of
+:mod:`open1b.protocol.dispute.trace`, over zero-copy views) and appends its record. The step's
+code and bits are unchanged; tracing is off unless a trace is passed (a disputing replay passes
+one, training does not).
+
+Where an input came from is found by identity: each output array is registered under
+``id(array)`` with a weak reference that proves the array is still the one registered (an id is
+reused once its array dies), and a view with the same bytes (a reshape) resolves through
+``.base``. State tensors are registered when the step loads them (``param/<n>``, ``adam_m/<n>``,
+``adam_v/<n>``, with the state tree's roots).
+
+The activation recompute (:func:`.gpt.forward_backward`) calls a block's forward kernels a
+second time on the same inputs: an op whose kind, attributes and inputs equal an earlier
+record's is that op, so its outputs take the earlier op's place and are neither hashed nor
+recorded again (determinism makes them the same bits; the tests compare traces with and without
+the recompute). ``zeros`` has no inputs and is recorded every time the step asks for it.
+
+The micro-batch's tokens and targets come from the committed samples, not from an op: each is
+recorded as a ``tokens`` op (no inputs) before its first reader, which a referee does not
+re-execute (a dispute over them is one over the data, §18.8).
+
+CPU backends only: a device backend's outputs would have to come to the host to be hashed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+import numpy as np
+
+from open1b.protocol.dispute.ops import KINDS
+from open1b.protocol.dispute.trace import chunk_tree, op_leaf
+from open1b.protocol.merkle import MerkleTree
+
+from .errors import TraceError
+from .optimizer import AdamWScalars
+
+
+def _bits(x) -> int:
+    return int(np.float32(x).view(np.uint32))
+
+
+def _raw(a: np.ndarray) -> memoryview:
+    """The array's bytes, without a copy: every kernel output is C-contiguous."""
+    if not a.flags.c_contiguous:
+        raise TraceError(f"a traced tensor of shape {a.shape} is not C-contiguous")
+    return memoryview(a.reshape(-1)).cast("B")
+
+
+def _dtype(a: np.ndarray) -> str:
+    if a.dtype == np.float32:
+        return "float32"
+    if a.dtype == np.int32:
+        return "int32"
+    raise TraceError(f"a traced tensor has dtype {a.dtype}")
+
+
+@dataclass(eq=False)
+class OpTrace:
+    """A step's op records and their leaves, filled by :class:`TracingBackend`.
+
+    ``state_roots`` maps state tensor names to their state-tree roots when the caller has them
+    (a replay that verified its checkpoint did hash every tensor); a missing one is hashed when
+    the step loads the state. ``keep`` names positions whose inputs and outputs are kept as
+    arrays in :attr:`kept` (copies: those few ops only): what a party needs to build a
+    fraud proof at the op a bisection found (§18.3)."""
+
+    state_roots: Mapping[str, bytes] = field(default_factory=dict)
+    keep: frozenset[int] = frozenset()
+    records: list[dict] = field(default_factory=list)
+    leaves: list[bytes] = field(default_factory=list)
+    kept: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = field(default_factory=dict)
+
+    @property
+    def ops(self) -> int:
+        return len(self.records)
+
+    def tree(self) -> MerkleTree:
+        """The trace tree (§18.1): its root is the trace root."""
+        return MerkleTree(self.leaves)
+
+    def append(self, record: dict) -> None:
+        self.records.append(record)
+        self.leaves.append(op_leaf(record))
+
+
+class _Registry:
+    """Which op output (or state tensor) each live array is."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, dict]] = {}
+
+    def put(self, a: np.ndarray, entry: dict) -> None:
+        self._by_id[id(a)] = (weakref.ref(a), entry)
+
+    def get(self, a: np.ndarray) -> dict | None:
+        x = a
+        while isinstance(x, np.ndarray):
+            hit = self._by_id.get(id(x))
+            if hit is not None and hit[0]() is x and x.ctypes.data == a.ctypes.data and x.nbytes == a.nbytes \
+                    and a.flags.c_contiguous:
+                return {**hit[1], "shape": list(a.shape)}
+            x = x.base
+        return None
+
+
+class TracingBackend:
+    """``inner``'s kernels, each op recorded into ``trace`` as it returns (module doc). Methods
+    that are not ops (uploads, batch packing, the witness) are ``inner``'s own."""
+
+    def __init__(self, inner, trace: OpTrace) -> None:
+        if getattr(inner, "name", "").startswith("cuda"):
+            raise TraceError("an op trace is produced on a CPU backend")
+        self._inner, self.trace = inner, trace
+        self._refs = _Registry()
+        self._memo: dict[tuple, list[dict]] = {}
+        self._tokens: np.ndarray | None = None  # the micro-batch's tokens, which scatter_add reads again
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    # ---- the record of one op ---------------------------------------------------------
+    def _input(self, a: np.ndarray, kind: str) -> dict:
+        entry = self._refs.get(a)
+        if entry is None:
+            if a.dtype != np.int32:
+                raise TraceError(f"an input of {kind} comes from no traced op")
+            entry = self._op("tokens", {}, [], [a])[0]  # committed samples: a data dispute (module doc)
+        return entry
+
+    def _op(self, kind: str, attrs: dict, inputs: list, outputs: list[np.ndarray],
+            inputs_before: list[np.ndarray] | None = None) -> list[dict]:
+        """Record op ``kind`` (``inputs`` are entries or arrays) with its ``outputs`` and register
+        them; an op equal to an earlier one is that one (module doc). Returns the outputs' entries."""
+        entries = [i if isinstance(i, dict) else self._input(i, kind) for i in inputs]
+        key = None
+        if entries:  # an entry's op and output (or state name) and shape say which bytes it is
+            key = (kind, tuple(attrs.items()),
+                   tuple((e.get("op"), e.get("out"), e.get("state"), tuple(e["shape"])) for e in entries))
+            earlier = self._memo.get(key)
+            if earlier is not None:
+                for a, entry in zip(outputs, earlier):
+                    self._refs.put(a, entry)
+                return earlier
+        pos = self.trace.ops
+        tensors = [{"dtype": _dtype(a), "shape": list(a.shape), "root": chunk_tree(_raw(a)).root} for a in outputs]
+        self.trace.append({"pos": pos, "kind": kind, "attrs": attrs, "inputs": entries, "outputs": tensors})
+        if pos in self.trace.keep:  # copies: a later op may overwrite them (scatter_add)
+            self.trace.kept[pos] = ([np.array(a) for a in inputs_before or inputs], [np.array(a) for a in outputs])
+        out = [{**t, "op": pos, "out": o} for o, t in enumerate(tensors)]
+        for a, entry in zip(outputs, out):
+            self._refs.put(a, entry)
+        if key is not None:
+            self._memo[key] = out
+        return out
+
+    # ---- the state -----------------------------------------------------------------------
+    def load_state(self, state):
+        params, m, v = self._inner.load_state(state)
+        for prefix, group in (("param", params), ("adam_m", m), ("adam_v", v)):
+            for name, a in group.items():
+                full = f"{prefix}/{name}"
+                root = self.trace.state_roots.get(full)
+                if root is None:
+                    root = chunk_tree(_raw(a), state=True).root
+                self._refs.put(a, {"dtype": _dtype(a), "shape": list(a.shape), "root": root, "state": full})
+        return params, m, v
+
+    # ---- the ops of run-format §11.2 ---------------------------------------------------
+    def embed(self, wte, wpe, tokens):
+        x = self._inner.embed(wte, wpe, tokens)
+        self._tokens = tokens
+        self._op("embed", {}, [wte, wpe, tokens], [x])
+        return x
+
+    def rmsnorm(self, x, g, eps):
+        y, rstd = self._inner.rmsnorm(x, g, eps)
+        self._op("rmsnorm", {"eps_bits": _bits(eps)}, [x, g], [y, rstd])
+        return y, rstd
+
+    def rmsnorm_backward(self, x, g, rstd, dy, dres):
+        dx, dg = self._inner.rmsnorm_backward(x, g, rstd, dy, dres)
+        self._op("rmsnorm_backward", {}, [x, g, rstd, dy, dres], [dx, dg])
+        return dx, dg
+
+    def matmul(self, a, b, trans_a=False, trans_b=False, structure=0):
+        out = self._inner.matmul(a, b, trans_a, trans_b, structure)
+        self._op("matmul", {"trans_a": int(trans_a), "trans_b": int(trans_b), "structure": int(structure)}, [a, b],
+                 [out])
+        return out
+
+    def split_heads(self, x, col0, width, seq_len, n_heads):
+        out = self._inner.split_heads(x, col0, width, seq_len, n_heads)
+        self._op("split_heads", {"col0": col0, "width": width, "seq_len": seq_len, "n_heads": n_heads}, [x], [out])
+        return out
+
+    def merge_heads(self, o, seq_len, n_heads):
+        out = self._inner.merge_heads(o, seq_len, n_heads)
+        self._op("merge_heads", {"seq_len": seq_len, "n_heads": n_heads}, [o], [out])
+        return out
+
+    def merge_qkv(self, dq, dk, dv, seq_len, n_heads):
+        out = self._inner.merge_qkv(dq, dk, dv, seq_len, n_heads)
+        self._op("merge_qkv", {"seq_len": seq_len, "n_heads": n_heads}, [dq, dk, dv], [out])
+        return out
+
+    def causal_softmax(self, s, scale):
+        p = self._inner.causal_softmax(s, scale)
+        self._op("causal_softmax", {"scale_bits": _bits(scale)}, [s], [p])
+        return p
+
+    def causal_softmax_backward(self, p, dp, scale):
+        ds = self._inner.causal_softmax_backward(p, dp, scale)
+        self._op("causal_softmax_backward", {"scale_bits": _bits(scale)}, [p, dp], [ds])
+        return ds
+
+    def add(self, a, b):
+        out = self._inner.add(a, b)
+        self._op("add", {}, [a, b], [out])
+        return out
+
+    def plus_zero(self, a):
+        out = self._inner.plus_zero(a)
+        self._op("plus_zero", {}, [a], [out])
+        return out
+
+    def gelu(self, u):
+        out = self._inner.gelu(u)
+        self._op("gelu", {}, [u], [out])
+        return out
+
+    def gelu_backward(self, u, dy):
+        out = self._inner.gelu_backward(u, dy)
+        self._op("gelu_backward", {}, [u, dy], [out])
+        return out
+
+    def sum_rows(self, x):
+        out = self._inner.sum_rows(x)
+        self._op("sum_rows", {}, [x], [out])
+        return out
+
+    def zeros(self, shape):
+        out = self._inner.zeros(shape)
+        rows, cols = shape
+        self._op("zeros", {"rows": rows, "cols": cols}, [], [out])
+        return out
+
+    def loss_and_grad(self, logits, targets, inv_n):
+        loss, dlogits = self._inner.loss_and_grad(logits, targets, inv_n)
+        self._op("cross_entropy", {"inv_n_bits": _bits(inv_n)}, [logits, targets], [loss, dlogits])
+        return loss, dlogits
+
+    def scatter_add_sorted(self, dwte, dx, order, starts) -> None:
+        # In place: the record's first input is dwte as it was, so take its entry (and, for a
+        # kept op, its bytes) before the kernel overwrites it.
+        tokens = self._tokens
+        if tokens is None:
+            raise TraceError("scatter_add before any embed: no tokens to record it with")
+        inputs = [self._input(dwte, "scatter_add"), dx, tokens]
+        before = [dwte.copy(), dx, tokens] if self.trace.ops in self.trace.keep else None  # the kept op only
+        self._inner.scatter_add_sorted(dwte, dx, order, starts)
+        self._op("scatter_add", {}, inputs, [dwte], before)
+
+    def clip_norm(self, grads: list, max_norm):
+        # The backend's own clip_norm, in its two ops, so each sum of squares is a record.
+        sums = []
+        for g in grads:
+            s = np.array([self._inner.sumsq(g)], np.float32)
+            sums.append((s, self._op("sumsq", {}, [g], [s])[0]))
+        clip = self._inner.clip(np.concatenate([s for s, _ in sums]), max_norm)
+        self._op("clip", {"max_norm_bits": _bits(max_norm)}, [entry for _, entry in sums], [clip],
+                 [s for s, _ in sums])
+        return clip
+
+    def adamw_all(self, params: dict, grads: dict, m: dict, v: dict, scalars: dict, clip):
+        updated = self._inner.adamw_all(params, grads, m, v, scalars, clip)
+        for name in params:
+            s: AdamWScalars = replace(scalars[name], coef=clip[1])
+            attrs = dict(zip(KINDS["adamw"].attrs, map(_bits, s.args())))
+            self._op("adamw", attrs, [params[name], grads[name], m[name], v[name]],
+                     [updated[0][name], updated[1][name], updated[2][name]])
+        return updated
