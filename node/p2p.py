@@ -34,6 +34,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.host.ping import ID as PING_PROTOCOL
 from libp2p.host.ping import perform_ping_roundtrip
+from libp2p.io.exceptions import MessageTooLarge
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -79,6 +80,11 @@ libp2p_tcp._set_reuse_flags = _exclusive_listen_flags  # the listener's socket o
 
 class NetworkError(Open1bError):
     """A peer or the network did not do what we asked (unreachable, reset, timed out)."""
+
+
+class FrameTooLarge(NetworkError):
+    """A peer announced a frame over the bound the reader set: its fault (a protocol violation
+    to penalise), where the other NetworkErrors may be the network's."""
 
 
 class RecordValidator(Protocol):
@@ -131,6 +137,8 @@ class Stream:
     async def receive(self, max_size: int) -> bytes:
         try:
             return await read_varint_prefixed_bytes_limited(self._raw, max_size)
+        except MessageTooLarge as exc:
+            raise FrameTooLarge(f"{self.peer_id} sent a frame over {max_size} bytes") from exc
         except Exception as exc:
             raise NetworkError(f"receive from {self.peer_id} failed: {exc}") from exc
 

@@ -106,7 +106,7 @@ class FraudProof:
                    "reads": ListOf(ListOf(_OPENING, 1 << 16), MAX_OP_INPUTS), "state": ListOf(_Any(), MAX_OP_INPUTS),
                    "output": UInt(maximum=MAX_OUTPUTS - 1), "chunk": UInt(maximum=(1 << 32) - 1),
                    "claimed": _Pair(_OPENING)}, value, KIND)  # fmt: skip
-        records = tuple(_check_record(r, i) for i, r in enumerate(value["records"]))
+        records = tuple(check_record(r, i) for i, r in enumerate(value["records"]))
         state = tuple(None if p is None else _tensor_proof(p) for p in value["state"])
         if len(state) != len(value["reads"]):
             raise WrongTypeError(f"{KIND}: state and reads have different lengths")
@@ -157,7 +157,7 @@ def _check_tensor(value: Any, schema: dict, what: str) -> None:
         raise WrongTypeError(f"{what}: a tensor has at least one dimension and no empty one")
 
 
-def _check_record(value: Any, party: int) -> dict:
+def check_record(value: Any, party: int) -> dict:
     what = f"{KIND}.records[{party}]"
     check_map({"pos": UInt(maximum=MAX_TRACE_OPS), "kind": _Any(), "attrs": _Any(), "inputs": ListOf(_Any(), MAX_OP_INPUTS),
                "outputs": ListOf(_Any(), MAX_OUTPUTS)}, value, what)  # fmt: skip
@@ -248,14 +248,23 @@ def make_fraud_proof(traces: tuple[TraceCommitment, TraceCommitment], trees: tup
     size = chunk_size(state=False)
     chunk = next(i for i in range(chunk_count(len(outputs[0]), state=False))
                  if outputs[0][i * size:(i + 1) * size] != outputs[1][i * size:(i + 1) * size])
-    shape = records[0]["outputs"][output]["shape"]
-    _, row = disputed_element(shape, chunk, outputs[0][chunk * size:(chunk + 1) * size],
-                              outputs[1][chunk * size:(chunk + 1) * size])
+    claimed = (_openings(outputs[0], [chunk], state=False)[0], _openings(outputs[1], [chunk], state=False)[0])
+    return fraud_proof_at(traces, (tuple(trees[0].proof(pos)), tuple(trees[1].proof(pos))), records, inputs, output,
+                          claimed)
+
+
+def fraud_proof_at(traces: tuple[TraceCommitment, TraceCommitment], paths: tuple[tuple[bytes, ...], ...],
+                   records: tuple[dict, dict], inputs: Sequence[InputBytes], output: int,
+                   claimed: tuple[Opening, Opening]) -> FraudProof:
+    """The proof of :func:`make_fraud_proof` from what a bisection (:mod:`.bisection`) leaves a
+    party: each record's ``paths`` in its trace, the op's ``inputs`` (its own), and each
+    party's opening of the first chunk of output ``output`` at which they differ."""
+    chunk = claimed[0].index
+    _, row = disputed_element(records[0]["outputs"][output]["shape"], chunk, claimed[0].data, claimed[1].data)
     kind = KINDS.get(records[0]["kind"])  # a kind this version cannot re-execute: carry every chunk
     modes = kind.reads(output, records[0]["attrs"], len(inputs)) if kind else (WHOLE,) * len(inputs)
     reads = []
     for entry, how, given in zip(records[0]["inputs"], modes, inputs):
         reads.append(_openings(given.data, needed_chunks(entry, how, row, records[0]["attrs"]), state="state" in entry))
-    return FraudProof(traces, pos, records, (tuple(trees[0].proof(pos)), tuple(trees[1].proof(pos))), tuple(reads),
-                      tuple(given.state_proof for given in inputs), output, chunk,
-                      (_openings(outputs[0], [chunk], state=False)[0], _openings(outputs[1], [chunk], state=False)[0]))
+    return FraudProof(traces, records[0]["pos"], records, paths, tuple(reads),
+                      tuple(given.state_proof for given in inputs), output, chunk, claimed)

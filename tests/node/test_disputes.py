@@ -1,0 +1,160 @@
+"""The dispute stream /open1b/dispute/1.0.0 (node/disputes.py, docs/protocol.md §18.5) between real
+py-libp2p hosts on loopback: a forged op ends in a fraud proof the referee checks, whoever
+opened the dispute; a silent peer loses after the round timeout; an oversized or malformed
+message ends it with the sender at fault and penalised; a second dispute from one peer is busy."""
+
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from open1b.node.disputes import DisputeServer, bisect
+from open1b.node.p2p import open_p2p
+from open1b.protocol.codec import encode
+from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
+from open1b.protocol.dispute.referee import verify_fraud_proof
+
+from .conftest import ident
+from .dispute_parties import ForgingBackend, party
+
+HONEST, FORGER = ident(90), ident(91)
+
+
+@pytest.fixture(scope="module")
+def parties():
+    forged = party(FORGER, lambda: ForgingBackend("gelu", 1, element=5))
+    return party(HONEST), forged
+
+
+async def _two_hosts(stack: AsyncExitStack):
+    a, b = [await stack.enter_async_context(open_p2p(identity, "127.0.0.1", 0)) for identity in (HONEST, FORGER)]
+    await b.connect(a.addrs[0])
+    return a, b
+
+
+class _Served:
+    """A DisputeServer on host ``a`` answering with ``party_of_a``, and what it reported."""
+
+    def __init__(self, a, party_of_a) -> None:
+        self.penalised, self.results, self.done = [], [], trio.Event()
+        self.server = DisputeServer(lambda trace: party_of_a, penalise=self.penalised.append, on_result=self._result)
+        self.server.serve(a)
+
+    def _result(self, peer, result) -> None:
+        self.results.append((peer, result))
+        self.done.set()
+
+
+@pytest.mark.parametrize("opener", ["honest", "forger"])
+def test_a_forged_op_ends_in_a_proof_that_convicts_the_forger_whoever_opens(parties, opener):
+    honest, forged = parties
+    forged_pos = next(i for i, (x, y) in enumerate(zip(honest.records, forged.records)) if x != y)
+    assert honest.records[forged_pos]["kind"] == "gelu"
+
+    async def main():
+        with trio.fail_after(120):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)  # a: the honest party's host, b: the forger's
+                server_party, opener_party = (forged, honest) if opener == "honest" else (honest, forged)
+                server_host, opener_host = (b, a) if opener == "honest" else (a, b)
+                served = _Served(server_host, server_party)
+                stream = await opener_host.open_stream(server_host.peer_id, DISPUTE_PROTOCOL)
+                result = await bisect(stream, opener_party)
+                await served.done.wait()  # the server's result lands after its last send
+                return result, served.results[0][1]
+
+    result, answered = trio.run(main)
+    for side in (result, answered):
+        assert side.outcome == "proof" and side.position == forged_pos
+        verdict = verify_fraud_proof(side.proof)  # the proof stands alone
+        assert verdict.accepted and verdict.guilty == (FORGER.public_key,) and verdict.op == "gelu"
+        assert verdict.position == forged_pos
+    assert result.peer_at_fault == (opener == "honest")
+    # ⌈log2 ops⌉ rounds down the trace tree at most, then the output's chunk tree (one chunk here)
+    assert 0 < result.rounds <= (len(honest.records) - 1).bit_length()
+
+
+def test_equal_traces_agree_in_one_exchange(parties):
+    honest, _ = parties
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)
+                twin = party(FORGER)  # an honest replay under the other key
+                _Served(b, twin)
+                return await bisect(await a.open_stream(b.peer_id, DISPUTE_PROTOCOL), honest)
+
+    result = trio.run(main)
+    assert (result.outcome, result.rounds, result.peer_at_fault) == ("agree", 0, False)
+
+
+def test_a_peer_that_goes_silent_mid_bisection_loses(parties):
+    honest, forged = parties
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)
+                gone = trio.Event()
+
+                async def silent(stream):  # answers the trace, then nothing
+                    await stream.receive(MAX_MESSAGE)
+                    await stream.send(encode({"t": "trace", "trace": forged.commitment.encoded}))
+                    await stream.receive(MAX_MESSAGE)  # the first round
+                    await gone.wait()
+
+                b.set_stream_handler(DISPUTE_PROTOCOL, silent)
+                result = await bisect(await a.open_stream(b.peer_id, DISPUTE_PROTOCOL), honest, round_timeout_s=1.0)
+                gone.set()
+                return result
+
+    result = trio.run(main)
+    assert (result.outcome, result.peer_at_fault, result.proof) == ("peer_silent", True, None)
+
+
+@pytest.mark.parametrize("frame", ["oversized", "malformed", "inconsistent"])
+def test_a_bad_message_ends_the_dispute_and_its_sender_is_penalised(parties, frame):
+    honest, forged = parties
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)
+                server = _Served(a, honest)
+                stream = await b.open_stream(a.peer_id, DISPUTE_PROTOCOL)
+                if frame == "oversized":
+                    await stream.send(b"\x00" * (MAX_MESSAGE + 1))
+                elif frame == "malformed":
+                    await stream.send(encode({"t": "trace", "trace": b"not a trace"}))
+                else:  # a round whose children do not hash to the root its trace committed
+                    await stream.send(encode({"t": "trace", "trace": forged.commitment.encoded}))
+                    await stream.receive(MAX_MESSAGE)
+                    await stream.send(encode({"t": "children", "left": b"\x01" * 32, "right": b"\x02" * 32}))
+                await server.done.wait()
+                return server
+
+    server = trio.run(main)
+    assert [(peer, r.outcome, r.peer_at_fault) for peer, r in server.results] == [(FORGER.peer_id, "peer_malformed",
+                                                                                    True)]
+    assert server.penalised == [FORGER.peer_id]
+
+
+def test_a_second_dispute_from_one_peer_is_busy(parties):
+    honest, forged = parties
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)
+                served = _Served(a, honest)
+                first = await b.open_stream(a.peer_id, DISPUTE_PROTOCOL)
+                await first.send(encode({"t": "trace", "trace": forged.commitment.encoded}))
+                await first.receive(MAX_MESSAGE)  # the server's trace: the first session is on
+                second = await b.open_stream(a.peer_id, DISPUTE_PROTOCOL)
+                result = await bisect(second, forged)
+                assert served.server.active == {FORGER.peer_id}
+                return result
+
+    result = trio.run(main)
+    assert (result.outcome, result.code, result.peer_at_fault) == ("peer_refused", "busy", False)
