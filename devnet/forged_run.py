@@ -21,7 +21,10 @@ replay or a spot check (:func:`open1b.deterministic.spot_run.check_spot`) can ca
   by a challenge whose secret slot is that one, by no other (when the forger answers with
   :func:`forged_answer`, consistent with its commitments);
 * ``forged-loss`` — an honest step whose fingerprint reports another loss (one bit flipped): the
-  state chain is honest, so no replay disagrees; spot checks catch it at ``loss_sum``.
+  state chain is honest, so no replay disagrees; spot checks catch it at ``loss_sum``;
+* ``forged-op`` — the step computed on :class:`.forged_op.ForgingBackend` (one op's output one bit
+  off, and everything after it follows): a replay disagrees, and a dispute (docs/protocol.md
+  §18.5) ends in a fraud proof naming that op.
 
 This reuses the engine's public pieces (the same ``train_step`` an honest trainer calls, and
 its step pieces for the forged micro-batch); only the forged steps differ from
@@ -58,7 +61,10 @@ from open1b.deterministic.trainer import DEFAULT_PRESET, config_of, flip_weight_
 from open1b.protocol import Identity, RunManifest
 from open1b.protocol.spotcheck import derive_chunks
 
-FORGERIES = ("bitflip", "batch", "skip", "forged-data", "skipped-update", "forged-microbatch", "forged-loss")
+from .forged_op import ForgingBackend
+
+FORGERIES = ("bitflip", "batch", "skip", "forged-data", "skipped-update", "forged-microbatch", "forged-loss",
+             "forged-op")
 FORGERIES_FILE = "forgeries.txt"
 """The forger's own note of what it forged (``<step> <kind>`` lines): not part of the run, read by
 :func:`forged_answer` so that the forger answers challenges consistently with its commitments."""
@@ -93,6 +99,9 @@ def publish_forged_run(out_dir: Path, identity: Identity, *, steps: int, seed: i
             other = batch_for_step(dataset, seed, (k + 1) % steps, config, topology) if kind == "batch" else \
                 batch_for_step(dataset, seed + 1, k, config, topology)
             state, report, fp = fingerprinted_step(state, other, topology)
+            witness = report.witness
+        elif kind == "forged-op":
+            state, report, fp = fingerprinted_step(state, batch, topology, backend=ForgingBackend())
             witness = report.witness
         elif kind == "forged-microbatch":
             state, report, fp, _ = _forged_micro_step(state, batch, topology)

@@ -4,8 +4,6 @@ would). Each party's op data comes from a second traced run of the step that kee
 
 from __future__ import annotations
 
-import numpy as np
-
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.op_trace import OpTrace
@@ -18,29 +16,6 @@ from open1b.protocol.identity import Identity
 
 PRESET = PRESETS["tiny"]
 RUN, STEP, PREV, BATCH_DIGEST, LR_BITS = blake2b256(b"run"), 1, blake2b256(b"prev"), blake2b256(b"batch"), 7
-
-
-class ForgingBackend:
-    """The serial CPU backend, except that the ``nth`` call (from 0) of op ``kind`` returns its
-    output with the lowest bit of element ``element`` of output 0 flipped."""
-
-    def __init__(self, kind: str, nth: int, element: int = 0) -> None:
-        self._inner, self.kind, self.nth, self.element, self.calls = cpu_backend(False), kind, nth, element, 0
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if name != self.kind:
-            return attr
-
-        def forged(*args, **kwargs):
-            out = attr(*args, **kwargs)
-            if self.calls == self.nth:
-                first = out[0] if isinstance(out, tuple) else out
-                first.reshape(-1).view(np.uint32)[self.element] ^= 1
-            self.calls += 1
-            return out
-
-        return forged
 
 
 def step_inputs():

@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
+from open1b.devnet.forged_op import ForgingBackend
 from open1b.node.disputes import DisputeServer, bisect
 from open1b.node.p2p import open_p2p
 from open1b.protocol.codec import encode
@@ -15,14 +16,14 @@ from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
 from open1b.protocol.dispute.referee import verify_fraud_proof
 
 from .conftest import ident
-from .dispute_parties import ForgingBackend, party
+from .dispute_parties import party
 
 HONEST, FORGER = ident(90), ident(91)
 
 
 @pytest.fixture(scope="module")
 def parties():
-    forged = party(FORGER, lambda: ForgingBackend("gelu", 1, element=5))
+    forged = party(FORGER, ForgingBackend)
     return party(HONEST), forged
 
 
