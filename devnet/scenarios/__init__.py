@@ -38,7 +38,7 @@ from .crash import Crash
 from .forged_and_malformed import ForgedAndMalformed
 from .forged_data import ForgedData
 from .forged_microbatch import ForgedMicrobatch
-from .forged_op import ForgedOp
+from .fraud_proofs import FalseAccusation, ForgedOp
 from .late_joiner import LateJoiner
 from .lying_auditor import LyingAuditor
 from .nat import Nat
@@ -50,7 +50,8 @@ from .tampered_step import TamperedStep
 
 TYPES: dict[str, type[Scenario]] = {s.name: s for s in (TamperedStep, LyingAuditor, CopyingAuditor, ForgedAndMalformed,
                                                         Sybil, Crash, Partition, LateJoiner, ForgedData, SkippedUpdate,
-                                                        ForgedMicrobatch, RefusingTrainer, Nat, ForgedOp)}
+                                                        ForgedMicrobatch, RefusingTrainer, Nat, ForgedOp,
+                                                        FalseAccusation)}
 assert tuple(TYPES) == SCENARIOS
 
 

@@ -1,0 +1,41 @@
+"""The fraud-proof scenarios on a real devnet at tiny (devnet/scenarios/fraud_proofs.py):
+``forged-op``, a trainer that forged one op of one step is convicted by a fraud proof from a
+bisection, and every honest node refutes the step citing the proof without a vote (one auditor:
+one dissenting replay, where a vote needs two); ``false-accusation``, an auditor that signed a
+false mismatch and defends it in a dispute is the one the proof convicts and every node flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from open1b.protocol.dispute import verify_fraud_proof
+
+from .devnets import assert_network_kept_its_promises, devnet
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_forged_op_is_convicted_by_a_proof_and_refuted_without_a_vote(tmp_path):
+    s = devnet(tmp_path, "forged-op", steps=4, nodes=1)
+    report, manifest = s["scenarios"]["forged-op"], s["manifest"]
+    assert_network_kept_its_promises(s)
+    assert report["ok"], report["checks"]
+    step = report["injected"]["step"]
+    assert s["refuted_steps"] == [step]
+    assert report["detected"]["dissenters_before_the_proof"] == 1  # one auditor: no quorum to count
+    verdict = verify_fraud_proof(bytes.fromhex(report["proof"]))  # the proof stands alone
+    assert verdict.accepted and verdict.guilty == (manifest.publisher,) and verdict.op == "gelu"
+    assert (verdict.run, verdict.step, verdict.position) == (manifest.run_id, step, report["detected"]["position"])
+    assert 0 < report["detected"]["rounds"] <= (report["detected"]["ops"] - 1).bit_length() + 1
+
+
+def test_a_false_accusation_defended_in_a_dispute_convicts_the_accuser(tmp_path):
+    s = devnet(tmp_path, "false-accusation", steps=4, nodes=1)
+    report, manifest = s["scenarios"]["false-accusation"], s["manifest"]
+    assert_network_kept_its_promises(s)
+    assert report["ok"], report["checks"]
+    assert s["refuted_steps"] == [] and all(step["status"] == "verified" for step in s["per_step"])
+    verdict = verify_fraud_proof(bytes.fromhex(report["proof"]))
+    accuser = next(n["peer_id"] for n in s["per_node"] if n["role"] == "accuser")
+    assert verdict.accepted and verdict.guilty_peers == (accuser,) and manifest.publisher not in verdict.guilty
+    assert [(f["signer"], f["kind"]) for f in s["flagged"]] == [(accuser, "fraud")]
