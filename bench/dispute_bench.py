@@ -247,12 +247,13 @@ def main() -> int:
     machine = {"cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0], "numpy": np.__version__}
     if args.presets:
         results = {p: bench_preset(p, args.repeats) for p in args.presets}
-        out.update({
-            "proof_bytes": {p: {r["kind"] if r["kind"] != "matmul" and r["kind"] != "cross_entropy" else r["op"]:
-                                r["proof_bytes"] for r in res["ops"]} for p, res in results.items()},
-            "referee_vs_replay": {p: res["referee_vs_replay_max"] for p, res in results.items()},
-            "presets": results, "machine": machine,
-        })  # fmt: skip
+        for key in ("proof_bytes", "referee_vs_replay", "presets"):  # other presets keep their last run's
+            out.setdefault(key, {})
+        for p, res in results.items():
+            out["proof_bytes"][p] = {r["kind"] if r["kind"] != "matmul" and r["kind"] != "cross_entropy" else r["op"]:
+                                     r["proof_bytes"] for r in res["ops"]}
+            out["referee_vs_replay"][p] = res["referee_vs_replay_max"]
+            out["presets"][p] = {**res, "machine": machine}
     if args.trace_presets:
         traces = {}
         for p in args.trace_presets:

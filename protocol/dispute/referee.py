@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..commitments import verify_tensor_root
 from ..errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableError
 from ..identity import peer_id_from_public_key
-from ..merkle import verify_merkle_proof
+from ..merkle import MerkleTree, verify_merkle_proof
 from .ops import KINDS, output_shapes, rows_of
 from .proof import FraudProof, disputed_element, needed_chunks
 from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf
@@ -67,6 +67,20 @@ def _opens(opening, root: bytes, total: int, *, state: bool) -> bool:
         return False
     return verify_merkle_proof(chunk_digest(opening.index, opening.data, state=state), opening.index, count,
                                opening.path, root)
+
+
+def _all_open(openings, root: bytes, total: int, *, state: bool) -> bool:
+    """Each opening opens ``root`` (:func:`_opens`). When they are every chunk of the tensor in
+    order (an input read whole), one tree over their digests gives the same answer for a fraction
+    of the hashing: a path of leaf i is valid iff it is the tree's path of i (its root is ``root``)."""
+    count = chunk_count(total, state=state)
+    if count < 2 or [o.index for o in openings] != list(range(count)):
+        return all(_opens(o, root, total, state=state) for o in openings)
+    size = chunk_size(state=state)
+    if any(len(o.data) != min(size, total - o.index * size) for o in openings):
+        return False
+    tree = MerkleTree([chunk_digest(o.index, o.data, state=state) for o in openings])
+    return tree.root == root and all(list(o.path) == tree.proof(o.index) for o in openings)
 
 
 def _judge(proof: FraudProof) -> FraudVerdict:
@@ -136,7 +150,7 @@ def _judge(proof: FraudProof) -> FraudVerdict:
         size = nbytes(entry["dtype"], entry["shape"])
         if [o.index for o in openings] != needed_chunks(entry, how, row, attrs):
             raise _reject("input chunks other than those the disputed rows read", "reads")
-        if not all(_opens(o, entry["root"], size, state=state) for o in openings):
+        if not _all_open(openings, entry["root"], size, state=state):
             raise _reject("an input chunk does not open its input's root", "reads")
         if state != (state_proof is not None) or (state and not verify_tensor_root(
                 entry["state"], entry["dtype"], entry["shape"], entry["root"], state_proof, a.pre_state)):
@@ -149,7 +163,7 @@ def _judge(proof: FraudProof) -> FraudVerdict:
 def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_shapes: list, element: int, row: int):
     import numpy as np  # the referee extra: only the re-execution needs it
 
-    from .reference import compute_rows
+    from .reference import compute_rows, matmul_element
 
     arrays = []
     for entry, openings in zip(inputs, proof.reads):
@@ -166,7 +180,10 @@ def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_sha
         if targets.min() < 0 or targets.max() >= arrays[0].shape[1]:
             raise _reject("a target outside the vocabulary", "bad_input")
     _, width = rows_of(tuple(want_shapes[proof.output]))
-    value = compute_rows(kind, arrays, attrs, proof.output, row, row + 1)[element - row * width]
+    if kind == "matmul":  # the disputed element alone: a product's columns are independent folds
+        value = np.float32(matmul_element(arrays, attrs, row, element - row * width))
+    else:
+        value = compute_rows(kind, arrays, attrs, proof.output, row, row + 1)[element - row * width]
     at = (element - proof.chunk * (chunk_size(state=False) // 4)) * 4
     expected = value.astype("<f4").tobytes()
     return tuple(t.tracer for t, o in zip(proof.traces, proof.claimed) if o.data[at:at + 4] != expected)

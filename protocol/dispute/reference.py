@@ -221,6 +221,19 @@ def _matmul(inputs, attrs, output, r0, r1):
     return np.concatenate(out).astype(np.float32)
 
 
+def matmul_element(inputs: list[np.ndarray], attrs: dict, r: int, j: int) -> np.float32:
+    """Element (r, j) of a matmul's output alone: each output column is its own fold over K, so
+    this is :func:`_matmul` of row r against column j of op(b) (a product's disputed row costs a
+    full row of folds otherwise). ``causal_output`` zeros column j past row r's position."""
+    a, b = inputs
+    b3 = b if b.ndim == 3 else b[None]
+    if attrs["structure"] == 1 and j > r % (a.shape[-1] if attrs["trans_a"] else a.shape[-2]):
+        return _ZERO
+    column = b3[:, j:j + 1, :] if attrs["trans_b"] else b3[:, :, j:j + 1]
+    with np.errstate(all="ignore"):
+        return _matmul([a, column], {**attrs, "structure": 0}, 0, r, r + 1)[0, 0]
+
+
 def _cross_entropy(inputs, attrs, output, r0, r1):
     logits, targets = inputs
     inv_n = _f32(attrs["inv_n_bits"])
