@@ -1,7 +1,8 @@
 """Fraud proofs at model shapes (issue 28): proof size and the referee's time per op kind, against
 a replay of one whole step measured in the same run.
 
-    .venv/bin/python bench/dispute_bench.py [--presets small gpt-125m] [--trace-presets tiny small] [--repeats 3]
+    .venv/bin/python bench/dispute_bench.py [--presets small gpt-125m] [--trace-presets tiny small]
+        [--forged-op tiny small] [--repeats 3]
 
 For each preset and each op kind the referee re-executes, one op at the shape the model runs it
 (the first layer's, micro-batch rows = micro_batch_size x seq_len), its inputs random normals (the
@@ -15,8 +16,8 @@ path, re-executes the disputed rows), ``replay_s`` (one ``train_step`` of the pr
 kernels, this thread's CPU time, compiled beforehand) and ``referee_vs_replay`` = referee_s /
 replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay`` (per
 ``--trace-presets`` preset): ``train_step(…, trace=OpTrace())`` against the same step untraced,
-alternated in this run (:func:`trace_overhead`). Bisection rounds are not measured: no dispute
-stream exists yet.
+alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
+``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
 Writes bench/results/dispute.json (a run that measures one part keeps the file's other parts).
 """
@@ -196,6 +197,36 @@ def trace_overhead(preset_name: str, repeats: int) -> dict:
             "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
 
 
+def forged_op(preset_name: str, workdir: Path) -> dict:
+    """The ``forged-op`` scenario's dispute at the preset's size, without daemons: a 2-step run
+    whose step 1 has one op forged (devnet/forged_op.py), the auditor's and the trainer's traced
+    replays of step 1 (deterministic/dispute_replay.py), their bisection over the dispute stream
+    between two libp2p hosts on loopback (devnet/disputer.py), and the referee on its proof. The
+    devnet scenario (tests/scenarios/test_scenario_fraud_proofs.py, at tiny) adds the gossip and
+    the daemons' coverage; here are the sizes and times. ``bisection_wall_s`` includes each
+    party's replay to the op for its data (op_data), which dominates."""
+    from open1b.devnet.disputer import dispute, party
+    from open1b.devnet.forged_op import FORGED_KIND, ForgingBackend
+    from open1b.devnet.forged_run import publish_forged_run
+    from open1b.protocol import Identity
+    from open1b.protocol.dispute.referee import verify_fraud_proof
+
+    trainer, auditor = Identity(b"\x03" * 32), Identity(b"\x04" * 32)
+    manifest = publish_forged_run(workdir, trainer, steps=2, forgeries={1: "forged-op"}, preset=preset_name)
+    start = time.process_time()
+    honest = party(workdir, manifest, 1, auditor, None)
+    trace_s = time.process_time() - start
+    forger = party(workdir, manifest, 1, trainer, ForgingBackend)
+    result, wall = dispute((auditor, honest), (trainer, forger))
+    verify_fraud_proof(result.proof)
+    start = time.thread_time()
+    verdict = verify_fraud_proof(result.proof)
+    referee_s = time.thread_time() - start
+    assert verdict.accepted and verdict.guilty == (trainer.public_key,) and verdict.op == FORGED_KIND, verdict
+    return {"op": verdict.op, "position": verdict.position, "ops": len(honest.records), "proof_bytes": len(result.proof),
+            "rounds": result.rounds, "bisection_wall_s": wall, "traced_replay_cpu_s": trace_s, "referee_s": referee_s}
+
+
 def bench_preset(preset_name: str, repeats: int) -> dict:
     import numpy as np
 
@@ -236,6 +267,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="*", default=["small", "gpt-125m"], help="proof size and referee time")
     parser.add_argument("--trace-presets", nargs="*", default=["tiny", "small"], help="the trace producer's overhead")
+    parser.add_argument("--forged-op", nargs="*", default=["tiny", "small"], help="the forged-op dispute's size and time")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import os
@@ -254,6 +286,19 @@ def main() -> int:
                                      r["proof_bytes"] for r in res["ops"]}
             out["referee_vs_replay"][p] = res["referee_vs_replay_max"]
             out["presets"][p] = {**res, "machine": machine}
+    if args.forged_op:
+        import tempfile
+
+        out.setdefault("scenarios", {}).setdefault("forged-op", {})
+        out["rounds"] = out.get("rounds") or {}
+        for p in args.forged_op:
+            with tempfile.TemporaryDirectory() as tmp:
+                found = forged_op(p, Path(tmp))
+            out["scenarios"]["forged-op"][p] = {**found, "machine": machine}
+            out["rounds"][p] = found["rounds"]
+            print(f"{p:9} forged-op: {found['op']} at op {found['position']} of {found['ops']}, {found['rounds']} rounds, "
+                  f"{found['bisection_wall_s']:.2f} s on loopback, proof {found['proof_bytes']:,} B, referee "
+                  f"{found['referee_s'] * 1e3:.1f} ms", flush=True)
     if args.trace_presets:
         traces = {}
         for p in args.trace_presets:
@@ -262,8 +307,7 @@ def main() -> int:
                   f"+{traces[p]['trace_overhead_wall']:.1%} wall of the same step untraced", flush=True)
         out.update({"trace": traces, "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
                     "trace_overhead_vs_replay": {p: t["trace_overhead_vs_replay"] for p, t in traces.items()}})
-    out["rounds"] = out.get("rounds")
-    out["not_measured"] = "rounds: no bisection stream exists yet"
+    out.pop("not_measured", None)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
     return 0
