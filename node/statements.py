@@ -248,7 +248,7 @@ class Statements:
         return self._ingest(ProvenFraud.KIND, data, source)
 
     def ingest_synced(self, frames: list[bytes], source: str) -> int:
-        """A sync response: attestations, witness reveals and spot checks, told apart by their kind; the
+        """A sync response: attestations, witness reveals, spot checks and fraud proofs, told apart by their kind; the
         attestations are stored in one transaction (the order does not matter: what is judged
         is a function of the set). How many were new."""
         attestations, new = [], 0
@@ -258,7 +258,7 @@ class Statements:
                 kind = value.get("kind") if type(value) is dict else None
             except Open1bError:
                 kind = None
-            if kind in (WitnessReveal.KIND, SpotCheck.KIND):
+            if kind in (WitnessReveal.KIND, SpotCheck.KIND, ProvenFraud.KIND):
                 new += self._ingest(kind, data, source)
             else:
                 attestations.append(data)
@@ -276,10 +276,11 @@ class Statements:
             self._told(statement)
         return added
 
-    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck] | None:
+    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | ProvenFraud] | None:
         if run not in self.manifests:
             return None
-        return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run)]
+        return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run),
+                *self.store.fraud.of_run(run)]
 
 
 def _handler(ingest: Callable[[bytes], object]) -> GossipHandler:

@@ -1,9 +1,10 @@
 """The sync stream protocol ``/open1b/sync/1.0.0``: pull a peer's attestations (and witness
-reveals) of one run.
+reveals, spot checks and fraud proofs) of one run.
 
 Frames are varint-length-prefixed. Request: one frame, canonical CBOR ``{"run": <32 bytes>}``
-(≤ 256 bytes). Response: up to :data:`MAX_SYNC_STATEMENTS` frames, each one encoded attestation
-or witness reveal (≤ MAX_ATTESTATION_SIZE), then an empty frame. The puller validates every frame exactly like a
+(≤ 256 bytes). Response: up to :data:`MAX_SYNC_STATEMENTS` frames, each one encoded attestation,
+witness reveal or spot check (≤ MAX_ATTESTATION_SIZE) or fraud proof (≤ MAX_GOSSIP_FRAUD_PROOF, at
+most :data:`MAX_SYNC_FRAUD_PROOFS` of them), then an empty frame. The puller validates every frame exactly like a
 gossiped one, so a lying peer can waste our time but never put anything unchecked in the store.
 
 A second protocol, ``/open1b/sync/runs/1.0.0`` (below), lets a node learn the run manifests it
@@ -30,6 +31,7 @@ from open1b.protocol.messages import MAX_ATTESTATION_SIZE, MAX_MANIFEST_SIZE
 
 from .clock import Clock
 from .config import MIN_SYNC_INTERVAL_S, NodeConfig
+from .fraud_proofs import MAX_GOSSIP_FRAUD_PROOF
 from .metrics import NodeStats
 from .p2p import P2P, NetworkError, Stream
 from .statements import Statements
@@ -40,6 +42,10 @@ SYNC_PROTOCOL = "/open1b/sync/1.0.0"
 MAX_SYNC_REQUEST = 256
 MAX_SYNC_STATEMENTS = 100_000
 SYNC_BATCH = 1024  # frames per ingest call (one store transaction each)
+MAX_SYNC_FRAUD_PROOFS = 64
+"""Frames over MAX_ATTESTATION_SIZE (fraud proofs, up to MAX_GOSSIP_FRAUD_PROOF bytes) in one
+response: a node stores one proof per (step, guilty key), so an honest peer holds few; each is
+ingested on arrival, so at most one large frame is held at a time."""
 SYNC_TIMEOUT_S = 10.0
 MAX_DIALLED_PEERS = 32
 DISCOVERY_EVERY_SYNC_ROUNDS = 10
@@ -71,10 +77,17 @@ async def pull_attestations(p2p: P2P, peer_id: str, run: bytes, ingest: Callable
     new = 0
     try:
         await stream.send(encode({"run": run}))
+        large = 0
         for _ in range(MAX_SYNC_STATEMENTS):
-            frame = await stream.receive(MAX_ATTESTATION_SIZE)
+            frame = await stream.receive(MAX_GOSSIP_FRAUD_PROOF)
             if not frame:
                 break
+            if len(frame) > MAX_ATTESTATION_SIZE:  # only a fraud proof is larger: handed over at once
+                large += 1
+                if large > MAX_SYNC_FRAUD_PROOFS:
+                    raise WrongTypeError(f"more than {MAX_SYNC_FRAUD_PROOFS} frames over {MAX_ATTESTATION_SIZE} bytes")
+                new += ingest([frame])
+                continue
             frames.append(frame)
             if len(frames) == SYNC_BATCH:
                 new += ingest(frames)

@@ -1,12 +1,14 @@
 """Fraud proofs as statements (node/fraud_proofs.py): the run's gossip topic and its validator
 (the referee's REJECT and IGNORE, then the node's rules), stored once per conviction, read back
-re-judged, published through the outbox, served by the API."""
+re-judged, published through the outbox, served by the API and by sync."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import numpy as np
+import pytest
 import trio
 
 from open1b.node.clock import Clock
@@ -147,3 +149,54 @@ def test_coverage_cites_a_stored_proof_refuting_the_publishers_step_and_flagging
     assert {f.signer: f.statement for f in cov.flagged}[peer_id_from_public_key(AUDITOR.public_key)] == \
         blake2b256(against)
     assert AUDITOR.public_key in ledger.counting.flagged[MANIFEST.run_id]
+
+
+def test_sync_serves_a_proof_to_a_node_that_missed_its_gossip(tmp_path):
+    """Two real libp2p hosts: the holder stored a proof, the joiner knows the run but heard no
+    gossip; one sync round brings it the proof, judged and stored as from gossip."""
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import Syncer
+
+    data = proof(AUDITOR, PUBLISHER)
+
+    async def main():
+        with trio.fail_after(60):
+            async with open_p2p(ident(5), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(6), "127.0.0.1", 0) as joiner_p2p:
+                holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
+                assert holder.statements.ingest_fraud_proof(data)
+                joiner = make_ledger(tmp_path / "joiner", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
+                Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
+                       rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
+                syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
+                                rng=random.Random(1), stats=joiner.statements.stats)
+                peer = await joiner_p2p.connect(holder_p2p.addrs[0])
+                assert await syncer.sync_with(peer) == 1
+                assert [f.encoded for f in joiner.store.fraud.of_run(MANIFEST.run_id)] == [data]
+
+    trio.run(main)
+
+
+def test_a_sync_response_with_too_many_large_frames_is_refused(tmp_path):
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import MAX_SYNC_FRAUD_PROOFS, SYNC_PROTOCOL, pull_attestations
+    from open1b.protocol.errors import WrongTypeError
+    from open1b.protocol.messages import MAX_ATTESTATION_SIZE
+
+    ingested = []
+
+    async def flood(stream):
+        await stream.receive(256)
+        for _ in range(MAX_SYNC_FRAUD_PROOFS + 1):
+            await stream.send(b"\x00" * (MAX_ATTESTATION_SIZE + 1))
+        await stream.send(b"")
+
+    async def main():
+        with trio.fail_after(60):
+            async with open_p2p(ident(7), "127.0.0.1", 0) as server, open_p2p(ident(8), "127.0.0.1", 0) as client:
+                server.set_stream_handler(SYNC_PROTOCOL, flood)
+                peer = await client.connect(server.addrs[0])
+                with pytest.raises(WrongTypeError):
+                    await pull_attestations(client, peer, MANIFEST.run_id, lambda frames: ingested.extend(frames) or 0)
+
+    trio.run(main)
+    assert len(ingested) == MAX_SYNC_FRAUD_PROOFS  # each large frame handed over alone, on arrival
