@@ -48,6 +48,8 @@ from multiaddr import Multiaddr
 from open1b.protocol import Identity, Open1bError, Outcome
 
 from .dht_store import BoundedKadDHT, DhtLimits
+from .dialable import Networks, dialable_only, local_networks
+from .discovery import DIAL_TIMEOUT_S, discover
 from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
 from .reachability import interface_ipv4s
 
@@ -162,6 +164,10 @@ class P2P:
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
             degree_high=mesh_degree + 2, heartbeat_interval=heartbeat_s, spam_protection_enabled=False,
         )
+        # Addresses we could never dial are not even stored: the DHT, pubsub and reconnects all
+        # dial from the peerstore, and each such dial waited on a router that dropped it.
+        self.networks = local_networks()
+        _store_dialable_only(self.host.get_peerstore(), lambda: self.networks)
         self.pubsub = Pubsub(self.host, self.gossipsub)
         self.dht = BoundedKadDHT(self.host, limits=dht_limits, penalise=self.penalise,
                                  banned=lambda peer: peer in self.banned)
@@ -228,36 +234,16 @@ class P2P:
             info = info_from_p2p_addr(Multiaddr(addr))
             if info.peer_id.to_base58() in self.banned:
                 raise NetworkError("peer is banned")
-            await self.host.connect(info)
+            with trio.fail_after(DIAL_TIMEOUT_S):
+                await self.host.connect(info)
             await self.dht.add_peer(info.peer_id)
         except Exception as exc:
             raise NetworkError(f"cannot connect to {addr}: {exc}") from exc
         return info.peer_id.to_base58()
 
     async def discover(self, max_peers: int) -> list[str]:
-        """Learn peers through the DHT (a FIND_NODE walk towards ourselves) and dial those we
-        are not connected to, up to ``max_peers`` connections. Returns the peers dialled."""
-        for peer in self.host.get_connected_peers():
-            await self.dht.add_peer(peer)
-        try:
-            await self.dht.refresh_routing_table()
-        except Exception as exc:  # an unreachable peer during the walk is routine
-            log.debug("routing table refresh failed: %s", exc)
-        dialled = []
-        connected = set(self.host.get_connected_peers())
-        for peer in self.dht.routing_table.get_peer_ids():
-            if len(connected) >= max_peers:
-                break
-            if peer in connected or peer == self.host.get_id() or peer.to_base58() in self.banned:
-                continue
-            try:
-                await self.host.connect(self.host.get_peerstore().peer_info(peer))
-            except Exception as exc:
-                log.debug("cannot dial discovered peer %s: %s", peer, exc)
-                continue
-            connected.add(peer)
-            dialled.append(peer.to_base58())
-        return dialled
+        """More peers than the bootstrap ones, up to ``max_peers`` connections: :func:`.discovery.discover`."""
+        return await discover(self, max_peers)
 
     # -- gossip ----------------------------------------------------------------------------
     def set_validator(self, topic: str, validator: GossipValidator) -> None:
@@ -435,6 +421,17 @@ class P2P:
             return Stream(raw, peer_id)
         self.liveness.unanswered(peer_id, f"opening {protocol}")
         raise NetworkError(f"cannot open {protocol} to {peer_id}: no answer in {UNANSWERED_AFTER_S:.0f} s")
+
+
+def _store_dialable_only(peerstore, networks: Callable[[], Networks]) -> None:
+    """Make ``peerstore`` drop the addresses that are not dialable from here (every other way
+    into its address book goes through ``add_addrs``)."""
+    add_addrs = peerstore.add_addrs
+
+    def filtered(peer_id: ID, addrs, ttl: int = 0) -> None:
+        add_addrs(peer_id, dialable_only(addrs, networks()), ttl)
+
+    peerstore.add_addrs = filtered
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -18,12 +18,9 @@ found is this node's (a port forwarded to another libp2p node would pass).
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import logging
 import random
-import socket
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -31,6 +28,8 @@ import trio
 
 from open1b.protocol import Open1bError
 from open1b.protocol.codec import decode, encode
+
+from .dialable import interfaces
 
 if TYPE_CHECKING:
     from .p2p import P2P, Stream
@@ -101,18 +100,8 @@ def _global(host: str) -> bool:
 def interface_ipv4s() -> list[str]:
     """This machine's IPv4 interface addresses (what a listener on 0.0.0.0 can be reached at),
     loopback last: it serves only this machine."""
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            try:  # SIOCGIFADDR: the interface's address, as `ip addr` shows it (Linux)
-                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:  # no IPv4 address on it
-                continue
-            found.append(socket.inet_ntoa(answer[20:24]))
-    return sorted(set(found), key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))
-
-
-SIOCGIFADDR = 0x8915
+    found = {str(i.ip) for i in interfaces()}
+    return sorted(found, key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))
 
 
 # -- the asking side --------------------------------------------------------------------------
