@@ -4,7 +4,7 @@ Unbounded, a node behind NAT sat minutes here (issue 27): the walk waited on pee
 reach, and each dial of another home's LAN address waited on a router that dropped it. Now the
 walk takes at most DISCOVERY_WALK_S, each dial DIAL_TIMEOUT_S (the dials run at once), the whole
 DISCOVERY_TIMEOUT_S; a peer with no address this node can dial (:mod:`.dialable`) is not tried,
-nor is one known only by relayed addresses (those are dialled where needed, :mod:`.relays`).
+and one known only by relayed addresses is dialled through its relay (:mod:`.relays`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ async def discover(p2p: P2P, max_peers: int) -> list[str]:
 
 async def _dial(p2p: P2P, peer: ID, dialled: list[str]) -> None:
     addrs = [a for a in dialable_only(p2p.host.get_peerstore().addrs(peer), p2p.networks) if not is_circuit(a)]
-    if not addrs:
+    if not addrs:  # behind NAT: through one of its relays, bounded there (DCUtR may then punch a hole)
+        if await p2p.relays.dial(peer.to_base58()):
+            dialled.append(peer.to_base58())
         return
     with trio.move_on_after(DIAL_TIMEOUT_S):
         try:

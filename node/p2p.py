@@ -52,6 +52,7 @@ from .dialable import Networks, dialable_only, local_networks
 from .discovery import DIAL_TIMEOUT_S, discover
 from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
 from .reachability import interface_ipv4s
+from .relays import Relays, stream_is_relayed
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,11 @@ class Stream:
         self.peer_id = peer_id
 
     @property
+    def relayed(self) -> bool:
+        """Whether this stream runs through a relay (node/relays.py): control traffic only."""
+        return stream_is_relayed(self._raw)
+
+    @property
     def remote_host(self) -> str | None:
         """The IP address the peer's connection comes from, as this end sees it."""
         try:
@@ -151,15 +157,21 @@ class Stream:
 
 class P2P:
     def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
-                 max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits()) -> None:
+                 max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits(),
+                 relay_service: bool = False) -> None:
         self.identity = identity
-        # Hosts at which peers' dial-backs reached our listener (node/reachability.py sets them).
+        # Hosts at which peers' dial-backs reached our listener, and the verdict
+        # (node/reachability.py sets both).
         self.dialled_back_at: set[str] = set()
+        self.reachability = "unknown"
+        self.circuit_addrs: list[Multiaddr] = []  # where relays forward to us (node/relays.py sets them)
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
             connection_config=ConnectionConfig(max_connections_per_peer=1),
             addrs_factory=lambda found: usable_addrs(found, lambda: self._listening, self.dialled_back_at),
         )
+        _announce_circuits(self.host, lambda: self.circuit_addrs)
+        self.relays = Relays(self, serve=relay_service)
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
             degree_high=mesh_degree + 2, heartbeat_interval=heartbeat_s, spam_protection_enabled=False,
@@ -413,6 +425,8 @@ class P2P:
         after UNANSWERED_AFTER_S (setting it aside) if opening one goes unanswered."""
         if not self.liveness.usable(peer_id):
             raise NetworkError(f"cannot open {protocol} to {peer_id}: the peer is not answering")
+        if self.relays.kind(peer_id) == "none" and self.relays.circuits_to(peer_id):
+            await self.relays.dial(peer_id)  # a node behind NAT: libp2p dials no circuit by itself
         with trio.move_on_after(UNANSWERED_AFTER_S):
             try:
                 raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
@@ -421,6 +435,19 @@ class P2P:
             return Stream(raw, peer_id)
         self.liveness.unanswered(peer_id, f"opening {protocol}")
         raise NetworkError(f"cannot open {protocol} to {peer_id}: no answer in {UNANSWERED_AFTER_S:.0f} s")
+
+
+def _announce_circuits(host, circuit_addrs: Callable[[], list[Multiaddr]]) -> None:
+    """Make ``host.get_addrs()`` (what identify announces) end with our circuit addresses. Its own
+    address pipeline cuts a circuit address at the relay's ``/p2p/`` part (it strips a peer ID
+    before appending ours), so they are appended after it, whole."""
+    addrs = host.get_addrs
+
+    def with_circuits() -> list[Multiaddr]:
+        me = Multiaddr(f"/p2p/{host.get_id()}")
+        return addrs() + [a.encapsulate(me) for a in circuit_addrs()]
+
+    host.get_addrs = with_circuits
 
 
 def _store_dialable_only(peerstore, networks: Callable[[], Networks]) -> None:
@@ -465,11 +492,13 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
             if not node.host.get_addrs():  # py-libp2p logs a failed listen and runs on without one
                 raise NetworkError(f"cannot listen on {host}:{port} for libp2p (taken meanwhile?)")
             await stack.enter_async_context(background_trio_service(node.dht))
+            await stack.enter_async_context(background_trio_service(node.relays.protocol))
             await node.pubsub.wait_until_ready()
             try:
                 async with trio.open_nursery() as nursery:
                     node._nursery = nursery
                     nursery.start_soon(probe_forever, node.liveness, node.ping)
+                    nursery.start_soon(node.relays.keep_reservations, nursery)
                     try:
                         yield node
                     finally:

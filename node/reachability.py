@@ -156,6 +156,7 @@ class ReachabilityMonitor:
             if found != self.current:
                 log.info("reachability: %s (%s)", found.state, found.reason)
             self.current = found
+            self.p2p.reachability = found.state  # a private node reserves on relays, a public one serves them
             # a public node announces the address peers reached it at (behind a 1:1 NAT, as on most
             # clouds, no interface has it); nobody else's observations of us are announced
             self.p2p.dialled_back_at = {a.host for a in answers if a.reached} if found.state == "public" else set()
