@@ -41,7 +41,6 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
-from libp2p.transport.tcp import tcp as libp2p_tcp
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 from multiaddr import Multiaddr
 
@@ -50,6 +49,7 @@ from open1b.protocol import Identity, Open1bError, Outcome
 from .dht_store import BoundedKadDHT, DhtLimits
 from .dialable import Networks, dialable_only, local_networks
 from .discovery import DIAL_TIMEOUT_S, discover
+from .listen_port import socket_inode, strangers
 from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
 from .reachability import interface_ipv4s
 from .relays import Relays, stream_is_relayed
@@ -68,16 +68,6 @@ DHT_OP_TIMEOUT_S = 30.0
 GossipValidator = Callable[[str, bytes], Outcome]  # (author peer ID, data) -> outcome
 GossipHandler = Callable[[str, bytes], Awaitable[None]]
 StreamHandler = Callable[["Stream"], Awaitable[None]]
-
-
-def _exclusive_listen_flags(sock: trio.socket.SocketType) -> None:
-    """SO_REUSEADDR only (a restarted daemon can take its port back at once). py-libp2p also sets
-    SO_REUSEPORT, for TCP hole punching, which we do not use; with it a second daemon on the same
-    port starts too, and the kernel splits incoming connections between the two."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-
-libp2p_tcp._set_reuse_flags = _exclusive_listen_flags  # the listener's socket options are ours to choose
 
 
 class NetworkError(Open1bError):
@@ -158,7 +148,7 @@ class Stream:
 class P2P:
     def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
                  max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits(),
-                 relay_service: bool = False) -> None:
+                 relay_service: bool = False, hole_punching: bool = True) -> None:
         self.identity = identity
         # Hosts at which peers' dial-backs reached our listener, and the verdict
         # (node/reachability.py sets both).
@@ -172,6 +162,7 @@ class P2P:
         )
         _announce_circuits(self.host, lambda: self.circuit_addrs)
         self.relays = Relays(self, serve=relay_service)
+        self.hole_punching = hole_punching
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
             degree_high=mesh_degree + 2, heartbeat_interval=heartbeat_s, spam_protection_enabled=False,
@@ -461,6 +452,20 @@ def _store_dialable_only(peerstore, networks: Callable[[], Networks]) -> None:
     peerstore.add_addrs = filtered
 
 
+def listener_inodes(node: P2P) -> set[int]:
+    """The inodes of our libp2p listening sockets."""
+    return {socket_inode(listener.socket.fileno()) for tcp in node.host.get_network().listeners.values()
+            for listener in getattr(tcp, "listeners", ())}
+
+
+def check_exclusive(node: P2P) -> None:
+    """NetworkError, in one line, if another socket listens on our libp2p port (:mod:`.listen_port`)."""
+    port = node.listen_port
+    if strangers(port, listener_inodes(node)):
+        raise NetworkError(f"libp2p port {port} is also bound by another process (with SO_REUSEPORT, which "
+                           "splits our inbound connections with it): stop that process or choose another port")
+
+
 def _check_listen(host: str, port: int) -> None:
     """Fail with the system's reason (a port in use, an address not of this machine) before
     py-libp2p tries, which only logs it."""
@@ -491,8 +496,11 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
             await stack.enter_async_context(node.host.run(listen_addrs=[Multiaddr(f"/ip4/{host}/tcp/{port}")]))
             if not node.host.get_addrs():  # py-libp2p logs a failed listen and runs on without one
                 raise NetworkError(f"cannot listen on {host}:{port} for libp2p (taken meanwhile?)")
+            check_exclusive(node)
             await stack.enter_async_context(background_trio_service(node.dht))
             await stack.enter_async_context(background_trio_service(node.relays.protocol))
+            if node.hole_punching:
+                await stack.enter_async_context(background_trio_service(node.relays.hole_punch))
             await node.pubsub.wait_until_ready()
             try:
                 async with trio.open_nursery() as nursery:

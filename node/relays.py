@@ -10,8 +10,9 @@
 * **Dialling**: ``host.connect()`` refuses circuit addresses, and nothing in py-libp2p that
   dials by itself (the DHT, pubsub, reconnects) uses them; :meth:`Relays.dial` does, for
   :meth:`.p2p.P2P.open_stream` and discovery, each dial time-bounded.
-* **Counting**: connections by kind (:meth:`Relays.connection_kinds`), and through
-  :mod:`.hole_punch`, the hole punches that upgrade a relayed connection to a direct one.
+* **Hole punching**: DCUtR upgrades a relayed connection to a direct one where the NATs allow
+  (TCP simultaneous open; counted: attempts and successes).
+* **Counting**: connections by kind (:meth:`Relays.connection_kinds`).
 
 Relays carry control traffic only: gossip, DHT records, sync, spot-check challenges. A checkpoint
 never crosses one (``node/bulk.py`` dials addresses that are not circuits; the libp2p blob path
@@ -28,6 +29,7 @@ from libp2p.connection_types import ConnectionType
 from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits
@@ -75,9 +77,39 @@ class _Relay(CircuitV2Protocol):
             log.info("relay hop stream from %s failed: %s", stream.muxed_conn.peer_id, exc)
 
 
+class _HolePunch(DCUtRProtocol):
+    """py-libp2p's DCUtR (TCP simultaneous open from the listening port: needs SO_REUSEPORT
+    listeners, :mod:`.listen_port`), counting hole punches. It drives itself: every relayed
+    connection gets up to 3 exchanges, each after a plain dial of the peer's direct addresses
+    (not counted). A punch is the simultaneous dials that end an exchange; both sides dial, so
+    each punch is counted once by the side that started the exchange (``attempts``,
+    ``succeeded``) and once by the side that answered (``answered``). An exchange that failed
+    before its dials is not a punch."""
+
+    def __init__(self, host) -> None:
+        super().__init__(host)
+        self.attempts = self.succeeded = self.answered = 0
+
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
+        ok = await super()._perform_hole_punch(peer_id, addrs, as_responder=as_responder)
+        if as_responder:  # (py-libp2p's name: the exchange's initiator dials "as responder")
+            self.attempts += 1
+            self.succeeded += bool(ok)
+            log.info("hole punch to %s: %s", peer_id, "direct" if ok else "failed, the connection stays relayed")
+        else:
+            self.answered += 1
+        return ok
+
+    async def _handle_dcutr_stream(self, stream) -> None:
+        try:
+            await super()._handle_dcutr_stream(stream)
+        except Exception as exc:  # an exception escaping a handler takes the host down
+            log.info("hole punch asked by %s failed: %s", stream.muxed_conn.peer_id, exc)
+
+
 class Relays:
-    """This node's relay roles; built by :func:`.p2p.open_p2p`, which runs :attr:`protocol` as a
-    service and :meth:`keep_reservations` as a task."""
+    """This node's relay roles; built by :func:`.p2p.open_p2p`, which runs :attr:`protocol` and
+    :attr:`hole_punch` as services and :meth:`keep_reservations` as a task."""
 
     def __init__(self, p2p: P2P, *, serve: bool) -> None:
         self.p2p = p2p
@@ -85,6 +117,7 @@ class Relays:
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if serve else RelayRole(0))
         self.protocol = _Relay(p2p.host, allow_hop=serve, serving=lambda: p2p.reachability == "public")
         self.transport = CircuitV2Transport(p2p.host, self.protocol, RelayConfig(roles=roles, limits=RELAY_LIMITS))
+        self.hole_punch = _HolePunch(p2p.host)
         self.reserved: dict[str, Multiaddr] = {}  # relay peer -> its address (without /p2p-circuit)
         self.circuits_dialled = 0
         self.circuit_dials_failed = 0
@@ -196,7 +229,9 @@ class Relays:
         return {"connections": {k: sum(1 for v in kinds.values() if v == k) for k in ("direct", "relayed")},
                 "peers": dict(sorted(kinds.items())), "relay_service": self.serve,
                 "relay_requests_refused": self.protocol.refused, "reserved_on": sorted(self.reserved),
-                "circuits_dialled": self.circuits_dialled, "circuit_dials_failed": self.circuit_dials_failed}
+                "circuits_dialled": self.circuits_dialled, "circuit_dials_failed": self.circuit_dials_failed,
+                "hole_punches": {"attempts": self.hole_punch.attempts, "succeeded": self.hole_punch.succeeded,
+                                 "answered": self.hole_punch.answered}}
 
 
 def _is_relayed(conn) -> bool:

@@ -33,8 +33,9 @@ def test_a_private_node_reserves_is_dialled_through_the_relay_and_gossip_and_dht
         with trio.fail_after(90):
             async with AsyncExitStack() as stack:
                 r = await stack.enter_async_context(open_p2p(ident(60), "127.0.0.1", 0, relay_service=True))
-                h = await stack.enter_async_context(open_p2p(ident(61), "127.0.0.1", 0))
-                d = await stack.enter_async_context(open_p2p(ident(62), "127.0.0.1", 0))
+                # (no hole punching here: on loopback it would soon make H and D's connection direct)
+                h = await stack.enter_async_context(open_p2p(ident(61), "127.0.0.1", 0, hole_punching=False))
+                d = await stack.enter_async_context(open_p2p(ident(62), "127.0.0.1", 0, hole_punching=False))
                 for node in (r, h, d):
                     node.register_record_validator("open1b", ClaimRecords())
                 h.reachability = "private"
@@ -100,5 +101,38 @@ def test_a_private_node_reserves_is_dialled_through_the_relay_and_gossip_and_dht
                     await raw.receive(1 << 16)
                 await _wait(lambda: served.relayed_refused >= 1)  # (it may also have seen the stream D reset)
                 assert served.served_bytes == 0
+
+    trio.run(main)
+
+
+def test_a_relayed_connection_is_upgraded_to_a_direct_one_and_blobs_then_flow(tmp_path):
+    """DCUtR on loopback, where nothing stands in the way: its first step, a plain dial of the
+    addresses H announced (identify told D over the relayed connection), makes the connection
+    direct — not a hole punch, so none is counted — and blobs then flow. A hole punch through two
+    NATs: tests/node/test_hole_punch_nat.py."""
+
+    async def main():
+        with trio.fail_after(90):
+            async with AsyncExitStack() as stack:
+                r = await stack.enter_async_context(open_p2p(ident(63), "127.0.0.1", 0, relay_service=True))
+                h = await stack.enter_async_context(open_p2p(ident(64), "127.0.0.1", 0))
+                d = await stack.enter_async_context(open_p2p(ident(65), "127.0.0.1", 0))
+                r.reachability, h.reachability = "public", "private"
+                await h.connect(r.addrs[0])
+                await d.connect(r.addrs[0])
+                await _wait(lambda: h.relays.reserved)
+                circuit = next(a for a in h.addrs if is_circuit(a))
+                d.host.get_peerstore().add_addrs(ID.from_base58(h.peer_id), [Multiaddr(circuit)], 3600)
+                assert await d.relays.dial(h.peer_id)
+                await _wait(lambda: d.relays.kind(h.peer_id) == "direct")
+                assert d.relays.hole_punch.attempts == h.relays.hole_punch.attempts == 0
+
+                source = tmp_path / "blob"
+                source.write_bytes(b"y" * 5000)
+                served = BlobCache(tmp_path / "h", 1 << 30)
+                digest = served.add_file(source, pin=True)
+                h.set_stream_handler(BLOB_PROTOCOL, served.serve)
+                path = await BlobCache(tmp_path / "d", 1 << 30).fetch(d, digest, [h.peer_id])
+                assert path.read_bytes() == source.read_bytes() and served.relayed_refused == 0
 
     trio.run(main)
