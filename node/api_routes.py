@@ -106,7 +106,7 @@ class Components:
         return {"fetched": f.fetched, "bulk_fetched": f.bulk_fetched, "fetched_bytes": f.fetched_bytes,
                 "fetch_failures": f.failed,
                 "bad_providers": f.bad_providers, "served_bytes": cache.served_bytes,
-                "refused_relayed": cache.relayed_refused,
+                "refused_relayed": cache.relayed_refused, "sources": list(f.sources),
                 "cache_bytes": cache.used_bytes(), "cache_limit": cache.max_bytes, "pinned": len(cache.pinned),
                 "fetching": {name: {"done": d, "total": t} for name, (d, t) in f.in_flight.items()}}
 

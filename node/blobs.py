@@ -113,6 +113,8 @@ class BlobCache:
         self.pinned: set[bytes] = set()
         self.served_bytes = 0
         self.relayed_refused = 0  # blob transfers refused, either way, because the stream was relayed
+        # digest -> (the provider, whether its stream was relayed) of a fetch just finished here
+        self.delivered_by: dict[bytes, tuple[str, bool]] = {}
         self._table_locks: dict[bytes, trio.Lock] = {}
         self._verified: dict[bytes, tuple[int, int]] = {}  # digest -> (size, mtime_ns) when last hashed
         self._used: dict[bytes, int] = {}  # digest -> use counter (LRU order within this process)
@@ -435,4 +437,5 @@ class BlobCache:
             raise BlobMismatch(f"bytes from {peer} do not hash to {digest.hex()[:16]}", peer, resumed)
         target = self.adopt(partial, digest)
         self.evict()
+        self.delivered_by[digest] = (peer, stream.relayed)  # read back (and dropped) by the caller, runs.py
         return target

@@ -44,7 +44,7 @@ ASK_TIMEOUT_S = 2 * DIAL_TIMEOUT_S  # a whole request to one peer
 MIN_CONFIRMATIONS = 2  # distinct peers that must agree before a verdict
 ASK_PEERS = 3  # peers asked per check
 CHECK_EVERY_S = 600.0  # how often the node checks again once it has a verdict
-RETRY_UNKNOWN_S = 30.0  # and while it has none (too few peers yet)
+RETRY_UNKNOWN_S = 10.0  # and while it has none (too few peers yet): a node behind NAT reserves on relays once it knows
 MAX_REQUEST = 64
 SERVE_PER_PEER_S = 10.0  # a peer gets at most one dial-back this often
 
@@ -73,17 +73,24 @@ def verdict(answers: list[DialBack]) -> Reachability:
     """The verdict from the dial-backs of distinct peers (the latest answer of each counts)."""
     latest = {a.peer: a for a in answers}
     reached = [a for a in latest.values() if a.reached]
+    from_internet = [a for a in reached if _global(a.host)]
     failed = [a for a in latest.values() if not a.reached]
-    if len(reached) >= MIN_CONFIRMATIONS:
-        where = ", ".join(sorted({a.host for a in reached}))
-        if any(_global(a.host) for a in reached):
-            return Reachability("public", f"{len(reached)} peers dialled back to {where}")
-        return Reachability("private", f"{len(reached)} peers dialled back to {where}, a private-range address: "
-                                       "reachable on that network only, not from the internet")
-    if len(failed) >= MIN_CONFIRMATIONS and not reached:
-        seen = ", ".join(sorted({a.host for a in failed}))
-        return Reachability("private", f"{len(failed)} peers could not dial back to {seen} (behind NAT or a "
-                                       "firewall): this node dials out and pulls, and serves nobody directly")
+    if len(from_internet) >= MIN_CONFIRMATIONS:
+        where = ", ".join(sorted({a.host for a in from_internet}))
+        return Reachability("public", f"{len(from_internet)} peers dialled back to {where}")
+    if len(latest) >= MIN_CONFIRMATIONS and not from_internet:
+        # A peer on our own network reaching us at our LAN address says nothing of the internet:
+        # with the others failing (or none asked from outside), nobody out there can dial us.
+        parts = []
+        if reached:
+            lan = ", ".join(sorted({a.host for a in reached}))
+            parts.append(f"{len(reached)} peers dialled back to {lan}, a private-range address: reachable on "
+                         "that network only, not from the internet")
+        if failed:
+            seen = ", ".join(sorted({a.host for a in failed}))
+            parts.append(f"{len(failed)} peers could not dial back to {seen} (behind NAT or a firewall): this node "
+                         "dials out and pulls, and serves nobody directly")
+        return Reachability("private", "; ".join(parts))
     if not latest:
         return Reachability("unknown", "no peer answered a dial-back request yet")
     return Reachability("unknown", f"{len(reached)} of {len(latest)} peers dialled back; "
