@@ -4,12 +4,12 @@ where the bootstrap node and the observer sit (public: they relay for the homes)
 drop unsolicited inbound connections, so a home node is reached only over connections it dialled
 itself, through a relay, or after a hole punch (issue 27).
 
-The report gives, over the node pairs that talked (a connection seen at some poll), how each
+Its ``detected`` gives, over the node pairs that talked (a connection seen at some poll), how each
 pair ended: ``connections`` (``direct``, ``relayed`` or ``none``), the same for home A ↔ home B
 pairs (``homes_a_b``, with the share that ended direct: behind ``--random-fully`` a punch cannot
 predict B's port, so none should), ``hole_punches`` (started and succeeded, over all nodes),
-``checkpoints_via_relay`` (checkpoints fetched over a relayed stream: must be 0) and, per
-checkpoint fetched, which site fetched it from which (``checkpoint_sources``)."""
+``checkpoints_via_relay`` (checkpoints fetched over a relayed stream: must be 0); the report's
+``checkpoint_sources`` says, per checkpoint fetched, which site fetched it from which."""
 
 from __future__ import annotations
 
@@ -104,7 +104,13 @@ class Nat(Scenario):
             {"what": "homes A (port-preserving NAT) and B (--random-fully) behind routers that drop inbound",
              "count": 2, "nodes_per_site": {site: len(m) for site, m in members.items()}},
             {"what": "attestations at the observer, by the signer's site", "count": sum(made.values()),
-             "attestations_by_site": made, "connected_peers_by_site": peers},
+             "attestations_by_site": made, "connected_peers_by_site": peers,
+             "connections": {k: sum(1 for v in ended.values() if v == k) for k in KINDS},
+             "homes_a_b": {**{k: sum(1 for v in a_b.values() if v == k) for k in KINDS},
+                           "direct_share": round(sum(v == "direct" for v in a_b.values()) / len(a_b), 3) if a_b else None},
+             "hole_punches": {"attempts": sum(p["attempts"] for p in punches),
+                              "succeeded": sum(p["succeeded"] for p in punches)},
+             "checkpoints_via_relay": via_relay, "relay_reservations_by_site": reserved},
             0,
             {"coverage complete at the observer": complete,
              "home B audited (its auditor attested)": made["b"] > 0,
@@ -112,10 +118,4 @@ class Nat(Scenario):
              "no checkpoint went through a relay": via_relay == 0,
              "every home node holds a relay reservation": all(n for site in ("a", "b") for n in reserved[site]),
              "homes A and B talked (through a relay)": bool(a_b)},
-            connections={k: sum(1 for v in ended.values() if v == k) for k in KINDS},
-            homes_a_b={**{k: sum(1 for v in a_b.values() if v == k) for k in KINDS},
-                       "direct_share": round(sum(1 for v in a_b.values() if v == "direct") / len(a_b), 3) if a_b else None},
-            hole_punches={"attempts": sum(p["attempts"] for p in punches),
-                          "succeeded": sum(p["succeeded"] for p in punches)},
-            checkpoints_via_relay=via_relay, checkpoint_sources=sources,
-            relay_reservations_by_site=reserved)
+            checkpoint_sources=sources)
