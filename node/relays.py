@@ -56,6 +56,7 @@ WANTED_RELAYS = 2  # relays a private node keeps a reservation on
 RESERVE_EVERY_S = 5.0  # how often a private node looks for relays while it has fewer than it wants
 RESERVE_TIMEOUT_S = 10.0
 CIRCUIT_DIAL_TIMEOUT_S = 10.0
+HOLE_PUNCH_TIMEOUT_S = 60.0  # one DCUtR exchange and its dials (py-libp2p: ~10 s each when a dial times out)
 
 
 class _Relay(CircuitV2Protocol):
@@ -89,6 +90,14 @@ class _HolePunch(DCUtRProtocol):
     def __init__(self, host) -> None:
         super().__init__(host)
         self.attempts = self.succeeded = self.answered = 0
+
+    async def initiate_hole_punch(self, peer_id: ID) -> bool:
+        # Its streams and dials have no bound of their own, and its auto-drive loop awaits one
+        # peer at a time: a peer that never answers would stop every later upgrade.
+        with trio.move_on_after(HOLE_PUNCH_TIMEOUT_S):
+            return await super().initiate_hole_punch(peer_id)
+        log.info("hole punch to %s: no outcome in %.0f s, given up", peer_id, HOLE_PUNCH_TIMEOUT_S)
+        return False
 
     async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
         ok = await super()._perform_hole_punch(peer_id, addrs, as_responder=as_responder)
