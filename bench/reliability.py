@@ -155,8 +155,11 @@ WHAT = {
                         "`no_answer`, and replays still verify every step.",
     "nat": "Nodes at home behind NAT routers that drop unsolicited inbound connections (devnet/nat_topology.py): "
            "the run is published from home A (port-preserving NAT) and audited from home B (`--random-fully`) and "
-           "the internet, where the bootstrap node and the observer sit. Coverage must complete at the observer, "
-           "with attestations from home B and the internet.",
+           "the internet, where the bootstrap node and the observer sit and relay for the homes. Coverage must "
+           "complete at the observer, with attestations from home B and the internet; every home node must hold a "
+           "relay reservation, homes A and B must talk (through a relay, or directly after a hole punch) and no "
+           "checkpoint may cross a relay. *detected* gives how each node pair that talked ended (`connections`; "
+           "`homes_a_b` for the pairs across homes), hole punches over all nodes and `checkpoints_via_relay`.",
 }
 
 

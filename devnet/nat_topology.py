@@ -3,13 +3,13 @@
 ::
 
                         ┌──────────── internet (namespace) ─────────────┐
-                        │  10.240.0.1 on lo: public nodes (bootstrap,    │
+                        │  11.240.0.1 on lo: public nodes (bootstrap,    │
                         │  relay, observer) listen here                  │
-                        │  10.241.1.1            10.241.2.1    …         │
+                        │  11.241.1.1            11.241.2.1    …         │
                         └────┬───────────────────────┬──────────────────┘
                              │ veth (WAN)             │ veth (WAN)
                              │ [delay line]           │ [delay line]   (with delay_ms)
-                  10.241.1.2 │ tbf: uplink  10.241.2.2 │ tbf: uplink
+                  11.241.1.2 │ tbf: uplink  11.241.2.2 │ tbf: uplink
             ┌─── router A (namespace) ──┐  ┌─── router B (namespace) ──┐
             │ MASQUERADE (port-         │  │ MASQUERADE --random-fully │
             │ preserving); inbound NEW  │  │ (symmetric-like); inbound │
@@ -57,7 +57,10 @@ Nat = Literal["port-preserving", "random"]
 (a hole punch can predict it); ``random``: MASQUERADE --random-fully, a fresh random port per
 connection (symmetric-like: the port a peer observed is not the one the next connection gets)."""
 
-INTERNET_ADDRESS = "10.240.0.1"
+INTERNET_ADDRESS = "11.240.0.1"
+"""The internet side uses global-range addresses (11.0.0.0/8; nothing leaves the namespaces) so that
+nodes judge them as they would real internet addresses: a private-range address (RFC 1918) is
+reachable on its own network only, and a node neither announces it as public nor dials it there."""
 QUEUE_LATENCY_MS = 50
 """The most a packet waits in a shaper's queue: enough buffer for TCP to keep a 40 Mbit/s link
 busy (~250 KB), not so much that a full queue adds seconds of delay."""
@@ -100,7 +103,7 @@ class NatTopology:
         self.specs = list(homes)
         self.tag = f"{TAG_PREFIX}{os.getpid() % 100000}"
         self.internet = Site("internet", f"{self.tag}i", INTERNET_ADDRESS, "10.242.0.1", INTERNET_ADDRESS)
-        self.homes = {spec.name: Site(spec.name, f"{self.tag}h{i}", f"192.168.{i}.2", f"10.242.{i}.1", f"10.241.{i}.2")
+        self.homes = {spec.name: Site(spec.name, f"{self.tag}h{i}", f"192.168.{i}.2", f"10.242.{i}.1", f"11.241.{i}.2")
                       for i, spec in enumerate(self.specs, start=1)}
         self._lock = None
         self._lines: list[subprocess.Popen] = []
@@ -144,9 +147,9 @@ class NatTopology:
             if spec.delay_ms:
                 self._delay_line(i, spec.delay_ms)
             else:
-                _veth(inet, f"{self.tag}wi{i}", f"10.241.{i}.1/24", router, wan, f"10.241.{i}.2/24")
+                _veth(inet, f"{self.tag}wi{i}", f"11.241.{i}.1/24", router, wan, f"11.241.{i}.2/24")
             _veth(router, lan, f"192.168.{i}.1/24", home.namespace, f"{self.tag}lh{i}", f"{home.address}/24")
-            _run("ip", "-n", router, "route", "add", "default", "via", f"10.241.{i}.1")
+            _run("ip", "-n", router, "route", "add", "default", "via", f"11.241.{i}.1")
             _run("ip", "-n", home.namespace, "route", "add", "default", "via", f"192.168.{i}.1")
             self._firewall(router, wan, lan, spec, home.address)
             for dev, mbit in ((wan, spec.uplink_mbit), (lan, spec.downlink_mbit)):
@@ -161,8 +164,8 @@ class NatTopology:
         _add_namespace(line, forwarding=False)
         _run("ip", "netns", "exec", line, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")  # no chatter of its own
         ends = f"{self.tag}xa{i}", f"{self.tag}xb{i}"
-        _veth(self.internet.namespace, f"{self.tag}wi{i}", f"10.241.{i}.1/24", line, ends[0], None)
-        _veth(router, f"{self.tag}wr{i}", f"10.241.{i}.2/24", line, ends[1], None)
+        _veth(self.internet.namespace, f"{self.tag}wi{i}", f"11.241.{i}.1/24", line, ends[0], None)
+        _veth(router, f"{self.tag}wr{i}", f"11.241.{i}.2/24", line, ends[1], None)
         proc = subprocess.Popen(["ip", "netns", "exec", line, sys.executable, "-m", "open1b.devnet.delay_line",
                                  *ends, str(delay_ms)], stdout=subprocess.PIPE, text=True)
         self._lines.append(proc)

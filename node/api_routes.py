@@ -80,7 +80,7 @@ class Components:
         s, g, ledger, p2p = self.stats, self.gauges(), self.ledger, self.p2p
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
-            "reachability": self.reachability.current.as_json(),
+            "reachability": self.reachability.current.as_json(), "network": p2p.relays.status(),
             "runs": [r.hex() for r in ledger.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,
@@ -106,6 +106,7 @@ class Components:
         return {"fetched": f.fetched, "bulk_fetched": f.bulk_fetched, "fetched_bytes": f.fetched_bytes,
                 "fetch_failures": f.failed,
                 "bad_providers": f.bad_providers, "served_bytes": cache.served_bytes,
+                "refused_relayed": cache.relayed_refused, "sources": list(f.sources),
                 "cache_bytes": cache.used_bytes(), "cache_limit": cache.max_bytes, "pinned": len(cache.pinned),
                 "fetching": {name: {"done": d, "total": t} for name, (d, t) in f.in_flight.items()}}
 

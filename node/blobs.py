@@ -112,6 +112,9 @@ class BlobCache:
         self.reserve_bytes = reserve_bytes
         self.pinned: set[bytes] = set()
         self.served_bytes = 0
+        self.relayed_refused = 0  # blob transfers refused, either way, because the stream was relayed
+        # digest -> (the provider, whether its stream was relayed) of a fetch just finished here
+        self.delivered_by: dict[bytes, tuple[str, bool]] = {}
         self._table_locks: dict[bytes, trio.Lock] = {}
         self._verified: dict[bytes, tuple[int, int]] = {}  # digest -> (size, mtime_ns) when last hashed
         self._used: dict[bytes, int] = {}  # digest -> use counter (LRU order within this process)
@@ -316,6 +319,11 @@ class BlobCache:
 
     # -- serving ---------------------------------------------------------------------------
     async def serve(self, stream: Stream) -> None:
+        if stream.relayed:  # relays carry control traffic; the asker can fetch from a peer it reaches directly
+            self.relayed_refused += 1
+            log.info("blob request from %s refused: it came through a relay", stream.peer_id)
+            await stream.reset()
+            return
         while True:
             try:
                 raw = await stream.receive(MAX_REQUEST)
@@ -380,6 +388,10 @@ class BlobCache:
         partial = self.path(digest).with_suffix(".partial")
         with trio.fail_after(min(chunk_timeout_s, OPEN_TIMEOUT_S)):  # a blackholed peer must not stall us
             stream = await p2p.open_stream(peer, BLOB_PROTOCOL)
+        if stream.relayed:  # never a blob through a relay: the next provider, or a direct one later
+            self.relayed_refused += 1
+            await stream.reset()
+            raise BlobError(f"{peer} is reachable only through a relay, which carries no blobs")
         resumed = False
         try:
             with open(partial, "ab") as out:
@@ -425,4 +437,5 @@ class BlobCache:
             raise BlobMismatch(f"bytes from {peer} do not hash to {digest.hex()[:16]}", peer, resumed)
         target = self.adopt(partial, digest)
         self.evict()
+        self.delivered_by[digest] = (peer, stream.relayed)  # read back (and dropped) by the caller, runs.py
         return target

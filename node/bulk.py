@@ -46,6 +46,7 @@ from open1b.protocol.identity import peer_id_from_public_key, verify_raw
 
 from .blobs import BlobCache, BlobError
 from .chunk_table import ChunkTableError
+from .dialable import is_circuit
 from .p2p import P2P, NetworkError, Stream
 
 MAGIC = b"open1b/bulk/v1\x00\x00"
@@ -439,8 +440,9 @@ def address_handler(port: int) -> Callable[[Stream], object]:
 
 async def find_bulk_peer(p2p: P2P, peer_id: str, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> BulkPeer | None:
     """Ask ``peer_id`` (over libp2p) for its bulk port; the host is the one its libp2p address
-    names. None when it has no bulk listener or answers nonsense."""
-    hosts = [a.split("/")[2] for a in p2p.peer_addrs(peer_id) if a.startswith("/ip4/")]
+    names. None when it has no bulk listener or answers nonsense, or only relayed addresses: a
+    ``/p2p-circuit`` address names the relay's host, and checkpoints never go through a relay."""
+    hosts = [a.split("/")[2] for a in p2p.peer_addrs(peer_id) if a.startswith("/ip4/") and not is_circuit(a)]
     if not hosts:
         return None
     try:

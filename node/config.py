@@ -103,6 +103,9 @@ class NodeConfig:
     # Where the replay worker computes: auto (a CUDA device that passes the self-checks, else the
     # CPU), cpu, cuda or cuda:N. A GPU that is missing or fails a check falls back to the CPU.
     device: str = "auto"
+    # Whether this node relays control traffic (circuit relay v2, node/relays.py) for nodes behind
+    # NAT, within fixed limits, while its reachability is public; never checkpoints.
+    relay_service: bool = True
     sync_interval_s: float = 2.0
     idle_poll_s: float = 0.5
     heartbeat_s: float = 1.0
@@ -212,6 +215,7 @@ _KEYS: dict[str, tuple[str, type]] = {
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
     "disk_reserve_bytes": ("disk_reserve_bytes", int),
     "publishers": ("publishers", list), "device": ("device", str), "api_origins": ("api_origins", list),
+    "relay_service": ("relay_service", bool),
 }
 
 

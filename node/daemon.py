@@ -140,7 +140,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
             # an operator's local runs (--run): a bad manifest stops the daemon before it listens
             local_runs = [(d, read_run_manifest(d, clock.wall())) for d in (Path(r).resolve() for r in config.run_dirs)]
             async with network(identity, *split_hostport(config.listen), heartbeat_s=config.heartbeat_s,
-                               max_rejects_per_peer=config.max_rejects_per_peer) as p2p:
+                               max_rejects_per_peer=config.max_rejects_per_peer, relay_service=config.relay_service) as p2p:
                 async with _serve(config, identity, store, (worker, answer_worker), p2p, local_runs, clock, rng,
                                   harness, replayer) as daemon:
                     yield daemon

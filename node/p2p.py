@@ -42,15 +42,18 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
-from libp2p.transport.tcp import tcp as libp2p_tcp
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 from multiaddr import Multiaddr
 
 from open1b.protocol import Identity, Open1bError, Outcome
 
 from .dht_store import BoundedKadDHT, DhtLimits
+from .dialable import Networks, dialable_only, local_networks
+from .discovery import DIAL_TIMEOUT_S, discover
+from .listen_port import socket_inode, strangers
 from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
 from .reachability import interface_ipv4s
+from .relays import Relays, stream_is_relayed
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +69,6 @@ DHT_OP_TIMEOUT_S = 30.0
 GossipValidator = Callable[[str, bytes], Outcome]  # (author peer ID, data) -> outcome
 GossipHandler = Callable[[str, bytes], Awaitable[None]]
 StreamHandler = Callable[["Stream"], Awaitable[None]]
-
-
-def _exclusive_listen_flags(sock: trio.socket.SocketType) -> None:
-    """SO_REUSEADDR only (a restarted daemon can take its port back at once). py-libp2p also sets
-    SO_REUSEPORT, for TCP hole punching, which we do not use; with it a second daemon on the same
-    port starts too, and the kernel splits incoming connections between the two."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-
-libp2p_tcp._set_reuse_flags = _exclusive_listen_flags  # the listener's socket options are ours to choose
 
 
 class NetworkError(Open1bError):
@@ -118,6 +111,11 @@ class Stream:
         self.peer_id = peer_id
 
     @property
+    def relayed(self) -> bool:
+        """Whether this stream runs through a relay (node/relays.py): control traffic only."""
+        return stream_is_relayed(self._raw)
+
+    @property
     def remote_host(self) -> str | None:
         """The IP address the peer's connection comes from, as this end sees it."""
         try:
@@ -157,19 +155,30 @@ class Stream:
 
 class P2P:
     def __init__(self, identity: Identity, *, heartbeat_s: float = 1.0, mesh_degree: int = 4,
-                 max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits()) -> None:
+                 max_rejects_per_peer: int = 20, dht_limits: DhtLimits = DhtLimits(),
+                 relay_service: bool = False, hole_punching: bool = True) -> None:
         self.identity = identity
-        # Hosts at which peers' dial-backs reached our listener (node/reachability.py sets them).
+        # Hosts at which peers' dial-backs reached our listener, and the verdict
+        # (node/reachability.py sets both).
         self.dialled_back_at: set[str] = set()
+        self.reachability = "unknown"
+        self.circuit_addrs: list[Multiaddr] = []  # where relays forward to us (node/relays.py sets them)
         self.host = new_host(
             key_pair=create_new_key_pair(identity.seed),
             connection_config=ConnectionConfig(max_connections_per_peer=1),
             addrs_factory=lambda found: usable_addrs(found, lambda: self._listening, self.dialled_back_at),
         )
+        _announce_circuits(self.host, lambda: self.circuit_addrs)
+        self.relays = Relays(self, serve=relay_service)
+        self.hole_punching = hole_punching
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=mesh_degree, degree_low=max(1, mesh_degree - 1),
             degree_high=mesh_degree + 2, heartbeat_interval=heartbeat_s, spam_protection_enabled=False,
         )
+        # Addresses we could never dial are not even stored: the DHT, pubsub and reconnects all
+        # dial from the peerstore, and each such dial waited on a router that dropped it.
+        self.networks = local_networks()
+        _store_dialable_only(self.host.get_peerstore(), lambda: self.networks)
         self.pubsub = Pubsub(self.host, self.gossipsub)
         self.dht = BoundedKadDHT(self.host, limits=dht_limits, penalise=self.penalise,
                                  banned=lambda peer: peer in self.banned)
@@ -236,36 +245,16 @@ class P2P:
             info = info_from_p2p_addr(Multiaddr(addr))
             if info.peer_id.to_base58() in self.banned:
                 raise NetworkError("peer is banned")
-            await self.host.connect(info)
+            with trio.fail_after(DIAL_TIMEOUT_S):
+                await self.host.connect(info)
             await self.dht.add_peer(info.peer_id)
         except Exception as exc:
             raise NetworkError(f"cannot connect to {addr}: {exc}") from exc
         return info.peer_id.to_base58()
 
     async def discover(self, max_peers: int) -> list[str]:
-        """Learn peers through the DHT (a FIND_NODE walk towards ourselves) and dial those we
-        are not connected to, up to ``max_peers`` connections. Returns the peers dialled."""
-        for peer in self.host.get_connected_peers():
-            await self.dht.add_peer(peer)
-        try:
-            await self.dht.refresh_routing_table()
-        except Exception as exc:  # an unreachable peer during the walk is routine
-            log.debug("routing table refresh failed: %s", exc)
-        dialled = []
-        connected = set(self.host.get_connected_peers())
-        for peer in self.dht.routing_table.get_peer_ids():
-            if len(connected) >= max_peers:
-                break
-            if peer in connected or peer == self.host.get_id() or peer.to_base58() in self.banned:
-                continue
-            try:
-                await self.host.connect(self.host.get_peerstore().peer_info(peer))
-            except Exception as exc:
-                log.debug("cannot dial discovered peer %s: %s", peer, exc)
-                continue
-            connected.add(peer)
-            dialled.append(peer.to_base58())
-        return dialled
+        """More peers than the bootstrap ones, up to ``max_peers`` connections: :func:`.discovery.discover`."""
+        return await discover(self, max_peers)
 
     # -- gossip ----------------------------------------------------------------------------
     def set_validator(self, topic: str, validator: GossipValidator) -> None:
@@ -435,6 +424,8 @@ class P2P:
         after UNANSWERED_AFTER_S (setting it aside) if opening one goes unanswered."""
         if not self.liveness.usable(peer_id):
             raise NetworkError(f"cannot open {protocol} to {peer_id}: the peer is not answering")
+        if self.relays.kind(peer_id) == "none" and self.relays.circuits_to(peer_id):
+            await self.relays.dial(peer_id)  # a node behind NAT: libp2p dials no circuit by itself
         with trio.move_on_after(UNANSWERED_AFTER_S):
             try:
                 raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
@@ -443,6 +434,44 @@ class P2P:
             return Stream(raw, peer_id)
         self.liveness.unanswered(peer_id, f"opening {protocol}")
         raise NetworkError(f"cannot open {protocol} to {peer_id}: no answer in {UNANSWERED_AFTER_S:.0f} s")
+
+
+def _announce_circuits(host, circuit_addrs: Callable[[], list[Multiaddr]]) -> None:
+    """Make ``host.get_addrs()`` (what identify announces) end with our circuit addresses. Its own
+    address pipeline cuts a circuit address at the relay's ``/p2p/`` part (it strips a peer ID
+    before appending ours), so they are appended after it, whole."""
+    addrs = host.get_addrs
+
+    def with_circuits() -> list[Multiaddr]:
+        me = Multiaddr(f"/p2p/{host.get_id()}")
+        return addrs() + [a.encapsulate(me) for a in circuit_addrs()]
+
+    host.get_addrs = with_circuits
+
+
+def _store_dialable_only(peerstore, networks: Callable[[], Networks]) -> None:
+    """Make ``peerstore`` drop the addresses that are not dialable from here (every other way
+    into its address book goes through ``add_addrs``)."""
+    add_addrs = peerstore.add_addrs
+
+    def filtered(peer_id: ID, addrs, ttl: int = 0) -> None:
+        add_addrs(peer_id, dialable_only(addrs, networks()), ttl)
+
+    peerstore.add_addrs = filtered
+
+
+def listener_inodes(node: P2P) -> set[int]:
+    """The inodes of our libp2p listening sockets."""
+    return {socket_inode(listener.socket.fileno()) for tcp in node.host.get_network().listeners.values()
+            for listener in getattr(tcp, "listeners", ())}
+
+
+def check_exclusive(node: P2P) -> None:
+    """NetworkError, in one line, if another socket listens on our libp2p port (:mod:`.listen_port`)."""
+    port = node.listen_port
+    if strangers(port, listener_inodes(node)):
+        raise NetworkError(f"libp2p port {port} is also bound by another process (with SO_REUSEPORT, which "
+                           "splits our inbound connections with it): stop that process or choose another port")
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -475,12 +504,17 @@ async def open_p2p(identity: Identity, host: str, port: int, **kwargs) -> AsyncI
             await stack.enter_async_context(node.host.run(listen_addrs=[Multiaddr(f"/ip4/{host}/tcp/{port}")]))
             if not node.host.get_addrs():  # py-libp2p logs a failed listen and runs on without one
                 raise NetworkError(f"cannot listen on {host}:{port} for libp2p (taken meanwhile?)")
+            check_exclusive(node)
             await stack.enter_async_context(background_trio_service(node.dht))
+            await stack.enter_async_context(background_trio_service(node.relays.protocol))
+            if node.hole_punching:
+                await stack.enter_async_context(background_trio_service(node.relays.hole_punch))
             await node.pubsub.wait_until_ready()
             try:
                 async with trio.open_nursery() as nursery:
                     node._nursery = nursery
                     nursery.start_soon(probe_forever, node.liveness, node.ping)
+                    nursery.start_soon(node.relays.keep_reservations, nursery)
                     try:
                         yield node
                     finally:

@@ -18,12 +18,9 @@ found is this node's (a port forwarded to another libp2p node would pass).
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import logging
 import random
-import socket
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -31,6 +28,8 @@ import trio
 
 from open1b.protocol import Open1bError
 from open1b.protocol.codec import decode, encode
+
+from .dialable import interfaces
 
 if TYPE_CHECKING:
     from .p2p import P2P, Stream
@@ -45,7 +44,7 @@ ASK_TIMEOUT_S = 2 * DIAL_TIMEOUT_S  # a whole request to one peer
 MIN_CONFIRMATIONS = 2  # distinct peers that must agree before a verdict
 ASK_PEERS = 3  # peers asked per check
 CHECK_EVERY_S = 600.0  # how often the node checks again once it has a verdict
-RETRY_UNKNOWN_S = 30.0  # and while it has none (too few peers yet)
+RETRY_UNKNOWN_S = 10.0  # and while it has none (too few peers yet): a node behind NAT reserves on relays once it knows
 MAX_REQUEST = 64
 SERVE_PER_PEER_S = 10.0  # a peer gets at most one dial-back this often
 
@@ -74,17 +73,24 @@ def verdict(answers: list[DialBack]) -> Reachability:
     """The verdict from the dial-backs of distinct peers (the latest answer of each counts)."""
     latest = {a.peer: a for a in answers}
     reached = [a for a in latest.values() if a.reached]
+    from_internet = [a for a in reached if _global(a.host)]
     failed = [a for a in latest.values() if not a.reached]
-    if len(reached) >= MIN_CONFIRMATIONS:
-        where = ", ".join(sorted({a.host for a in reached}))
-        if any(_global(a.host) for a in reached):
-            return Reachability("public", f"{len(reached)} peers dialled back to {where}")
-        return Reachability("private", f"{len(reached)} peers dialled back to {where}, a private-range address: "
-                                       "reachable on that network only, not from the internet")
-    if len(failed) >= MIN_CONFIRMATIONS and not reached:
-        seen = ", ".join(sorted({a.host for a in failed}))
-        return Reachability("private", f"{len(failed)} peers could not dial back to {seen} (behind NAT or a "
-                                       "firewall): this node dials out and pulls, and serves nobody directly")
+    if len(from_internet) >= MIN_CONFIRMATIONS:
+        where = ", ".join(sorted({a.host for a in from_internet}))
+        return Reachability("public", f"{len(from_internet)} peers dialled back to {where}")
+    if len(latest) >= MIN_CONFIRMATIONS and not from_internet:
+        # A peer on our own network reaching us at our LAN address says nothing of the internet:
+        # with the others failing (or none asked from outside), nobody out there can dial us.
+        parts = []
+        if reached:
+            lan = ", ".join(sorted({a.host for a in reached}))
+            parts.append(f"{len(reached)} peers dialled back to {lan}, a private-range address: reachable on "
+                         "that network only, not from the internet")
+        if failed:
+            seen = ", ".join(sorted({a.host for a in failed}))
+            parts.append(f"{len(failed)} peers could not dial back to {seen} (behind NAT or a firewall): this node "
+                         "dials out and pulls, and serves nobody directly")
+        return Reachability("private", "; ".join(parts))
     if not latest:
         return Reachability("unknown", "no peer answered a dial-back request yet")
     return Reachability("unknown", f"{len(reached)} of {len(latest)} peers dialled back; "
@@ -101,18 +107,8 @@ def _global(host: str) -> bool:
 def interface_ipv4s() -> list[str]:
     """This machine's IPv4 interface addresses (what a listener on 0.0.0.0 can be reached at),
     loopback last: it serves only this machine."""
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            try:  # SIOCGIFADDR: the interface's address, as `ip addr` shows it (Linux)
-                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:  # no IPv4 address on it
-                continue
-            found.append(socket.inet_ntoa(answer[20:24]))
-    return sorted(set(found), key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))
-
-
-SIOCGIFADDR = 0x8915
+    found = {str(i.ip) for i in interfaces()}
+    return sorted(found, key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))
 
 
 # -- the asking side --------------------------------------------------------------------------
@@ -167,6 +163,7 @@ class ReachabilityMonitor:
             if found != self.current:
                 log.info("reachability: %s (%s)", found.state, found.reason)
             self.current = found
+            self.p2p.reachability = found.state  # a private node reserves on relays, a public one serves them
             # a public node announces the address peers reached it at (behind a 1:1 NAT, as on most
             # clouds, no interface has it); nobody else's observations of us are announced
             self.p2p.dialled_back_at = {a.host for a in answers if a.reached} if found.state == "public" else set()

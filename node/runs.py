@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -176,6 +177,9 @@ def _source_size(source: Path, blob: RunBlob) -> int:
     return size
 
 
+SOURCES_KEPT = 256
+
+
 @dataclass
 class FetchStats:
     fetched: int = 0  # blobs downloaded and verified
@@ -185,6 +189,9 @@ class FetchStats:
     bad_providers: int = 0  # providers caught serving wrong bytes
     cached: int = 0  # requests answered by the cache
     in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (done, total)
+    # Where the latest fetches came from: {"blob", "path" ("bulk" or "libp2p"), "from" (peers),
+    # "relayed"}; the nat scenario counts checkpoints that crossed a relay from it (must be none)
+    sources: deque = field(default_factory=lambda: deque(maxlen=SOURCES_KEPT))
 
 
 @dataclass(frozen=True)
@@ -362,8 +369,11 @@ class RunFiles:
                 return providers
 
             async def over_libp2p(peers: list[str]) -> Path:
-                return await self.cache.fetch(p2p, blob.digest, peers, progress, size=blob.size,
+                path = await self.cache.fetch(p2p, blob.digest, peers, progress, size=blob.size,
                                               max_size=blob.max_size, on_bad_peer=bad)
+                peer, relayed = self.cache.delivered_by.pop(blob.digest, ("", False))
+                self.stats.sources.append({"blob": blob.name, "path": "libp2p", "from": [peer], "relayed": relayed})
+                return path
 
             try:
                 path = None
@@ -432,6 +442,10 @@ class RunFiles:
                 log.info("checkpoint %d over the bulk path: %s", step, exc)
                 continue
             self.stats.bulk_fetched += 1
+            # a bulk session is a TCP connection we dialled to the provider's own address (never a
+            # circuit address, bulk.find_bulk_peer): it cannot run through a relay
+            self.stats.sources.append({"blob": f"checkpoint {step}", "path": "bulk", "relayed": False,
+                                       "from": sorted(p for p, n in report.bytes_by_peer.items() if n)})
             # Where a fetch's time goes (a small checkpoint's is mostly round trips, not bytes).
             log.info("checkpoint %d over the bulk path: h_k's preimage %.2f s, %d of %d peers' bulk ports %.2f s, "
                      "fetch %.2f s (first verified chunk %s)", step, expected_at - started, len(peers), len(peer_ids),

@@ -86,6 +86,7 @@ class FakeStream:
     receipt; a closed or reset peer is a :class:`NetworkError`, as on libp2p."""
 
     remote_host = None  # in memory: no address a dial-back could reach (node/reachability.py)
+    relayed = False  # in memory: every stream is direct (node/relays.py)
 
     def __init__(self, peer_id: str, send: trio.MemorySendChannel, receive: trio.MemoryReceiveChannel) -> None:
         self.peer_id, self._send, self._receive = peer_id, send, receive
@@ -161,6 +162,19 @@ class FakeNetwork:
         return True
 
 
+class FakeRelays:
+    """``P2P.relays`` on an in-memory network: every connection direct, no relay anywhere."""
+
+    def __init__(self, node: FakeNode) -> None:
+        self.node = node
+
+    def status(self) -> dict:
+        peers = {p: "direct" for p in self.node.connected_peers()}
+        return {"connections": {"direct": len(peers), "relayed": 0}, "peers": peers, "relay_service": False,
+                "relay_requests_refused": 0, "reserved_on": [], "circuits_dialled": 0, "circuit_dials_failed": 0,
+                "hole_punches": {"attempts": 0, "succeeded": 0, "answered": 0}}
+
+
 class FakeNode:
     """A daemon's P2P on a :class:`FakeNetwork`: the surface of ``node/p2p.py``'s ``P2P`` it uses."""
 
@@ -180,6 +194,7 @@ class FakeNode:
         self.stream_handlers: dict[str, object] = {}
         self.provided: list[str] = []
         self._nursery: trio.Nursery | None = None
+        self.relays = FakeRelays(self)
 
     # -- peers ---------------------------------------------------------------------------------
     def connected_peers(self) -> list[str]:

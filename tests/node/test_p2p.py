@@ -163,3 +163,4 @@ def test_a_dht_operation_stuck_on_an_unreachable_peer_ends_at_its_bound():
         return trio.current_time() - started
 
     assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 4 * DHT_OP_TIMEOUT_S
+

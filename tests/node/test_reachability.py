@@ -33,6 +33,11 @@ def test_verdict_needs_two_peers_to_agree_and_says_why():
     # reached only at a private-range address: reachable on that network, not from the internet
     lan = verdict([DialBack("A", "192.168.1.20", True), DialBack("B", "192.168.1.20", True)])
     assert lan.state == "private" and "that network only" in lan.reason
+    # a LAN neighbour reaching us says nothing of the internet, where a peer failed: private
+    home = verdict([DialBack("A", "192.168.1.20", True), DialBack("B", "11.241.1.2", False)])
+    assert home.state == "private" and "that network only" in home.reason and "behind NAT" in home.reason
+    # ... but one internet peer reaching us and one failing is not yet a verdict
+    assert verdict([DialBack("A", "8.8.4.4", True), DialBack("B", "8.8.4.4", False)]).state == "unknown"
     # a peer's latest answer replaces its earlier one: one peer cannot confirm twice
     assert verdict([DialBack("A", "8.8.4.4", True), DialBack("A", "8.8.4.4", True)]).state == "unknown"
 
