@@ -205,7 +205,7 @@ def trace_overhead(preset_name: str) -> dict:
     config, topology = preset.config, preset.topology
     state = init_state(config, 0)
     batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
-    be, traced = cpu_backend(False), HashingBackend(cpu_backend(False))
+    be, traced = cpu_backend(False), HashingBackend(cpu_backend(False, fused=False))  # the trace lists the ops unfused
     plain_state, _ = train_step(state, batch, topology, backend=be)  # compiled before timing
     times = {}
     for name, backend in (("plain", be), ("traced", traced)):

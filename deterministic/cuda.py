@@ -38,6 +38,7 @@ from . import primitives
 from .activation import gelu, gelu_backward
 from .attention import causal_softmax_backward_row, causal_softmax_row, merge_heads_row, split_heads_row
 from .embedding import embed_row, positions_by_token, scatter_add_element
+from .epilogue import ADD, GELU, GELU_BACKWARD, PLAIN, apply_row
 from .jit import DEVICE_FUNCTIONS
 from .loss import cross_entropy_row
 from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT, DENSE
@@ -239,7 +240,7 @@ def _total(acc, r0, r1, upper, count):
 
 
 @cuda.jit
-def matmul_kernel(a, b, out, trans_a, trans_b, structure):
+def matmul_kernel(a, b, out, trans_a, trans_b, structure, epilogue, extra, out2):
     """Register-blocked ``out[bi] = op(a[bi]) @ op(b[bi])``: a block computes MM_BM x MM_BN
     outputs, each thread MM_TM x MM_TN of them (rows ``ty + MM_TY·i``, columns ``tx + MM_TX·j``,
     so a warp's shared reads are broadcasts or consecutive words).
@@ -251,7 +252,9 @@ def matmul_kernel(a, b, out, trans_a, trans_b, structure):
     positions past M or N are +0.0 and never stored. The structure flags
     skip only work whose result is known: tiles wholly above the diagonal (CAUSAL_OUTPUT), chunks
     of A wholly zero after a tile's last row (A_LOWER: trailing zero chunks do not change the
-    tree) or before its first row (A_UPPER: their sum, +0.0, is still pushed)."""
+    tree) or before its first row (A_UPPER: their sum, +0.0, is still pushed). The stored
+    outputs then go through :func:`.epilogue.apply_row` with ``epilogue`` (their elementwise
+    consumer)."""
     m, n = out.shape[1], out.shape[2]
     k = a.shape[1] if trans_a else a.shape[2]
     bi = cuda.blockIdx.z
@@ -263,6 +266,7 @@ def matmul_kernel(a, b, out, trans_a, trans_b, structure):
             for j in range(MM_TN):
                 if row0 + ty + MM_TY * i < m and col0 + tx + MM_TX * j < n:
                     out[bi, row0 + ty + MM_TY * i, col0 + tx + MM_TX * j] = ZERO
+        _apply_epilogue(epilogue, extra, out, out2, bi, row0 + ty, col0 + tx, m, n)
         return
     a_tile = cuda.shared.array(A_TILE, float32)
     b_tile = cuda.shared.array(B_TILE, float32)
@@ -319,6 +323,23 @@ def matmul_kernel(a, b, out, trans_a, trans_b, structure):
             if row < m and col < n:
                 above = structure == CAUSAL_OUTPUT and col > row
                 out[bi, row, col] = ZERO if above else acc[i * MM_TN + j]
+    _apply_epilogue(epilogue, extra, out, out2, bi, row0 + ty, col0 + tx, m, n)
+
+
+@cuda.jit(device=True)
+def _apply_epilogue(epilogue, extra, out, out2, bi, row, col, m, n):
+    """:func:`.epilogue.apply_row` on this thread's outputs (rows ``row + MM_TY·i``, columns
+    ``col + MM_TX·j``), each a run of one, after it has stored their products: its own writes, read
+    back exact. (Applied to ``acc`` instead, the large epilogue body would stop the store loop from
+    unrolling, and ``acc``, indexed at run time, would leave the registers for local memory.)"""
+    if epilogue != PLAIN:
+        for i in range(MM_TM):
+            for j in range(MM_TN):
+                r, c = row + MM_TY * i, col + MM_TX * j
+                if r < m and c < n:
+                    o = out[bi, r, c:c + 1]
+                    apply_row(epilogue, o if epilogue == GELU else extra[bi, r, c:c + 1], o,
+                              out2[bi, r, c:c + 1] if epilogue == GELU else o)  # fmt: skip
 
 
 @cuda.jit
@@ -495,7 +516,7 @@ class CudaBackend:
 
     name = "cuda-simulator" if SIMULATED else "cuda"
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, fused: bool = True) -> None:
         # numba keeps the current context per thread: this backend is used from this thread.
         self.device = cuda.select_device(device) if not SIMULATED else cuda.get_current_device()
         self.index = device
@@ -505,6 +526,8 @@ class CudaBackend:
         self._slot_users: dict[int, Future] = {}
         self._chunk_bounds: dict[tuple, tuple] = {}
         self.live_bytes = self.peak_bytes = 0  # device memory this backend allocated (not numba's caches)
+        self.fused = fused
+        self._no_tensor = self.empty((1, 1, 1))  # the epilogue operand a plain product does not read
 
     def upload(self, a: np.ndarray):
         return self._count(cuda.to_device(np.ascontiguousarray(a)))
@@ -539,16 +562,38 @@ class CudaBackend:
 
     def matmul(self, a, b, trans_a: bool = False, trans_b: bool = False, structure: int = DENSE):
         # The zeros named by A_LOWER/A_UPPER are simply computed here (the same bits).
-        if len(a.shape) == 2:
-            return self.matmul(a.reshape(1, *a.shape), b.reshape(1, *b.shape), trans_a, trans_b, structure).reshape(
-                *self._mm_shape(a.shape, b.shape, trans_a, trans_b))
+        return self._matmul(a, b, trans_a, trans_b, structure, PLAIN, None)[0]
+
+    def matmul_add(self, x, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``add(x, matmul(a, b, …))`` in one kernel (:data:`.epilogue.ADD`)."""
+        return self._matmul(a, b, trans_a, trans_b, DENSE, ADD, x)[0]
+
+    def matmul_gelu(self, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``(u, gelu(u))`` of ``u = matmul(a, b, …)`` in one kernel (:data:`.epilogue.GELU`)."""
+        return self._matmul(a, b, trans_a, trans_b, DENSE, GELU, None)
+
+    def matmul_gelu_backward(self, u, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``gelu_backward(u, matmul(a, b, …))`` in one kernel (:data:`.epilogue.GELU_BACKWARD`)."""
+        return self._matmul(a, b, trans_a, trans_b, DENSE, GELU_BACKWARD, u)[0]
+
+    def _matmul(self, a, b, trans_a, trans_b, structure, epilogue, extra):
+        """``(out, out2)`` of :func:`matmul_kernel` (``out2`` None unless GELU); 2-D or 3-D operands."""
+        flat = len(a.shape) == 2
+        if flat:
+            a, b = a.reshape(1, *a.shape), b.reshape(1, *b.shape)
+            extra = None if extra is None else extra.reshape(1, *extra.shape)
         m, n = self._mm_shape(a.shape[1:], b.shape[1:], trans_a, trans_b)
         if (a.shape[1] if trans_a else a.shape[2]) > MM_MAX_CHUNKS * K_CHUNK:
             raise ValueError(f"matmul: K over {MM_MAX_CHUNKS * K_CHUNK} is not supported on CUDA")
         out = self.empty((a.shape[0], m, n))
+        out2 = self.empty((a.shape[0], m, n)) if epilogue == GELU else None
         grid = (math.ceil(n / MM_BN), math.ceil(m / MM_BM), a.shape[0])
-        matmul_kernel[grid, (MM_TX, MM_TY)](a, b, out, trans_a, trans_b, structure)
-        return out
+        matmul_kernel[grid, (MM_TX, MM_TY)](a, b, out, trans_a, trans_b, structure, epilogue,
+                                            self._no_tensor if extra is None else extra,
+                                            self._no_tensor if out2 is None else out2)  # fmt: skip
+        if flat:
+            return out.reshape(m, n), None if out2 is None else out2.reshape(m, n)
+        return out, out2
 
     @staticmethod
     def _mm_shape(a_shape, b_shape, trans_a, trans_b) -> tuple[int, int]:

@@ -58,6 +58,10 @@ def op_digests(be) -> dict[str, str]:
     out["add"] = _digest(down(be.add(up(x), up(dy))), down(be.plus_zero(up(np.concatenate([x, -0.0 * x])))))
     u = rand(rng, 3, 7, scale=3.0)
     out["gelu"] = _digest(down(be.gelu(up(u))), down(be.gelu_backward(up(u), up(u))))
+    a, w = up(rand(rng, 3, 40)), up(rand(rng, 7, 40))  # the fused epilogues, x·wᵀ with K over one chunk
+    out["matmul_add"] = _digest(down(be.matmul_add(up(u), a, w, False, True)))
+    out["matmul_gelu"] = _digest(*map(down, be.matmul_gelu(a, w, False, True)))
+    out["matmul_gelu_backward"] = _digest(down(be.matmul_gelu_backward(up(u), a, w, False, True)))
     qkv = rand(rng, 8, 12)
     parts = [be.split_heads(up(qkv), i * 4, 4, 4, 2) for i in range(3)]
     out["heads"] = _digest(*map(down, parts), down(be.merge_heads(parts[0], 4, 2)), down(be.merge_qkv(*parts, 4, 2)))
@@ -158,6 +162,7 @@ from tests.deterministic.test_cuda_sim import matmul_digests, op_digests, step_f
 assert SIMULATED
 be = CudaBackend()
 print(json.dumps({"ops": op_digests(be), "matmul": matmul_digests(be), "step": step_fingerprint(be), "name": be.name,
+                  "unfused_step": step_fingerprint(CudaBackend(fused=False)),
                   "probe": be.probe(PROBE_INPUTS).tolist(), "class": device_class(be)}))
 """
 
@@ -178,6 +183,8 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     assert sim["matmul"] == matmul_digests(cpu) == matmul_reference_digests()
     cpu_steps = step_fingerprint(cpu)
     assert [s[:3] for s in sim["step"]] == [s[:3] for s in cpu_steps]  # states, reports and witnesses
+    # The device's fused epilogues (its default) and its separate kernels: the same states and witnesses.
+    assert [s[:3] for s in sim["unfused_step"]] == [s[:3] for s in cpu_steps]
     # On the device: step 1 uploads the host state, the batch and (once per model) the norm's
     # chunk bounds, step 2 only its batch (the state stayed on the device); neither downloads
     # anything but the witness's one pinned copy (not through download) — the state comes back
