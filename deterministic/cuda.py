@@ -17,6 +17,8 @@ A whole step stays on the device (:meth:`CudaBackend.load_state` … :meth:`Cuda
 used by :mod:`.step`): the state lives in immutable device arenas (:class:`StateArena`) that a
 :class:`TrainState` reads back lazily (:class:`DeviceTensors`), the batch goes up once, and the
 gradients with the loss and clip scalars come down once, asynchronously, for the witness.
+Device arrays are leases on a pool (:mod:`.cuda_pool`, ``pool=False`` for numba's allocator):
+from a step's second replay on, nothing is allocated.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, process-wide) the kernels run as Python
 on the CPU and the bodies run as their numpy emulation; the tests use it at tiny sizes to check
@@ -37,6 +39,7 @@ from numba.cuda.core import config as cuda_config
 from . import primitives
 from .activation import gelu, gelu_backward
 from .attention import causal_softmax_backward_row, causal_softmax_row, merge_heads_row, split_heads_row
+from .cuda_pool import DevicePool, gpu_lease, sim_lease
 from .embedding import embed_row, positions_by_token, scatter_add_element
 from .epilogue import ADD, GELU, GELU_BACKWARD, PLAIN, apply_row
 from .jit import DEVICE_FUNCTIONS
@@ -516,7 +519,7 @@ class CudaBackend:
 
     name = "cuda-simulator" if SIMULATED else "cuda"
 
-    def __init__(self, device: int = 0, fused: bool = True) -> None:
+    def __init__(self, device: int = 0, fused: bool = True, pool: bool = True) -> None:
         # numba keeps the current context per thread: this backend is used from this thread.
         self.device = cuda.select_device(device) if not SIMULATED else cuda.get_current_device()
         self.index = device
@@ -525,18 +528,36 @@ class CudaBackend:
         self._slots: list[np.ndarray] = []
         self._slot_users: dict[int, Future] = {}
         self._chunk_bounds: dict[tuple, tuple] = {}
-        self.live_bytes = self.peak_bytes = 0  # device memory this backend allocated (not numba's caches)
+        self.live_bytes = self.peak_bytes = 0  # device memory this backend's arrays hold (not numba's caches)
         self.fused = fused
+        self.pool = (DevicePool(lambda n: np.empty(n, np.uint8), sim_lease) if SIMULATED else
+                     DevicePool(lambda n: cuda.device_array(n, np.uint8), gpu_lease)) if pool else None  # fmt: skip
+        self._unpooled = 0
         self._no_tensor = self.empty((1, 1, 1))  # the epilogue operand a plain product does not read
 
     def upload(self, a: np.ndarray):
-        return self._count(cuda.to_device(np.ascontiguousarray(a)))
+        a = np.ascontiguousarray(a)
+        if self.pool is None:
+            self._unpooled += 1
+            return self._count(cuda.to_device(a))
+        out = self._count(self.pool.array(a.shape, a.dtype))
+        out.copy_to_device(a)
+        return out
 
     def download(self, a) -> np.ndarray:
         return a.copy_to_host()
 
     def empty(self, shape):
-        return self._count(cuda.device_array(shape, np.float32))
+        if self.pool is None:
+            self._unpooled += 1
+            return self._count(cuda.device_array(shape, np.float32))
+        return self._count(self.pool.array(tuple(shape), np.float32))
+
+    @property
+    def allocations(self) -> int:
+        """Device allocations this backend has made: the pool's blocks, or (without a pool) every
+        array (:mod:`.cuda_pool`)."""
+        return self.pool.allocations if self.pool is not None else self._unpooled
 
     def _count(self, array):
         """Account ``array``'s bytes as live until its memory (shared by every view) is freed."""
@@ -714,22 +735,31 @@ class CudaBackend:
     def load_state(self, state: TrainState):
         """The state's arrays on this device: a state this backend produced is already here (its
         arena); another is uploaded as one packed transfer (and kept for the rest of its step)."""
+        # The model's lasting device arrays are made first, so the step's later peak is every
+        # step's: from the second step on, the pool has every block the step needs.
+        self._bounds(tuple(math.prod(shape) for shape in state.config.param_shapes().values()))
+        cached = self._uploaded
+        if cached is not None and cached[0]() is None:  # its state is gone: free (or pool) its arena
+            self._uploaded = cached = None
         if isinstance(state.params, DeviceTensors) and state.params.arena.backend is self:
             return state.params.arena.device_views()
-        cached = self._uploaded
         if cached is not None and cached[0]() is state:
             return cached[1].device_views()
         arena = StateArena.upload(self, state)
         self._uploaded = (weakref.ref(state), arena)
         return arena.device_views()
 
-    def clip_norm(self, grads: list, max_norm: np.float32):
-        sizes = tuple(math.prod(g.shape) for g in grads)
-        if sizes not in self._chunk_bounds:  # a model's shapes: uploaded once, not once per step
+    def _bounds(self, sizes: tuple[int, ...]):
+        """(host, device) chunk bounds of tensors of ``sizes`` for :meth:`clip_norm`: a model's,
+        uploaded once, not once per step."""
+        if sizes not in self._chunk_bounds:
             chunks = [max(1, math.ceil(n / K_CHUNK)) for n in sizes]
             bounds = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
             self._chunk_bounds = {sizes: (bounds, self.upload(bounds))}
-        bounds, device_bounds = self._chunk_bounds[sizes]
+        return self._chunk_bounds[sizes]
+
+    def clip_norm(self, grads: list, max_norm: np.float32):
+        bounds, device_bounds = self._bounds(tuple(math.prod(g.shape) for g in grads))
         partials = self.empty((int(bounds[-1]),))
         for g, lo, hi in zip(grads, bounds[:-1].tolist(), bounds[1:].tolist()):
             chunk_sums_kernel[_blocks(hi - lo), THREADS](g.reshape(-1), True, partials[lo:hi])
