@@ -22,15 +22,21 @@ Sections, in order (the JSON is rewritten after each, so a time-out keeps what w
    (cuBLAS fp32) on the ``small`` and ``gpt-125m`` shapes. Our step is timed in a loop as a trainer
    runs it (state on the device, each witness read one step later, so its hash overlaps the next
    step) and again with the new state read back every step (what a replayer or trainer that
-   hashes every state pays). CUDA events; medians; compile time outside the clock.
-6. ``gpt_1b``: one micro-batch (4 × 2048 tokens) of a ``gpt-1b`` step on the GPU: time, peak device
+   hashes every state pays). CUDA events; medians; compile time outside the clock. Then the
+   ``small`` step again with the fused epilogues off (``small_step_unfused``) and with the memory
+   pool off (``small_step_no_pool``), each as a ratio to the default and with its device
+   allocations a step (issue 32).
+6. ``one_row_device_peak``: two ``gpt-1b-one-row`` steps (one 2048-token row of the ``gpt-1b``
+   model) on a fresh pooled backend: per parameter, the most bytes its arrays held at once, the
+   pool's footprint and the driver's count of used device memory (issue 32's 24 GB target).
+7. ``gpt_1b``: one micro-batch (4 × 2048 tokens) of a ``gpt-1b`` step on the GPU: time, peak device
    memory of the backend's own allocations, against the analytic minimum (parameters, gradients
    and both moments: 16 bytes a parameter), and the whole preset step's time extrapolated.
 
 Exit status: 0 when every bit-identity check passes, 1 on any mismatch, 2 when no GPU is usable.
 Writes bench/results/gpu_check.json. ``--simulate`` runs every section end to end under
 ``NUMBA_ENABLE_CUDASIM=1`` on micro shapes (a tiny model in place of the presets, no torch, no
-``gpt-1b``): it proves the script runs, not any speed.
+``gpt-1b``; section 6 on the micro model): it proves the script runs, not any speed.
 """
 
 from __future__ import annotations
@@ -76,13 +82,14 @@ def shapes(simulate: bool) -> dict:
         small, m125 = PRESETS["small"], PRESETS["gpt-125m"]
         return {"ops": small, "steps": small, "big": Preset(m125.config, Topology(1, 1, 1)),
                 "time_small": small, "time_big": Preset(m125.config, Topology(1, 1, 8)), "replay_preset": "tiny",
-                "gpt_1b": Preset(PRESETS["gpt-1b"].config, Topology(1, 1, 4)), "gpt_1b_full": PRESETS["gpt-1b"]}
+                "gpt_1b": Preset(PRESETS["gpt-1b"].config, Topology(1, 1, 4)), "gpt_1b_full": PRESETS["gpt-1b"],
+                "one_row": PRESETS["gpt-1b-one-row"]}  # fmt: skip
     micro = GPTConfig(vocab_size=256, seq_len=4, d_model=8, n_layers=1, n_heads=2, d_ff=16, norm_eps=1e-5,
                       init_std=0.5, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
     one = Preset(micro, Topology(1, 1, 1))
     PRESETS["sim-micro"] = Preset(micro, Topology(2, 1, 1))  # this process only: a preset the simulator can train
     return {"ops": one, "steps": one, "big": one, "time_small": one, "time_big": one, "replay_preset": "sim-micro",
-            "gpt_1b": None, "gpt_1b_full": None}  # fmt: skip
+            "gpt_1b": None, "gpt_1b_full": None, "one_row": one}  # fmt: skip
 
 
 def batches(preset, steps: int) -> list[np.ndarray]:
@@ -260,6 +267,7 @@ def time_step(preset, gpu, repeats: int, torch_cuda, read_state: bool = False) -
     state, report = train_step(state, steps[0], preset.topology, backend=gpu)  # compile and warm up
     report.witness
     cuda.synchronize()
+    allocations = gpu.allocations
     t = time.perf_counter()
     pending = None
     for _ in range(repeats):
@@ -271,7 +279,8 @@ def time_step(preset, gpu, repeats: int, torch_cuda, read_state: bool = False) -
         pending = report
     pending.witness
     cuda.synchronize()
-    row = {"ours_s": (time.perf_counter() - t) / repeats}
+    row = {"ours_s": (time.perf_counter() - t) / repeats, "allocations_per_step": (gpu.allocations - allocations) / repeats,
+           "fused": gpu.fused, "pool": gpu.pool is not None}  # fmt: skip
     if torch_cuda is not None:
         torch = torch_cuda
         tp = {k: t.detach().cuda().requires_grad_() for k, t in torch_twin.to_torch(
@@ -361,6 +370,42 @@ def gpt_1b(preset, full, gpu) -> dict:
                     "such micro-batches (estimate: that many times this, the update counted each time)"}  # fmt: skip
 
 
+def device_peak(preset, index: int) -> dict:
+    """Two steps of ``preset`` on a fresh pooled backend (the second from the state the first left
+    on the device, as a trainer's loop runs): the most bytes its arrays held at once, the pool's
+    footprint (every block it holds: what the device gives this backend), and the driver's count
+    of used device memory (numba's module and launch caches included), each per parameter."""
+    from numba import cuda
+
+    from open1b.deterministic import init_state, train_step
+    from open1b.deterministic.cuda import SIMULATED, CudaBackend
+
+    be = CudaBackend(index)
+
+    def used() -> int | None:
+        if SIMULATED:
+            return None
+        free, total = cuda.current_context().get_memory_info()
+        return total - free
+
+    before = used()
+    state, n = init_state(preset.config, 0), preset.config.n_params()
+    rows = []
+    for batch in batches(preset, 2):
+        t = time.perf_counter()
+        allocated = be.allocations
+        state, report = train_step(state, batch, preset.topology, backend=be)
+        report.witness
+        cuda.synchronize()
+        after = used()
+        rows.append({"step_s": time.perf_counter() - t, "allocations": be.allocations - allocated,
+                     "live_peak_bytes_per_param": be.peak_bytes / n,
+                     "pool_bytes_per_param": be.pool.pooled_bytes / n,
+                     "device_used_bytes_per_param": None if after is None else (after - before) / n})  # fmt: skip
+    return {"params": n, "tokens": preset.topology.sequences * preset.config.seq_len, "steps": rows,
+            "target": "24 GB device for a gpt-1b step (issue 32): 26 bytes a parameter"}
+
+
 # ---- main ---------------------------------------------------------------------------------------
 
 
@@ -426,11 +471,21 @@ def main() -> int:
         "small_step_reading_state": time_step(plan["time_small"], gpu, repeats, None, read_state=True),
     }
     write(report)
+    # Fused epilogues and the memory pool each off, same process (the kernels are compiled once).
+    from open1b.deterministic.cuda import CudaBackend
+
+    for key, options in (("small_step_unfused", {"fused": False}), ("small_step_no_pool", {"pool": False})):
+        report["timing"][key] = time_step(plan["time_small"], CudaBackend(choice.index, **options), repeats, None)
+        report["timing"][key]["ratio_vs_default"] = report["timing"][key]["ours_s"] / report["timing"]["small_step"]["ours_s"]
+    write(report)
     report["timing"]["matmul"] = (time_matmuls("small", plan["time_small"], gpu, repeats, torch_cuda)
                                   + time_matmuls("gpt-125m", plan["time_big"], gpu, repeats, torch_cuda))  # fmt: skip
     write(report)
     report["timing"]["gpt125m_step"] = time_step(plan["time_big"], gpu, max(2, repeats // 3), torch_cuda)
     write(report)
+    if not args.skip_1b:
+        report["one_row_device_peak"] = device_peak(plan["one_row"], choice.index)
+        write(report)
     if plan["gpt_1b"] is not None and not args.skip_1b:
         report["gpt_1b"] = gpt_1b(plan["gpt_1b"], plan["gpt_1b_full"], gpu)
         write(report)
@@ -438,14 +493,22 @@ def main() -> int:
     write(report)
 
     t = report["timing"]
-    for key in ("small_step", "small_step_reading_state", "gpt125m_step"):
+    for key in ("small_step", "small_step_reading_state", "small_step_unfused", "small_step_no_pool", "gpt125m_step"):
         row = t[key]
         theirs = f"   torch {row['torch_s'] * 1e3:9.3f} ms   ratio {row['ratio_vs_torch']:.2f}" if "torch_s" in row else ""
-        print(f"  {key:<26} ours {row['ours_s'] * 1e3:9.3f} ms{theirs}")
+        versus = f"   ÷ default {row['ratio_vs_default']:.2f}" if "ratio_vs_default" in row else ""
+        print(f"  {key:<26} ours {row['ours_s'] * 1e3:9.3f} ms{theirs}{versus}   "
+              f"{row['allocations_per_step']:.0f} allocations a step")
     for row in t["matmul"]:
         theirs = (f"   cuBLAS {row['cublas_gflops']:9.1f} GFLOP/s   ratio {row['ratio_vs_cublas']:.2f}"
                   if "cublas_gflops" in row else "")  # fmt: skip
         print(f"  matmul {row['model']:<8} {row['what']:<16} ours {row['ours_gflops']:9.1f} GFLOP/s{theirs}")
+    if "one_row_device_peak" in report:
+        last = report["one_row_device_peak"]["steps"][-1]
+        used = last["device_used_bytes_per_param"]
+        print(f"  {'gpt-1b-one-row' if not SIMULATED else 'micro one-row'} step 2: {last['step_s']:.2f} s, "
+              f"{last['allocations']} allocations; bytes/param: live peak {last['live_peak_bytes_per_param']:.1f}, "
+              f"pool {last['pool_bytes_per_param']:.1f}, device used {'-' if used is None else f'{used:.1f}'}")
     if "gpt_1b" in report:
         g = report["gpt_1b"]
         print(f"  gpt-1b micro-batch: {g['step_s']:.2f} s, peak {g['peak_bytes'] / 2**30:.1f} GiB "

@@ -16,7 +16,7 @@ import numpy as np
 from dataclasses import replace
 from typing import Callable
 
-from . import activation, attention, embedding, loss, matmul, norm, optimizer, reduction
+from . import activation, attention, embedding, epilogue, loss, matmul, norm, optimizer, reduction
 from .microbatch import MicroBatch, micro_batches, pack_batch
 from .probes import probe_cpu
 from .reduction import fixed_sum, pairwise_tree
@@ -30,11 +30,14 @@ def read_only(a: np.ndarray) -> np.ndarray:
 
 
 class CpuBackend:
-    """Every op of the model and optimiser on the CPU; ``parallel`` selects the prange kernels."""
+    """Every op of the model and optimiser on the CPU; ``parallel`` selects the prange kernels.
+    ``fused``: :mod:`.gpt` applies a product's elementwise consumer in the matmul's epilogue
+    (:mod:`.epilogue`: the same bits, one pass fewer) instead of as a separate op."""
 
-    def __init__(self, parallel: bool) -> None:
-        self.parallel = parallel
+    def __init__(self, parallel: bool, fused: bool = True) -> None:
+        self.parallel, self.fused = parallel, fused
         self.name = "cpu-parallel" if parallel else "cpu-serial"
+        self._matmul_fused = matmul.MATMUL_FUSED[parallel]
         self._matmul = matmul.MATMUL[parallel]
         self.sum_rows, self._chunk_sums, self.add, self.plus_zero = reduction.KERNELS[parallel]
         self.rmsnorm, self.rmsnorm_backward = norm.KERNELS[parallel]
@@ -61,6 +64,25 @@ class CpuBackend:
         if a.ndim == 3:
             return self._matmul(a, b, trans_a, trans_b, structure)
         return self._matmul(a[None], b[None], trans_a, trans_b, structure)[0]
+
+    def _fused(self, a, b, trans_a, trans_b, kind, extra=None):
+        three = a.ndim == 3
+        a3, b3 = (a, b) if three else (a[None], b[None])
+        e3 = matmul.NO_EXTRA if extra is None else (extra if three else extra[None])
+        out, out2 = self._matmul_fused(a3, b3, trans_a, trans_b, matmul.DENSE, kind, e3)
+        return (out, out2) if three else (out[0], out2[0] if kind == epilogue.GELU else out2)
+
+    def matmul_add(self, x, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``add(x, matmul(a, b, …))`` in one pass (:data:`.epilogue.ADD`)."""
+        return self._fused(a, b, trans_a, trans_b, epilogue.ADD, x)[0]
+
+    def matmul_gelu(self, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``(u, gelu(u))`` of ``u = matmul(a, b, …)`` in one pass (:data:`.epilogue.GELU`)."""
+        return self._fused(a, b, trans_a, trans_b, epilogue.GELU)
+
+    def matmul_gelu_backward(self, u, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``gelu_backward(u, matmul(a, b, …))`` in one pass (:data:`.epilogue.GELU_BACKWARD`)."""
+        return self._fused(a, b, trans_a, trans_b, epilogue.GELU_BACKWARD, u)[0]
 
     def sumsq(self, x: np.ndarray) -> np.float32:
         """``Σ fmul(x, x)`` over the flat array in the fixed order."""
@@ -133,14 +155,14 @@ PARALLEL_MIN_PARAMS = 1_000_000
 """Models from this size up run on the parallel CPU kernels by default; below it, starting
 threads costs more than it saves (the tiny preset's step takes ~10 ms serially). Speed only."""
 
-_CPU: dict[bool, CpuBackend] = {}
+_CPU: dict[tuple[bool, bool], CpuBackend] = {}
 
 
-def cpu_backend(parallel: bool) -> CpuBackend:
+def cpu_backend(parallel: bool, fused: bool = True) -> CpuBackend:
     """The process-wide CPU backend (its kernels compile, or load from the cache, on first use)."""
-    if parallel not in _CPU:
-        _CPU[parallel] = CpuBackend(parallel)
-    return _CPU[parallel]
+    if (parallel, fused) not in _CPU:
+        _CPU[parallel, fused] = CpuBackend(parallel, fused)
+    return _CPU[parallel, fused]
 
 
 def default_backend(config) -> CpuBackend:

@@ -16,7 +16,9 @@ the order of its sum.
 A whole step stays on the device (:meth:`CudaBackend.load_state` … :meth:`CudaBackend.to_state`,
 used by :mod:`.step`): the state lives in immutable device arenas (:class:`StateArena`) that a
 :class:`TrainState` reads back lazily (:class:`DeviceTensors`), the batch goes up once, and the
-gradients with the loss and clip scalars come down once, asynchronously, for the witness.
+gradients with the loss and clip scalars come down, asynchronously, into one pinned buffer for the witness.
+Device arrays are leases on a pool (:mod:`.cuda_pool`, ``pool=False`` for numba's allocator):
+from a step's second replay on, nothing is allocated.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, process-wide) the kernels run as Python
 on the CPU and the bodies run as their numpy emulation; the tests use it at tiny sizes to check
@@ -37,7 +39,9 @@ from numba.cuda.core import config as cuda_config
 from . import primitives
 from .activation import gelu, gelu_backward
 from .attention import causal_softmax_backward_row, causal_softmax_row, merge_heads_row, split_heads_row
+from .cuda_pool import DevicePool, gpu_lease, sim_lease
 from .embedding import embed_row, positions_by_token, scatter_add_element
+from .epilogue import ADD, GELU, GELU_BACKWARD, PLAIN, apply_row
 from .jit import DEVICE_FUNCTIONS
 from .loss import cross_entropy_row
 from .matmul import A_LOWER, A_UPPER, CAUSAL_OUTPUT, DENSE
@@ -239,7 +243,7 @@ def _total(acc, r0, r1, upper, count):
 
 
 @cuda.jit
-def matmul_kernel(a, b, out, trans_a, trans_b, structure):
+def matmul_kernel(a, b, out, trans_a, trans_b, structure, epilogue, extra, out2):
     """Register-blocked ``out[bi] = op(a[bi]) @ op(b[bi])``: a block computes MM_BM x MM_BN
     outputs, each thread MM_TM x MM_TN of them (rows ``ty + MM_TY·i``, columns ``tx + MM_TX·j``,
     so a warp's shared reads are broadcasts or consecutive words).
@@ -251,7 +255,9 @@ def matmul_kernel(a, b, out, trans_a, trans_b, structure):
     positions past M or N are +0.0 and never stored. The structure flags
     skip only work whose result is known: tiles wholly above the diagonal (CAUSAL_OUTPUT), chunks
     of A wholly zero after a tile's last row (A_LOWER: trailing zero chunks do not change the
-    tree) or before its first row (A_UPPER: their sum, +0.0, is still pushed)."""
+    tree) or before its first row (A_UPPER: their sum, +0.0, is still pushed). The stored
+    outputs then go through :func:`.epilogue.apply_row` with ``epilogue`` (their elementwise
+    consumer)."""
     m, n = out.shape[1], out.shape[2]
     k = a.shape[1] if trans_a else a.shape[2]
     bi = cuda.blockIdx.z
@@ -263,6 +269,7 @@ def matmul_kernel(a, b, out, trans_a, trans_b, structure):
             for j in range(MM_TN):
                 if row0 + ty + MM_TY * i < m and col0 + tx + MM_TX * j < n:
                     out[bi, row0 + ty + MM_TY * i, col0 + tx + MM_TX * j] = ZERO
+        _apply_epilogue(epilogue, extra, out, out2, bi, row0 + ty, col0 + tx, m, n)
         return
     a_tile = cuda.shared.array(A_TILE, float32)
     b_tile = cuda.shared.array(B_TILE, float32)
@@ -319,6 +326,23 @@ def matmul_kernel(a, b, out, trans_a, trans_b, structure):
             if row < m and col < n:
                 above = structure == CAUSAL_OUTPUT and col > row
                 out[bi, row, col] = ZERO if above else acc[i * MM_TN + j]
+    _apply_epilogue(epilogue, extra, out, out2, bi, row0 + ty, col0 + tx, m, n)
+
+
+@cuda.jit(device=True)
+def _apply_epilogue(epilogue, extra, out, out2, bi, row, col, m, n):
+    """:func:`.epilogue.apply_row` on this thread's outputs (rows ``row + MM_TY·i``, columns
+    ``col + MM_TX·j``), each a run of one, after it has stored their products: its own writes, read
+    back exact. (Applied to ``acc`` instead, the large epilogue body would stop the store loop from
+    unrolling, and ``acc``, indexed at run time, would leave the registers for local memory.)"""
+    if epilogue != PLAIN:
+        for i in range(MM_TM):
+            for j in range(MM_TN):
+                r, c = row + MM_TY * i, col + MM_TX * j
+                if r < m and c < n:
+                    o = out[bi, r, c:c + 1]
+                    apply_row(epilogue, o if epilogue == GELU else extra[bi, r, c:c + 1], o,
+                              out2[bi, r, c:c + 1] if epilogue == GELU else o)  # fmt: skip
 
 
 @cuda.jit
@@ -495,7 +519,7 @@ class CudaBackend:
 
     name = "cuda-simulator" if SIMULATED else "cuda"
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, fused: bool = True, pool: bool = True) -> None:
         # numba keeps the current context per thread: this backend is used from this thread.
         self.device = cuda.select_device(device) if not SIMULATED else cuda.get_current_device()
         self.index = device
@@ -504,16 +528,36 @@ class CudaBackend:
         self._slots: list[np.ndarray] = []
         self._slot_users: dict[int, Future] = {}
         self._chunk_bounds: dict[tuple, tuple] = {}
-        self.live_bytes = self.peak_bytes = 0  # device memory this backend allocated (not numba's caches)
+        self.live_bytes = self.peak_bytes = 0  # device memory this backend's arrays hold (not numba's caches)
+        self.fused = fused
+        self.pool = (DevicePool(lambda n: np.empty(n, np.uint8), sim_lease) if SIMULATED else
+                     DevicePool(lambda n: cuda.device_array(n, np.uint8), gpu_lease)) if pool else None  # fmt: skip
+        self._unpooled = 0
+        self._no_tensor = self.empty((1, 1, 1))  # the epilogue operand a plain product does not read
 
     def upload(self, a: np.ndarray):
-        return self._count(cuda.to_device(np.ascontiguousarray(a)))
+        a = np.ascontiguousarray(a)
+        if self.pool is None:
+            self._unpooled += 1
+            return self._count(cuda.to_device(a))
+        out = self._count(self.pool.array(a.shape, a.dtype))
+        out.copy_to_device(a)
+        return out
 
     def download(self, a) -> np.ndarray:
         return a.copy_to_host()
 
     def empty(self, shape):
-        return self._count(cuda.device_array(shape, np.float32))
+        if self.pool is None:
+            self._unpooled += 1
+            return self._count(cuda.device_array(shape, np.float32))
+        return self._count(self.pool.array(tuple(shape), np.float32))
+
+    @property
+    def allocations(self) -> int:
+        """Device allocations this backend has made: the pool's blocks, or (without a pool) every
+        array (:mod:`.cuda_pool`)."""
+        return self.pool.allocations if self.pool is not None else self._unpooled
 
     def _count(self, array):
         """Account ``array``'s bytes as live until its memory (shared by every view) is freed."""
@@ -539,16 +583,38 @@ class CudaBackend:
 
     def matmul(self, a, b, trans_a: bool = False, trans_b: bool = False, structure: int = DENSE):
         # The zeros named by A_LOWER/A_UPPER are simply computed here (the same bits).
-        if len(a.shape) == 2:
-            return self.matmul(a.reshape(1, *a.shape), b.reshape(1, *b.shape), trans_a, trans_b, structure).reshape(
-                *self._mm_shape(a.shape, b.shape, trans_a, trans_b))
+        return self._matmul(a, b, trans_a, trans_b, structure, PLAIN, None)[0]
+
+    def matmul_add(self, x, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``add(x, matmul(a, b, …))`` in one kernel (:data:`.epilogue.ADD`)."""
+        return self._matmul(a, b, trans_a, trans_b, DENSE, ADD, x)[0]
+
+    def matmul_gelu(self, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``(u, gelu(u))`` of ``u = matmul(a, b, …)`` in one kernel (:data:`.epilogue.GELU`)."""
+        return self._matmul(a, b, trans_a, trans_b, DENSE, GELU, None)
+
+    def matmul_gelu_backward(self, u, a, b, trans_a: bool = False, trans_b: bool = False):
+        """``gelu_backward(u, matmul(a, b, …))`` in one kernel (:data:`.epilogue.GELU_BACKWARD`)."""
+        return self._matmul(a, b, trans_a, trans_b, DENSE, GELU_BACKWARD, u)[0]
+
+    def _matmul(self, a, b, trans_a, trans_b, structure, epilogue, extra):
+        """``(out, out2)`` of :func:`matmul_kernel` (``out2`` None unless GELU); 2-D or 3-D operands."""
+        flat = len(a.shape) == 2
+        if flat:
+            a, b = a.reshape(1, *a.shape), b.reshape(1, *b.shape)
+            extra = None if extra is None else extra.reshape(1, *extra.shape)
         m, n = self._mm_shape(a.shape[1:], b.shape[1:], trans_a, trans_b)
         if (a.shape[1] if trans_a else a.shape[2]) > MM_MAX_CHUNKS * K_CHUNK:
             raise ValueError(f"matmul: K over {MM_MAX_CHUNKS * K_CHUNK} is not supported on CUDA")
         out = self.empty((a.shape[0], m, n))
+        out2 = self.empty((a.shape[0], m, n)) if epilogue == GELU else None
         grid = (math.ceil(n / MM_BN), math.ceil(m / MM_BM), a.shape[0])
-        matmul_kernel[grid, (MM_TX, MM_TY)](a, b, out, trans_a, trans_b, structure)
-        return out
+        matmul_kernel[grid, (MM_TX, MM_TY)](a, b, out, trans_a, trans_b, structure, epilogue,
+                                            self._no_tensor if extra is None else extra,
+                                            self._no_tensor if out2 is None else out2)  # fmt: skip
+        if flat:
+            return out.reshape(m, n), None if out2 is None else out2.reshape(m, n)
+        return out, out2
 
     @staticmethod
     def _mm_shape(a_shape, b_shape, trans_a, trans_b) -> tuple[int, int]:
@@ -669,22 +735,31 @@ class CudaBackend:
     def load_state(self, state: TrainState):
         """The state's arrays on this device: a state this backend produced is already here (its
         arena); another is uploaded as one packed transfer (and kept for the rest of its step)."""
+        # The model's lasting device arrays are made first, so the step's later peak is every
+        # step's: from the second step on, the pool has every block the step needs.
+        self._bounds(tuple(math.prod(shape) for shape in state.config.param_shapes().values()))
+        cached = self._uploaded
+        if cached is not None and cached[0]() is None:  # its state is gone: free (or pool) its arena
+            self._uploaded = cached = None
         if isinstance(state.params, DeviceTensors) and state.params.arena.backend is self:
             return state.params.arena.device_views()
-        cached = self._uploaded
         if cached is not None and cached[0]() is state:
             return cached[1].device_views()
         arena = StateArena.upload(self, state)
         self._uploaded = (weakref.ref(state), arena)
         return arena.device_views()
 
-    def clip_norm(self, grads: list, max_norm: np.float32):
-        sizes = tuple(math.prod(g.shape) for g in grads)
-        if sizes not in self._chunk_bounds:  # a model's shapes: uploaded once, not once per step
+    def _bounds(self, sizes: tuple[int, ...]):
+        """(host, device) chunk bounds of tensors of ``sizes`` for :meth:`clip_norm`: a model's,
+        uploaded once, not once per step."""
+        if sizes not in self._chunk_bounds:
             chunks = [max(1, math.ceil(n / K_CHUNK)) for n in sizes]
             bounds = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
             self._chunk_bounds = {sizes: (bounds, self.upload(bounds))}
-        bounds, device_bounds = self._chunk_bounds[sizes]
+        return self._chunk_bounds[sizes]
+
+    def clip_norm(self, grads: list, max_norm: np.float32):
+        bounds, device_bounds = self._bounds(tuple(math.prod(g.shape) for g in grads))
         partials = self.empty((int(bounds[-1]),))
         for g, lo, hi in zip(grads, bounds[:-1].tolist(), bounds[1:].tolist()):
             chunk_sums_kernel[_blocks(hi - lo), THREADS](g.reshape(-1), True, partials[lo:hi])
@@ -693,34 +768,34 @@ class CudaBackend:
         return clip
 
     def start_witness(self, loss, grads: dict, order: list[str], clip, rule: str):
-        """Gather the loss, [norm, coef] and the gradients into one device buffer, and start its
-        one asynchronous copy into a pinned host slot; the returned function waits for it (the
-        update kernels launched meanwhile keep the device busy) and hashes in the background.
+        """Start the asynchronous copies of the loss, [norm, coef] and every gradient, each straight
+        into its place in one pinned host slot (no device staging copy: that would be 4 more bytes
+        a parameter on the device); the returned function waits for them (the update kernels
+        launched meanwhile keep the device busy) and hashes in the background.
 
         The witness's chunks are hashed on the host's cores (:mod:`.witness`), not on the device:
         a 1 MiB chunk (run-format §3) is one serial BLAKE2b of 8,192 compressions, so a `small`
         gradient is 69 serial jobs, too few to fill a GPU, each on one GPU thread whose 64-bit
-        rotations are emulated with 32-bit instructions; and the gradients come down in this one
-        transfer anyway, which the update kernels overlap."""
-        sizes = [math.prod(grads[n].shape) for n in order]
-        staging = self.empty((3 + sum(sizes),))
-        staging[0:1].copy_to_device(loss)
-        staging[1:3].copy_to_device(clip)
+        rotations are emulated with 32-bit instructions; and the gradients come down anyway, in
+        copies the update kernels overlap."""
+        shapes = [tuple(grads[n].shape) for n in order]
+        sizes = [math.prod(shape) for shape in shapes]
+        slot = self._free_slot(3 + sum(sizes))
+        stream = cuda.default_stream()
+        loss.copy_to_host(slot[0:1], stream=stream)
+        clip.copy_to_host(slot[1:3], stream=stream)
         offset = 3
         for name, size in zip(order, sizes):
-            staging[offset:offset + size].copy_to_device(grads[name].reshape(-1))
+            grads[name].reshape(size).copy_to_host(slot[offset:offset + size], stream=stream)
             offset += size
-        slot = self._free_slot(staging.shape[0])
-        stream = cuda.default_stream()
-        staging.copy_to_host(slot, stream=stream)
         copied = cuda.event()
         copied.record(stream)
 
         def finish() -> StepScalars:
             copied.synchronize()
             views, offset = {}, 3
-            for name, size in zip(order, sizes):
-                views[name] = slot[offset:offset + size].reshape(grads[name].shape)
+            for name, shape, size in zip(order, shapes, sizes):
+                views[name] = slot[offset:offset + size].reshape(shape)
                 offset += size
             done = witness_async(slot[0], views, order, slot[1], slot[2], rule)
             self._slot_users[id(slot)] = done.witness

@@ -17,6 +17,9 @@ that a kernel may skip work; the results are the full products either way.
 Backward mirrors it in reverse; the residual stream's gradient enters each norm's backward as
 ``dres`` (``dx = dres + dnorm``), and the tied table's gradient is the head's product followed by
 the embedding scatter-add.
+
+A backend with ``fused`` set runs each product whose only consumer is elementwise (the two
+residual adds, the GELU and its backward) as one kernel (:mod:`.epilogue`); the bits are the same.
 """
 
 from __future__ import annotations
@@ -43,12 +46,24 @@ def _layer_forward(x, w: tuple, config: GPTConfig, eps, scale, be, *, full: bool
     q, k, v = (be.split_heads(qkv, i * d, d, seq_len, heads) for i in range(3))
     p = be.causal_softmax(be.matmul(q, k, False, True, CAUSAL_OUTPUT), scale)
     att = be.merge_heads(be.matmul(p, v, False, False, A_LOWER), seq_len, heads)
-    x_mid = be.add(x, be.matmul(att, w_out))
+    x_mid = _residual(be, x, att, w_out)
     h2, rstd2 = be.rmsnorm(x_mid, ln2, eps)
-    u = be.matmul(h2, w_fc)
-    a = be.gelu(u)
-    x_out = be.add(x_mid, be.matmul(a, w_proj)) if full else None
+    if be.fused:
+        u, a = be.matmul_gelu(h2, w_fc)
+    else:
+        u = be.matmul(h2, w_fc)
+        a = be.gelu(u)
+    x_out = _residual(be, x_mid, a, w_proj) if full else None
     return x_out, (x, rstd1, h, q, k, v, p, att, x_mid, rstd2, h2, u, a)
+
+
+# Where a product's only consumer is elementwise, a fused backend applies it in the product's
+# epilogue (:mod:`.epilogue`); the result has the same bits as the two ops spelled out, which
+# are the sequence docs/run-format.md §11 lists (the path a trace producer takes: fused=False).
+
+def _residual(be, x, a, w):
+    """``add(x, a @ w)``."""
+    return be.matmul_add(x, a, w) if be.fused else be.add(x, be.matmul(a, w))
 
 
 def _layer_backward(acts: list, w: tuple, names: tuple, dx, grads: dict, config: GPTConfig, scale, be):
@@ -62,7 +77,10 @@ def _layer_backward(acts: list, w: tuple, names: tuple, dx, grads: dict, config:
     acts.clear()
     # x_out = x_mid + gelu(h2 @ w_fc) @ w_proj
     grads[names[5]] = be.matmul(a, dx, True, False)
-    du = be.gelu_backward(u, be.matmul(dx, w_proj, False, True))
+    if be.fused:
+        du = be.matmul_gelu_backward(u, dx, w_proj, False, True)
+    else:
+        du = be.gelu_backward(u, be.matmul(dx, w_proj, False, True))
     del a, u
     grads[names[4]] = be.matmul(h2, du, True, False)
     dx, dg = be.rmsnorm_backward(x_mid, ln2, rstd2, be.matmul(du, w_fc, False, True), dx)

@@ -21,6 +21,10 @@ Layouts (all float32, C-contiguous, 3-D — a 2-D product is batch 1)::
 
     a: (batch, M, K), or (batch, K, M) with trans_a      b: (batch, K, N), or (batch, N, K) with trans_b
     out: (batch, M, N)
+
+An ``epilogue`` (:mod:`.epilogue`) applies the product's elementwise consumer (a residual add,
+GELU, GELU's backward) to each task's rows while they are in cache: the same bits as the
+separate kernel, one pass fewer over memory.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numba
 import numpy as np
 from numba import njit
 
+from .epilogue import GELU, PLAIN, apply_row, epilogue_reference
 from .jit import CPU_OPTIONS, cpu_kernels
 from .primitives import fadd, ffma
 from .reduction import K_CHUNK, STACK_DEPTH, fixed_sum
@@ -381,7 +386,7 @@ def _build(rows, parallel, mr):
     value has its own compiled code and cache entry)."""
 
     @njit(parallel=parallel, **CPU_OPTIONS)
-    def matmul(a, b, trans_a, trans_b, structure):
+    def matmul(a, b, trans_a, trans_b, structure, epilogue, extra):
         batch = a.shape[0]
         m = a.shape[2] if trans_a else a.shape[1]
         k = a.shape[1] if trans_a else a.shape[2]
@@ -406,6 +411,7 @@ def _build(rows, parallel, mr):
                 for jj in range(cols_here, NR):
                     bp[bi, jp, kk, jj] = _ZERO
         out = np.empty((batch, m, n), np.float32)
+        out2 = np.empty((batch, m, n) if epilogue == GELU else (0, 0, 0), np.float32)
         groups = (row_blocks + GROUP_ROW_BLOCKS - 1) // GROUP_ROW_BLOCKS
         for task in rows(batch * groups):
             bi, g = task // groups, task % groups
@@ -437,7 +443,14 @@ def _build(rows, parallel, mr):
                         for jj in range(min(NR, n - first_col)):
                             above = structure == CAUSAL_OUTPUT and first_col + jj > first_row + ii
                             out[bi, first_row + ii, first_col + jj] = _ZERO if above else tile[ii * NR + jj]
-        return out
+            if epilogue != PLAIN:
+                # The group's rows of the product are final and still in cache: one pass over each
+                # whole row (long runs vectorise; a tile's runs of 16 did not pay for the fusion).
+                for row in range(g * GROUP_ROW_BLOCKS * mr, min((g + 1) * GROUP_ROW_BLOCKS * mr, m)):
+                    out_row = out[bi, row]
+                    apply_row(epilogue, out_row if epilogue == GELU else extra[bi, row], out_row,
+                              out2[bi, row] if epilogue == GELU else out_row)  # fmt: skip
+        return out, out2
 
     return matmul
 
@@ -460,8 +473,28 @@ def _target_features() -> str:
 TILE_ROWS = tile_rows_for(_target_features())
 """The register tile's rows on this machine, chosen once at import (a schedule: no effect on bits)."""
 
-MATMUL_BY_TILE = {mr: cpu_kernels(functools.partial(_build, mr=mr)) for mr in (4, 8)}
-"""``{rows: {False: serial, True: parallel}}``: every tile's kernels (each compiles on first use)."""
+MATMUL_FUSED_BY_TILE = {mr: cpu_kernels(functools.partial(_build, mr=mr)) for mr in (4, 8)}
+"""``{rows: {False: serial, True: parallel}}``: every tile's kernels (each compiles on first use),
+``(a, b, trans_a, trans_b, structure, epilogue, extra) -> (out, out2)``: :mod:`.epilogue`'s
+``epilogue`` applied to each output as it is stored (``extra`` (batch, M, N) read by ``ADD`` and
+``GELU_BACKWARD``; ``out2`` is (0, 0, 0) unless ``GELU``)."""
+
+MATMUL_FUSED = MATMUL_FUSED_BY_TILE[TILE_ROWS]
+"""``{False: serial, True: parallel}``: :data:`MATMUL_FUSED_BY_TILE` for this machine's tile."""
+
+NO_EXTRA = np.empty((0, 0, 0), np.float32)
+"""The ``extra`` operand of an epilogue that reads none."""
+
+
+def _plain(kernel):
+    def matmul(a, b, trans_a, trans_b, structure):
+        return kernel(a, b, trans_a, trans_b, structure, PLAIN, NO_EXTRA)[0]
+
+    return matmul
+
+
+MATMUL_BY_TILE = {mr: {p: _plain(k) for p, k in kernels.items()} for mr, kernels in MATMUL_FUSED_BY_TILE.items()}
+"""The products alone: ``{rows: {parallel: (a, b, trans_a, trans_b, structure) -> out}}``."""
 
 MATMUL = MATMUL_BY_TILE[TILE_ROWS]
 """``{False: serial, True: parallel}`` CPU kernels ``(a, b, trans_a, trans_b, structure) -> out``
@@ -490,3 +523,8 @@ def matmul_reference(a: np.ndarray, b: np.ndarray, trans_a: bool = False, trans_
     if structure == CAUSAL_OUTPUT:
         out = np.where(np.tri(out.shape[1], out.shape[2], dtype=bool), out, np.float32(0))
     return out
+
+
+def matmul_fused_reference(a, b, trans_a, trans_b, epilogue: int, extra=None) -> tuple:
+    """The unfused composition: :func:`matmul_reference`, then :func:`.epilogue.epilogue_reference`."""
+    return epilogue_reference(epilogue, matmul_reference(a, b, trans_a, trans_b), extra)

@@ -119,6 +119,7 @@ class TracingBackend:
         if getattr(inner, "name", "").startswith("cuda"):
             raise TraceError("an op trace is produced on a CPU backend")
         self._inner, self.trace = inner, trace
+        self.fused = False  # the trace lists the ops unfused (run-format §11): gpt.py asks the backend
         self._refs = _Registry()
         self._memo: dict[tuple, list[dict]] = {}
         self._tokens: np.ndarray | None = None  # the micro-batch's tokens, which scatter_add reads again

@@ -25,7 +25,7 @@ def signatures():
     f1, f2, f3, i1 = a(2), a(2, 2), a(2, 2, 2), a(2, dtype=np.int32)
     f32, i64, flag = typeof(F32), typeof(1), typeof(True)
     return {
-        k.matmul_kernel: (f3, f3, f3, flag, flag, i64),
+        k.matmul_kernel: (f3, f3, f3, flag, flag, i64, i64, f3, f3),
         k.embed_kernel: (f2, f2, i1, f2),
         k.scatter_add_kernel: (f2, f2, i1, i1),
         k.rmsnorm_kernel: (f2, f1, f32, f32, f2, f1),

@@ -58,6 +58,10 @@ def op_digests(be) -> dict[str, str]:
     out["add"] = _digest(down(be.add(up(x), up(dy))), down(be.plus_zero(up(np.concatenate([x, -0.0 * x])))))
     u = rand(rng, 3, 7, scale=3.0)
     out["gelu"] = _digest(down(be.gelu(up(u))), down(be.gelu_backward(up(u), up(u))))
+    a, w = up(rand(rng, 3, 40)), up(rand(rng, 7, 40))  # the fused epilogues, x·wᵀ with K over one chunk
+    out["matmul_add"] = _digest(down(be.matmul_add(up(u), a, w, False, True)))
+    out["matmul_gelu"] = _digest(*map(down, be.matmul_gelu(a, w, False, True)))
+    out["matmul_gelu_backward"] = _digest(down(be.matmul_gelu_backward(up(u), a, w, False, True)))
     qkv = rand(rng, 8, 12)
     parts = [be.split_heads(up(qkv), i * 4, 4, 4, 2) for i in range(3)]
     out["heads"] = _digest(*map(down, parts), down(be.merge_heads(parts[0], 4, 2)), down(be.merge_qkv(*parts, 4, 2)))
@@ -120,8 +124,9 @@ def matmul_reference_digests() -> dict[str, str]:
 def step_fingerprint(be) -> list:
     """Two two-rank steps of the micro model (the cross-rank sum included) through ``be``, the
     second from the state the first returned: each state's fingerprint and report's bits (the
-    first step's witness by rule v2, the second's by v1), and the host transfers each step made
-    (``be.upload``/``be.download`` calls)."""
+    first step's witness by rule v2, the second's by v1), the host transfers each step made
+    (``be.upload``/``be.download`` calls) and the device allocations it made (``be.allocations``;
+    0 on the CPU)."""
     transfers = {"upload": 0, "download": 0}
     for kind in transfers:
         method = getattr(be, kind)
@@ -135,11 +140,13 @@ def step_fingerprint(be) -> list:
     try:
         for step in range(2):
             transfers.update(upload=0, download=0)
+            allocated = getattr(be, "allocations", 0)
             state, report = train_step(state, micro_batch(step), MICRO_TOPOLOGY, backend=be,
                                        witness_rule=(WITNESS_TREE, WITNESS_SEQUENTIAL)[step])
             moved = dict(transfers)
             out.append([state_fingerprint(state), _digest(np.float32(report.loss), np.float32(report.grad_norm),
-                                                          np.float32(report.clip_coef)), report.witness.hex(), moved])  # fmt: skip
+                                                          np.float32(report.clip_coef)), report.witness.hex(), moved,
+                        getattr(be, "allocations", 0) - allocated])  # fmt: skip
     finally:
         for kind in transfers:
             delattr(be, kind)
@@ -158,6 +165,7 @@ from tests.deterministic.test_cuda_sim import matmul_digests, op_digests, step_f
 assert SIMULATED
 be = CudaBackend()
 print(json.dumps({"ops": op_digests(be), "matmul": matmul_digests(be), "step": step_fingerprint(be), "name": be.name,
+                  "unfused_unpooled_step": step_fingerprint(CudaBackend(fused=False, pool=False)),
                   "probe": be.probe(PROBE_INPUTS).tolist(), "class": device_class(be)}))
 """
 
@@ -178,6 +186,15 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     assert sim["matmul"] == matmul_digests(cpu) == matmul_reference_digests()
     cpu_steps = step_fingerprint(cpu)
     assert [s[:3] for s in sim["step"]] == [s[:3] for s in cpu_steps]  # states, reports and witnesses
+    # The device's fused epilogues and memory pool (its defaults), and its separate kernels on
+    # numba's allocator: the same states and witnesses.
+    unpooled = sim["unfused_unpooled_step"]
+    assert [s[:3] for s in unpooled] == [s[:3] for s in cpu_steps]
+    # The pool: the first step allocates its blocks, the second nothing; without it, every array
+    # of every step is an allocation.
+    (first, second), (plain_first, plain_second) = [s[4] for s in sim["step"]], [s[4] for s in unpooled]
+    assert first > 0 and second == 0
+    assert plain_first >= plain_second > first
     # On the device: step 1 uploads the host state, the batch and (once per model) the norm's
     # chunk bounds, step 2 only its batch (the state stayed on the device); neither downloads
     # anything but the witness's one pinned copy (not through download) — the state comes back

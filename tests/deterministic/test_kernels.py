@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from open1b.deterministic import activation, attention, embedding, loss, matmul, norm, optimizer
+from open1b.deterministic import activation, attention, embedding, epilogue, loss, matmul, norm, optimizer
 from open1b.deterministic.attention import attention_scale
 
 from .conftest import F, rand, same_bits
@@ -82,6 +82,28 @@ def test_gelu_forward_backward_bitwise(backend):
     dy = rand(rng, 5, 41)
     assert same_bits(backend.gelu(u), activation.gelu_reference(u))
     assert same_bits(backend.gelu_backward(u, dy), activation.gelu_backward_reference(u, dy))
+
+
+@pytest.mark.parametrize("m, k, n, trans_a, trans_b", [(9, 70, 33, False, False), (17, 100, 50, False, True),
+                                                    (5, 32, 7, True, False), (1, 3, 1, True, True)])  # fmt: skip
+def test_fused_epilogues_equal_the_separate_ops_bitwise(backend, m, k, n, trans_a, trans_b):
+    # Each epilogue against its two ops run apart (the unfused path) and against the numpy
+    # reference of that composition, 2-D and batched; GELU's inputs span its saturated tails.
+    rng = np.random.default_rng(m * 100 + k)
+    a = rand(rng, 2, *((k, m) if trans_a else (m, k)), scale=1.5)
+    b = rand(rng, 2, *((n, k) if trans_b else (k, n)), scale=1.5)
+    x, u = rand(rng, 2, m, n), rand(rng, 2, m, n, scale=4.0)
+    product = backend.matmul(a, b, trans_a, trans_b)
+    ref = {kind: matmul.matmul_fused_reference(a, b, trans_a, trans_b, kind, extra)
+           for kind, extra in ((epilogue.ADD, x), (epilogue.GELU, None), (epilogue.GELU_BACKWARD, u))}  # fmt: skip
+    for bi in (slice(None), 0):  # batched, then the 2-D entry point
+        added = backend.matmul_add(x[bi], a[bi], b[bi], trans_a, trans_b)
+        assert same_bits(added, backend.add(x[bi], product[bi])) and same_bits(added, ref[epilogue.ADD][0][bi])
+        got_u, got_a = backend.matmul_gelu(a[bi], b[bi], trans_a, trans_b)
+        assert same_bits(got_u, product[bi]) and same_bits(got_a, backend.gelu(product[bi]))
+        assert same_bits(got_a, ref[epilogue.GELU][1][bi])
+        du = backend.matmul_gelu_backward(u[bi], a[bi], b[bi], trans_a, trans_b)
+        assert same_bits(du, backend.gelu_backward(u[bi], product[bi])) and same_bits(du, ref[epilogue.GELU_BACKWARD][0][bi])
 
 
 def test_heads_split_and_merge_are_exact_copies(backend):

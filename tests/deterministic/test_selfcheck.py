@@ -81,10 +81,10 @@ def test_flush_to_zero_is_refused():
 
 
 class BlasMatmul:
-    """The CPU backend with numpy's (BLAS) matmul: right to ~1e-7, but other bits."""
+    """The CPU backend with numpy's (BLAS) matmul for every product: right to ~1e-7, but other bits."""
 
     def __init__(self):
-        self.inner = cpu_backend(False)
+        self.inner = cpu_backend(False, fused=False)  # unfused: no product bypasses this matmul
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -53,6 +53,21 @@ def test_serial_and_parallel_kernels_give_the_same_bits():
     assert state_fingerprint(serial) == state_fingerprint(parallel)
 
 
+def test_fused_epilogues_give_the_unfused_bits():
+    # The residual adds, GELU and its backward in the products' epilogues (:mod:`.epilogue`)
+    # against the ops spelled out: every tensor of the state and the step's reports.
+    def steps(backend):
+        tokens, state, reports = builtin_dataset(CONFIG), init_state(CONFIG, SEED), []
+        for _ in range(2):
+            state, report = train_step(state, batch_for_step(tokens, SEED, state.step, CONFIG, TOPOLOGY), TOPOLOGY,
+                                       backend=backend)  # fmt: skip
+            reports.append(report)
+        return state_fingerprint(state), reports
+
+    assert cpu_backend(False).fused and not cpu_backend(False, fused=False).fused
+    assert steps(cpu_backend(False)) == steps(cpu_backend(False, fused=False))
+
+
 def test_save_reload_replay_equals_uninterrupted(tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -158,10 +173,13 @@ be = cpu_backend({parallel})
 require_deterministic_machine(be)
 p = PRESETS["tiny"]
 tokens = builtin_dataset(p.config)
-s = init_state(p.config, {seed})
-for _ in range(2):
-    s, _ = train_step(s, batch_for_step(tokens, {seed}, s.step, p.config, p.topology), p.topology, backend=be)
-print(numba.config.CPU_NAME or "host", numba.config.NUMBA_NUM_THREADS, be.name, state_fingerprint(s))
+prints = []
+for backend in (be, cpu_backend({parallel}, fused=False)):
+    s = init_state(p.config, {seed})
+    for _ in range(2):
+        s, _ = train_step(s, batch_for_step(tokens, {seed}, s.step, p.config, p.topology), p.topology, backend=backend)
+    prints.append(state_fingerprint(s))
+print(numba.config.CPU_NAME or "host", numba.config.NUMBA_NUM_THREADS, be.name, *prints)
 """
 
 
@@ -184,7 +202,8 @@ def test_same_bits_on_generic_and_host_cpu_and_1_or_2_threads():
     generic = run_child("generic", 1, parallel=False)
     assert host1[:3] == ["host", "1", "cpu-parallel"] and host2[:3] == ["host", "2", "cpu-parallel"]
     assert generic[:3] == ["generic", "1", "cpu-serial"]
-    assert host1[3] == host2[3] == generic[3] == state_fingerprint(run(init_state(CONFIG, SEED), 2))
+    # Fused epilogues (the default) and the unfused ops, on each: one fingerprint.
+    assert host1[3:] == host2[3:] == generic[3:] == [state_fingerprint(run(init_state(CONFIG, SEED), 2))] * 2
 
 
 def test_witness_hashing_works_in_a_forked_child_after_the_parent_hashed():
