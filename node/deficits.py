@@ -18,6 +18,7 @@ clock stepping back never revives an expired lease here (it would only delay a r
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import Counter
 from typing import Callable, Collection, Iterable
@@ -270,14 +271,19 @@ class Pace:
     def __init__(self) -> None:
         self._seen: dict[tuple[int, bytes], tuple[int, float | None]] = {}
         self._expiry: list[tuple[int, tuple[int, bytes]]] = []  # (arrival, key): oldest first
-        self._typical: tuple[int, float | None] = (-1, None)  # (minute computed, median replay seconds)
+        self._times: list[float] = []  # the replay times of _seen, sorted: the median in O(1)
 
     def arrived(self, key: tuple[int, bytes], at: int, elapsed_s: float | None) -> None:
+        self.left(key)
         self._seen[key] = (at, elapsed_s)
         heapq.heappush(self._expiry, (at, key))
+        if elapsed_s is not None:
+            bisect.insort(self._times, elapsed_s)
 
     def left(self, key: tuple[int, bytes]) -> None:
-        self._seen.pop(key, None)
+        _, elapsed_s = self._seen.pop(key, (None, None))
+        if elapsed_s is not None:
+            del self._times[bisect.bisect_left(self._times, elapsed_s)]
 
     def at(self, now: int) -> tuple[float, float | None]:
         """(attestations per second, 0 when none lately; the median replay time, None when unknown)."""
@@ -286,13 +292,9 @@ class Pace:
                                 or self._seen.get(self._expiry[0][1], (None,))[0] != self._expiry[0][0]):
             at, key = heapq.heappop(self._expiry)
             if self._seen.get(key, (None,))[0] == at:
-                del self._seen[key]
+                self.left(key)
         if not self._seen:
             return 0.0, None
         # Until a whole window has passed, the pace is over the time since the first arrival.
         span = min(PACE_WINDOW_S, now - self._expiry[0][0])
-        minute = now // 60
-        if self._typical[0] != minute:  # a median per minute: a sort per pick would dominate it
-            times = sorted(e for _, e in self._seen.values() if e is not None)
-            self._typical = (minute, times[len(times) // 2] if times else None)
-        return len(self._seen) / max(span, 60), self._typical[1]
+        return len(self._seen) / max(span, 60), self._times[len(self._times) // 2] if self._times else None
