@@ -73,6 +73,7 @@ def coverage_json(cov: Coverage, manifest: RunManifest, earned: Collection[bytes
         "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": f.statement.hex(),
                      "conflicting": f.conflicting.hex(), "reveal": f.reveal.hex() or None} for f in cov.flagged],
         "untrusted": list(cov.untrusted),
+        "device_classes": list(cov.device_classes),
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),
                       "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices),
