@@ -251,7 +251,13 @@ def _preferred_in_bucket(view: DeficitView, order: StepOrder, bucket: int, exclu
     if view.bucket_size(bucket) <= len(order.prefix):
         return order.best(view.bucket_members(bucket), need, exclude)
     hits = order.prefix[view.buckets_of(order.prefix) == bucket]
-    return [s for s in hits.tolist() if s not in exclude][:need]
+    chosen: list[int] = []
+    for s in hits.tolist():  # stop at ``need``: a tier's membership test costs more than the walk
+        if s not in exclude:
+            chosen.append(s)
+            if len(chosen) == need:
+                break
+    return chosen
 
 
 def candidates(

@@ -382,27 +382,32 @@ class Swarm:
         self.index.advance(t)
         while self.recent and self.recent[0].announced <= now - self.horizon:
             self.recent.popleft()
-        # An expired claim counts for nobody, so not holding it changes nothing.
-        lagging = {e.step for e in self.recent
-                   if e.origin != node.idx and (e.attestation or e.expiry > t) and not self.knows(node, e, now)}
-        lagging.update(e.step for e in self.pending.values()
-                       if e.origin != node.idx and e.expiry > t and e.eid not in node.seen)
+        # An expired claim counts for nobody, so not holding it changes nothing. ``unknown``: the
+        # events this node lacks; every other statement on a lagging step it holds (older than
+        # the horizon, its own, or already delivered), so each is judged once per pick.
+        me = node.idx
+        unknown = {e.eid: e.step for e in self.recent
+                   if e.origin != me and (e.attestation or e.expiry > t) and not self.knows(node, e, now)}
+        unknown.update((e.eid, e.step) for e in self.pending.values()
+                       if e.origin != me and e.expiry > t and e.eid not in node.seen)
+        lagging = set(unknown.values())
         node.own = [e for e in node.own if e.expiry > t]
         lagging.update(e.step for e in node.own if e.issued <= t and e.step not in node.done)
         if not lagging:
             return self.index
-        return OverlayView(self.index, {s: self._state_for(node, s, now, t) for s in lagging})
+        return OverlayView(self.index, {s: self._state_for(node, s, unknown, t) for s in lagging})
 
-    def _state_for(self, node: Node, step: int, now: float, t: int) -> planner.StepState:
+    def _state_for(self, node: Node, step: int, unknown: dict[int, int], t: int) -> planner.StepState:
         attesters: set[bytes] = set()
         busy = []
         disputed = False
         for e in self.log.get(step, ()):
+            if e.eid in unknown:
+                continue
             if e.attestation:
-                if self.knows(node, e, now):
-                    attesters.add(e.key)
-                    disputed |= not e.match
-            elif e.key != node.key and e.issued <= t < e.expiry and self.knows(node, e, now):
+                attesters.add(e.key)
+                disputed |= not e.match
+            elif e.key != node.key and e.issued <= t < e.expiry:
                 busy.append(e.key)
         return planner.StepState(planner.step_deficit(self.sc.redundancy, disputed, attesters, busy), disputed,
                                  frozenset(attesters))
