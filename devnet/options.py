@@ -13,7 +13,8 @@ from open1b.protocol import Open1bError
 EVAL_DOCUMENTS = 8  # documents a devnet run with an evaluation schedule holds out (docs/run-format.md §9.1)
 # Faults and adversaries a devnet can inject (node/scenarios.py; docs/reliability.md).
 SCENARIOS = ("tampered-step", "lying-auditor", "copying-auditor", "forged-and-malformed", "sybil", "crash",
-             "partition", "late-joiner", "forged-data", "skipped-update", "forged-microbatch", "refusing-trainer", "nat")
+             "partition", "late-joiner", "forged-data", "skipped-update", "forged-microbatch", "refusing-trainer", "nat",
+             "straggler", "device-classes")
 
 
 class DevnetError(Open1bError):

@@ -176,7 +176,9 @@ class Auditor:
             log.warning("replay of step %d failed: %s", step, failure)
             return
         self.stats.record_replay(self.clock.now() - started)
-        self.estimate.update(self.clock.now() - started)
+        # the replay's own time, as its attestation reports it (elapsed_ms): what the tail rules compare
+        # with the network's typical time, which attestations report the same way (docs/protocol.md §10.1)
+        self.estimate.update(result.elapsed_ms / 1000)
         self.stats.replay_device = self.device = result.device
         self.stats.replayed.append((manifest.run_id.hex(), step))
         await self._attest(manifest, step, result)
