@@ -112,6 +112,9 @@ class Adversary:
         return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], made_up, 1,
                             cpu_device_class())
 
+    def device_class(self) -> str | None:
+        return self.honest.device_class() if self.honest is not None else None
+
     async def run(self, daemon: Daemon) -> None:
         """Misbehaviour of its own, started with the daemon's other tasks."""
 
@@ -143,6 +146,9 @@ class DeclaredDevice(Adversary):
     async def replay(self, manifest, run_dir, step):
         assert self.honest is not None  # set by the daemon before it audits
         return dataclasses.replace(await self.honest.replay(manifest, run_dir, step), device=self.arg)
+
+    def device_class(self) -> str | None:
+        return self.arg
 
 
 class Refuse(Adversary):

@@ -54,6 +54,10 @@ class Replayer(Protocol):
     async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         """Recompute ``step`` of ``manifest`` from the files in ``run_dir``; :class:`ReplayFailed` if it cannot."""
 
+    def device_class(self) -> str | None:
+        """The device class it replays on, once known (None before): the class preference keys on
+        it from the node's first replay on, not only from its second."""
+
 
 class WorkerReplayer:
     """Replays in the separate worker process (:mod:`.worker`), bounded by the config's timeout."""
@@ -63,6 +67,9 @@ class WorkerReplayer:
 
     async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         return await self.worker.replay(run_dir, step, timeout_s=self.timeout_s)
+
+    def device_class(self) -> str | None:
+        return self.worker.device  # from the worker's hello, sent once its device is chosen
 
 
 def hardware_description() -> str:
@@ -113,7 +120,8 @@ class Auditor:
             out += [(manifest, cand, 0) for cand in first]
             out += [(manifest, cand, 1) for cand in planner.plan(index, view.order(run), now=index.now,
                                                                  exclude=done_here | {c.step for c in first},
-                                                                 device=self.device, estimate_s=self.estimate.seconds)]
+                                                                 device=self.device or self.replayer.device_class(),
+                                                                 estimate_s=self.estimate.seconds)]
         return [(m, c) for m, c, _ in sorted(out, key=lambda item: (item[2], item[1].order()))]
 
     # -- 2. claim ------------------------------------------------------------------------------

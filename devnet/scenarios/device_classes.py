@@ -2,9 +2,9 @@
 ``cuda/sm_90`` for its replays (``device=cuda/sm_90``: the CPU computes the same bits). With the
 class preference (docs/protocol.md §10.1) a step's second replay goes preferably to the class
 that has not matched it. The report says how many steps both classes matched; it is not yet every
-step at this size: a node's first replay is planned before it knows its own class, and a node
-whose class matched every step still open takes one rather than idle (the preference reorders
-work, it never skips it). Issue 30 asks for every step; this scenario measures how far it is."""
+step at this size: a node whose class matched every step still open takes one rather than idle
+(the preference reorders work, it never skips it), and at 8 steps the classes' shares of the
+replays are uneven (one auditor may start seconds after the others). Issue 30 asks for every step; this scenario measures how far it is."""
 
 from __future__ import annotations
 

@@ -66,6 +66,10 @@ def test_a_declared_device_is_a_device_class_and_signs_the_honest_bits_under_it(
         async def replay(self, manifest, run_dir, step):
             return honest
 
+        def device_class(self):
+            return honest.device
+
     replayer = declared.replayer(Honest())
+    assert replayer.device_class() == "cuda/sm_90"  # what it plans with before its first replay
     assert trio.run(replayer.replay, None, None, 0) == WorkerResult(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32, 7,
                                                                       "cuda/sm_90")
