@@ -5,6 +5,8 @@ claiming code (open1b.sim), against three baselines in the same simulator.
     .venv/bin/python bench/scale.py sweep         # N in {10, 100, 1000, 10000}, R in {1, 2, 3}
     .venv/bin/python bench/scale.py churn         # nodes leaving and joining
     .venv/bin/python bench/scale.py adversaries   # 10% lazy or lying auditors, forged steps
+    .venv/bin/python bench/scale.py tail          # heterogeneity: equal, incumbent mix, 100x spread (issue 30)
+    .venv/bin/python bench/scale.py reduced --nodes 2000 --steps 16192   # issue 30's row, smaller
     .venv/bin/python bench/scale.py validate      # a real devnet vs the same configuration simulated
     .venv/bin/python bench/scale.py plots         # redraw every PNG from the JSON files
 
@@ -27,6 +29,8 @@ from open1b.sim.hardware import HOUR
 RESULTS = Path(__file__).parent / "results"
 OPEN1B_STEPS = 80_957
 STRATEGIES = ("open1b", "central", "segments", "random", "random-aware")
+# issue 30: open1b without the tail rules and the device-class preference (issue 6's behaviour)
+PLAIN = {"tail": False, "diversity": False}
 LABELS = {"open1b": "open1b (claims, real code)", "central": "central coordinator (ideal)",
           "segments": "incumbent: 100-step segments", "random": "random self-selection (blind)",
           "random-aware": "random self-selection (sees coverage)"}
@@ -69,7 +73,7 @@ def compare(results: dict[str, dict], sc: Scenario) -> dict:
     return {name: {
         "nodes": sc.nodes, "steps": sc.steps, "redundancy": sc.redundancy,
         "replays": r["replays"], "ideal_replays": sc.steps * sc.redundancy, "replay_ratio": r["replay_ratio"],
-        "time_to_full_h": r["time_to_full_h"],
+        "time_to_full_h": r["time_to_full_h"], "two_class_share": r["two_class_share"],
         "time_ratio_vs_central": round(r["time_to_full_h"] / central, 4) if r["time_to_full_h"] else None,
         "time_ratio_vs_lower_bound": round(r["time_to_full_h"] / bound, 4) if r["time_to_full_h"] else None,
     } for name, r in results.items()} | {"lower_bound_h": round(bound, 3)}
@@ -87,29 +91,95 @@ def save(name: str, data: dict) -> Path:
 def flagship(args) -> None:
     base = Scenario(nodes=args.nodes, steps=args.steps, redundancy=2, seed=args.seed)
     results = {}
+    # --reuse-baselines: the baselines that neither claims nor the tail rules touch keep the
+    # numbers of the last run (same seed, machines and schedule: the same results), to save
+    # the hour the blind random baseline takes; open1b and central always run.
+    previous = json.loads((RESULTS / "scale.json").read_text()) if args.reuse_baselines else None
+    reused = [s for s in STRATEGIES if previous and s not in ("open1b", "central")]
     for strategy in STRATEGIES:
+        if strategy in reused:
+            continue
         crypto = "real" if strategy == "open1b" else "stand-in"  # baselines sign nothing
         results[strategy] = run(base.replace(strategy=strategy, crypto=crypto))
+    if not args.reuse_baselines:
+        results["open1b-plain"] = run(base.replace(**PLAIN))
     table = compare(results, base)
+    for strategy in reused:
+        row = dict(previous["baselines"][strategy])
+        row["time_ratio_vs_central"] = round(row["time_to_full_h"] / table["central"]["time_to_full_h"], 4)
+        row["time_ratio_vs_lower_bound"] = round(row["time_to_full_h"] / table["lower_bound_h"], 4)
+        table[strategy] = row | {"reused_from_previous_run": True}
     ours = table["open1b"]
+    capacity = base.describe()["class_capacity"]
+    diverse = sum(1 for share in capacity.values() if share >= 0.2) >= 2
     summary = {
-        "issue": 6,
+        "issue": 6, "issues": [6, 30],
         "nodes": base.nodes, "steps": base.steps, "redundancy": base.redundancy,
         "replays": ours["replays"], "ideal_replays": ours["ideal_replays"], "replay_ratio": ours["replay_ratio"],
         "time_to_full_h": ours["time_to_full_h"], "central_time_to_full_h": table["central"]["time_to_full_h"],
         "time_ratio_vs_central": ours["time_ratio_vs_central"],
         "lower_bound_h": table["lower_bound_h"], "time_ratio_vs_lower_bound": ours["time_ratio_vs_lower_bound"],
+        "two_class_share": ours["two_class_share"], "class_capacity": capacity,
         "target": {"replay_ratio_max": 1.05, "time_ratio_vs_central_max": 1.2,
                    "met": ours["replay_ratio"] <= 1.05 and ours["time_ratio_vs_central"] <= 1.2},
+        # issue 30: against the lower bound, and two device classes per step where >= 2 classes
+        # each hold >= 20 % of the capacity
+        "target_issue30": {"time_ratio_vs_lower_bound_max": 1.2, "replay_ratio_max": 1.05,
+                           "two_class_share_min": 0.95 if diverse else None,
+                           "met": ours["time_ratio_vs_lower_bound"] <= 1.2 and ours["replay_ratio"] <= 1.05
+                           and (not diverse or ours["two_class_share"] >= 0.95)},
         "baselines": {k: v for k, v in table.items() if k not in ("open1b", "lower_bound_h")},
         "open1b_details": {k: results["open1b"][k] for k in (
             "claims_won", "claims_lost", "lease_renewals", "dht_reads", "dht_writes", "claims_verified",
-            "replays_in_flight_at_end", "events", "wall_s")},
+            "replays_in_flight_at_end", "speculative_claims", "events", "wall_s")},
         "scenario": results["open1b"]["scenario"],
-        "curves": {k: r["curve"] for k, r in results.items()},
+        "curves": {k: r["curve"] for k, r in results.items()} | {k: previous["curves"][k] for k in reused},
     }
     save("scale.json", summary)
     plot_flagship(summary)
+
+
+def reduced(args) -> None:
+    """issue 30's row where the full flagship does not fit the time at hand: open1b (tail rules
+    and class preference) against central and the lower bound at --nodes x --steps, kept in
+    scale.json under "issue30" beside the flagship's issue-6 rows (whose scenario it shrinks:
+    same mix, seed, network and R, nodes and steps scaled together)."""
+    base = Scenario(nodes=args.nodes, steps=args.steps, redundancy=2, seed=args.seed)
+    results = {"open1b": run(base.replace(crypto="real")), "central": run(base.replace(strategy="central"))}
+    table = compare(results, base)
+    ours, capacity = table["open1b"], base.describe()["class_capacity"]
+    path = RESULTS / "scale.json"
+    summary = json.loads(path.read_text())
+    summary["issue30"] = {
+        "nodes": base.nodes, "steps": base.steps, "redundancy": base.redundancy,
+        "reduced_from": {"nodes": summary["nodes"], "steps": summary["steps"]},
+        "time_ratio_vs_lower_bound": ours["time_ratio_vs_lower_bound"], "replay_ratio": ours["replay_ratio"],
+        "two_class_share": ours["two_class_share"], "lower_bound_h": table["lower_bound_h"],
+        "time_to_full_h": ours["time_to_full_h"], "central": table["central"], "class_capacity": capacity,
+        "speculative_claims": results["open1b"]["speculative_claims"], "wall_s": round(results["open1b"]["wall_s"], 1),
+    }
+    save("scale.json", summary)
+
+
+def tail(args) -> None:
+    """issue 30: time to full coverage against the lower bound as hardware grows unequal, for
+    open1b with and without its tail rules and device-class preference, and two baselines."""
+    from open1b.sim.hardware import MIXES
+
+    rows = []
+    for name, mix in MIXES.items():
+        base = Scenario(nodes=args.churn_nodes, steps=args.churn_steps, redundancy=2, mix=mix, seed=args.seed)
+        variants = {"open1b": base, "open1b-plain": base.replace(**PLAIN), "central": base.replace(strategy="central"),
+                    "random-aware": base.replace(strategy="random-aware")}
+        results = {k: run(sc) for k, sc in variants.items()}
+        table = compare(results, base)
+        rows.append({"mix": name, "class_capacity": base.describe()["class_capacity"],
+                     "hardware": base.describe()["mix"], "lower_bound_h": table.pop("lower_bound_h"),
+                     "strategies": table,
+                     "open1b": {k: results["open1b"][k] for k in ("speculative_claims", "claims_lost", "wall_s")}})
+    save("scale_tail.json", {"issue": 30, "nodes": args.churn_nodes, "steps": args.churn_steps, "redundancy": 2,
+                             "rows": rows})
+    plot_tail(rows)
 
 
 def sweep(args) -> None:
@@ -319,6 +389,33 @@ def plot_adversaries(rows: list[dict]) -> None:
     plt.close(fig)
 
 
+def plot_tail(rows: list[dict]) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    names = ("open1b", "open1b-plain", "central", "random-aware")
+    colors = COLORS | {"open1b-plain": "tab:cyan"}
+    labels = LABELS | {"open1b": "open1b (tail rules, class preference)", "open1b-plain": "open1b without them"}
+    width = 0.2
+    xs = range(len(rows))
+    for k, name in enumerate(names):
+        at = [x + (k - 1.5) * width for x in xs]
+        axes[0].bar(at, [row["strategies"][name]["time_ratio_vs_lower_bound"] for row in rows], width,
+                    color=colors[name], label=labels[name])
+        axes[1].bar(at, [row["strategies"][name]["two_class_share"] * 100 for row in rows], width, color=colors[name])
+    axes[0].axhline(1.2, color="black", lw=0.8, ls="--")
+    axes[0].set_ylabel("time to full coverage ÷ lower bound")
+    axes[1].set_ylabel("steps matched by ≥ 2 device classes (%)")
+    for ax in axes:
+        ax.set_xticks(list(xs), [row["mix"] for row in rows])
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{rows[0]['strategies']['open1b']['nodes']:,} auditors, "
+                 f"{rows[0]['strategies']['open1b']['steps']:,} steps, R = 2, by hardware mix", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "scale_tail.png")
+    plt.close(fig)
+
+
 def plots(args) -> None:
     if (RESULTS / "scale.json").exists():
         plot_flagship(json.loads((RESULTS / "scale.json").read_text()))
@@ -328,11 +425,14 @@ def plots(args) -> None:
         plot_churn(json.loads((RESULTS / "scale_churn.json").read_text())["rows"])
     if (RESULTS / "scale_adversaries.json").exists():
         plot_adversaries(json.loads((RESULTS / "scale_adversaries.json").read_text())["rows"])
+    if (RESULTS / "scale_tail.json").exists():
+        plot_tail(json.loads((RESULTS / "scale_tail.json").read_text())["rows"])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("experiment", choices=("flagship", "sweep", "churn", "adversaries", "validate", "plots", "all"))
+    parser.add_argument("experiment", choices=("flagship", "sweep", "churn", "adversaries", "tail", "reduced", "validate", "plots",
+                                                   "all"))
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--steps", type=int, default=OPEN1B_STEPS)
     parser.add_argument("--sweep-nodes", type=int, nargs="+", default=[10, 100, 1000, 10_000])
@@ -344,10 +444,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devnet-steps", type=int, default=32)
     parser.add_argument("--devnet-repeats", type=int, default=3)
     parser.add_argument("--reuse-devnets", action="store_true", help="validate: reuse the last devnet measurements")
+    parser.add_argument("--reuse-baselines", action="store_true",
+                        help="flagship: keep segments and the random baselines from the last scale.json")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    todo = ("flagship", "sweep", "churn", "adversaries", "validate") if args.experiment == "all" else (args.experiment,)
+    todo = ("flagship", "sweep", "churn", "adversaries", "tail", "validate") if args.experiment == "all" else (args.experiment,)
     for name in todo:
         say(f"== {name}")
         globals()[name](args)

@@ -21,6 +21,11 @@ Behaviours:
   sync requests with the same bytes, and writes what it sent to ``<data dir>/injected.json``.
 * ``sybil=N`` — mints N fresh keys and publishes, under each, a match for every step at once.
 * ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``).
+* ``straggler=S`` — ``slow=S`` that says so: its replay-time estimate starts at S seconds (a
+  declared speed), so its claims carry an ``expected_done`` S seconds out from the start
+  (docs/protocol.md §10.1; the ``straggler`` scenario).
+* ``device=CLASS`` — honest replays, signed as computed on device class CLASS (the CPU computes
+  the same bits: one machine's devnet gets a second class; the ``device-classes`` scenario).
 * ``refuse``  — honest, but never answers a spot-check challenge of the runs it publishes: it
   reads the request and says nothing until the verifier gives up (``refusing-trainer``).
 * ``forger``  — answers challenges of the forged runs it publishes as their forger would,
@@ -52,6 +57,7 @@ from open1b.node.sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
 from open1b.node.topics import attestations_topic
 from open1b.node.worker import WorkerResult
 from open1b.protocol import (
+    DEVICE_CLASS,
     MATCH,
     MAX_ATTESTATION_SIZE,
     MISMATCH,
@@ -106,6 +112,9 @@ class Adversary:
         return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], made_up, 1,
                             cpu_device_class())
 
+    def device_class(self) -> str | None:
+        return self.honest.device_class() if self.honest is not None else None
+
     async def run(self, daemon: Daemon) -> None:
         """Misbehaviour of its own, started with the daemon's other tasks."""
 
@@ -116,6 +125,30 @@ class Slow(Adversary):
         result = await self.honest.replay(manifest, run_dir, step)
         await trio.sleep(float(self.arg or 3))
         return result
+
+
+class Straggler(Slow):
+    async def replay(self, manifest, run_dir, step):
+        result = await super().replay(manifest, run_dir, step)  # it says how long it really took
+        return dataclasses.replace(result, elapsed_ms=result.elapsed_ms + int(float(self.arg or 3) * 1000))
+
+    async def run(self, daemon: Daemon) -> None:
+        # Before the auditor's first claim: it waits for the network and a run, this does not.
+        daemon.auditor.estimate.update(float(self.arg or 3))
+
+
+class DeclaredDevice(Adversary):
+    def __init__(self, arg: str) -> None:
+        if not DEVICE_CLASS.fullmatch(arg):
+            raise ConfigError(f"device={arg!r}: not a device class (docs/protocol.md §5.2)")
+        super().__init__(arg)
+
+    async def replay(self, manifest, run_dir, step):
+        assert self.honest is not None  # set by the daemon before it audits
+        return dataclasses.replace(await self.honest.replay(manifest, run_dir, step), device=self.arg)
+
+    def device_class(self) -> str | None:
+        return self.arg
 
 
 class Refuse(Adversary):
@@ -387,4 +420,5 @@ async def _serve_garbage(stream, frames: list[bytes]) -> None:
 
 
 BEHAVIOURS: dict[str, type[Adversary]] = {"lie": Lie, "copy": Copy, "spam": Spam, "sybil": Sybil, "slow": Slow,
-                                         "refuse": Refuse, "forger": Forger}
+                                         "refuse": Refuse, "forger": Forger, "straggler": Straggler,
+                                         "device": DeclaredDevice}

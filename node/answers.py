@@ -38,7 +38,7 @@ COVERAGE = {"run": HEX, "steps": COUNT, "redundancy": COUNT, "verified_steps": C
                          "reveal": (HEX, type(None))}],
             "untrusted": [PEER_ID],
             "per_step": [{"step": int, "status": str, "auditors": [PEER_ID], "dissenters": [PEER_ID],
-                          "claimants": [PEER_ID]}]}
+                          "claimants": [PEER_ID], "devices": [str]}]}
 LEADERBOARD = [{"run": HEX, "eval_set": HEX, "rank": MAYBE_INT, "loss": (float, type(None)), "eval_state": MAYBE_INT,
                 "evaluations": {"certified": COUNT, "disputed": COUNT, "unchecked": COUNT}, "replayed": (float, int),
                 "disputed_steps": COUNT, "devices": [str], "reason": str}]

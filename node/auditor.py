@@ -35,6 +35,7 @@ from .judge import Judge
 from .metrics import NodeStats
 from .outbox import Outbox
 from .p2p import NetworkError
+from .planner import ReplayEstimate
 from .planner_view import PlannerView
 from .replay_proof import ReplayProof
 from .runs import NoRoomForRunFiles, RunBlob, RunFilesError, why_not_auditable
@@ -53,6 +54,10 @@ class Replayer(Protocol):
     async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         """Recompute ``step`` of ``manifest`` from the files in ``run_dir``; :class:`ReplayFailed` if it cannot."""
 
+    def device_class(self) -> str | None:
+        """The device class it replays on, once known (None before): the class preference keys on
+        it from the node's first replay on, not only from its second."""
+
 
 class WorkerReplayer:
     """Replays in the separate worker process (:mod:`.worker`), bounded by the config's timeout."""
@@ -62,6 +67,9 @@ class WorkerReplayer:
 
     async def replay(self, manifest: RunManifest, run_dir: Path, step: int) -> WorkerResult:
         return await self.worker.replay(run_dir, step, timeout_s=self.timeout_s)
+
+    def device_class(self) -> str | None:
+        return self.worker.device  # from the worker's hello, sent once its device is chosen
 
 
 def hardware_description() -> str:
@@ -82,6 +90,9 @@ class Auditor:
         self._failed: dict[bytes, set[int]] = {}  # steps whose replay failed here; not retried
         self._fetch_backoff: dict[tuple[bytes, int], float] = {}  # (run, step) -> retry after (clock.now())
         self._no_room = False  # the last fetch found the disk full: said once, not for every step tried
+        # This node's replay time, refined by every replay; claims carry it (docs/protocol.md §10.1).
+        self.estimate = ReplayEstimate()
+        self.device: str | None = None  # the device class of its last replay: the class preference's key
 
     async def serve_auditor(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Audit (when the config says so) until cancelled."""
@@ -107,8 +118,10 @@ class Auditor:
             done_here = done_here | {s for (r, s), t in self._fetch_backoff.items() if r == run and t > now}
             first = planner.pick_first(index, view.order(run), self.judge.spot_failed(run), exclude=done_here)
             out += [(manifest, cand, 0) for cand in first]
-            out += [(manifest, cand, 1) for cand in planner.pick(index, view.order(run),
-                                                                 exclude=done_here | {c.step for c in first})]
+            out += [(manifest, cand, 1) for cand in planner.plan(index, view.order(run), now=index.now,
+                                                                 exclude=done_here | {c.step for c in first},
+                                                                 device=self.device or self.replayer.device_class(),
+                                                                 estimate_s=self.estimate.seconds)]
         return [(m, c) for m, c, _ in sorted(out, key=lambda item: (item[2], item[1].order()))]
 
     # -- 2. claim ------------------------------------------------------------------------------
@@ -117,7 +130,7 @@ class Auditor:
         picked = None
         for manifest, cand in self.next_candidates()[:CLAIM_TRIES]:
             try:
-                claim = await self.claims.try_claim(manifest.run_id, cand)
+                claim = await self.claims.try_claim(manifest.run_id, cand, estimate_s=self.estimate.seconds)
             except NetworkError as exc:  # the DHT did not take the claim: as good as lost, try the next
                 log.info("claiming step %d of run %s failed: %s", cand.step, manifest.run_id.hex()[:12], exc)
                 continue
@@ -171,7 +184,10 @@ class Auditor:
             log.warning("replay of step %d failed: %s", step, failure)
             return
         self.stats.record_replay(self.clock.now() - started)
-        self.stats.replay_device = result.device
+        # the replay's own time, as its attestation reports it (elapsed_ms): what the tail rules compare
+        # with the network's typical time, which attestations report the same way (docs/protocol.md §10.1)
+        self.estimate.update(result.elapsed_ms / 1000)
+        self.stats.replay_device = self.device = result.device
         self.stats.replayed.append((manifest.run_id.hex(), step))
         await self._attest(manifest, step, result)
 

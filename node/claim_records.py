@@ -19,6 +19,7 @@ strict order prefers), before the old one runs out.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol
 
@@ -100,8 +101,12 @@ class ClaimAgent:
         candidates = ([found] if found is not None else []) + list(self.heard(run, step, slot))
         return candidates[select_claim(candidates)] if candidates else None
 
-    async def try_claim(self, run: bytes, cand: planner.Candidate) -> Claim | None:
-        """Claim a free redundancy slot of ``cand.step``; returns our claim if the network shows it."""
+    async def try_claim(self, run: bytes, cand: planner.Candidate, *, estimate_s: float | None = None) -> Claim | None:
+        """Claim a free redundancy slot of ``cand.step``; returns our claim if the network shows it.
+        With ``estimate_s`` (the node's replay-time estimate) the claim carries ``expected_done``.
+        A speculative candidate (:func:`~open1b.node.planner.speculative_candidate`) has one slot
+        more than the step wants, so the same rule lets it take that slot only while all others are
+        held or attested."""
         step, slots, attesters = cand.step, cand.slots, cand.attesters
         now = self.clock()
         records = {s: await self._read(run, step, s) for s in range(slots)}
@@ -109,7 +114,7 @@ class ClaimAgent:
         # short of attesters once others' unfinished live claims are counted?
         busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
                 and c.claimant != self.me and c.claimant not in attesters}
-        if len(attesters) + len(busy) >= slots:
+        if (len(busy) if cand.speculative else len(attesters) + len(busy)) >= slots:
             return None
         slot = planner.free_slot(records, slots, me=self.me, attesters=attesters, now=now)
         if slot is None:
@@ -118,7 +123,9 @@ class ClaimAgent:
         if held is not None and held.claimant == self.me and held.lease_expiry > now + RENEW_MARGIN_S:
             self.won += 1
             return held
-        mine = Claim.create(self.identity, run=run, step=step, slot=slot, issued_at=now, lease_expiry=now + self.lease_s)
+        expected_done = None if estimate_s is None else now + math.ceil(estimate_s)
+        mine = Claim.create(self.identity, run=run, step=step, slot=slot, issued_at=now, lease_expiry=now + self.lease_s,
+                            expected_done=expected_done)
         self.seen(mine)
         key = claim_key(run, step, slot)
         if not await self.board.write(key, mine.encoded):
@@ -141,7 +148,7 @@ class ClaimAgent:
         order prefers (someone retook it — we keep replaying; at worst that is a duplicate)."""
         now = self.clock()
         fresh = Claim.create(self.identity, run=claim.run, step=claim.step, slot=claim.slot, issued_at=now,
-                             lease_expiry=now + self.lease_s)
+                             lease_expiry=now + self.lease_s, expected_done=claim.expected_done)
         self.seen(fresh)
         if not await self.board.write(claim_key(claim.run, claim.step, claim.slot), fresh.encoded):
             return None

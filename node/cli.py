@@ -333,9 +333,20 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
                    + (f"; this node does not spot check it: {spot['not_spot_checked_because']}"
                       if spot.get("not_spot_checked_because") else "")]
                   if spot else [])  # fmt: skip
-        return "\n".join([head, trust, *escape, *flags, _table(rows), *([_table(evals)] if len(evals) > 1 else [])])
+        classes = [_classes_line(c, args.min_classes)] if args.min_classes else []
+        return "\n".join([head, trust, *classes, *escape, *flags, _table(rows),
+                          *([_table(evals)] if len(evals) > 1 else [])])
 
-    return CommandResult(cov, render)
+    # --min-classes: an operator's policy (docs/protocol.md §10.1); exit 2 like an incomplete run
+    short = [s["step"] for s in cov["per_step"] if len(set(s["devices"])) < args.min_classes]
+    return CommandResult(cov, render, 2 if args.min_classes and short else 0)
+
+
+def _classes_line(c: dict, n: int) -> str:
+    short = [s["step"] for s in c["per_step"] if len(set(s["devices"])) < n]
+    return (f"device classes: {', '.join(sorted({d for s in c['per_step'] for d in s['devices']})) or 'none'}; "
+            f"{len(short)} of {len(c['per_step'])} steps matched by fewer than {n}"
+            + (f" (first: {', '.join(map(str, short[:8]))})" if short else ""))
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> CommandResult:
@@ -646,6 +657,8 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("coverage", parents=[client], help="a run's coverage, from any running node")
     c.add_argument("run", help="run id (hex; a unique prefix is enough)")
     c.add_argument("--redundancy", type=int, help="target to judge completeness by (default: the node's)")
+    c.add_argument("--min-classes", type=int, default=0, metavar="N",
+                   help="require every step matched by N distinct device classes (exit 2 if not)")
     c.set_defaults(func=cmd_coverage)
 
     sub.add_parser("leaderboard", parents=[client],

@@ -18,13 +18,14 @@ clock stepping back never revives an expired lease here (it would only delay a r
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import Counter
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 import numpy as np
 
-from .planner import StepState, bucket_count, bucket_of, step_deficit
+from .planner import PACE_WINDOW_S, StepState, Tail, bucket_count, bucket_of, step_deficit
 
 # Called with (step, old bucket, new bucket) whenever a step changes bucket.
 BucketListener = Callable[[int, int, int], None]
@@ -54,14 +55,30 @@ class DeficitIndex:
         self._members: list[set[int]] = [set() for _ in range(bucket_count(redundancy))]
         self._members[start] = set(range(steps))
         self.mine: set[int] = set()  # steps ``me`` attested
+        self._matched_by: dict[str, set[int]] = {}  # device class -> steps it matched
+        self._open_replays = steps * redundancy  # sum of the positive deficits
+        self._pace = Pace()  # when each counted attester arrived, and the replay time it reported
+        self._expected: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its claim's expected_done
+        # Steps that wait on live claims alone (_straggling_after), latest first: (-when, step);
+        # an entry is stale unless _straggler still maps its step to that time.
+        self._straggler: dict[int, int] = {}
+        self._late: list[tuple[int, int]] = []
 
     # -- ingest ------------------------------------------------------------------------------
-    def add_attestation(self, step: int, signer: bytes, match: bool) -> None:
+    def add_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None,
+                        elapsed_s: float | None = None, at: int | None = None) -> None:
+        """``device`` and ``elapsed_s``: the attestation's device class and replay time, for the class
+        preference and the tail rules; ``at``: when it was issued (arrivals count at ``now`` or
+        earlier, so an index built from the store on restart sees the pace the network had)."""
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
         attesters = self._attesters.setdefault(step, Counter())
         changed = signer not in attesters
         attesters[signer] += 1
+        if changed:
+            self._pace.arrived((step, signer), self.now if at is None else min(at, self.now), elapsed_s)
+        if match and device is not None:
+            self._matched_by.setdefault(device, Counter())[step] += 1
         if not match:
             changed |= not self._mismatches[step]
             self._mismatches[step] += 1
@@ -70,7 +87,7 @@ class DeficitIndex:
         if changed:
             self._update(step)
 
-    def remove_attestation(self, step: int, signer: bytes, match: bool) -> None:
+    def remove_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None) -> None:
         """One attestation added before stops counting (its key was flagged, a reveal disproves it,
         trust in its key was lost). Our own are never removed: ``mine`` keeps the step."""
         attesters = self._attesters.get(step)
@@ -80,8 +97,14 @@ class DeficitIndex:
         changed = not attesters[signer]
         if changed:
             del attesters[signer]
+            self._pace.left((step, signer))
             if not attesters:
                 del self._attesters[step]
+        if match and device is not None:
+            matched = self._matched_by[device]
+            matched[step] -= 1
+            if not matched[step]:
+                del matched[step]
         if not match:
             self._mismatches[step] -= 1
             if not self._mismatches[step]:
@@ -90,11 +113,14 @@ class DeficitIndex:
         if changed:
             self._update(step)
 
-    def add_claim(self, step: int, claimant: bytes, issued_at: int, lease_expiry: int) -> None:
+    def add_claim(self, step: int, claimant: bytes, issued_at: int, lease_expiry: int,
+                  expected_done: int | None = None) -> None:
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
         if claimant == self.me or lease_expiry <= self.now or lease_expiry <= issued_at:
             return  # our own claims never make a step busy for us; a lease already over never will
+        if expected_done is not None:
+            self._expected[(step, claimant)] = expected_done
         leases = self._claims.setdefault(step, {}).setdefault(claimant, set())
         if (issued_at, lease_expiry) in leases:
             return
@@ -126,6 +152,7 @@ class DeficitIndex:
                 by_claimant[claimant] = leases
             else:
                 del by_claimant[claimant]
+                self._expected.pop((step, claimant), None)
         if not by_claimant:
             del self._claims[step]
 
@@ -136,7 +163,16 @@ class DeficitIndex:
 
     def _update(self, step: int) -> None:
         disputed = step in self._mismatches
-        deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), self._busy(step))
+        busy = self._busy(step)
+        deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), busy)
+        when = self._straggling_after(step, busy)
+        if when != self._straggler.get(step):
+            if when is None:
+                del self._straggler[step]
+            else:
+                self._straggler[step] = when
+                heapq.heappush(self._late, (-when, step))
+        self._open_replays += max(deficit, 0) - max(int(self._deficit[step]), 0)
         self._deficit[step] = deficit
         new = bucket_of(deficit, disputed, self.redundancy)
         old = int(self._bucket[step])
@@ -175,9 +211,90 @@ class DeficitIndex:
     def state(self, step: int) -> StepState:
         return StepState(int(self._deficit[step]), step in self._mismatches, self.attesters(step))
 
+    # -- the tail (planner.StragglerView) and device classes (planner.DiversityView) -----------
+    def tail(self) -> Tail:
+        pace, typical = self._pace.at(self.now)
+        return Tail(self._open_replays, pace, typical)
+
+    def _straggling_after(self, step: int, busy: list[bytes]) -> int | None:
+        """When ``step`` would be complete by its live claims' ``expected_done``, if it waits on
+        them alone: every attester it still wants is a live claim by a node that has not attested
+        (a claim without ``expected_done`` counts as done now), and no more such claims are live
+        than it wants — with one more (the speculative slot) taken, nobody may add another: the
+        bound. None otherwise."""
+        attesters = self._attesters.get(step, ())
+        slots = self.redundancy + 1 if step in self._mismatches else self.redundancy
+        need = slots - len(attesters)
+        unfinished = [c for c in busy if c not in attesters]
+        if need <= 0 or not need <= len(unfinished) <= slots:
+            return None
+        return sorted(self._expected.get((step, c), 0) for c in unfinished)[need - 1]
+
+    def stragglers(self, after: int, exclude: Collection[int], limit: int) -> list[int]:
+        out: list[int] = []
+        kept = []
+        while len(out) < limit and self._late and -self._late[0][0] > after:
+            neg, step = heapq.heappop(self._late)
+            if self._straggler.get(step) != -neg:
+                continue  # stale: the step's claims changed since
+            kept.append((neg, step))
+            if step not in exclude:
+                out.append(step)
+        for item in kept:
+            heapq.heappush(self._late, item)
+        return out
+
+    def straggling(self, step: int) -> int | None:
+        """When ``step`` would be complete by its live claims, if it waits on them alone."""
+        return self._straggler.get(step)
+
+    def matched_by(self, device: str) -> Collection[int]:
+        return self._matched_by.get(device, set())
+
+    def attested_steps(self) -> Collection[int]:
+        return self._attesters.keys()
+
     def open_count(self) -> int:
         return sum(len(m) for m in self._members[1:])
 
     def complete(self) -> bool:
         """Every step has at least ``redundancy`` distinct attesters (as ``Coverage.complete``)."""
         return len(self._attesters) == self.steps and all(len(a) >= self.redundancy for a in self._attesters.values())
+
+
+class Pace:
+    """How fast the network attests, and its typical replay time, over the last PACE_WINDOW_S:
+    every counted attester's arrival (step, signer) with the replay time it reported. One that
+    stops counting (:meth:`DeficitIndex.remove_attestation`) leaves the pace too, so a flagged
+    key's burst never speeds it up."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, bytes], tuple[int, float | None]] = {}
+        self._expiry: list[tuple[int, tuple[int, bytes]]] = []  # (arrival, key): oldest first
+        self._times: list[float] = []  # the replay times of _seen, sorted: the median in O(1)
+
+    def arrived(self, key: tuple[int, bytes], at: int, elapsed_s: float | None) -> None:
+        self.left(key)
+        self._seen[key] = (at, elapsed_s)
+        heapq.heappush(self._expiry, (at, key))
+        if elapsed_s is not None:
+            bisect.insort(self._times, elapsed_s)
+
+    def left(self, key: tuple[int, bytes]) -> None:
+        _, elapsed_s = self._seen.pop(key, (None, None))
+        if elapsed_s is not None:
+            del self._times[bisect.bisect_left(self._times, elapsed_s)]
+
+    def at(self, now: int) -> tuple[float, float | None]:
+        """(attestations per second, 0 when none lately; the median replay time, None when unknown)."""
+        # pop the arrivals out of the window, and the heads that left or arrived again since
+        while self._expiry and (self._expiry[0][0] <= now - PACE_WINDOW_S
+                                or self._seen.get(self._expiry[0][1], (None,))[0] != self._expiry[0][0]):
+            at, key = heapq.heappop(self._expiry)
+            if self._seen.get(key, (None,))[0] == at:
+                self.left(key)
+        if not self._seen:
+            return 0.0, None
+        # Until a whole window has passed, the pace is over the time since the first arrival.
+        span = min(PACE_WINDOW_S, now - self._expiry[0][0])
+        return len(self._seen) / max(span, 60), self._times[len(self._times) // 2] if self._times else None

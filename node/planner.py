@@ -24,6 +24,7 @@ tests check that :func:`pick` over an incremental index (:mod:`.deficits`) agree
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Collection, Iterable, Mapping, Protocol
 
@@ -164,24 +165,52 @@ class Candidate:
     score: int  # this node's preference score for the step (lower first)
     slots: int  # redundancy slots of the step: attesters wanted in all (R, or R+1 if disputed)
     attesters: frozenset[bytes]
+    speculative: bool = False  # a claim on the step's speculative slot (speculative_candidate)
 
     def order(self) -> tuple[bool, int, int, int]:
         return (not self.disputed, -self.deficit, self.score, self.step)
 
 
-def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = frozenset(), limit: int = 4) -> list[Candidate]:
+def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = frozenset(), limit: int = 4,
+         device: str | None = None) -> list[Candidate]:
     """Up to ``limit`` steps this node should try to claim, best first (the order of
     :meth:`Candidate.order`). ``exclude``: steps the node must not take (it attested them, or
-    its replay failed)."""
+    its replay failed).
+
+    With ``device`` (this node's device class, and ``view`` a :class:`DiversityView`), a step's
+    second and later replays go preferably to a class that has not matched it yet: within a
+    bucket that can hold attested steps, first the steps some *other* class matched, then those
+    nobody attested yet (their first replay is in flight, its class unknown), and the steps
+    this class already matched last. Tiers only reorder a bucket, never skip work."""
     out: list[Candidate] = []
+    r = view.redundancy
     for bucket in view.open_buckets():
-        for step in _best_in_bucket(view, order, bucket, exclude, limit - len(out)):
+        need = limit - len(out)
+        disputed = bucket > r + 1
+        deficit = bucket - (r + 1) if disputed else bucket
+        if device is None or deficit >= wanted(disputed, r):
+            chosen = _best_in_bucket(view, order, bucket, exclude, need)
+        else:
+            same, attested = view.matched_by(device), view.attested_steps()  # type: ignore[attr-defined]
+            chosen = []
+            for tier in (_Unless(exclude, same, keep=attested), _Unless(exclude, same)):
+                chosen += _preferred_in_bucket(view, order, bucket, _Unless(tier, chosen), need - len(chosen))
+            if len(chosen) < need:
+                chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen), need - len(chosen))
+        for step in chosen:
             s = view.state(step)
-            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, view.redundancy),
-                                 s.attesters))
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, r), s.attesters))
         if len(out) >= limit:
             break
     return out
+
+
+class DiversityView(DeficitView, Protocol):
+    def matched_by(self, device: str) -> Collection[int]:
+        """Steps some attester of class ``device`` matched."""
+
+    def attested_steps(self) -> Collection[int]:
+        """Steps with at least one attester."""
 
 
 def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
@@ -210,6 +239,25 @@ def _best_in_bucket(view: DeficitView, order: StepOrder, bucket: int, exclude: C
                     # these are the bucket's best.
                     return chosen
     return order.best(view.bucket_members(bucket), need, exclude)
+
+
+def _preferred_in_bucket(view: DeficitView, order: StepOrder, bucket: int, exclude: Collection[int], need: int) -> list[int]:
+    """The best of a bucket's members not in ``exclude`` among the node's prefix, or among all of
+    them if the bucket is no larger than the prefix: a preference costs O(PREFIX) per pick, never
+    O(bucket) (a tier can be empty, e.g. when one class did every replay, and scanning a large
+    bucket to find that out would dominate the pick)."""
+    if need <= 0:
+        return []
+    if view.bucket_size(bucket) <= len(order.prefix):
+        return order.best(view.bucket_members(bucket), need, exclude)
+    hits = order.prefix[view.buckets_of(order.prefix) == bucket]
+    chosen: list[int] = []
+    for s in hits.tolist():  # stop at ``need``: a tier's membership test costs more than the walk
+        if s not in exclude:
+            chosen.append(s)
+            if len(chosen) == need:
+                break
+    return chosen
 
 
 def candidates(
@@ -264,3 +312,118 @@ def free_slot(records: Mapping[int, Claim | None], slots: int, *, me: bytes, att
 
 def winner(claims: list[Claim]) -> Claim:
     return claims[select_claim(claims)]
+
+
+# -- straggler-aware claiming (docs/protocol.md §10.1, docs/scale.md "The tail") ---------------
+# A replay-time estimate follows the node's measured replays with this weight on the newest.
+ESTIMATE_WEIGHT = 0.3
+# The window over which a node measures the network's pace (attestations per second).
+PACE_WINDOW_S = 3600
+# A node leaves open work to faster ones, or takes a straggler's step speculatively, only when
+# it is this many times faster or slower than what the alternative would take: a margin for
+# estimates that are off (replays vary by ±10 % in the simulator) and for nodes of equal speed.
+TAIL_MARGIN = 1.5
+
+
+class ReplayEstimate:
+    """How long this node takes to replay one step: an exponentially weighted mean of its
+    measured replays (None until the first is measured, so a new node plans like a fast one)."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds
+
+    def update(self, measured_s: float) -> None:
+        if self.seconds is None:
+            self.seconds = float(measured_s)
+        else:
+            self.seconds += ESTIMATE_WEIGHT * (measured_s - self.seconds)
+
+    def expected_done(self, now: int) -> int | None:
+        """What this node's claims carry as ``expected_done`` when it starts a replay at ``now``."""
+        return None if self.seconds is None else now + math.ceil(self.seconds)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What a node knows of the run's end: the replays still unclaimed, how fast the network
+    attests (per second, over the last PACE_WINDOW_S; 0 when unknown), and the median replay
+    time its attestations reported over that window (``elapsed_ms``; None when unknown)."""
+
+    open_replays: int
+    pace: float
+    typical_s: float | None
+
+    def deadline(self, now: int) -> float:
+        """When a step this node leaves open is expected to be attested by another: once the
+        open work ahead of it is claimed at the current pace, plus a typical replay. Infinite
+        when either is unknown (nothing attested lately), so that a network of slow nodes alone
+        still claims. The median, not the least, replay time: a few attesters that lie about
+        their speed cannot move it."""
+        if self.typical_s is None or (self.open_replays and self.pace <= 0):
+            return math.inf
+        return now + (self.open_replays / self.pace if self.open_replays else 0.0) + self.typical_s
+
+
+def meets_deadline(estimate_s: float | None, tail: Tail, now: int) -> bool:
+    """Whether a node whose replay takes ``estimate_s`` should claim open work now: unless it
+    would need more than TAIL_MARGIN times the time until the run is expected to be covered
+    anyway. Such a node would hold the last steps while faster ones sit idle; it waits instead
+    (and claims again once the pace drops, e.g. when the fast nodes leave). A node without an
+    estimate always claims."""
+    return estimate_s is None or now + estimate_s <= now + TAIL_MARGIN * (tail.deadline(now) - now)
+
+
+def speculate_after(estimate_s: float, now: int) -> int:
+    """An idle node may take the speculative slot of a step whose holder expects to be done
+    after this: it would finish sooner even if its replay took TAIL_MARGIN times its estimate."""
+    return now + math.ceil(TAIL_MARGIN * estimate_s)
+
+
+def speculative_candidate(view: "StragglerView", step: int) -> Candidate:
+    """A claim on ``step`` beyond the slots it wants: one slot more, which
+    :meth:`ClaimAgent.try_claim <open1b.node.claim_records.ClaimAgent.try_claim>` takes while
+    fewer live claims than slots are unfinished (a slot whose claimant attested is free again) —
+    so at most one speculative replay runs per step at a time."""
+    s = view.state(step)
+    return Candidate(step, s.deficit, s.disputed, 0, wanted(s.disputed, view.redundancy) + 1, s.attesters, True)
+
+
+class StragglerView(DeficitView, Protocol):
+    def tail(self) -> Tail: ...
+
+    def stragglers(self, after: int, exclude: Collection[int], limit: int) -> list[int]:
+        """Up to ``limit`` steps not in ``exclude`` that wait on live claims only, no more of
+        them than the step wants, and would not be complete before ``after`` by the claims'
+        ``expected_done``: latest first."""
+
+
+# -- hardware diversity --------------------------------------------------------------------------
+class _Unless:
+    """Membership in ``exclude``, or not in ``keep`` (for the tiers of :func:`pick`)."""
+
+    __slots__ = ("exclude", "keep", "also")
+
+    def __init__(self, exclude: Collection[int], also: Collection[int] = (), keep: Collection[int] | None = None) -> None:
+        self.exclude, self.also, self.keep = exclude, also, keep
+
+    def __contains__(self, step: object) -> bool:
+        return step in self.exclude or step in self.also or (self.keep is not None and step not in self.keep)
+
+
+def plan(view: DeficitView, order: StepOrder, *, now: int, exclude: Collection[int] = frozenset(), limit: int = 4,
+         device: str | None = None, estimate_s: float | None = None, tail: bool = True) -> list[Candidate]:
+    """What the daemon and the simulator both ask: :func:`pick`, under the tail rules when
+    ``tail`` (and ``view`` is a :class:`StragglerView`): nothing unless this node meets the
+    deadline (:func:`meets_deadline`); then open work, or if there is none for it, the
+    speculative slots of the latest stragglers it would beat (:func:`speculate_after`)."""
+    tail_of = getattr(view, "tail", None) if tail else None
+    if tail_of is None:
+        return pick(view, order, exclude=exclude, limit=limit, device=device)
+    if not meets_deadline(estimate_s, tail_of(), now):
+        return []  # faster nodes will take the open work and the stragglers sooner
+    cands = pick(view, order, exclude=exclude, limit=limit, device=device)
+    if cands or estimate_s is None:
+        return cands
+    late = view.stragglers(  # type: ignore[attr-defined]
+        speculate_after(estimate_s, now), exclude, limit)
+    return [speculative_candidate(view, step) for step in late]

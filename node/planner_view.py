@@ -60,7 +60,7 @@ class PlannerView:
         for att in self.store.attestations(run):
             self._judge(att)
         for claim in self.store.claims(run, live_at=now):
-            index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry)
+            index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done)
         return index
 
     # -- told -------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ class PlannerView:
             self._judge(statement)
         elif isinstance(statement, Claim) and statement.run in self._indexes:
             self._indexes[statement.run].add_claim(statement.step, statement.claimant, statement.issued_at,
-                                                   statement.lease_expiry)
+                                                   statement.lease_expiry, statement.expected_done)
 
     def recount(self, change: Recount) -> None:
         """What counts changed: judge again the attestations it touches, in the runs built so far."""
@@ -91,7 +91,9 @@ class PlannerView:
         wanted = self.counting.plans_with(att)
         if wanted and att.digest not in counted:
             counted.add(att.digest)
-            index.add_attestation(att.step, att.signer, att.verdict == MATCH)
+            index.advance(self.clock())  # the pace counts it when it arrives
+            index.add_attestation(att.step, att.signer, att.verdict == MATCH, att.device, att.elapsed_ms / 1000,
+                                  at=att.issued_at)
         elif not wanted and att.digest in counted:
             counted.discard(att.digest)
-            index.remove_attestation(att.step, att.signer, att.verdict == MATCH)
+            index.remove_attestation(att.step, att.signer, att.verdict == MATCH, att.device)

@@ -53,6 +53,7 @@ def claim_json(claim: Claim, now: int) -> dict:
         "run": claim.run.hex(), "step": claim.step, "slot": claim.slot,
         "claimant": peer_id_from_public_key(claim.claimant), "issued_at": claim.issued_at,
         "lease_expiry": claim.lease_expiry, "expires_in_s": claim.lease_expiry - now,
+        "expected_done": claim.expected_done,  # when the claimant expects to attest (docs/protocol.md §10.1)
     }
 
 
@@ -73,6 +74,7 @@ def coverage_json(cov: Coverage, manifest: RunManifest, earned: Collection[bytes
         "flagged": [{"signer": f.signer, "step": f.step, "kind": f.kind, "statement": f.statement.hex(),
                      "conflicting": f.conflicting.hex(), "reveal": f.reveal.hex() or None} for f in cov.flagged],
         "untrusted": list(cov.untrusted),
+        "device_classes": list(cov.device_classes),
         "per_step": [{"step": s.step, "status": s.status.value, "auditors": list(s.auditors),
                       "dissenters": list(s.dissenters), "claimants": list(s.claimants),
                       "evidence": [d.hex() for d in s.evidence], "devices": list(s.devices),

@@ -127,6 +127,13 @@ class Coverage:
         return [s.step for s in self.steps if s.status in (StepStatus.VERIFIED, StepStatus.REFUTED)]
 
     @property
+    def device_classes(self) -> tuple[str, ...]:  # every class that matched a step, sorted
+        return tuple(sorted({d for s in self.steps for d in s.devices}))
+
+    def short_of_classes(self, n: int) -> list[int]:  # `coverage --min-classes n`: docs/protocol.md §10.1
+        return [s.step for s in self.steps if len(s.devices) < n]  # a step's distinct classes that matched
+
+    @property
     def complete(self) -> bool:
         """Every step has at least ``redundancy`` distinct attesters."""
         return all(s.attesters >= self.redundancy for s in self.steps)

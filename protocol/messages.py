@@ -21,7 +21,7 @@ from .errors import WrongTypeError
 from .fingerprints import committed as committed_fingerprints
 from .hashing import blake2b256
 from .identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_public_key
-from .schema import Bytes, Enum, FieldType, ListOf, Scalars, Text, UInt, check_map
+from .schema import Bytes, Enum, FieldType, ListOf, Optional, Scalars, Text, UInt, check_map
 
 # The run format (docs/run-format.md): what a manifest commits to and how h_k is computed.
 # Bumped when either changes; a node refuses runs of a format it does not read.
@@ -69,6 +69,8 @@ class SignedMessage:
     def body(self) -> dict[str, Any]:
         """The signed map: every field but ``sig``, plus kind and version."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sig"}
+        # An optional field left out is absent from the map, never null (schema.Optional).
+        fields = {k: v for k, v in fields.items() if v is not None or not isinstance(self.SCHEMA[k], Optional)}
         return {"kind": self.KIND, "v": PROTOCOL_VERSION, **fields}
 
     @cached_property
@@ -92,6 +94,7 @@ class SignedMessage:
     def create(cls: type[M], identity: Identity, **fields: Any) -> M:
         """Build and sign a message; the signer field is filled from ``identity``."""
         fields[cls.SIGNER] = identity.public_key
+        fields = {k: v for k, v in fields.items() if v is not None or not isinstance(cls.SCHEMA.get(k), Optional)}
         body = {"kind": cls.KIND, "v": PROTOCOL_VERSION, **fields}
         check_map({**_ENVELOPE, **cls.SCHEMA}, {**body, "sig": bytes(SIGNATURE_SIZE)}, cls.KIND)
         message = cls(sig=signing.sign(identity, cls.KIND, body), **fields)
@@ -110,7 +113,7 @@ class SignedMessage:
             raise WrongTypeError(f"{cls.KIND}: unsupported protocol version {value.get('v')!r}", code="version")
         cls._check_format(value)
         check_map({**_ENVELOPE, **cls.SCHEMA}, value, cls.KIND)
-        fields = {name: value[name] for name in cls.SCHEMA}
+        fields = {name: value[name] for name in cls.SCHEMA if name in value}
         message = cls(sig=value["sig"], **fields)
         message._check_semantics()
         signing.verify(fields[cls.SIGNER], cls.KIND, message.body(), value["sig"])
@@ -216,6 +219,7 @@ class Claim(SignedMessage):
         "claimant": _KEY,
         "issued_at": UInt(),
         "lease_expiry": UInt(),
+        "expected_done": Optional(UInt()),
     }
 
     run: bytes
@@ -224,6 +228,9 @@ class Claim(SignedMessage):
     claimant: bytes
     issued_at: int
     lease_expiry: int
+    # When the claimant expects to attest (unix seconds): its replay's start plus its own
+    # replay-time estimate (docs/protocol.md §10.1). A hint for others' planning, like the claim.
+    expected_done: int | None = None
 
     def _check_semantics(self) -> None:
         if self.lease_expiry <= self.issued_at:

@@ -95,15 +95,29 @@ class Scalars(FieldType):
             raise WrongTypeError(f"{name}.{key}: expected an int, a finite float or a short text")
 
 
+@dataclass(frozen=True)
+class Optional(FieldType):
+    """A field a message may omit (added after the message was first specified, so that the
+    messages signed before it stay valid). When present it must be ``item``; it is never null:
+    an absent value is an absent key, so each message has one encoding."""
+
+    item: FieldType
+
+    def check(self, name: str, value: Any) -> None:
+        self.item.check(name, value)
+
+
 def check_map(schema: Mapping[str, FieldType], value: Any, what: str) -> None:
-    """Check that ``value`` is a map with exactly the schema's fields, each of the right type."""
+    """Check that ``value`` is a map with the schema's fields, each of the right type: every
+    field that is not :class:`Optional`, and no field the schema does not name."""
     if type(value) is not dict:
         raise WrongTypeError(f"{what}: expected a map")
     unknown = [k for k in value if k not in schema]
     if unknown:
         raise UnknownFieldError(f"{what}: unknown field(s) {sorted(map(repr, unknown))}")
-    missing = [k for k in schema if k not in value]
+    missing = [k for k, kind in schema.items() if k not in value and not isinstance(kind, Optional)]
     if missing:
         raise MissingFieldError(f"{what}: missing field(s) {sorted(missing)}")
     for name, kind in schema.items():
-        kind.check(f"{what}.{name}", value[name])
+        if name in value:
+            kind.check(f"{what}.{name}", value[name])

@@ -58,7 +58,7 @@ class _Baseline:
         step = current[0]
         del self.busy[i]
         self.done[i].add(step)
-        self.tracker.add(step, self.keys[i], True, self.loop.now)
+        self.tracker.add(step, self.keys[i], True, self.loop.now, device=self.population.hardware[i].device)
         if not self.tracker.done:
             self.finished(i, step)
 

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .hardware import HOUR, VOLUNTEER_MIX, Hardware, assign, describe
+from .hardware import HOUR, VOLUNTEER_MIX, Hardware, assign, class_capacity, describe
 from .loop import EventLoop
 from .network import NetworkModel
 
@@ -54,6 +54,8 @@ class Scenario:
     parking: bool = True  # skip idle polls that provably find nothing (overlay view only)
     max_seconds: float = 20 * YEAR
     start_s: tuple[float, ...] = ()  # when each node starts auditing (default: all at 0; not with churn)
+    tail: bool = True  # open1b: the tail rules (deadline, speculative slots; node/planner.py plan)
+    diversity: bool = True  # open1b: prefer a class that has not matched a step for its later replays
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -77,7 +79,8 @@ class Scenario:
             "idle_poll_s": self.idle_poll_s, "churn": dataclasses.asdict(self.churn) if self.churn else None,
             "adversary_share": self.adversary_share, "adversary": self.adversary, "forged_steps": self.forged_steps,
             "segment": self.segment, "seed": self.seed, "crypto": self.crypto, "view": self.view,
-            "parking": self.parking, "start_s": list(self.start_s),
+            "parking": self.parking, "start_s": list(self.start_s), "tail": self.tail, "diversity": self.diversity,
+            "class_capacity": class_capacity(self.mix),
         }
 
 
@@ -143,6 +146,7 @@ def summary(sc: Scenario, tracker, loop: EventLoop, *, in_flight: int, aborted: 
         "time_to_full_h": round(t / HOUR, 3) if t is not None else None,
         "replays_attested": tracker.replays,
         "replays_in_flight_at_end": in_flight,
+        "two_class_share": round(tracker.two_class_share(), 4),
         "replays": spent,
         "replay_ratio": round(spent / ideal, 4),
         "replays_by": tracker.replays_by,

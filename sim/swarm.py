@@ -58,11 +58,14 @@ ENGINE, ENGINE_VERSION = "sim", "1"
 class Event:
     """A statement as the simulated network knows it."""
 
-    __slots__ = ("eid", "step", "origin", "attestation", "key", "issued", "expiry", "match", "announced")
+    __slots__ = ("eid", "step", "origin", "attestation", "key", "issued", "expiry", "match", "announced",
+                 "expected", "device")
 
-    def __init__(self, eid, step, origin, attestation, key, issued=0, expiry=0, match=True):
+    def __init__(self, eid, step, origin, attestation, key, issued=0, expiry=0, match=True, expected=None, device=None):
         self.eid, self.step, self.origin, self.attestation, self.key = eid, step, origin, attestation, key
         self.issued, self.expiry, self.match = issued, expiry, match
+        # a claim's expected_done; an attestation's replay seconds and device class
+        self.expected, self.device = expected, device
         self.announced: float | None = None  # when gossip began; None while only in the DHT
 
 
@@ -100,6 +103,20 @@ class OverlayView:
     def state(self, step: int) -> planner.StepState:
         return self.overrides.get(step) or self.base.state(step)
 
+    # The tail and device classes come from the shared index: statistics of the whole run, in
+    # which the few statements a node lacks change little (a node's own view differs by those).
+    def tail(self) -> planner.Tail:
+        return self.base.tail()
+
+    def stragglers(self, after: int, exclude, limit: int) -> list[int]:
+        return [s for s in self.base.stragglers(after, exclude, limit) if self.state(s).deficit <= 0]
+
+    def matched_by(self, device: str):
+        return self.base.matched_by(device)
+
+    def attested_steps(self):
+        return self.base.attested_steps()
+
 
 class Node:
     def __init__(self, swarm: "Swarm", idx: int) -> None:
@@ -108,6 +125,9 @@ class Node:
         self.identity = sim_identity(sc.seed, idx, sc.crypto)
         self.key = self.identity.public_key
         self.hardware = swarm.population.hardware[idx]
+        # Refined by each measured replay, as the daemon's auditor does; it starts from the
+        # hardware's typical time, as a node's declared or benchmarked speed would.
+        self.estimate = planner.ReplayEstimate(self.hardware.seconds)
         self.behaviour = swarm.population.behaviour[idx]
         self.rng = node_rng(sc.seed, idx, "node")
         self.board = SimBoard(swarm.dht, sc.network, node_rng(sc.seed, idx, "net"), self, swarm.announced)
@@ -141,7 +161,7 @@ class Node:
         if event is not None:
             self.seen.add(event.eid)
             if self.index is not None:
-                self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry)
+                self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done)
 
     async def audit(self) -> None:
         """``Daemon._audit_loop``, on simulated time and network."""
@@ -149,11 +169,14 @@ class Node:
         run = sw.run
         while True:
             view = sw.view(self)
-            cands = planner.pick(view, self.order, exclude=self.done, limit=4)
+            cands = planner.plan(view, self.order, now=sw.clock(), exclude=self.done, limit=4,
+                                 device=self.hardware.device if sc.diversity else None,
+                                 estimate_s=self.estimate.seconds, tail=sc.tail)
             claim = None
             for cand in cands:
-                claim = await self.agent.try_claim(run, cand)
+                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds)
                 if claim is not None:
+                    sw.speculative += cand.speculative
                     break
             if claim is None:
                 if not cands and self.anchor is not None:
@@ -182,6 +205,7 @@ class Node:
             self.holder.cancel()
             self.holder = None
         self.replaying = None
+        self.estimate.update(seconds)
         sw.attest(self, claim.step, seconds)
 
 
@@ -204,12 +228,14 @@ class Swarm:
         self.by_digest: dict[bytes, Event] = {}
         self.recent: deque[Event] = deque()  # announced within the gossip horizon, oldest first
         self.pending: dict[int, Event] = {}  # in the DHT, not announced yet
+        self._claimants: set[tuple[int, bytes]] = set()  # (step, claimant) pairs seen: renewals are not news
         self._eid = 0
         self.quiet_from = 0.0  # no parking before this: something may yet open for a lagging node
         self.parked: dict[int, Node] = {}
         self._phases: list[tuple[float, int]] = []  # parked nodes by poll phase (anchor mod idle_poll_s)
         self._sweeping = False
         self.parks = 0
+        self.speculative = 0  # speculative claims won (planner.speculative_candidate)
         self.first_replay: float | None = None
         self.aborted, self.wasted_s = 0, 0.0
         self.population = Population(sc, self.loop, self.join, self.leave)
@@ -247,19 +273,25 @@ class Swarm:
             node.task = None
 
     # -- statements ------------------------------------------------------------------------------
-    def _event(self, step, origin, attestation, key, issued=0, expiry=0, match=True) -> Event:
+    def _event(self, step, origin, attestation, key, issued=0, expiry=0, match=True, expected=None, device=None) -> Event:
         self._eid += 1
-        e = Event(self._eid, step, origin, attestation, key, issued, expiry, match)
+        e = Event(self._eid, step, origin, attestation, key, issued, expiry, match, expected, device)
         self.log.setdefault(step, []).append(e)
         return e
 
     def _claim_event(self, claim: Claim, origin: Node) -> Event:
         e = self.by_digest.get(claim.digest)
         if e is None:
-            e = self._event(claim.step, origin.idx, False, claim.claimant, claim.issued_at, claim.lease_expiry)
+            e = self._event(claim.step, origin.idx, False, claim.claimant, claim.issued_at, claim.lease_expiry,
+                            expected=claim.expected_done)
             self.by_digest[claim.digest] = e
             self.index.advance(self.clock())
-            self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry)
+            self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done)
+            fresh = (claim.step, claim.claimant) not in self._claimants
+            self._claimants.add((claim.step, claim.claimant))
+            if fresh and claim.expected_done is not None and self.sc.tail and self.open_steps == 0:
+                # a new straggler may be worth a speculative claim to a parked node
+                self._stir(self.loop.now + self.horizon)
             origin.own.append(e)
             self.loop.call_at(float(claim.lease_expiry), self._expired, e)
         return e
@@ -286,17 +318,17 @@ class Swarm:
             post = bytes(32) if honest_post == published else published
         att = Attestation.create(node.identity, run=self.run, step=step, pre_state=self.published(step), post_state=post,
                                  verdict=MATCH if post == published else MISMATCH, engine=ENGINE,
-                                 engine_version=ENGINE_VERSION, hardware=node.hardware.name, device="cpu/sim",
+                                 engine_version=ENGINE_VERSION, hardware=node.hardware.name, device=node.hardware.device,
                                  elapsed_ms=int(seconds * 1000), issued_at=self.clock(),
                                  witness=witness_binding(self.run, step, node.identity.public_key, SIM_WITNESS))
         match = att.verdict == MATCH
         node.done.add(step)
-        e = self._event(step, node.idx, True, att.signer, match=match)
+        e = self._event(step, node.idx, True, att.signer, match=match, expected=att.elapsed_ms / 1000, device=att.device)
         self.index.advance(self.clock())
-        self.index.add_attestation(step, att.signer, match)
+        self.index.add_attestation(step, att.signer, match, att.device, att.elapsed_ms / 1000)
         if node.index is not None:
-            node.index.add_attestation(step, att.signer, match)
-        self.tracker.add(step, att.signer, match, self.loop.now, node.behaviour)
+            node.index.add_attestation(step, att.signer, match, att.device, att.elapsed_ms / 1000)
+        self.tracker.add(step, att.signer, match, self.loop.now, node.behaviour, att.device)
         self._publish(e)
         if not match:  # a dispute raises a step's target: lagging nodes may see it open later
             self._stir(self.loop.now + self.horizon)
@@ -315,14 +347,17 @@ class Swarm:
         if node.index is None:
             return
         if e.attestation:
-            node.index.add_attestation(e.step, e.key, e.match)
+            node.index.add_attestation(e.step, e.key, e.match, e.device, e.expected)
         else:
-            node.index.add_claim(e.step, e.key, e.issued, e.expiry)
+            node.index.add_claim(e.step, e.key, e.issued, e.expiry, e.expected)
 
     def _expired(self, e: Event) -> None:
         now, t = self.loop.now, self.clock()
         self.pending.pop(e.eid, None)  # a lease that is over matters to nobody
         self.index.advance(t)  # may open the step (listener)
+        if self.sc.tail and self.index.straggling(e.step) is not None:
+            # a claim ended unfinished: the step may now wait on a later straggler
+            self._stir(now + self.horizon)
         # If another statement on this step is still on its way to some node, that node may see
         # the step open though it is not: keep lagging nodes polling until it has arrived.
         for other in self.log[e.step]:
@@ -347,27 +382,32 @@ class Swarm:
         self.index.advance(t)
         while self.recent and self.recent[0].announced <= now - self.horizon:
             self.recent.popleft()
-        # An expired claim counts for nobody, so not holding it changes nothing.
-        lagging = {e.step for e in self.recent
-                   if e.origin != node.idx and (e.attestation or e.expiry > t) and not self.knows(node, e, now)}
-        lagging.update(e.step for e in self.pending.values()
-                       if e.origin != node.idx and e.expiry > t and e.eid not in node.seen)
+        # An expired claim counts for nobody, so not holding it changes nothing. ``unknown``: the
+        # events this node lacks; every other statement on a lagging step it holds (older than
+        # the horizon, its own, or already delivered), so each is judged once per pick.
+        me = node.idx
+        unknown = {e.eid: e.step for e in self.recent
+                   if e.origin != me and (e.attestation or e.expiry > t) and not self.knows(node, e, now)}
+        unknown.update((e.eid, e.step) for e in self.pending.values()
+                       if e.origin != me and e.expiry > t and e.eid not in node.seen)
+        lagging = set(unknown.values())
         node.own = [e for e in node.own if e.expiry > t]
         lagging.update(e.step for e in node.own if e.issued <= t and e.step not in node.done)
         if not lagging:
             return self.index
-        return OverlayView(self.index, {s: self._state_for(node, s, now, t) for s in lagging})
+        return OverlayView(self.index, {s: self._state_for(node, s, unknown, t) for s in lagging})
 
-    def _state_for(self, node: Node, step: int, now: float, t: int) -> planner.StepState:
+    def _state_for(self, node: Node, step: int, unknown: dict[int, int], t: int) -> planner.StepState:
         attesters: set[bytes] = set()
         busy = []
         disputed = False
         for e in self.log.get(step, ()):
+            if e.eid in unknown:
+                continue
             if e.attestation:
-                if self.knows(node, e, now):
-                    attesters.add(e.key)
-                    disputed |= not e.match
-            elif e.key != node.key and e.issued <= t < e.expiry and self.knows(node, e, now):
+                attesters.add(e.key)
+                disputed |= not e.match
+            elif e.key != node.key and e.issued <= t < e.expiry:
                 busy.append(e.key)
         return planner.StepState(planner.step_deficit(self.sc.redundancy, disputed, attesters, busy), disputed,
                                  frozenset(attesters))
@@ -391,7 +431,17 @@ class Swarm:
         lease it knows of ends, which either opens the step for everyone (:meth:`_moved`) or
         happens while another statement on the step is in flight (:meth:`_expired`). While such
         a window is open the node keeps polling: the sweep already in progress would pass it by."""
-        return self.sc.parking and not self._active(self.loop.now)
+        return self.sc.parking and not self._active(self.loop.now) and not self._may_speculate(node)
+
+    def _may_speculate(self, node: Node) -> bool:
+        """A straggler this node would beat. Such chances only shrink as time passes (the
+        holders' expected_done stays, now grows), so a node that has none now has none until a
+        new claim brings one (:meth:`_claim_event` wakes parked nodes for it)."""
+        est = node.estimate.seconds
+        if not self.sc.tail or est is None:
+            return False
+        self.index.advance(self.clock())
+        return bool(self.index.stragglers(planner.speculate_after(est, self.clock()), node.done, 1))
 
     def _active(self, now: float) -> bool:
         return self.open_steps > 0 or now < self.quiet_from
@@ -465,6 +515,7 @@ class Swarm:
             "lease_renewals": sum(a.renewed for a in agents), "dht_reads": self.dht.reads,
             "dht_writes": self.dht.writes, "claims_verified": self.cache.verified,
             "first_replay_start_s": self.first_replay,
+            "speculative_claims": self.speculative,
         }
         return summary(self.sc, self.tracker, self.loop, in_flight=in_flight, aborted=self.aborted,
                        wasted_s=self.wasted_s, extra=extra, wall_s=time.perf_counter() - started)

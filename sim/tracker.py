@@ -26,6 +26,7 @@ class Tracker:
     detected: dict[int, float] = field(default_factory=dict)  # forged step -> first mismatch
     false_disputes: int = 0
     curve: list[tuple[float, float, float]] = field(default_factory=list)
+    devices: dict[int, set[str]] = field(default_factory=dict)  # step -> device classes that matched it
 
     def __post_init__(self) -> None:
         self._next_marks = [0, 0]  # next curve point: when touched or satisfied reaches these
@@ -33,8 +34,11 @@ class Tracker:
     def _wanted(self, step: int) -> int:
         return self.redundancy + (1 if step in self.disputed else 0)
 
-    def add(self, step: int, signer: bytes, match: bool, t: float, kind: str = "honest") -> None:
+    def add(self, step: int, signer: bytes, match: bool, t: float, kind: str = "honest",
+            device: str | None = None) -> None:
         self.replays += 1
+        if match and device is not None:
+            self.devices.setdefault(step, set()).add(device)
         self.replays_by[kind] = self.replays_by.get(kind, 0) + 1
         atts = self.attesters.setdefault(step, set())
         before = len(atts) >= self._wanted(step)
@@ -63,6 +67,10 @@ class Tracker:
     def want(self, step: int) -> int:
         """Attesters ``step`` still wants (ignoring work in progress)."""
         return self._wanted(step) - len(self.attesters.get(step, ()))
+
+    def two_class_share(self) -> float:
+        """The share of steps matched by at least two device classes."""
+        return sum(1 for d in self.devices.values() if len(d) >= 2) / self.steps
 
     def detection(self) -> dict:
         times = sorted(self.detected.values())

@@ -35,6 +35,7 @@ from ..options import SCENARIOS, DevnetError, DevnetOptions
 from .base import CONVERGE_TIMEOUT_S, LOST_GRACE_S, POLL_S, Net, Node, Scenario, _result, canonical
 from .copying_auditor import CopyingAuditor
 from .crash import Crash
+from .device_classes import DeviceClasses
 from .forged_and_malformed import ForgedAndMalformed
 from .forged_data import ForgedData
 from .forged_microbatch import ForgedMicrobatch
@@ -45,13 +46,14 @@ from .nat import Nat
 from .partition import Partition
 from .refusing_trainer import RefusingTrainer
 from .skipped_update import SkippedUpdate
+from .straggler import Straggler
 from .sybil import Sybil
 from .tampered_step import TamperedStep
 
 TYPES: dict[str, type[Scenario]] = {s.name: s for s in (TamperedStep, LyingAuditor, CopyingAuditor, ForgedAndMalformed,
                                                         Sybil, Crash, Partition, LateJoiner, ForgedData, SkippedUpdate,
                                                         ForgedMicrobatch, RefusingTrainer, Nat, ForgedOp,
-                                                        FalseAccusation)}
+                                                        FalseAccusation, Straggler, DeviceClasses)}
 assert tuple(TYPES) == SCENARIOS
 
 

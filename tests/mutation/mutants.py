@@ -78,14 +78,19 @@ MUTANTS = [
         "    cross_field_rules(kind, value)  # step 6\n")),
     _m("missing-before-unknown", "§5.2", "missing fields are reported before unknown ones",
        ('    if any(name not in schema for name in value):\n        raise Refused("unknown_field")  # step 5\n'
-        '    if any(name not in value for name in schema):\n        raise Refused("missing_field")\n',
-        '    if any(name not in value for name in schema):\n        raise Refused("missing_field")\n'
+        '    if any(name not in value and name not in OPTIONAL[kind] for name in schema):\n        raise Refused("missing_field")\n',
+        '    if any(name not in value and name not in OPTIONAL[kind] for name in schema):\n        raise Refused("missing_field")\n'
         '    if any(name not in schema for name in value):\n        raise Refused("unknown_field")\n')),
     _m("type-before-presence", "§5.2", "each schema field is checked for presence and type in turn",
-       ('    if any(name not in value for name in schema):\n        raise Refused("missing_field")\n'
-        '    if not all(type_ok(expr, value[name]) for name, expr in schema.items()):\n        raise Refused("wrong_type")\n',
-        '    for name, expr in schema.items():\n        if name not in value:\n            raise Refused("missing_field")\n'
-        '        if not type_ok(expr, value[name]):\n            raise Refused("wrong_type")\n')),
+       ('    if any(name not in value and name not in OPTIONAL[kind] for name in schema):\n        raise Refused("missing_field")\n'
+        '    if not all(type_ok(expr, value[name]) for name, expr in schema.items() if name in value):\n'
+        '        raise Refused("wrong_type")\n',
+        '    for name, expr in schema.items():\n        if name not in value and name not in OPTIONAL[kind]:\n'
+        '            raise Refused("missing_field")\n'
+        '        if name in value and not type_ok(expr, value[name]):\n            raise Refused("wrong_type")\n')),
+    _m("optional-is-required", "§5.3", "a field marked ? must be present",
+       ("    if any(name not in value and name not in OPTIONAL[kind] for name in schema):\n",
+        "    if any(name not in value for name in schema):\n")),
     _m("bool-is-int", "§5.2", "true is the integer 1",
        ("    return type(x) is int and 0 <= x <= maximum", "    return isinstance(x, int) and 0 <= x <= maximum")),
     _m("scalars-allow-nan", "§5.3", "a scalar may be any float",

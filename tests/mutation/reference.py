@@ -128,8 +128,8 @@ def read_cddl() -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
         elif line.strip() == "}":
             current = None
         else:
-            field, expr = re.fullmatch(r'\s*"(\w+)": (.*?),?', line).groups()
-            current.append((field, expr))
+            optional, field, expr = re.fullmatch(r'\s*(\? )?"(\w+)": (.*?),?', line).groups()
+            current.append((field, f"? {expr}" if optional else expr))
     return aliases, messages
 
 
@@ -167,6 +167,10 @@ def type_ok(expr: str, x) -> bool:
 
 _ALIASES, _MESSAGES = read_cddl()
 SCHEMAS = {kind: {field: _ALIASES.get(expr, expr) for field, expr in fields} for kind, fields in _MESSAGES.items()}
+# "? field": the message may omit it (§5.3); when present it has the type after "? "
+OPTIONAL = {kind: {f for f, expr in fields.items() if expr.startswith("? ")} for kind, fields in SCHEMAS.items()}
+SCHEMAS = {kind: {f: _ALIASES.get(expr.removeprefix("? "), expr.removeprefix("? ")) for f, expr in fields.items()}
+           for kind, fields in SCHEMAS.items()}
 DEVICE = re.compile(r"(cpu|cuda)/[a-z0-9_]{1,32}(-[a-z0-9_]{1,32})?")
 
 
@@ -214,9 +218,9 @@ def decode_message(data: bytes, kinds) -> dict:
     schema = SCHEMAS[kind]
     if any(name not in schema for name in value):
         raise Refused("unknown_field")  # step 5
-    if any(name not in value for name in schema):
+    if any(name not in value and name not in OPTIONAL[kind] for name in schema):
         raise Refused("missing_field")
-    if not all(type_ok(expr, value[name]) for name, expr in schema.items()):
+    if not all(type_ok(expr, value[name]) for name, expr in schema.items() if name in value):
         raise Refused("wrong_type")
     cross_field_rules(kind, value)  # step 6
     body = {k: v for k, v in value.items() if k != "sig"}

@@ -45,6 +45,9 @@ class ScriptedReplayer:
         post = blake2b256(b"wrong", bytes([step])) if step in self.wrong else manifest.state_hashes[step + 1]
         return WorkerResult(manifest.state_hashes[step], post, witness_of(step), int(REPLAY_S * 1000), DEVICE)
 
+    def device_class(self) -> str:
+        return DEVICE
+
 
 class FakeRunFiles:
     """Blobs that are available (or not, until ``available`` is set) without any bytes."""

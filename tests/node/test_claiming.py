@@ -200,3 +200,33 @@ def test_a_claim_heard_on_gossip_holds_its_slot_when_the_dht_shows_nothing(manif
         assert await a.try_claim(manifest.run_id, cand(7)) is None and a.lost == 1
 
     run_virtual(main)
+
+
+def test_speculative_slot_bounds_unfinished_claims_to_one_beyond_the_target(manifest):
+    """docs/protocol.md §10.1: a step whose two slots are held by slow claimants takes one
+    speculative claim (slot 2, carrying expected_done) and no second one while it runs; once
+    the speculative claimant attested, its slot is free for another."""
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    slow1, slow2, fast, faster, other = (agent(70 + i, board, clock, lease_s=600) for i in range(5))
+    spec = Candidate(5, 0, False, 0, 3, frozenset(), speculative=True)
+
+    async def main():
+        first = await slow1.try_claim(manifest.run_id, cand(5, slots=2), estimate_s=18 * 3600)
+        second = await slow2.try_claim(manifest.run_id, cand(5, slots=2), estimate_s=18 * 3600)
+        assert {first.slot, second.slot} == {0, 1}
+        assert first.expected_done == first.issued_at + 18 * 3600
+        assert await other.try_claim(manifest.run_id, cand(5, slots=2)) is None  # the target is held
+        mine = await fast.try_claim(manifest.run_id, spec, estimate_s=3000)
+        assert mine is not None and mine.slot == 2 and mine.expected_done == mine.issued_at + 3000
+        assert await faster.try_claim(manifest.run_id, spec, estimate_s=2000) is None  # the bound
+        await clock.sleep(LEASE_ROUND_SECONDS)  # a renewal wins only in a later lease round
+        renewed = await fast.renew(mine)
+        assert renewed.expected_done == mine.expected_done  # a renewal repeats it
+        # fast attested: its slot is free again for a speculative claim, never a fourth live one
+        done = Candidate(5, 0, False, 0, 3, frozenset({fast.me}), speculative=True)
+        await clock.sleep(LEASE_ROUND_SECONDS)  # over a finished claim of this round, the next round's wins
+        again = await faster.try_claim(manifest.run_id, done, estimate_s=2000)
+        assert again is not None and again.slot == 2
+
+    run_virtual(main)

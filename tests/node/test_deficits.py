@@ -147,3 +147,40 @@ def test_an_attestation_removed_leaves_the_index_as_if_it_never_came():
     assert [index.bucket(k) for k in range(4)] == [fresh.bucket(k) for k in range(4)]
     with pytest.raises(ValueError):
         index.remove_attestation(2, b"a" * 32, True)  # never counted there
+
+
+def test_stragglers_tail_and_device_classes():
+    """The index's half of docs/protocol.md §10.1: which steps wait on live claims alone and
+    when they would be done, the pace and median replay time of recent attesters, and the steps
+    each device class matched."""
+    a, b, c, d = (bytes([i]) * 32 for i in range(1, 5))
+    index = DeficitIndex(4, 2, now=1000)
+    index.add_claim(0, a, 1000, 4600, expected_done=1000 + 18 * 3600)  # slow
+    index.add_claim(0, b, 1000, 4600, expected_done=1000 + 3600)  # fast
+    index.add_claim(1, c, 1000, 4600, expected_done=1000 + 18 * 3600)  # one slot held, one open
+    index.add_attestation(2, d, True, "cuda/sm_90", 3000.0)
+    index.add_claim(2, a, 1000, 4600, expected_done=1000 + 6 * 3600)
+    # step 0 wants both claimants to finish: the later, a's; step 1 still wants a claimant
+    assert index.straggling(0) == 1000 + 18 * 3600 and index.straggling(1) is None
+    assert index.straggling(2) == 1000 + 6 * 3600  # d attested: it waits on a alone
+    assert index.stragglers(2000, exclude=(), limit=4) == [0, 2]  # latest first
+    assert index.stragglers(1000 + 7 * 3600, exclude=(), limit=4) == [0]
+    assert index.stragglers(2000, exclude={0}, limit=1) == [2]
+    index.add_claim(2, b, 1100, 4700, expected_done=1100 + 3600)  # a speculative claim
+    assert index.straggling(2) == 1000 + 6 * 3600  # its lease has not begun
+    index.advance(1100)
+    assert index.straggling(2) == 1100 + 3600  # b would complete it; only a faster node may race it
+    index.add_claim(2, c, 1100, 4700, expected_done=1100 + 1800)
+    assert index.straggling(2) is None  # W + 1 unfinished claims: the bound
+    index.add_attestation(2, b, True, "cpu/arm64", 3500.0)
+    assert set(index.matched_by("cuda/sm_90")) == {2} and set(index.matched_by("cpu/arm64")) == {2}
+    assert set(index.attested_steps()) == {2}
+    tail = index.tail()
+    assert tail.open_replays == 1 + 2  # step 1 wants one more claimant, untouched step 3 two
+    assert tail.typical_s == 3500.0 and tail.pace == 2 / 100  # 2 arrivals over 100 s (at least 60)
+    index.remove_attestation(2, b, True, "cpu/arm64")  # b stops counting: it leaves the class and the pace
+    assert set(index.matched_by("cpu/arm64")) == set() and index.tail().pace == 1 / 100
+    assert index.tail().typical_s == 3000.0
+    index.advance(1100 + 3601)  # the pace window has passed; the leases are over
+    assert index.tail().pace == 0 and index.tail().typical_s is None
+    assert index.straggling(0) is None  # its claims ended unfinished: the step is open again

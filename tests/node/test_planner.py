@@ -161,3 +161,36 @@ def test_steps_a_spot_check_failed_come_first_while_they_want_attesters():
     assert [c.step for c in first] == [7, 50]
     assert all(c.deficit == 1 and c.slots == 1 for c in first)
     assert [c.step for c in planner.pick(index, order, limit=2)] != [7, 50]  # pick alone would choose others
+
+
+def test_replay_estimate_follows_measured_replays():
+    est = planner.ReplayEstimate()
+    assert est.seconds is None and est.expected_done(100) is None
+    est.update(1000)
+    assert est.seconds == 1000 and est.expected_done(100) == 1100
+    est.update(2000)
+    assert est.seconds == 1000 + planner.ESTIMATE_WEIGHT * 1000
+
+
+def test_deadline_leaves_the_tail_to_faster_nodes():
+    """An 18-hour laptop stops claiming when a 1-hour node would get to the step and finish
+    sooner; with the pace unknown everyone claims; an equal node always claims."""
+    hour = 3600
+    tail = planner.Tail(open_replays=3600, pace=1.0, typical_s=hour)  # an hour of work left, then an hour
+    assert planner.meets_deadline(hour, tail, 0) and planner.meets_deadline(3 * hour, tail, 0)
+    assert not planner.meets_deadline(18 * hour, tail, 0)
+    assert planner.meets_deadline(None, tail, 0)
+    assert planner.meets_deadline(18 * hour, planner.Tail(3600, 0.0, hour), 0)  # no pace: no deadline
+    assert planner.meets_deadline(1.2 * hour, planner.Tail(0, 0.0, hour), 0)  # nothing open: a replay away
+
+
+def test_plan_offers_a_straggler_only_to_a_node_that_would_beat_it():
+    a, b = (bytes([i]) * 32 for i in (1, 2))
+    index = DeficitIndex(1, 2, now=0)
+    index.add_claim(0, a, 0, 3600, expected_done=18 * 3600)
+    index.add_claim(0, b, 0, 3600, expected_done=3600)
+    order = planner.StepOrder(b"r" * 32, b"me", 1)
+    fast = planner.plan(index, order, now=60, estimate_s=3000)
+    assert [(c.step, c.slots, c.speculative) for c in fast] == [(0, 3, True)]
+    assert planner.plan(index, order, now=60, estimate_s=12 * 3600) == []  # 60 + 1.5 x 12 h > 18 h
+    assert planner.plan(index, order, now=60, estimate_s=3000, tail=False) == []  # the issue-6 rules

@@ -26,12 +26,16 @@ MANIFEST = run_manifest(ident(9), engine="test-engine", engine_version="1", mode
                         created_at=T0 - 100)
 
 
+DEVICES = ("cpu/x86_64-avx2", "cuda/sm_90")  # two classes, so the view's class sets are tested too
+
+
 def _att(signer: int, step: int, match: bool, honest: bool):
     post = MANIFEST.state_hashes[step + 1] if match else blake2b256(b"wrong", bytes([step]))
     extra = {} if honest else {"witness": b"\x04" * 32}  # a copier's made-up binding
     return attestation(ident(signer), run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                        post_state=post, verdict="match" if match else "mismatch", engine="test-engine",
-                       engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=T0, **extra)
+                       engine_version="1", hardware="t", device=DEVICES[signer % 2], elapsed_ms=1000 * (signer + 1),
+                       issued_at=T0, **extra)
 
 
 # Signed once, drawn by index: hypothesis then shrinks over plain tuples.
@@ -39,7 +43,8 @@ ATTS = {(s, k, m, h): _att(s, k, m, h) for s in (ME, *SIGNERS) for k in range(ST
         for h in (True, False)}
 REVEALS = {k: WitnessReveal.create(ident(8), run=MANIFEST.run_id, step=k, witness=witness_of(k), issued_at=T0)
            for k in range(STEPS)}
-CLAIMS = {(c, k): Claim.create(ident(c), run=MANIFEST.run_id, step=k, slot=0, issued_at=T0 - 10, lease_expiry=T0 + 60)
+CLAIMS = {(c, k): Claim.create(ident(c), run=MANIFEST.run_id, step=k, slot=0, issued_at=T0 - 10, lease_expiry=T0 + 60,
+                               expected_done=T0 + 100 * c)
           for c in SIGNERS for k in range(STEPS)}
 
 keys = st.frozensets(st.sampled_from(SIGNERS))
@@ -57,7 +62,8 @@ event = st.one_of(
 def _state(view: PlannerView):
     index = view.index(MANIFEST.run_id)
     return ([index.state(k) for k in range(STEPS)], [index.bucket(k) for k in range(STEPS)], index.mine,
-            index.open_buckets())
+            index.open_buckets(), index.tail(), [index.straggling(k) for k in range(STEPS)],
+            [set(index.matched_by(d)) for d in DEVICES])
 
 
 @settings(max_examples=60, deadline=None)

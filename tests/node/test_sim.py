@@ -42,8 +42,10 @@ def test_seeded_run_is_deterministic():
 def test_shared_index_with_lag_and_parking_equals_one_index_per_node(extra, seed):
     """The scalable view (one shared index, per-node lag recomputed, idle nodes parked) makes
     exactly the decisions that giving every node its own real DeficitIndex, fed by simulated
-    gossip, and polling it all along makes."""
-    sc = STORMY.replace(seed=seed, **extra)
+    gossip, and polling it all along makes. Without the tail rules and the class preference:
+    those read run-wide statistics, which the overlay takes from the shared index (see
+    test_tail_rules_parking_changes_nothing)."""
+    sc = STORMY.replace(seed=seed, tail=False, diversity=False, **extra)
     exact = Swarm(sc.replace(view="exact", parking=False))
     fast = Swarm(sc.replace(view="overlay", parking=True))
     slow = Swarm(sc.replace(view="overlay", parking=False))
@@ -52,6 +54,36 @@ def test_shared_index_with_lag_and_parking_equals_one_index_per_node(extra, seed
     # ... and the run was eventful enough to mean something
     assert a["complete"] and a["claims_lost"] > 0 and a["lease_renewals"] > 0 and a["aborted_replays"] > 0
     assert fast.parks > 0 and slow.parks == 0
+
+
+def test_tail_rules_parking_changes_nothing():
+    """With the tail rules (deadline, speculative slots) and the class preference, parking idle
+    nodes still changes no decision: a parked node could not have speculated until a new claim
+    or an unfinished claim's end wakes it."""
+    parks = 0
+    for seed in (5, 11, 12):
+        sc = STORMY.replace(seed=seed)
+        fast, slow = Swarm(sc.replace(parking=True)), Swarm(sc.replace(parking=False))
+        a, b = fast.simulate(), slow.simulate()
+        assert _outcome(a) == _outcome(b)
+        parks += fast.parks
+    assert parks > 0
+
+
+def test_tail_rules_beat_the_plain_rules_on_unequal_hardware():
+    """A 100x spread of speeds: without the tail rules the slowest nodes' first replays decide
+    when the run is covered; with them, faster idle nodes take those steps speculatively (at
+    most one speculative replay per step at a time) and slow nodes leave the last open work."""
+    mix = ((Hardware("fast", 60.0, device="cuda/sm_90"), 0.5), (Hardware("mid", 240.0, device="cuda/sm_86"), 0.3),
+           (Hardware("slow", 6000.0, device="cpu/x86_64"), 0.2))
+    sc = Scenario(nodes=20, steps=200, redundancy=2, mix=mix, idle_poll_s=10.0, seed=3)
+    plain, ours = simulate(sc.replace(tail=False, diversity=False)), simulate(sc)
+    assert plain["complete"] and ours["complete"]
+    assert plain["time_to_full_s"] > 5000  # a slow node's first replay
+    assert ours["time_to_full_s"] < plain["time_to_full_s"] / 2
+    assert ours["speculative_claims"] > 0
+    assert ours["replay_ratio"] <= 1 + ours["speculative_claims"] / (sc.steps * sc.redundancy)
+    assert ours["two_class_share"] > plain["two_class_share"]
 
 
 def test_crypto_modes_decide_the_same():

@@ -80,6 +80,9 @@ class StubReplayer:
         return WorkerResult(manifest.state_hashes[step], manifest.state_hashes[step + 1], self.witnesses[step],
                             int(REPLAY_S * 1000), DEVICE)
 
+    def device_class(self) -> str:
+        return DEVICE
+
 
 def config(data_dir: Path, **fields) -> NodeConfig:
     return NodeConfig(data_dir=data_dir, listen="127.0.0.1:0", api="127.0.0.1:0", redundancy=1, lease_s=LEASE_S,

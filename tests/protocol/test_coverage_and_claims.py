@@ -1,7 +1,7 @@
 import itertools
 import random
 
-from open1b.protocol import StepStatus, coverage, select_claim
+from open1b.protocol import Attestation, StepStatus, coverage, select_claim
 from open1b.protocol.claims import LEASE_ROUND_SECONDS, claim_precedence
 
 from .conftest import NOW, ident, make_attestation, make_claim, make_manifest
@@ -71,3 +71,23 @@ def test_newer_round_retakes_an_expired_lease(manifest):
     same_round_later = make_claim(ident(0), manifest, 0, issued_at=NOW + 1)
     assert [old, retake][select_claim([old, retake])] is retake
     assert [old, same_round_later][select_claim([old, same_round_later])] is old
+
+
+def test_device_classes_per_step_and_per_run(manifest):
+    """Coverage counts distinct device classes among a step's counted matches (a mismatch adds
+    none), and lists the run's; short_of_classes is the --min-classes policy."""
+    gpu = dict(device="cuda/sm_90")
+
+    def att(n, step, match=True, **change):
+        a = make_attestation(ident(n), manifest, step, match=match)
+        return a if not change else Attestation.create(ident(n), **{**_fields(a), **change})
+
+    atts = [att(1, 0), att(2, 0, **gpu), att(1, 1), att(2, 1), att(3, 2, **gpu), att(4, 2, match=False)]
+    cov = coverage(manifest, atts, now=NOW, redundancy=2)
+    assert [len(s.devices) for s in cov.steps] == [2, 1, 1, 0]  # distinct classes per step
+    assert cov.device_classes == ("cpu/x86_64-avx2", "cuda/sm_90")
+    assert cov.short_of_classes(2) == [1, 2, 3] and cov.short_of_classes(1) == [3]
+
+
+def _fields(a):
+    return {k: v for k, v in a.body().items() if k not in ("kind", "v", "signer")}

@@ -16,7 +16,7 @@ import pytest
 from open1b.protocol import (
     PROTOCOL_VERSION, Attestation, Claim, EvalStatement, ExternalRunManifest, RunManifest, SpotCheck, WitnessReveal,
 )
-from open1b.protocol.schema import Bytes, Enum, ListOf, Scalars, Text, UInt
+from open1b.protocol.schema import Bytes, Enum, ListOf, Optional, Scalars, Text, UInt
 
 from ..mutation.reference import read_cddl
 from ..vectors import ROOT as VECTORS
@@ -48,6 +48,8 @@ def test_spec_example_quotes_its_vector(name, block):
 
 
 def _field_type(expr: str, aliases: dict[str, str]):
+    if expr.startswith("? "):
+        return Optional(_field_type(expr[2:], aliases))
     expr = aliases.get(expr, expr)
     if m := re.fullmatch(r"bstr \.size (\d+)", expr):
         return Bytes(size=int(m.group(1)))

@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import trio
 
 from open1b.devnet import adversaries as adversary
 from open1b.node.config import ConfigError, load_config
+from open1b.node.worker import WorkerResult
 
 DAEMON_ARGS = ["--listen", "127.0.0.1:0", "--api", "127.0.0.1:0"]
 
@@ -51,3 +53,23 @@ def test_the_node_has_no_behaviour_flag(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "open1b.node.cli", "daemon", "--help"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "--behaviour" not in proc.stdout and "--trust-policy" in proc.stdout
+
+
+def test_a_declared_device_is_a_device_class_and_signs_the_honest_bits_under_it(monkeypatch):
+    monkeypatch.setenv(adversary.ENV_SWITCH, "1")
+    with pytest.raises(ConfigError, match="not a device class"):
+        adversary.from_name("device=tpu/v5")
+    declared = adversary.from_name("device=cuda/sm_90")
+    honest = WorkerResult(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32, 7, "cpu/x86_64-avx2")
+
+    class Honest:
+        async def replay(self, manifest, run_dir, step):
+            return honest
+
+        def device_class(self):
+            return honest.device
+
+    replayer = declared.replayer(Honest())
+    assert replayer.device_class() == "cuda/sm_90"  # what it plans with before its first replay
+    assert trio.run(replayer.replay, None, None, 0) == WorkerResult(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32, 7,
+                                                                      "cuda/sm_90")

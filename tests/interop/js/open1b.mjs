@@ -196,7 +196,7 @@ const SCALARS = (n) => ['scalars', n]
 export const SCHEMAS = {
   manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { format: ['uint', 255n], engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), seed: UINT, steps: ['uint', 8192n], state_hashes: ['hashes', 8193], checkpoints: ['hashes', 8193], witnesses: ['hashes', 8192], samples_root: HASH, samples: UINT, samples_blob: HASH, samples_size: UINT, publisher: KEY, created_at: UINT } },
   external_manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), steps: ['uint', 1n << 20n], first_step: UINT, trajectory_format: ['enum', ['jsonl']], trajectory_uri: text(256), trajectory_size: ['uint', 64n << 20n], trajectory_digest: HASH, trajectory_root: HASH, publisher: KEY, created_at: UINT } },
-  claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT } },
+  claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT, expected_done: UINT }, optional: ['expected_done'] },
   attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), device: text(70), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
   reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } },
   eval: { signer: 'signer', maxSize: 512, fields: { run: HASH, state: UINT, loss: ['uint', 2n ** 32n - 1n], claimed: ['uint', 2n ** 32n - 1n], verdict: ['enum', ['result', 'match', 'mismatch']], engine: text(64), engine_version: text(64), device: text(70), signer: KEY, issued_at: UINT } },
@@ -245,9 +245,10 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   if (kind === 'manifest' && value.get('format') !== RUN_FORMAT) throw new ProtocolError('run_format', `run format ${value.get('format')} is not supported; this peer reads format ${RUN_FORMAT}`)
   const names = ['kind', 'v', 'sig', ...Object.keys(schema.fields)]
   for (const k of value.keys()) if (!names.includes(k)) throw new ProtocolError('unknown_field', k)
-  for (const k of names) if (!value.has(k)) throw new ProtocolError('missing_field', k)
+  const optional = schema.optional || [] // "? field" in the CDDL: may be absent, never null
+  for (const k of names) if (!value.has(k) && !optional.includes(k)) throw new ProtocolError('missing_field', k)
   checkField('sig', ['bytes', 64], value.get('sig'))
-  for (const [name, type] of Object.entries(schema.fields)) checkField(name, type, value.get(name))
+  for (const [name, type] of Object.entries(schema.fields)) if (value.has(name)) checkField(name, type, value.get(name))
   if (kind === 'manifest' && (value.get('steps') < 1n || BigInt(value.get('state_hashes').length) !== value.get('steps') + 1n)) throw new ProtocolError('state_hashes', 'steps + 1 hashes')
   if (kind === 'manifest' && BigInt(value.get('checkpoints').length) !== value.get('steps') + 1n) throw new ProtocolError('checkpoints', 'steps + 1 addresses')
   if (kind === 'manifest' && BigInt(value.get('witnesses').length) !== value.get('steps')) throw new ProtocolError('witnesses', 'one commitment per step')
