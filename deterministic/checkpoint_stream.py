@@ -180,6 +180,19 @@ def _open(path: Path, config: GPTConfig, step: int) -> tuple[int, int]:
         raise RunFormatError(f"checkpoint {step}: {exc}") from None
 
 
+def read_header(fd: int, size: int, step: int) -> bytearray:
+    """The first bytes of checkpoint ``step`` open at ``fd`` (``size`` bytes): the 8-byte length
+    and the JSON header, read only once the length is within :data:`HEADER_SLACK` and the file."""
+    prefix = bytearray(_PREFIX)
+    _read_exactly(fd, memoryview(prefix), 0)
+    (n,) = struct.unpack("<Q", prefix)
+    if not 2 <= n <= HEADER_SLACK or _PREFIX + n > size:
+        raise RunFormatError(f"checkpoint {step}: a header of {n} bytes in a file of {size}")
+    header = bytearray(_PREFIX + n)
+    _read_exactly(fd, memoryview(header), 0)
+    return header
+
+
 def scan_checkpoint(path: Path, config: GPTConfig, step: int, address: bytes | None = None, *,
                     keep: str | None = "param/") -> Scan:
     """Read checkpoint ``step`` of ``config``'s model at ``path`` once, in file order, and keep the
@@ -190,13 +203,7 @@ def scan_checkpoint(path: Path, config: GPTConfig, step: int, address: bytes | N
     path = Path(path)
     fd, size = _open(path, config, step)
     try:
-        prefix = bytearray(_PREFIX)
-        _read_exactly(fd, memoryview(prefix), 0)
-        (n,) = struct.unpack("<Q", prefix)
-        if not 2 <= n <= HEADER_SLACK or _PREFIX + n > size:
-            raise RunFormatError(f"checkpoint {step}: a header of {n} bytes in a file of {size}")
-        header = bytearray(_PREFIX + n)
-        _read_exactly(fd, memoryview(header), 0)
+        header = read_header(fd, size, step)
         try:
             slots = parse_header(bytes(header), size, config, step)
         except RunFormatError:
@@ -287,6 +294,39 @@ class FileMoments(Mapping):
 
     def __reduce__(self):  # pickles as the plain dict it stands for
         return dict, (dict(self.items()),)
+
+
+class HeldChunks:
+    """One group (``param``, ``adam_m`` or ``adam_v``) of a checkpoint held in part: a file of the
+    checkpoint's layout with holes where its chunks were not fetched. :meth:`elements` reads a
+    range of a tensor and checks every chunk it lies in against ``digests`` (a chunk table that
+    proved h_k), so a hole, or a byte changed since the fetch, is refused, never used."""
+
+    def __init__(self, path: Path, prefix: str, slots: Mapping[str, Slot], digests: Mapping[str, list[bytes]]) -> None:
+        self.path, self.prefix, self.slots, self.digests = Path(path), prefix, slots, digests
+
+    def elements(self, name: str, part: slice) -> np.ndarray:
+        """Elements ``part.start`` to ``part.stop`` of tensor ``name`` of this group, read-only."""
+        key = f"{self.prefix}/{name}"
+        slot = self.slots[key]
+        begin, end = 4 * part.start, 4 * part.stop
+        if not 0 <= begin < end <= slot.nbytes:
+            raise ValueError(f"{key}: elements {part.start}:{part.stop} outside the tensor")
+        first, last = begin // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
+        lo, hi = first * CHUNK_SIZE, min((last + 1) * CHUNK_SIZE, slot.nbytes)
+        data = bytearray(hi - lo)
+        try:
+            fd, _ = open_regular(self.path, 1 << 62)  # opened by open_part, which bounded its size
+        except FileRefused as exc:
+            raise RunFormatError(f"{key}: {exc}") from None
+        try:
+            _read_exactly(fd, memoryview(data), slot.offset + lo)
+        finally:
+            os.close(fd)
+        for i in range(first, last + 1):
+            if chunk_digest(i, data[i * CHUNK_SIZE - lo:(i + 1) * CHUNK_SIZE - lo]) != self.digests[key][i]:
+                raise CheckpointMismatchError(f"{self.path}: chunk {i} of {key} is not held, or not the proven one")
+        return np.frombuffer(bytes(data[begin - lo:end - lo]), _F32)
 
 
 class CheckpointWriter:

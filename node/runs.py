@@ -45,6 +45,7 @@ from open1b.deterministic.runfile import (
     max_checkpoint_bytes,
 )
 from open1b.deterministic.samples import Dataset
+from open1b.deterministic.spot_state import part_paths
 from open1b.protocol import Identity, Open1bError, RunManifest
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.fingerprints import FINGERPRINTS_FILE, decode_fingerprints, max_fingerprints_size
@@ -53,7 +54,7 @@ from open1b.protocol.spotcheck import run_slots
 
 from .blobs import BlobCache, BlobError, provider_key
 from .bulk import BulkPeer, find_bulk_peer
-from .checkpoint_fetch import fetch_checkpoint
+from .checkpoint_fetch import fetch_checkpoint, fetch_checkpoint_part
 from .chunk_table import checkpoint_expectation
 from .files import FileRefused, StorageFull, open_regular, read_bounded, write_atomic
 from .p2p import P2P
@@ -438,6 +439,42 @@ class RunFiles:
                      ports_s, report.seconds,
                      "-" if report.first_verified_s is None else f"{report.first_verified_s:.2f} s")
             return report.path
+        return None
+
+    async def fetch_part(self, p2p: P2P, bulk: BulkFetch, chunks: dict[str, tuple[int, ...]], work: Path,
+                         on_bad_peer: Callable[[str], None]) -> int | None:
+        """Only ``chunks`` (tensor name → chunk indices) of checkpoint ``bulk.step``, for a spot check:
+        over the bulk path, each chunk checked against the h_k-proven chunk table, held in part in
+        the working directory ``work`` (:func:`open1b.deterministic.spot_state.part_paths`). The
+        bytes received; None when no provider delivered them there (the caller fetches the whole
+        checkpoint instead). Nothing enters the cache: a blob is served only once whole and verified."""
+        manifest, step = bulk.manifest, bulk.step
+        try:
+            dataset = await self._dataset(manifest, bulk.samples_dir) if step > 0 else None
+            expect = checkpoint_expectation(manifest, step, dataset)
+        except Open1bError as exc:
+            log.info("checkpoint %d: no fetch in part without the run's samples: %s", step, exc)
+            return None
+        connected = p2p.connected_peers()[:MAX_FALLBACK_PEERS]
+        for peer_ids in (connected, None):
+            if peer_ids is None:
+                peer_ids = []
+                with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                    peer_ids = [p for p in await p2p.find_providers(provider_key(expect.address)) if p not in connected]
+            peers = await self._bulk_ports.of(p2p, peer_ids)
+            if not peers:
+                continue
+            try:
+                report = await fetch_checkpoint_part(bulk.identity, peers, expect, chunks, *part_paths(work, step),
+                                                     on_bad_peer=on_bad_peer)
+            except StorageFull as exc:
+                raise NoRoomForRunFiles(f"checkpoint {step} (in part): {exc}") from None
+            except BlobError as exc:
+                log.info("checkpoint %d in part over the bulk path: %s", step, exc)
+                continue
+            self.stats.fetched_bytes += report.size
+            log.info("checkpoint %d in part: %d bytes in %.2f s", step, report.size, report.seconds)
+            return report.size
         return None
 
     async def fetch_fingerprints(self, p2p: P2P, manifest: RunManifest, on_bad_peer: Callable[[str], None],
