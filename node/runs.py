@@ -265,25 +265,42 @@ class RunFiles:
         return self.root / (run.hex() + (f"-{purpose}" if purpose else ""))
 
     # -- publishing ------------------------------------------------------------------------
-    async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None) -> int:
+    async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None, *,
+                         move: bool = False) -> int:
         """Check every file of ``source`` against ``manifest`` and import them all, pinned; or
         import nothing and raise :class:`RunFilesError` naming the first bad file. Returns the
         bytes imported. Files are copied (never linked) while hashed, so the trainer changing
         them later cannot change what this node verified and serves; blobs the cache holds
-        already are hashed from the directory but not copied again."""
+        already are hashed from the directory but not copied again. With ``move`` (an 11 GB
+        checkpoint need not take twice its disk), each file is renamed into the cache and hashed
+        there (:meth:`.blobs.BlobCache.move_in`): refused before anything moves unless every file
+        is on the cache's filesystem with no other name, and moved back if the run is refused.
+        ``progress`` hears of each file, and within a large one of every 256 MiB hashed."""
         blobs = run_blobs(manifest)
         sizes = [await trio.to_thread.run_sync(_source_size, source, b) for b in blobs]
         held = [self.cache.has(b.digest) for b in blobs]
-        # before copying a byte: a full disk fails here, not half-way
-        self.cache.room(sum(size for size, have in zip(sizes, held) if not have))
+        if move:  # every file's filesystem before the first rename: no half-moved run
+            for blob, have in zip(blobs, held):
+                if not have:
+                    try:
+                        self.cache.same_filesystem(source / blob.relpath)
+                    except BlobError as exc:
+                        raise RunFilesError(f"{blob.name}: {exc}") from None
+        else:  # before copying a byte: a full disk fails here, not half-way
+            self.cache.room(sum(size for size, have in zip(sizes, held) if not have))
         staged: list[tuple[RunBlob, Path]] = []
         try:
-            for i, (blob, have) in enumerate(zip(blobs, held)):
+            for i, (blob, have, size) in enumerate(zip(blobs, held, sizes)):
                 progress(i, len(blobs), f"checking {blob.name}")
+
+                def on_bytes(done: int, i=i, blob=blob, size=size) -> None:
+                    progress(i, len(blobs), f"checking {blob.name}: {done >> 20} of {size >> 20} MiB")
+
                 # a blob we hold already is still checked against this directory's file (hashed,
                 # not copied): a publish vouches for the directory it names
-                check = functools.partial(self.cache.check if have else self.cache.stage, source / blob.relpath,
-                                          blob.digest, max_size=blob.max_size)
+                way = self.cache.check if have else self.cache.move_in if move else self.cache.stage
+                check = functools.partial(way, source / blob.relpath, blob.digest, max_size=blob.max_size,
+                                          on_bytes=on_bytes)
                 try:
                     done = await trio.to_thread.run_sync(check)
                 except (BlobError, FileRefused) as exc:
@@ -294,8 +311,11 @@ class RunFiles:
                     await trio.to_thread.run_sync(check_fingerprints_file, done or self.cache.path(blob.digest),
                                                   manifest)
         except BaseException:
-            for _, tmp in staged:
-                tmp.unlink(missing_ok=True)
+            for blob, tmp in staged:
+                if move:
+                    os.rename(tmp, source / blob.relpath)
+                else:
+                    tmp.unlink(missing_ok=True)
             raise
         total_bytes = sum(size for size, have in zip(sizes, held) if not have)
         for blob, tmp in staged:
