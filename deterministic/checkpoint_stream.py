@@ -399,9 +399,10 @@ class StateSink:
 
 
 def file_state(config: GPTConfig, step: int, path: Path, slots: Mapping[str, Slot], digests: Mapping[str, list[bytes]],
-               params: dict[str, np.ndarray]) -> TrainState:
-    """State ``step`` with ``params`` in memory and its moments and powers in the checkpoint at
-    ``path`` (read back and checked against ``digests`` when used: :class:`FileMoments`)."""
+               params: Mapping[str, np.ndarray]) -> TrainState:
+    """State ``step`` with ``params`` (in memory, or a :class:`FileMoments` of ``param`` where only
+    parts are read) and its moments and powers in the checkpoint at ``path`` (read back and checked
+    against ``digests`` when used: :class:`FileMoments`)."""
     names = list(config.param_shapes())
     beta1_pow, beta2_pow = (read_checked(path, slots[n], digests[n], n)[0] for n in ("adam/beta1_pow", "adam/beta2_pow"))
     return TrainState(config, params, FileMoments(path, "adam_m", slots, digests, names),

@@ -45,6 +45,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_chunks, derive_slot
 
 from .bounded_read import FileRefused, read_bounded
+from .checkpoint_stream import FileMoments, file_state, scan_checkpoint, scanned_state
 from .config import GPTConfig, Topology
 from .data import batch_for_step
 from .device import DeviceChoice
@@ -53,7 +54,7 @@ from .fingerprint import CHUNK_ELEMENTS, Caught, ChunkOpening, StepFingerprint, 
 from .fingerprint import check_loss_sum, chunk_count, recompute_slot
 from .provenance import checked_run_samples
 from .replay import backend_on, check_data_rules, check_engine
-from .runfile import checkpoint_path, genesis_hash, load_checkpoint, lr_bits, next_state_hash, read_manifest
+from .runfile import checkpoint_path, genesis_hash, hash_of_link, link_of_root, lr_bits, read_manifest
 from .runfile import step_batch_digest
 from .samples import Dataset
 from .spot_state import PartState, open_part, part_paths
@@ -122,10 +123,18 @@ class _Run:
         if not checkpoint_path(self.dir, k).exists() and part_paths(self.dir, k)[0].exists():
             link = (prev, 0, bytes(32)) if k == 0 else (prev, lr_bits(self.config), step_batch_digest(self.batch(k - 1)))
             return open_part(self.dir, k, self.config, self.manifest.state_hashes[k], link, params=params)
-        state = load_checkpoint(self.dir, k, self.config, self.manifest.checkpoints[k])
-        if next_state_hash(prev, state, self.batch(k - 1) if k > 0 else None) != self.manifest.state_hashes[k]:
+        # read once in pieces and hashed on the way (its address and h_k); the parameters kept, the
+        # moments read back a tensor at a time, chunk-checked, when a link uses them: never the file whole
+        scan = scan_checkpoint(checkpoint_path(self.dir, k), self.config, k, self.manifest.checkpoints[k],
+                               keep="param/" if params else None)
+        link = link_of_root(self.config, k, self.batch(k - 1) if k > 0 else None, scan.state_root())
+        if hash_of_link(prev, link) != self.manifest.state_hashes[k]:
             raise CheckpointMismatchError(f"checkpoint {k} does not hash to the published h_{k}")
-        return state
+        if params:
+            return scanned_state(scan, self.config, k)
+        names = list(self.config.param_shapes())
+        return file_state(self.config, k, scan.path, scan.slots, scan.digests,
+                          FileMoments(scan.path, "param", scan.slots, scan.digests, names))
 
 
 def _open_run(run_dir: Path, step: int, device: DeviceChoice | None):
