@@ -34,6 +34,7 @@ import numpy as np
 from open1b.protocol.commitments import CHUNK_SIZE, chunk_digest, state_root_of_digests, tensor_digest_of_chunks
 from open1b.protocol.hashing import DIGEST_SIZE
 
+from . import safetensors_header
 from .bounded_read import FileRefused, open_regular
 from .config import GPTConfig
 from .errors import CheckpointMismatchError, RunFormatError
@@ -98,35 +99,22 @@ def _slots(entries: dict, data_start: int) -> dict[str, Slot]:
 
 def parse_header(header: bytes, size: int, config: GPTConfig, step: int) -> dict[str, Slot]:
     """The tensors' slots of a ``size``-byte checkpoint whose first bytes are ``header`` (length
-    and JSON). Raises :class:`RunFormatError` unless it is a safetensors header of exactly
-    ``config``'s state at ``step``: the names, float32, the shapes, the step metadata, and data
-    ranges that tile the data section with no gap or overlap."""
+    and JSON). Raises :class:`RunFormatError` unless it is a safetensors header
+    (:func:`.safetensors_header.parse`: bounded, the data ranges tiling the data section) of
+    exactly ``config``'s state at ``step``: the names, float32, the shapes, the step metadata."""
     try:
-        entries = json.loads(header[_PREFIX:])
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RunFormatError(f"checkpoint {step}: the header is not JSON: {exc}") from None
-    if type(entries) is not dict or entries.get("__metadata__") != {METADATA_KEY: str(step)}:
+        entries, metadata = safetensors_header.parse(header, size, HEADER_SLACK)
+    except safetensors_header.HeaderError as exc:
+        raise RunFormatError(f"checkpoint {step}: {exc}") from None
+    if metadata != {METADATA_KEY: str(step)}:
         raise RunFormatError(f"checkpoint {step}: the header's metadata is not that of checkpoint {step}")
     shapes = state_shapes(config)
-    if set(entries) - {"__metadata__"} != set(shapes):
+    if {e.name for e in entries} != set(shapes):
         raise RunFormatError(f"checkpoint {step}: its tensors are not the names of the run's model")
-    ranges = []
-    for name, shape in shapes.items():
-        e = entries[name]
-        if (type(e) is not dict or set(e) != {"dtype", "shape", "data_offsets"} or e["dtype"] != "F32"
-                or e["shape"] != list(shape) or type(e["data_offsets"]) is not list or len(e["data_offsets"]) != 2
-                or not all(type(o) is int for o in e["data_offsets"])
-                or e["data_offsets"][1] - e["data_offsets"][0] != 4 * math.prod(shape)):
-            raise RunFormatError(f"checkpoint {step}: tensor {name}: not float32 {shape} with its data range")
-        ranges.append(tuple(e["data_offsets"]))
-    at = 0
-    for begin, end in sorted(ranges):
-        if begin != at:
-            raise RunFormatError(f"checkpoint {step}: the data section has a gap or an overlap at byte {at}")
-        at = end
-    if len(header) + at != size:
-        raise RunFormatError(f"checkpoint {step}: a file of {size} bytes for a header and {at} bytes of tensors")
-    return _slots(entries, len(header))
+    for e in entries:
+        if e.dtype != "float32" or e.shape != shapes[e.name]:
+            raise RunFormatError(f"checkpoint {step}: tensor {e.name}: not float32 {shapes[e.name]}")
+    return {e.name: Slot(e.shape, e.offset, e.nbytes) for e in entries}
 
 
 def _read_exactly(fd: int, view: memoryview, offset: int) -> None:
@@ -185,8 +173,11 @@ def read_header(fd: int, size: int, step: int) -> bytearray:
     and the JSON header, read only once the length is within :data:`HEADER_SLACK` and the file."""
     prefix = bytearray(_PREFIX)
     _read_exactly(fd, memoryview(prefix), 0)
-    (n,) = struct.unpack("<Q", prefix)
-    if not 2 <= n <= HEADER_SLACK or _PREFIX + n > size:
+    try:
+        n = safetensors_header.header_length(prefix, HEADER_SLACK)
+    except safetensors_header.HeaderError as exc:
+        raise RunFormatError(f"checkpoint {step}: {exc}") from None
+    if _PREFIX + n > size:
         raise RunFormatError(f"checkpoint {step}: a header of {n} bytes in a file of {size}")
     header = bytearray(_PREFIX + n)
     _read_exactly(fd, memoryview(header), 0)
