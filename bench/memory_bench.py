@@ -1,7 +1,7 @@
 """Memory of a step at scale (issue 29): peak RSS per parameter of a `gpt-1b` train and replay, of a
 `gpt-125m` replay in the node's replay worker, and the time activation recompute costs.
 
-    .venv/bin/python bench/memory_bench.py [--workdir DIR] [--skip-1b] [--skip-125m] [--repeats N]
+    .venv/bin/python bench/memory_bench.py [--workdir DIR] [--skip-1b] [--skip-125m] [--skip-spot-fetch] [--repeats N]
 
 1. ``gpt_1b`` (preset ``gpt-1b-one-row``: the `gpt-1b` model, 1 rank x 1 micro-batch x 1 row of
    2,048 tokens): ``open1b-node train --steps 1``, then ``open1b-node replay --step 0``, each a
@@ -13,6 +13,9 @@
    after its reply; then ``recompute_time_ratio``: the replay's own time (``ReplayResult.elapsed_s``:
    checkpoint scan, step, hash) with recompute ÷ without, from child processes run alternately,
    each warmed up first so that kernel loading stays out of the timed region.
+
+3. ``spot_fetch_ratio``: the bytes a spot check of a step fetches of checkpoints k and k+1 (the
+   header, the chunk table and the chunks it reads) ÷ the two files' bytes (:func:`bench_spot_fetch`).
 
 Writes bench/results/memory.json. Not a test: it takes tens of minutes and ~25 GB of disk. On a
 shared machine run it alone: the 1B steps need ~9 GB of memory each.
@@ -182,11 +185,53 @@ def child_scan(run: Path, step: int) -> None:
                       "tensors": root[0], "cores": os.cpu_count()}))
 
 
+def bench_spot_fetch(presets: list[str], challenges: int) -> dict:
+    """``spot_fetch_ratio``: what a spot check of step k fetches of checkpoints k and k+1 ÷ the two
+    files' bytes, per preset, over ``challenges`` challenge signatures (the worst is the ratio).
+    A spot check's fetch (``node.checkpoint_fetch.fetch_checkpoint_part``) receives exactly the
+    header, the chunk table and the chunks ``spot_pieces`` names, each once (its test checks
+    ``report.size`` against that sum on a real fetch over loopback), so the bytes are counted here
+    from the checkpoint's layout, which needs no 11 GB file."""
+    from open1b.deterministic import PRESETS
+    from open1b.deterministic.checkpoint_stream import canonical_header
+    from open1b.deterministic.fingerprint import chunk_count
+    from open1b.deterministic.spot_state import AFTER, BEFORE, spot_pieces
+    from open1b.node.checkpoint_fetch import wanted_pieces
+    from open1b.node.chunk_table import parse_layout
+    from open1b.protocol import Identity, blake2b256, challenge_signature
+    from open1b.protocol.spotcheck import derive_chunks
+
+    out = {}
+    for preset in presets:
+        config = PRESETS[preset].config
+        layouts = {}
+        for step, which in ((0, BEFORE), (1, AFTER)):
+            header, slots = canonical_header(config, step)
+            layouts[which] = parse_layout(header, len(header) + sum(s.nbytes for s in slots.values()))
+        total = sum(layout.size for layout in layouts.values())
+        ratios = []
+        for i in range(challenges):
+            verifier = Identity(blake2b256(b"bench/memory/spot-fetch", i.to_bytes(4, "big")))
+            chunks = derive_chunks(challenge_signature(verifier, bytes(32), 0), chunk_count(config))
+            fetched = 0
+            for which, layout in layouts.items():
+                pieces = layout.pieces()
+                wanted = wanted_pieces(layout, spot_pieces(config, chunks, which))
+                fetched += layout.header_size + layout.table_size + sum(pieces[j].length for j in wanted)
+            ratios.append(fetched / total)
+        out[preset] = {"checkpoints_bytes": total, "challenges": challenges, "ratio_max": round(max(ratios), 4),
+                       "ratio_mean": round(sum(ratios) / len(ratios), 4)}
+        print(f"{preset} spot check fetch: {max(ratios):.4f} of the two checkpoints (worst of {challenges})",
+              flush=True)
+    return out
+
+
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--workdir", type=Path, default=None)
     cli.add_argument("--skip-1b", action="store_true")
     cli.add_argument("--skip-125m", action="store_true")
+    cli.add_argument("--skip-spot-fetch", action="store_true")
     cli.add_argument("--repeats", type=int, default=1)
     cli.add_argument("--presets", nargs=2, default=[PRESET_1B, PRESET_125M], metavar=("LARGE", "MEDIUM"),
                      help="other presets in place of the two (a quick check of the script; results to --results)")
@@ -204,7 +249,8 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     out = args.results
     results = json.loads(out.read_text()) if out.exists() else {}
-    results["machine"] = {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()}
+    if not (args.skip_1b and args.skip_125m):  # what the timed rows ran on (the byte counts need no machine)
+        results["machine"] = {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()}
     if not args.skip_1b:
         results["gpt_1b"] = bench_1b(workdir, args.presets[0])
         out.write_text(json.dumps(results, indent=1) + "\n")
@@ -212,7 +258,11 @@ def main() -> None:
         results["gpt_125m"], results["recompute"] = bench_125m(workdir, args.repeats, args.presets[1])
         results["recompute_time_ratio"] = results["recompute"]["ratio"]
         out.write_text(json.dumps(results, indent=1) + "\n")
-    print(json.dumps({k: results[k] for k in ("recompute_time_ratio",) if k in results}))
+    if not args.skip_spot_fetch:
+        results["spot_fetch"] = bench_spot_fetch([PRESET_1B, PRESET_125M, "small"], challenges=64)
+        results["spot_fetch_ratio"] = results["spot_fetch"][PRESET_1B]["ratio_max"]
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps({k: results[k] for k in ("recompute_time_ratio", "spot_fetch_ratio") if k in results}))
 
 
 if __name__ == "__main__":

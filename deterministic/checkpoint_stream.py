@@ -34,6 +34,7 @@ import numpy as np
 from open1b.protocol.commitments import CHUNK_SIZE, chunk_digest, state_root_of_digests, tensor_digest_of_chunks
 from open1b.protocol.hashing import DIGEST_SIZE
 
+from . import safetensors_header
 from .bounded_read import FileRefused, open_regular
 from .config import GPTConfig
 from .errors import CheckpointMismatchError, RunFormatError
@@ -98,35 +99,22 @@ def _slots(entries: dict, data_start: int) -> dict[str, Slot]:
 
 def parse_header(header: bytes, size: int, config: GPTConfig, step: int) -> dict[str, Slot]:
     """The tensors' slots of a ``size``-byte checkpoint whose first bytes are ``header`` (length
-    and JSON). Raises :class:`RunFormatError` unless it is a safetensors header of exactly
-    ``config``'s state at ``step``: the names, float32, the shapes, the step metadata, and data
-    ranges that tile the data section with no gap or overlap."""
+    and JSON). Raises :class:`RunFormatError` unless it is a safetensors header
+    (:func:`.safetensors_header.parse`: bounded, the data ranges tiling the data section) of
+    exactly ``config``'s state at ``step``: the names, float32, the shapes, the step metadata."""
     try:
-        entries = json.loads(header[_PREFIX:])
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RunFormatError(f"checkpoint {step}: the header is not JSON: {exc}") from None
-    if type(entries) is not dict or entries.get("__metadata__") != {METADATA_KEY: str(step)}:
+        entries, metadata = safetensors_header.parse(header, size, HEADER_SLACK)
+    except safetensors_header.HeaderError as exc:
+        raise RunFormatError(f"checkpoint {step}: {exc}") from None
+    if metadata != {METADATA_KEY: str(step)}:
         raise RunFormatError(f"checkpoint {step}: the header's metadata is not that of checkpoint {step}")
     shapes = state_shapes(config)
-    if set(entries) - {"__metadata__"} != set(shapes):
+    if {e.name for e in entries} != set(shapes):
         raise RunFormatError(f"checkpoint {step}: its tensors are not the names of the run's model")
-    ranges = []
-    for name, shape in shapes.items():
-        e = entries[name]
-        if (type(e) is not dict or set(e) != {"dtype", "shape", "data_offsets"} or e["dtype"] != "F32"
-                or e["shape"] != list(shape) or type(e["data_offsets"]) is not list or len(e["data_offsets"]) != 2
-                or not all(type(o) is int for o in e["data_offsets"])
-                or e["data_offsets"][1] - e["data_offsets"][0] != 4 * math.prod(shape)):
-            raise RunFormatError(f"checkpoint {step}: tensor {name}: not float32 {shape} with its data range")
-        ranges.append(tuple(e["data_offsets"]))
-    at = 0
-    for begin, end in sorted(ranges):
-        if begin != at:
-            raise RunFormatError(f"checkpoint {step}: the data section has a gap or an overlap at byte {at}")
-        at = end
-    if len(header) + at != size:
-        raise RunFormatError(f"checkpoint {step}: a file of {size} bytes for a header and {at} bytes of tensors")
-    return _slots(entries, len(header))
+    for e in entries:
+        if e.dtype != "float32" or e.shape != shapes[e.name]:
+            raise RunFormatError(f"checkpoint {step}: tensor {e.name}: not float32 {shapes[e.name]}")
+    return {e.name: Slot(e.shape, e.offset, e.nbytes) for e in entries}
 
 
 def _read_exactly(fd: int, view: memoryview, offset: int) -> None:
@@ -180,6 +168,22 @@ def _open(path: Path, config: GPTConfig, step: int) -> tuple[int, int]:
         raise RunFormatError(f"checkpoint {step}: {exc}") from None
 
 
+def read_header(fd: int, size: int, step: int) -> bytearray:
+    """The first bytes of checkpoint ``step`` open at ``fd`` (``size`` bytes): the 8-byte length
+    and the JSON header, read only once the length is within :data:`HEADER_SLACK` and the file."""
+    prefix = bytearray(_PREFIX)
+    _read_exactly(fd, memoryview(prefix), 0)
+    try:
+        n = safetensors_header.header_length(prefix, HEADER_SLACK)
+    except safetensors_header.HeaderError as exc:
+        raise RunFormatError(f"checkpoint {step}: {exc}") from None
+    if _PREFIX + n > size:
+        raise RunFormatError(f"checkpoint {step}: a header of {n} bytes in a file of {size}")
+    header = bytearray(_PREFIX + n)
+    _read_exactly(fd, memoryview(header), 0)
+    return header
+
+
 def scan_checkpoint(path: Path, config: GPTConfig, step: int, address: bytes | None = None, *,
                     keep: str | None = "param/") -> Scan:
     """Read checkpoint ``step`` of ``config``'s model at ``path`` once, in file order, and keep the
@@ -190,13 +194,7 @@ def scan_checkpoint(path: Path, config: GPTConfig, step: int, address: bytes | N
     path = Path(path)
     fd, size = _open(path, config, step)
     try:
-        prefix = bytearray(_PREFIX)
-        _read_exactly(fd, memoryview(prefix), 0)
-        (n,) = struct.unpack("<Q", prefix)
-        if not 2 <= n <= HEADER_SLACK or _PREFIX + n > size:
-            raise RunFormatError(f"checkpoint {step}: a header of {n} bytes in a file of {size}")
-        header = bytearray(_PREFIX + n)
-        _read_exactly(fd, memoryview(header), 0)
+        header = read_header(fd, size, step)
         try:
             slots = parse_header(bytes(header), size, config, step)
         except RunFormatError:
@@ -289,6 +287,39 @@ class FileMoments(Mapping):
         return dict, (dict(self.items()),)
 
 
+class HeldChunks:
+    """One group (``param``, ``adam_m`` or ``adam_v``) of a checkpoint held in part: a file of the
+    checkpoint's layout with holes where its chunks were not fetched. :meth:`elements` reads a
+    range of a tensor and checks every chunk it lies in against ``digests`` (a chunk table that
+    proved h_k), so a hole, or a byte changed since the fetch, is refused, never used."""
+
+    def __init__(self, path: Path, prefix: str, slots: Mapping[str, Slot], digests: Mapping[str, list[bytes]]) -> None:
+        self.path, self.prefix, self.slots, self.digests = Path(path), prefix, slots, digests
+
+    def elements(self, name: str, part: slice) -> np.ndarray:
+        """Elements ``part.start`` to ``part.stop`` of tensor ``name`` of this group, read-only."""
+        key = f"{self.prefix}/{name}"
+        slot = self.slots[key]
+        begin, end = 4 * part.start, 4 * part.stop
+        if not 0 <= begin < end <= slot.nbytes:
+            raise ValueError(f"{key}: elements {part.start}:{part.stop} outside the tensor")
+        first, last = begin // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
+        lo, hi = first * CHUNK_SIZE, min((last + 1) * CHUNK_SIZE, slot.nbytes)
+        data = bytearray(hi - lo)
+        try:
+            fd, _ = open_regular(self.path, 1 << 62)  # opened by open_part, which bounded its size
+        except FileRefused as exc:
+            raise RunFormatError(f"{key}: {exc}") from None
+        try:
+            _read_exactly(fd, memoryview(data), slot.offset + lo)
+        finally:
+            os.close(fd)
+        for i in range(first, last + 1):
+            if chunk_digest(i, data[i * CHUNK_SIZE - lo:(i + 1) * CHUNK_SIZE - lo]) != self.digests[key][i]:
+                raise CheckpointMismatchError(f"{self.path}: chunk {i} of {key} is not held, or not the proven one")
+        return np.frombuffer(bytes(data[begin - lo:end - lo]), _F32)
+
+
 class CheckpointWriter:
     """Checkpoint ``step`` of ``config``'s model written tensor by tensor, in any order, each into
     its place in the file (``path`` + ``.tmp`` until :meth:`finish`)."""
@@ -359,9 +390,10 @@ class StateSink:
 
 
 def file_state(config: GPTConfig, step: int, path: Path, slots: Mapping[str, Slot], digests: Mapping[str, list[bytes]],
-               params: dict[str, np.ndarray]) -> TrainState:
-    """State ``step`` with ``params`` in memory and its moments and powers in the checkpoint at
-    ``path`` (read back and checked against ``digests`` when used: :class:`FileMoments`)."""
+               params: Mapping[str, np.ndarray]) -> TrainState:
+    """State ``step`` with ``params`` (in memory, or a :class:`FileMoments` of ``param`` where only
+    parts are read) and its moments and powers in the checkpoint at ``path`` (read back and checked
+    against ``digests`` when used: :class:`FileMoments`)."""
     names = list(config.param_shapes())
     beta1_pow, beta2_pow = (read_checked(path, slots[n], digests[n], n)[0] for n in ("adam/beta1_pow", "adam/beta2_pow"))
     return TrainState(config, params, FileMoments(path, "adam_m", slots, digests, names),

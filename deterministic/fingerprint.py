@@ -36,7 +36,7 @@ import enum
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from open1b.protocol.codec import encode
 from open1b.protocol.hashing import blake2b256
 
 from .backend import default_backend
+from .checkpoint_stream import HeldChunks
 from .config import GPTConfig, Topology
 from .gpt import forward_backward
 from .reduction import RANK_GROUP
@@ -51,6 +52,9 @@ from .state import TrainState
 from .step import (
     StepReport, _GroupedTree, _inv_tokens, adamw_scalars, check_batch, finish_step, step_gradients, train_step_streamed,
 )  # fmt: skip
+
+if TYPE_CHECKING:  # a spot check's checkpoints held in part (spot_state imports this module's constants)
+    from .spot_state import PartState
 
 CHUNK_ELEMENTS = 1 << 14
 """float32 elements per gradient chunk (64 KiB): a constant of the run format, like a tile size."""
@@ -211,7 +215,7 @@ class Caught(str, enum.Enum):
     NO_ANSWER = "no_answer"  # the trainer did not answer in the stated time
 
 
-def recompute_slot(fp: StepFingerprint, state: TrainState, batch: np.ndarray, topology: Topology, slot: int,
+def recompute_slot(fp: StepFingerprint, state: TrainState | PartState, batch: np.ndarray, topology: Topology, slot: int,
                    chunks: tuple[int, ...], *, backend=None) -> tuple[Caught, tuple[np.ndarray, ...]]:
     """Link 1: recompute ``slot`` (rank · micro_batches + micro-batch) of the step from ``state``
     (checkpoint k) and its committed ``batch``; compare its loss bits with ``fp``. Gives the verdict
@@ -220,7 +224,9 @@ def recompute_slot(fp: StepFingerprint, state: TrainState, batch: np.ndarray, to
     config = state.config
     check_batch(batch, config, topology)
     be = backend or default_backend(config)
-    params, _, _ = be.load_state(state)
+    # a checkpoint held in part has its parameters whole but not its moments, which this link does not read
+    params = be.load_state(state)[0] if isinstance(state, TrainState) else {
+        name: be.upload(a) for name, a in state.params.items()}
     rank, micro = divmod(slot, topology.micro_batches)
     mb = be.micro_batches(batch[rank:rank + 1, micro:micro + 1], config.vocab_size)[0][0]
     loss, grads = forward_backward(params, mb, _inv_tokens(config, topology), config, be)
@@ -238,7 +244,8 @@ def check_loss_sum(fp: StepFingerprint, config: GPTConfig, topology: Topology, *
 
 
 def check_chunks(fp: StepFingerprint, openings: tuple[ChunkOpening, ...], slot: int, mine: tuple[np.ndarray, ...],
-                 before: TrainState, after: TrainState, topology: Topology, *, backend=None) -> Caught:
+                 before: TrainState | PartState, after: TrainState | PartState, topology: Topology, *,
+                 backend=None) -> Caught:
     """Links 3 and 4 for every opened chunk: AdamW from checkpoint k (``before``) to checkpoint
     k+1 (``after``) on the answered summed chunk; then the secret ``slot``'s chunks against the
     verifier's recomputation ``mine`` (in ``openings``' order) and the sum in the step's order."""
@@ -275,7 +282,16 @@ def _reduce(per_rank: list[list[dict]], add, plus_zero) -> dict:
     return ranks.total()
 
 
-def _update_holds(op: ChunkOpening, before: TrainState, after: TrainState, coef: np.float32, be) -> bool:
+def _elements(group: Mapping[str, np.ndarray] | HeldChunks, name: str, part: slice) -> np.ndarray:
+    """Elements ``part`` of parameter ``name`` in one group of a state: a view of its array, or
+    read (and checked) from a checkpoint held in part (:mod:`.spot_state`)."""
+    if isinstance(group, HeldChunks):
+        return group.elements(name, part)
+    return group[name].reshape(-1)[part]
+
+
+def _update_holds(op: ChunkOpening, before: TrainState | PartState, after: TrainState | PartState, coef: np.float32,
+                  be) -> bool:
     """AdamW of every parameter's part of chunk ``op.index`` gives ``after``'s params, m and v there."""
     scalars, _, _ = adamw_scalars(before)
     lo, hi, offset = op.index * CHUNK_ELEMENTS, op.index * CHUNK_ELEMENTS + op.summed.shape[0], 0
@@ -284,11 +300,11 @@ def _update_holds(op: ChunkOpening, before: TrainState, after: TrainState, coef:
         a, b = max(lo, offset), min(hi, offset + size)
         if a < b:
             part = slice(a - offset, b - offset)
-            old = [np.ascontiguousarray(t[name].reshape(-1)[part]) for t in (before.params, before.m, before.v)]
+            old = [np.ascontiguousarray(_elements(t, name, part)) for t in (before.params, before.m, before.v)]
             new = be.adamw(old[0], np.ascontiguousarray(op.summed[a - lo:b - lo]), old[1], old[2],
                            replace(scalars[name], coef=coef))
-            want = (after.params[name], after.m[name], after.v[name])
-            if any(np.asarray(x).tobytes() != w.reshape(-1)[part].tobytes() for x, w in zip(new, want)):
+            want = (_elements(t, name, part) for t in (after.params, after.m, after.v))
+            if any(np.asarray(x).tobytes() != w.tobytes() for x, w in zip(new, want)):
                 return False
         offset += size
     return True

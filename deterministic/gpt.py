@@ -24,6 +24,8 @@ residual adds, the GELU and its backward) as one kernel (:mod:`.epilogue`); the 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .attention import attention_scale
@@ -102,7 +104,7 @@ def _layer_backward(acts: list, w: tuple, names: tuple, dx, grads: dict, config:
 
 
 def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config: GPTConfig, be, *,
-                     recompute: bool = True):
+                     recompute: bool = True, on_grad: Callable[[str, object], None] | None = None):
     """``(loss, grads)`` of one micro-batch (:class:`.microbatch.MicroBatch`, on the backend);
     the loss (a (1,) backend array) and every gradient already scaled by ``inv_n`` (one over the
     *step's* number of target tokens). ``params`` and the results are backend arrays.
@@ -111,7 +113,12 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
     forward (:func:`_layer_forward`) just before its backward: one block's activations (its
     attention probabilities among them) are alive at a time instead of all of them. The recompute
     calls the same kernels on the same inputs, so the activations, and every result, have the
-    same bits as without it (``recompute=False`` keeps them all, and the tests compare the two)."""
+    same bits as without it (``recompute=False`` keeps them all, and the tests compare the two).
+
+    ``on_grad(name, grad)``, if given, takes each parameter's gradient as soon as it is final (a
+    block's after its backward, ``wte``'s and ``wpe``'s last), and the returned dict is empty: a
+    caller that sums gradients across micro-batches or ranks adds each one in as it comes, and
+    never holds a second whole gradient (:func:`.step.step_gradients`). The values are the same."""
     seq_len, d = config.seq_len, config.d_model
     eps = config.hyper32()["norm_eps"]
     scale = attention_scale(config.head_dim)
@@ -137,12 +144,23 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
     dx, dg = be.rmsnorm_backward(x, params["ln_f"], rstd_f, dxf, be.zeros((rows, d)))
     grads["ln_f"] = be.sum_rows(dg)
     del logits, dlogits, dxf, xf, dg, x
+    _hand_over(grads, ("ln_f",), on_grad)
     for layer in reversed(range(config.n_layers)):
         kept = saved.pop()
         acts = list(_layer_forward(kept, weights[layer], config, eps, scale, be, full=False)[1] if recompute else kept)
         del kept  # the list is the activations' only holder, and the backward empties it
         dx = _layer_backward(acts, weights[layer], _layer_names(layer), dx, grads, config, scale, be)
+        _hand_over(grads, _layer_names(layer), on_grad)
     be.scatter_add_sorted(d_wte, dx, micro.order, micro.starts)
     grads["wte"] = d_wte
     grads["wpe"] = be.sum_rows(dx.reshape(rows // seq_len, seq_len * d)).reshape(seq_len, d)
-    return loss, {name: grads[name] for name in config.param_shapes()}
+    del d_wte
+    _hand_over(grads, ("wte", "wpe"), on_grad)
+    return loss, {name: grads[name] for name in config.param_shapes() if name in grads}
+
+
+def _hand_over(grads: dict, names: tuple[str, ...], on_grad: Callable[[str, object], None] | None) -> None:
+    """Give the final gradients ``names`` to ``on_grad`` (and drop them here), if there is one."""
+    if on_grad is not None:
+        for name in names:
+            on_grad(name, grads.pop(name))

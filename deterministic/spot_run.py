@@ -5,7 +5,8 @@ and the verifier's check of it. The two functions the node calls.
   once and open the challenged chunks (:func:`.fingerprint.answer_challenge`), encoded as the
   canonical CBOR *answer* below, at most :data:`MAX_ANSWER_SIZE` bytes.
 * :func:`check_spot` — the verifier's side: from a run directory holding the manifest, the
-  samples file, checkpoints k and k+1 and ``fingerprints.cbor``, and its two challenge signatures
+  samples file, checkpoints k and k+1 (whole, or only the chunks a check reads: :mod:`.spot_state`)
+  and ``fingerprints.cbor``, and its two challenge signatures
   (the chunks' and the secret slot's), run the links of §10.2 in order and report the first that
   breaks (a :class:`SpotResult`, whose fields are those of the ``spotcheck`` statement).
 
@@ -44,6 +45,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.spotcheck import FAIL, MAX_ANSWER_SIZE, PASS, derive_chunks, derive_slot
 
 from .bounded_read import FileRefused, read_bounded
+from .checkpoint_stream import FileMoments, file_state, scan_checkpoint, scanned_state
 from .config import GPTConfig, Topology
 from .data import batch_for_step
 from .device import DeviceChoice
@@ -52,8 +54,10 @@ from .fingerprint import CHUNK_ELEMENTS, Caught, ChunkOpening, StepFingerprint, 
 from .fingerprint import check_loss_sum, chunk_count, recompute_slot
 from .provenance import checked_run_samples
 from .replay import backend_on, check_data_rules, check_engine
-from .runfile import genesis_hash, load_checkpoint, next_state_hash, read_manifest
+from .runfile import checkpoint_path, genesis_hash, hash_of_link, link_of_root, lr_bits, read_manifest
+from .runfile import step_batch_digest
 from .samples import Dataset
+from .spot_state import PartState, open_part, part_paths
 from .state import TrainState
 from .trainer import config_of
 
@@ -110,13 +114,27 @@ class _Run:
     def batch(self, step: int) -> np.ndarray:
         return batch_for_step(self.dataset, self.manifest.seed, step, self.config, self.topology)
 
-    def state(self, k: int) -> TrainState:
-        """Checkpoint k, accepted only with its address and its recomputed h_k (run-format §2)."""
-        state = load_checkpoint(self.dir, k, self.config, self.manifest.checkpoints[k])
+    def state(self, k: int, *, params: bool = True) -> TrainState | PartState:
+        """Checkpoint k, accepted only with its address and its recomputed h_k (run-format §2); or,
+        where the directory holds it only in part (a spot check's fetch: :mod:`.spot_state`), its
+        held chunks, accepted only with a chunk table that proves h_k (``params``: read all its
+        parameters now, as a recomputation needs)."""
         prev = genesis_hash(self.manifest.body()) if k == 0 else self.manifest.state_hashes[k - 1]
-        if next_state_hash(prev, state, self.batch(k - 1) if k > 0 else None) != self.manifest.state_hashes[k]:
+        if not checkpoint_path(self.dir, k).exists() and part_paths(self.dir, k)[0].exists():
+            link = (prev, 0, bytes(32)) if k == 0 else (prev, lr_bits(self.config), step_batch_digest(self.batch(k - 1)))
+            return open_part(self.dir, k, self.config, self.manifest.state_hashes[k], link, params=params)
+        # read once in pieces and hashed on the way (its address and h_k); the parameters kept, the
+        # moments read back a tensor at a time, chunk-checked, when a link uses them: never the file whole
+        scan = scan_checkpoint(checkpoint_path(self.dir, k), self.config, k, self.manifest.checkpoints[k],
+                               keep="param/" if params else None)
+        link = link_of_root(self.config, k, self.batch(k - 1) if k > 0 else None, scan.state_root())
+        if hash_of_link(prev, link) != self.manifest.state_hashes[k]:
             raise CheckpointMismatchError(f"checkpoint {k} does not hash to the published h_{k}")
-        return state
+        if params:
+            return scanned_state(scan, self.config, k)
+        names = list(self.config.param_shapes())
+        return file_state(self.config, k, scan.path, scan.slots, scan.digests,
+                          FileMoments(scan.path, "param", scan.slots, scan.digests, names))
 
 
 def _open_run(run_dir: Path, step: int, device: DeviceChoice | None):
@@ -276,7 +294,7 @@ def check_spot(run_dir: Path, step: int, challenge: bytes, slot_challenge: bytes
         else:
             openings = decode_answer(answer, step, chunks, run.slots, run.config.n_params())
             caught = Caught.PROOF if openings is None else check_chunks(
-                fp, openings, slot, _split(recomputed, openings), before, run.state(step + 1), run.topology,
+                fp, openings, slot, _split(recomputed, openings), before, run.state(step + 1, params=False), run.topology,
                 backend=backend)
     return SpotResult(run.manifest.run_id, step, run.manifest.state_hashes[step], fp.commitment, slot, chunks, total,
                       caught.value, int((time.perf_counter() - started) * 1000), recomputed)

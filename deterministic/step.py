@@ -102,6 +102,8 @@ class _GroupedTree:
         self.count = 0  # group sums pushed into the tree
         self.acc: dict | None = None
         self.in_group = 0
+        self._started: set[str] = set()  # keys of the term push_key is streaming in
+        self._fresh = False  # that term starts a group (its keys are folded from +0.0)
 
     def push(self, term: dict) -> None:
         """Add ``term``, which is consumed: its arrays are replaced or dropped one key at a time,
@@ -112,6 +114,24 @@ class _GroupedTree:
             self.acc = term
         else:
             _add_into(self.acc, term, self.add)
+        self.in_group += 1
+        if self.in_group == self.group:
+            self._push_group()
+
+    def push_key(self, key: str, value) -> None:
+        """One key of the next term, added as :meth:`push` adds the whole term (keys are summed
+        independently, so a term may come in a key at a time, as a backward makes it); the term
+        ends with :meth:`end_term`."""
+        if not self._started:  # the term's first key: does the term start a group?
+            self._fresh = self.acc is None
+            if self._fresh:
+                self.acc = {}
+        self._started.add(key)
+        self.acc[key] = self.plus_zero(value) if self._fresh else self.add(self.acc[key], value)
+
+    def end_term(self) -> None:
+        """The term :meth:`push_key` streamed in is complete."""
+        self._started = set()
         self.in_group += 1
         if self.in_group == self.group:
             self._push_group()
@@ -159,9 +179,24 @@ arrays) as the step computes them, before they are summed; the fingerprints (:mo
 
 
 def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
-               observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True) -> dict:
+               observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True,
+               into: _GroupedTree | None = None) -> dict | None:
+    """Rank ``rank``'s term: its micro-batches folded from +0.0. With ``into`` (and no ``observe``,
+    which sees whole gradients), the term goes into that tree a key at a time instead, each
+    gradient of the last micro-batch folded and added as soon as its backward makes it final, and
+    None is returned: the same additions in the same order, without a second whole gradient."""
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
+    streamed = into is not None and observe is None
     for index, mb in enumerate(micros):
+        if streamed and index == len(micros) - 1:
+            def fold_and_add(name: str, grad) -> None:
+                micro.push_key(name, grad)  # the fold is one group: its sum is the group's accumulator
+                into.push_key(name, micro.acc.pop(name))
+
+            loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=fold_and_add)
+            fold_and_add(LOSS_KEY, loss)
+            into.end_term()
+            return None
         loss, grads = forward_backward(params, mb, inv_n, config, be, recompute=recompute)
         if observe is not None:
             observe(rank, index, loss, grads)
@@ -201,6 +236,10 @@ def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:
     tree = _GroupedTree(RANK_GROUP, be.add, be.plus_zero)
     for term in terms:
         tree.push(term)
+    return _reduced(tree)
+
+
+def _reduced(tree: _GroupedTree) -> tuple[object, dict]:
     if tree.count == 0 and tree.acc is None:
         raise ValueError("reduce_ranks needs at least one rank term")
     summed = tree.total()
@@ -218,9 +257,15 @@ def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
     inv_n = _inv_tokens(config, topology)
     params, _, _ = be.load_state(state)
     micros = be.micro_batches(batch, config.vocab_size)
-    terms = (_rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute)
-             for rank in range(topology.ranks))
-    return reduce_ranks(terms, be)
+    # each rank's term added into the cross-rank sum as its last backward makes each gradient final:
+    # the sum and one micro-batch's gradients are alive, never two ranks' whole gradients
+    tree = _GroupedTree(RANK_GROUP, be.add, be.plus_zero)
+    for rank in range(topology.ranks):
+        term = _rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute, into=tree)
+        if term is not None:  # observed: the term came whole
+            tree.push(term)
+    loss, summed = _reduced(tree)
+    return loss, {name: summed[name] for name in config.param_shapes()}  # in the model's order, as they came whole
 
 
 def adamw_scalars(state: TrainState) -> tuple[dict[str, AdamWScalars], np.float32, np.float32]:

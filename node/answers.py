@@ -46,7 +46,7 @@ CLAIMS = [{"run": HEX, "step": int, "slot": int, "claimant": PEER_ID, "expires_i
 ATTESTATIONS = [{"step": int, "verdict": str, "signer": PEER_ID, "engine": str, "hardware": str, "elapsed_ms": int,
                  "encoded": HEX}]
 PUBLICATION = {"run": HEX, "steps": COUNT, "dir": str, "state": str, "done": COUNT, "note": str, "bytes": COUNT,
-               "provided": COUNT, "gossiped": bool, "error": (str, type(None)), "seconds": (int, float, type(None))}
+               "provided": COUNT, "gossiped": bool, "moved": bool, "error": (str, type(None)), "seconds": (int, float, type(None))}
 FETCHED = {"run_dir": str}
 REVEAL = {"step": int, "witness": HEX, "digest": HEX}
 

@@ -242,8 +242,10 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
         return found[0].as_json()
 
     @app.post("/v1/publish", summary="publish a run directory (token)")
-    async def publish(dir: Annotated[str, Query(min_length=1, max_length=4096, description="a run directory")]) -> dict:
-        return (await node.publisher.publish_dir(Path(dir))).as_json()
+    async def publish(dir: Annotated[str, Query(min_length=1, max_length=4096, description="a run directory")],
+                      move: Annotated[bool, Query(description="rename the files into the blob cache, not copy")] = False
+                      ) -> dict:
+        return (await node.publisher.publish_dir(Path(dir), move=move)).as_json()
 
     @app.post("/v1/fetch/{run}", summary="fetch a step's files for a local replay (token)")
     async def fetch(run: RunId, step: Step) -> dict:

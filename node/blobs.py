@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +48,7 @@ BLOB_PROTOCOL = "/open1b/blob/1.0.0"
 MAX_CHUNK = 1 << 20
 MAX_REQUEST = 128
 MAX_BLOB_SIZE = 64 << 30
+PROGRESS_BYTES = 256 << 20  # how often a copy or hash of one file reports its progress
 CHUNK_TIMEOUT_S = 30.0
 OPEN_TIMEOUT_S = 10.0
 _MULTIHASH_BLAKE2B_256 = bytes([0xA0, 0xE4, 0x02, 0x20])  # varint(0xb220) ‖ length 32
@@ -182,12 +184,13 @@ class BlobCache:
         self.evict()
         return digest
 
-    def stage(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE) -> Path:
+    def stage(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE,
+              on_bytes: Callable[[int], None] = lambda done: None) -> Path:
         """Copy ``source`` (a regular file, not a symlink, at most ``max_size`` bytes) next to the
         cache and check that its bytes hash to ``digest``; returns the staged file for
         :meth:`commit`. What is committed is the copy that was hashed, so changing ``source``
         later changes nothing here. Blocking (it copies and hashes): run it in a thread."""
-        staged, got = self._copy_hashing(source, self.path(digest).with_suffix(".import"), max_size)
+        staged, got = self._copy_hashing(source, self.path(digest).with_suffix(".import"), max_size, on_bytes)
         assert staged is not None
         if got != digest:
             staged.unlink(missing_ok=True)
@@ -196,15 +199,48 @@ class BlobCache:
             raise BlobError(f"{source}: its bytes do not hash to the manifest's address {digest.hex()[:16]}…")
         return staged
 
-    def check(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE) -> None:
+    def same_filesystem(self, source: Path) -> None:
+        """Raise :class:`BlobError` unless ``source`` (a regular file with no other name) can be
+        renamed into the cache: on the cache's filesystem, and not a hard link, whose other name
+        would let its owner change a blob this node verified."""
+        st = os.stat(source, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise BlobError(f"{source}: cannot move it into the blob cache: not a regular file with one name "
+                            f"(it has {st.st_nlink}); publish without --move copies it")
+        if st.st_dev != os.stat(self.dir).st_dev:
+            raise BlobError(f"{source}: cannot move it into the blob cache {self.dir}: another filesystem "
+                            "(a rename cannot cross it); publish without --move copies it")
+
+    def move_in(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE,
+                on_bytes: Callable[[int], None] = lambda done: None) -> Path:
+        """As :meth:`stage`, renaming ``source`` (:meth:`same_filesystem`) instead of copying it:
+        the file becomes the cache's, then is hashed (streamed) from there, so what is committed is
+        what was hashed. A file that does not hash to ``digest`` is renamed back. Blocking."""
+        self.same_filesystem(source)
+        staged = self.path(digest).with_suffix(".import")
+        os.rename(source, staged)
+        try:
+            _, got = self._copy_hashing(staged, None, max_size, on_bytes)
+        except BaseException:
+            os.rename(staged, source)
+            raise
+        if got != digest:
+            os.rename(staged, source)
+            raise BlobError(f"{source}: its bytes do not hash to the manifest's address {digest.hex()[:16]}…")
+        return staged
+
+    def check(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE,
+              on_bytes: Callable[[int], None] = lambda done: None) -> None:
         """As :meth:`stage` without keeping a copy: raise unless ``source`` hashes to ``digest``."""
-        _, got = self._copy_hashing(source, None, max_size)
+        _, got = self._copy_hashing(source, None, max_size, on_bytes)
         if got != digest:
             raise BlobError(f"{source}: its bytes do not hash to the manifest's address {digest.hex()[:16]}…")
 
-    def _copy_hashing(self, source: Path, staged: Path | None, max_size: int) -> tuple[Path | None, bytes]:
+    def _copy_hashing(self, source: Path, staged: Path | None, max_size: int,
+                      on_bytes: Callable[[int], None] = lambda done: None) -> tuple[Path | None, bytes]:
         """Copy (or clone) ``source`` to ``staged``, hashing the copy (only hash it when ``staged``
-        is None); a failed copy (a full disk included) leaves no file behind."""
+        is None), 1 MiB at a time, telling ``on_bytes`` the bytes done every :data:`PROGRESS_BYTES`;
+        a failed copy (a full disk included) leaves no file behind."""
         fd, _ = open_regular(source, max_size)
         out: int | None = None
         try:
@@ -216,6 +252,8 @@ class BlobCache:
             # a clone is ours from the start: hash what was cloned, not the source, which may change
             while chunk := os.read(out if cloned else fd, min(1 << 20, max_size + 1 - copied)):
                 copied += len(chunk)
+                if copied % PROGRESS_BYTES < len(chunk):
+                    on_bytes(copied)
                 if copied > max_size:
                     raise FileRefused(f"{source}: refused: grew past the {max_size} bytes allowed")
                 h.update(chunk)

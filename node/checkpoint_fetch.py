@@ -35,7 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import trio
 
@@ -55,7 +55,7 @@ from .chunk_table import (
     header_length,
     parse_layout,
 )
-from .files import StorageFull
+from .files import StorageFull, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +96,15 @@ class _Assembly:
     """The partial file, its record of verified chunks and the running whole-file hash. Its
     methods run in worker threads; ``_lock`` orders the record and the hash."""
 
-    def __init__(self, cache: BlobCache, expect: Expectation, layout: Layout, header: bytes, table: bytes) -> None:
-        self.address = expect.address
-        self.partial = cache.path(expect.address).with_suffix(".partial")
-        self.record = cache.path(expect.address).with_suffix(".pieces")
+    def __init__(self, partial: Path, record: Path, address: bytes, layout: Layout, header: bytes, table: bytes,
+                 wanted: frozenset[int] | None = None) -> None:
+        """``wanted``: the indices (into ``layout.pieces()``) of the only chunks to fetch (a
+        checkpoint held in part: the file stays sparse, and its address is never checked); None:
+        every chunk."""
+        self.address, self.partial, self.record = address, partial, record
         self.layout, self.table = layout, table
         self.pieces = layout.pieces()
-        self.done = [False] * len(self.pieces)
+        self.done = [wanted is not None and i not in wanted for i in range(len(self.pieces))]
         self._lock = threading.Lock()
         self._hash = fast_blake2b()
         self._cursor = 0  # pieces[:cursor] are in the hash
@@ -111,6 +113,8 @@ class _Assembly:
         self.resumed = 0
         self.verified_bytes = len(header)
         stamp = RECORD_MAGIC + hashlib.blake2b(header, digest_size=DIGEST_SIZE).digest()
+        if wanted is not None:
+            stamp += hashlib.blake2b(table, digest_size=DIGEST_SIZE).digest()
         kept = self._read_record(stamp)
         if not kept:
             self.partial.unlink(missing_ok=True)
@@ -119,7 +123,10 @@ class _Assembly:
             self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o600)
             # Allocate every block now: a disk too small fails here, before a byte is fetched,
             # not at some chunk halfway (a sparse ftruncate would promise room it does not have).
-            os.posix_fallocate(self._fd, 0, layout.size)
+            if wanted is None:
+                os.posix_fallocate(self._fd, 0, layout.size)
+            else:  # holes where nothing is fetched: a spot check's few MiB of an 11 GB checkpoint
+                os.ftruncate(self._fd, layout.size)
             os.pwrite(self._fd, header, 0)
             self._record_fd = os.open(self.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if kept else os.O_TRUNC),
                                       0o600)
@@ -133,7 +140,9 @@ class _Assembly:
         self._hash.update(bytes(header))
 
     def _read_record(self, stamp: bytes) -> bool:
-        """Mark the chunks an earlier fetch of the same file (same header) verified."""
+        """Mark the chunks an earlier fetch of the same file (same ``stamp``: the header's hash,
+        and for a file held in part the table's too, since two runs' checkpoint k of one model
+        have the same header) verified."""
         try:
             data = self.record.read_bytes() if self.partial.exists() else b""
         except OSError:
@@ -186,8 +195,12 @@ class _Assembly:
         """The whole file's address, after making the file durable."""
         if not self.hash_front():
             raise AssertionError("finish() before every piece was verified")
-        os.fdatasync(self._fd)
+        self.sync()
         return self._hash.digest()
+
+    def sync(self) -> None:
+        """Make the written chunks durable."""
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         for fd in (self._fd, self._record_fd):
@@ -365,88 +378,115 @@ async def fetch_checkpoint(cache: BlobCache, identity: Identity, peers: Sequence
         return await _fetch_once(*args)
 
 
+class _Sessions:
+    """Authenticated sessions to a checkpoint's providers, the first one's header and chunk table
+    (checked against h_k), and the blame and errors of one fetch."""
+
+    def __init__(self, expect: Expectation, report: FetchReport, on_bad_peer: Callable[[str], None]) -> None:
+        self.expect, self.report, self.on_bad_peer = expect, report, on_bad_peer
+        self.errors: list[str] = []
+        self.open: list[Channel] = []
+        self.header_peer = ""
+
+    def blame(self, peer: str, reason: str) -> None:
+        log.warning("checkpoint %d: provider %s lied (%s); cut off", self.expect.step, peer, reason)
+        self.errors.append(f"{peer}: {reason}")
+        self.report.blamed.append(peer)
+        self.on_bad_peer(peer)
+
+    async def dial_and_prove(self, identity: Identity, peers: Sequence[BulkPeer],
+                             timeout_s: float) -> tuple[bytes, Layout, bytes]:
+        """Open a session to every provider at once; then, from the first that holds the blob,
+        its header and chunk table, checked."""
+        channels: dict[str, Channel] = {}
+
+        async def dial(peer: BulkPeer) -> None:
+            try:
+                channels[peer.peer_id] = await open_channel(peer, identity)
+            except BulkError as exc:
+                self.errors.append(f"{peer.peer_id}: {exc}")
+
+        async with trio.open_nursery() as nursery:
+            for peer in dict((p.peer_id, p) for p in peers).values():
+                nursery.start_soon(dial, peer)
+        self.open = [channels[p.peer_id] for p in peers if p.peer_id in channels]
+        for channel in list(self.open):
+            first = None
+            try:
+                first = await _header_and_table(channel, self.expect, timeout_s)
+            except _Blame as exc:
+                self.blame(channel.peer_id, str(exc))
+            except (_Unproven, BulkError, trio.TooSlowError) as exc:
+                self.errors.append(f"{channel.peer_id}: {exc}")
+            if first is not None:
+                self.header_peer = channel.peer_id
+                return first
+            self.open.remove(channel)
+            await channel.aclose()
+        raise CheckpointFetchError(f"checkpoint {self.expect.step}: no provider delivered its header and chunk table: "
+                                   + ("; ".join(self.errors) or "no provider"))
+
+    async def fetch(self, assembly: _Assembly, started: float, window: int, timeout_s: float,
+                    progress: Callable[[int, int], None], *, hash_address: bool) -> None:
+        """Every chunk ``assembly`` still wants, over every open session at once (a provider that
+        sends a wrong chunk is blamed and cut off; the others take its chunks); with
+        ``hash_address``, the whole-file hash follows the verified front meanwhile."""
+        schedule = _Schedule(assembly)
+        full: list[StorageFull] = []
+
+        async def session(channel: Channel) -> None:
+            try:
+                await _run_session(channel, assembly, schedule, self.report, started, window, timeout_s, progress)
+            except StorageFull as exc:  # no session can write: stop them all, blame no one
+                full.append(exc)
+                sessions.cancel_scope.cancel()
+            except _Blame as exc:
+                self.blame(channel.peer_id, str(exc))
+            except (BulkError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+                self.errors.append(f"{channel.peer_id}: {exc}")
+            finally:
+                self.open.remove(channel)
+                await trio.aclose_forcefully(channel.stream)
+
+        async def follow_front() -> None:
+            while not await trio.to_thread.run_sync(assembly.hash_front):
+                await schedule.wait_change()
+
+        async with trio.open_nursery() as nursery:
+            if hash_address:
+                nursery.start_soon(follow_front)
+            async with trio.open_nursery() as sessions:
+                for channel in list(self.open):
+                    sessions.start_soon(session, channel)
+            nursery.cancel_scope.cancel()  # finish() hashes whatever is left
+        if full:
+            assembly.close()
+            assembly.discard()  # as the libp2p path: no partial file survives a full disk
+            raise full[0]
+        if schedule.remaining:
+            raise CheckpointFetchError(f"checkpoint {self.expect.step}: {schedule.remaining} chunks missing; "
+                                       + "; ".join(self.errors))
+
+    async def aclose(self) -> None:
+        for channel in self.open:
+            await trio.aclose_forcefully(channel.stream)
+
+
 async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[BulkPeer], expect: Expectation,
                       on_bad_peer: Callable[[str], None], progress: Callable[[int, int], None], window: int,
                       timeout_s: float, started: float) -> FetchReport:
-    errors: list[str] = []
     report = FetchReport(cache.path(expect.address), 0, 0.0, None)
-    channels: dict[str, Channel] = {}
-
-    def blame(peer: str, reason: str) -> None:
-        log.warning("checkpoint %d: provider %s lied (%s); cut off", expect.step, peer, reason)
-        errors.append(f"{peer}: {reason}")
-        report.blamed.append(peer)
-        on_bad_peer(peer)
-
-    async def dial(peer: BulkPeer) -> None:
-        try:
-            channels[peer.peer_id] = await open_channel(peer, identity)
-        except BulkError as exc:
-            errors.append(f"{peer.peer_id}: {exc}")
-
-    async with trio.open_nursery() as nursery:
-        for peer in dict((p.peer_id, p) for p in peers).values():
-            nursery.start_soon(dial, peer)
-    ordered = [channels[p.peer_id] for p in peers if p.peer_id in channels]
+    sessions = _Sessions(expect, report, on_bad_peer)
     try:
-        first = None
-        for channel in list(ordered):
-            try:
-                first = await _header_and_table(channel, expect, timeout_s)
-            except _Blame as exc:
-                blame(channel.peer_id, str(exc))
-            except (_Unproven, BulkError, trio.TooSlowError) as exc:
-                errors.append(f"{channel.peer_id}: {exc}")
-            if first is not None:
-                header_peer = channel.peer_id
-                break
-            ordered.remove(channel)
-            await channel.aclose()
-        if first is None:
-            raise CheckpointFetchError(f"checkpoint {expect.step}: no provider delivered its header and chunk table: "
-                                       + ("; ".join(errors) or "no provider"))
-        header, layout, table = first
+        header, layout, table = await sessions.dial_and_prove(identity, peers, timeout_s)
         partial = cache.path(expect.address).with_suffix(".partial")
         # Free space against the announced (and h_k-checked) size, less the blocks a resumed file holds.
         cache.room(max(0, layout.size - (partial.stat().st_blocks * 512 if partial.exists() else 0)))
-        assembly = await trio.to_thread.run_sync(_Assembly, cache, expect, layout, header, table)
+        assembly = await trio.to_thread.run_sync(_Assembly, partial, partial.with_suffix(".pieces"), expect.address,
+                                                 layout, header, table)
         try:
             report.resumed_pieces = assembly.resumed
-            schedule = _Schedule(assembly)
-
-            full: list[StorageFull] = []
-
-            async def session(channel: Channel) -> None:
-                try:
-                    await _run_session(channel, assembly, schedule, report, started, window, timeout_s, progress)
-                except StorageFull as exc:  # no session can write: stop them all, blame no one
-                    full.append(exc)
-                    sessions.cancel_scope.cancel()
-                except _Blame as exc:
-                    blame(channel.peer_id, str(exc))
-                except (BulkError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
-                    errors.append(f"{channel.peer_id}: {exc}")
-                finally:
-                    ordered.remove(channel)
-                    await trio.aclose_forcefully(channel.stream)
-
-            async def hash_address() -> None:
-                while not await trio.to_thread.run_sync(assembly.hash_front):
-                    await schedule.wait_change()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(hash_address)
-                async with trio.open_nursery() as sessions:
-                    for channel in list(ordered):
-                        sessions.start_soon(session, channel)
-                nursery.cancel_scope.cancel()  # finish() hashes whatever is left
-            if full:
-                assembly.close()
-                assembly.discard()  # as the libp2p path: no partial file survives a full disk
-                raise full[0]
-            if schedule.remaining:
-                raise CheckpointFetchError(f"checkpoint {expect.step}: {schedule.remaining} chunks missing; "
-                                           + "; ".join(errors))
+            await sessions.fetch(assembly, started, window, timeout_s, progress, hash_address=True)
             address = await trio.to_thread.run_sync(assembly.finish)
         finally:
             assembly.close()
@@ -454,8 +494,8 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
             assembly.discard()
             if assembly.resumed:
                 raise _ResumedMismatch()
-            blame(header_peer, "its header is not the one of the file the manifest names")
-            raise BlobMismatch(f"checkpoint {expect.step}: the file does not hash to its address", header_peer,
+            sessions.blame(sessions.header_peer, "its header is not the one of the file the manifest names")
+            raise BlobMismatch(f"checkpoint {expect.step}: the file does not hash to its address", sessions.header_peer,
                                resumed=False)
         cache.adopt(assembly.partial, expect.address)
         assembly.record.unlink(missing_ok=True)
@@ -465,8 +505,59 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
             log.warning("checkpoint %d: chunk table not kept for serving: %s", expect.step, _storage_full(exc, expect.address))
         cache.evict()
     finally:
-        for channel in ordered:
-            await trio.aclose_forcefully(channel.stream)
+        await sessions.aclose()
     report.size = layout.size
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def wanted_pieces(layout: Layout, chunks: Mapping[str, Iterable[int]]) -> frozenset[int]:
+    """The indices into ``layout.pieces()`` of chunks ``chunks`` (tensor name → chunk indices)."""
+    slots, base = {}, 0
+    for t in layout.tensors:
+        for i in chunks.get(t.name, ()):
+            if not 0 <= i < t.chunks:
+                raise ValueError(f"{t.name} has no chunk {i}")
+            slots[base + i] = True
+        base += t.chunks
+    if not set(chunks) <= {t.name for t in layout.tensors}:
+        raise ValueError(f"no tensors {sorted(set(chunks) - {t.name for t in layout.tensors})[:3]} in the checkpoint")
+    return frozenset(i for i, p in enumerate(layout.pieces()) if p.slot in slots)
+
+
+async def fetch_checkpoint_part(identity: Identity, peers: Sequence[BulkPeer], expect: Expectation,
+                                chunks: Mapping[str, Iterable[int]], part: Path, table_path: Path, *,
+                                on_bad_peer: Callable[[str], None] = lambda peer: None,
+                                progress: Callable[[int, int], None] = lambda done, total: None,
+                                window: int = WINDOW, chunk_timeout_s: float = CHUNK_TIMEOUT_S) -> FetchReport:
+    """Only ``chunks`` (tensor name → chunk indices) of checkpoint ``expect.step``, for a spot
+    check (:mod:`open1b.deterministic.spot_state`): the header and the chunk table (checked against
+    h_k, which makes the table every chunk's proof), then each wanted chunk, checked on arrival
+    against its table entry, written in place into the sparse file ``part`` (resumed as a whole
+    fetch is); the table is then written to ``table_path``. A provider that sends a wrong chunk
+    is blamed, and its chunks go to the others. ``report.size`` is the bytes received."""
+    started = time.perf_counter()
+    report = FetchReport(part, 0, 0.0, None)
+    sessions = _Sessions(expect, report, on_bad_peer)
+    try:
+        header, layout, table = await sessions.dial_and_prove(identity, peers, chunk_timeout_s)
+        wanted = wanted_pieces(layout, chunks)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        record = part.with_name(part.name + ".pieces")
+        assembly = await trio.to_thread.run_sync(_Assembly, part, record, expect.address, layout, header, table, wanted)
+        try:
+            report.resumed_pieces = assembly.resumed
+            await sessions.fetch(assembly, started, window, chunk_timeout_s, progress, hash_address=False)
+            await trio.to_thread.run_sync(assembly.sync)
+        finally:
+            assembly.close()
+        try:
+            await trio.to_thread.run_sync(write_atomic, table_path, table)
+        except OSError as exc:
+            raise _storage_full(exc, expect.address) from None
+        record.unlink(missing_ok=True)
+    finally:
+        await sessions.aclose()
+    report.size = len(header) + len(table) + sum(report.bytes_by_peer.values())
     report.seconds = time.perf_counter() - started
     return report

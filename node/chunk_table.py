@@ -2,9 +2,9 @@
 checkpoint on arrival against the published h_k (docs/run-format.md §6.6).
 
 * **Layout.** A checkpoint is a safetensors file (§2): ``u64le(n) ‖ JSON header of n bytes ‖ data``.
-  :func:`parse_layout` reads the header with bounds (n ≤ 1 MiB, every tensor's byte range inside
-  the data, the ranges tiling the data with no gap or overlap, so every data byte belongs to
-  exactly one tensor chunk); :func:`check_layout` then requires exactly the names, dtypes, shapes
+  :func:`parse_layout` reads the header with bounds (``deterministic/safetensors_header.py``: n ≤
+  1 MiB, every tensor's byte range inside the data, the ranges tiling the data with no gap or
+  overlap, so every data byte belongs to exactly one tensor chunk); :func:`check_layout` then requires exactly the names, dtypes, shapes
   and step metadata that the run's model implies.
 * **Chunk table.** The chunk digests of every tensor (§3.2), tensors in state-tree order (their
   names' UTF-8 bytes), chunks in index order, 32 bytes each. Any holder of the file computes it
@@ -19,7 +19,6 @@ checks that both give the same h for a real state.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from typing import Mapping
 
 import nacl.hashlib
 
+from open1b.deterministic import safetensors_header
 from open1b.deterministic.config import GPTConfig, from_manifest_model
 from open1b.deterministic.data import batch_for_step
 from open1b.deterministic.runfile import (
@@ -43,12 +43,11 @@ from open1b.deterministic.runfile import (
 from open1b.deterministic.samples import Dataset
 from open1b.deterministic.state import TrainState
 from open1b.protocol import Open1bError, RunManifest, state_hash
-from open1b.protocol.commitments import CHUNK_SIZE, ITEMSIZE
+from open1b.protocol.commitments import CHUNK_SIZE
 from open1b.protocol.hashing import DIGEST_SIZE, blake2b256
 from open1b.protocol.merkle import merkle_root
 
-HEADER_PREFIX = 8
-SAFETENSORS_DTYPES = {"F32": "float32", "I32": "int32", "I64": "int64", "U8": "uint8"}
+HEADER_PREFIX = safetensors_header.PREFIX
 _CHUNK_TAG = b"open1b/chunk/v2\x00"
 _TENSOR_TAG = b"open1b/tensor/v2\x00"
 _STATE_TAG = b"open1b/state/v2\x00"
@@ -104,58 +103,22 @@ class Layout:
 
 def header_length(prefix: bytes) -> int:
     """``n`` from a file's first 8 bytes, refused beyond the checkpoint header bound."""
-    if len(prefix) < HEADER_PREFIX:
-        raise ChunkTableError("a checkpoint starts with an 8-byte header length")
-    (n,) = struct.unpack_from("<Q", prefix)
-    if not 2 <= n <= CHECKPOINT_HEADER_SLACK:
-        raise ChunkTableError(f"a checkpoint header of {n} bytes (at most {CHECKPOINT_HEADER_SLACK})")
-    return n
+    try:
+        return safetensors_header.header_length(prefix, CHECKPOINT_HEADER_SLACK)
+    except safetensors_header.HeaderError as exc:
+        raise ChunkTableError(str(exc)) from None
 
 
 def parse_layout(header: bytes, size: int) -> Layout:
     """The layout of a ``size``-byte safetensors file whose first bytes are ``header`` (the 8-byte
-    length and the JSON header, exactly)."""
-    n = header_length(header)
-    if len(header) != HEADER_PREFIX + n:
-        raise ChunkTableError(f"{len(header)} header bytes for a header of {n}")
+    length and the JSON header, exactly): :func:`open1b.deterministic.safetensors_header.parse`,
+    the one bounded parser, with tensors in state-tree order."""
     try:
-        entries = json.loads(bytes(header[HEADER_PREFIX:]))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ChunkTableError(f"the header is not JSON: {exc}") from None
-    if type(entries) is not dict:
-        raise ChunkTableError("the header is not a JSON object")
-    metadata = entries.pop("__metadata__", {})
-    if type(metadata) is not dict or not all(type(k) is str and type(v) is str for k, v in metadata.items()):
-        raise ChunkTableError("the header's metadata is not a map of texts")
-    data_start, tensors, ranges = HEADER_PREFIX + n, [], []
-    for name, entry in entries.items():
-        if (type(entry) is not dict or set(entry) != {"dtype", "shape", "data_offsets"}
-                or entry["dtype"] not in SAFETENSORS_DTYPES or type(entry["shape"]) is not list
-                or not all(type(d) is int and 0 <= d < 1 << 40 for d in entry["shape"]) or len(entry["shape"]) > 255
-                or type(entry["data_offsets"]) is not list or len(entry["data_offsets"]) != 2
-                or not all(type(o) is int for o in entry["data_offsets"])):
-            raise ChunkTableError(f"tensor {name!r}: malformed header entry")
-        dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
-        begin, end = entry["data_offsets"]
-        nbytes = ITEMSIZE[dtype]
-        for d in shape:
-            nbytes *= d
-        if not 0 <= begin <= end or end - begin != nbytes:
-            raise ChunkTableError(f"tensor {name!r}: data_offsets {begin, end} for {nbytes} bytes")
-        tensors.append(Tensor(name, dtype, shape, data_start + begin, nbytes))
-        ranges.append((begin, end))
-    if not tensors:
-        raise ChunkTableError("a checkpoint holds at least one tensor")
-    ranges.sort()
-    at = 0
-    for begin, end in ranges:  # the tensors tile the data section: no byte is outside every chunk
-        if begin != at:
-            raise ChunkTableError(f"the data section has a gap or an overlap at byte {at}")
-        at = end
-    if data_start + at != size:
-        raise ChunkTableError(f"a file of {size} bytes for a header and {at} bytes of tensors")
-    tensors.sort(key=lambda t: t.name.encode())
-    return Layout(data_start, tuple(tensors), metadata, size)
+        entries, metadata = safetensors_header.parse(header, size, CHECKPOINT_HEADER_SLACK)
+    except safetensors_header.HeaderError as exc:
+        raise ChunkTableError(str(exc)) from None
+    tensors = sorted((Tensor(e.name, e.dtype, e.shape, e.offset, e.nbytes) for e in entries), key=lambda t: t.name.encode())
+    return Layout(len(header), tuple(tensors), metadata, size)
 
 
 def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:

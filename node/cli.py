@@ -398,10 +398,11 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
              JobState.DONE: 2 * blobs, JobState.FAILED: 0}
     with progress(f"publishing {run_dir} (check every file, provide every blob)", 2 * blobs) as update:
         job = publish(api, run_dir, lambda j: update(min(phase.get(j["state"], 0) + j["done"], 2 * blobs), j["note"]),
-                      token=_token(args))
+                      token=_token(args), move=args.move)
     return CommandResult(job, lambda j: "\n".join([
         f"run        {j['run']}", f"steps      {j['steps']}", f"directory  {j['dir']}",
-        f"imported   {j['bytes']} bytes into the blob cache (pinned)",
+        f"{'moved' if j['moved'] else 'imported':<11}{j['bytes']} bytes into the blob cache "
+        f"(pinned{'; the directory no longer holds them' if j['moved'] else ''})",
         f"providing  {j['provided']} blobs in the DHT",
         f"announced  {'gossiped on the runs topic' if j['gossiped'] else 'by sync only (' + j['note'] + ')'}",
         f"took       {j['seconds']} s"]))
@@ -636,6 +637,9 @@ def parser() -> argparse.ArgumentParser:
                         help="announce a run directory: the daemon checks every file against the manifest,"
                              " serves them to peers and gossips the manifest")
     pb.add_argument("dir", help="run directory (manifest.cbor, checkpoints/, samples.bin)")
+    pb.add_argument("--move", action="store_true",
+                    help="rename the run's files into the node's blob cache instead of copying them (no second "
+                         "copy of a large run on disk); the directory must be on the cache's filesystem")
     pb.set_defaults(func=cmd_publish)
 
     for name, func, what in (("stop", cmd_stop, "stop the data dir's daemon cleanly (SIGTERM) and wait until it has"),

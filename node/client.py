@@ -58,16 +58,17 @@ PUBLISH_POLL_S = 0.2
 
 
 def publish(api: str, run_dir: Path, update: Callable[[dict], None] = lambda job: None,
-            timeout: float = 24 * 3600.0, *, token: str | None) -> dict:
+            timeout: float = 24 * 3600.0, *, token: str | None, move: bool = False) -> dict:
     """Ask the daemon at ``api`` to publish ``run_dir`` (docs/run-format.md §6) and follow the job
-    until it is done; ``update`` sees every state. Raises :class:`ApiUnavailable` if the daemon
+    until it is done (``move``: the daemon renames the files into its blob cache, not copies
+    them); ``update`` sees every state. Raises :class:`ApiUnavailable` if the daemon
     refuses the manifest, and :class:`PublishFailed` if a file does not match it or the job makes
     no progress for ``timeout`` seconds (a run of many checkpoints takes long, but never stalls)."""
     from urllib.parse import quote
 
     # absolute, not resolved: the daemon refuses a run directory that is a symbolic link
-    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).absolute())), method="POST", shape=PUBLICATION,
-               token=token)
+    job = call(api, "/v1/publish?dir=" + quote(str(Path(run_dir).absolute())) + ("&move=true" if move else ""),
+               method="POST", shape=PUBLICATION, token=token)
     deadline = time.monotonic() + timeout
     while True:
         if job["state"] not in tuple(JobState):

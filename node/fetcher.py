@@ -2,7 +2,8 @@
 manifest (:class:`~.runs.RunFiles`), and linked into a working directory.
 
 * :meth:`Fetcher.for_replay` — the samples and checkpoint k (the auditor, and ``/v1/fetch``);
-* :meth:`Fetcher.for_spot` — the samples, checkpoints k and k+1 and the fingerprints (the spot checker);
+* :meth:`Fetcher.for_spot` — the samples, the fingerprints and the chunks of checkpoints k and k+1 a
+  spot check reads (the spot checker);
 * :meth:`Fetcher.for_eval` — checkpoint k for an evaluation check (the evaluator), None while it cannot.
 
 A checkpoint fetched on the bulk path is checked chunk by chunk against h_k, whose preimage
@@ -25,7 +26,11 @@ from typing import Awaitable, Callable
 
 import trio
 
-from open1b.protocol import Identity, Open1bError, RunManifest
+from open1b.deterministic.config import from_manifest_model
+from open1b.deterministic.fingerprint import chunk_count
+from open1b.deterministic.spot_state import AFTER, BEFORE, part_paths, spot_pieces
+from open1b.protocol import Identity, Open1bError, RunManifest, challenge_signature
+from open1b.protocol.spotcheck import derive_chunks
 
 from .p2p import P2P
 from .runs import (
@@ -67,25 +72,44 @@ class Fetcher:
         return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
 
     async def for_spot(self, manifest: RunManifest, step: int, lane: int = 0) -> tuple[Path, Callable[[], None]]:
-        """What a spot check of ``step`` needs (docs/run-format.md §10.2): the samples, checkpoints k
-        and k+1 and the run's fingerprints, each verified as it is fetched, linked into the working
-        directory of the spot checker's ``lane`` (replays and the other lanes release theirs
-        meanwhile: checks of steps k and k+1 share a checkpoint); and how to release them."""
+        """What a spot check of ``step`` needs (docs/run-format.md §10.2): the samples, the run's
+        fingerprints, and of checkpoints k and k+1 only the chunks the check reads
+        (:func:`~open1b.deterministic.spot_state.spot_pieces` of the chunks this node's challenge
+        selects: every parameter of k, and the moments and parameters under the challenged gradient
+        chunks), each checked against the h_k-proven chunk table as it arrives; a checkpoint no
+        bulk provider serves in part is fetched whole. All in the working directory of the spot
+        checker's ``lane``; and how to release the checkpoints after."""
         samples_dir, samples = await self._samples(manifest)
-        before, after = checkpoint_blob(manifest, step), checkpoint_blob(manifest, step + 1)
-        # The three at once: a small blob's fetch is mostly round trips (asking peers, a bulk
+        purpose = f"{SPOT_DIR}{lane}"
+        work = self.runfiles.work_dir(manifest.run_id, purpose)
+        _, config, _ = from_manifest_model(dict(manifest.model))
+        # the chunks the spot checker's challenge will select: its signature is deterministic
+        chunks = derive_chunks(challenge_signature(self.identity, manifest.run_id, step), chunk_count(config))
+        whole: list[RunBlob] = []
+
+        async def checkpoint(k: int, which: str) -> None:
+            bulk = BulkFetch(self.identity, manifest, k, samples_dir)
+            if await self.runfiles.fetch_part(self.p2p, bulk, spot_pieces(config, chunks, which), work,
+                                              self._penalise) is None:
+                blob = checkpoint_blob(manifest, k)
+                await self._fetch(blob, bulk=bulk)
+                whole.append(blob)
+
+        # All at once: a small blob's fetch is mostly round trips (asking peers, a bulk
         # handshake), which overlap; each is verified on its own.
-        fetches = [functools.partial(self._fetch, blob, bulk=BulkFetch(self.identity, manifest, k, samples_dir))
-                   for k, blob in ((step, before), (step + 1, after))]
-        fetches.append(functools.partial(self.runfiles.fetch_fingerprints, self.p2p, manifest,
-                                         on_bad_peer=self._penalise, provide=self._provide_soon))
+        fetches = [functools.partial(checkpoint, step, BEFORE), functools.partial(checkpoint, step + 1, AFTER),
+                   functools.partial(self.runfiles.fetch_fingerprints, self.p2p, manifest,
+                                     on_bad_peer=self._penalise, provide=self._provide_soon)]
         await all_or_first_error(fetches)
         fingerprints = fingerprints_blob(manifest)
         assert fingerprints is not None  # fetch_fingerprints raised otherwise
-        purpose = f"{SPOT_DIR}{lane}"
-        run_dir = self.runfiles.assemble(manifest, [samples, before, after, fingerprints], purpose=purpose)
-        # keep samples.bin and fingerprints.cbor (every check reads them), drop the checkpoint links
-        return run_dir, lambda: self.runfiles.release(manifest, [before, after], purpose=purpose)
+        run_dir = self.runfiles.assemble(manifest, [samples, *whole, fingerprints], purpose=purpose)
+
+        def release() -> None:  # keep samples.bin and fingerprints.cbor (every check reads them)
+            self.runfiles.release(manifest, whole, purpose=purpose)
+            for path in (*part_paths(work, step), *part_paths(work, step + 1)):
+                path.unlink(missing_ok=True)
+        return run_dir, release
 
     async def for_eval(self, manifest: RunManifest, state: int) -> Path | None:
         """A run directory holding checkpoint ``state``, fetched as for a replay of that step; None

@@ -37,6 +37,7 @@ REPROVIDE_S = 12 * 3600.0  # provider records expire after 48 h (py-libp2p): ann
 # took S walks end to end (~1 s each in a loaded devnet, seconds each across the internet: a day
 # for a real run's 80,957 checkpoints). A few at once overlap the waits without flooding peers.
 PROVIDES_IN_FLIGHT = 8
+PUBLISHED_DIR = "published"  # a moved run's working directory (links into the cache), for its answers
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Publication:
     bytes: int = 0
     provided: int = 0
     gossiped: bool = False
+    moved: bool = False  # the files were renamed into the blob cache (publish --move), not copied
     error: str | None = None
     seconds: float | None = None
 
@@ -116,7 +118,7 @@ class Publisher:
                 held = [bytes.fromhex(p.name) for p in self.runfiles.cache.dir.iterdir() if len(p.name) == 64]
                 await provide_all(self.p2p, held)
 
-    async def publish_dir(self, run_dir: Path) -> Publication:
+    async def publish_dir(self, run_dir: Path, *, move: bool = False) -> Publication:
         """Read and validate ``run_dir``'s manifest now (off the event loop); check, import, provide
         and announce its files in the background. Raises :class:`ApiError` for a bad manifest, or
         for a run directory or ``checkpoints/`` that is a symbolic link: files are opened without
@@ -125,11 +127,12 @@ class Publisher:
             if path.is_symlink():
                 raise ApiError(400, f"{path}: refused: {what} is a symbolic link (name the directory itself)")
         run_dir = Path(run_dir).resolve()
-        return self.start_publish(run_dir, await read_run_manifest_async(run_dir, self.clock.wall()))
+        return self.start_publish(run_dir, await read_run_manifest_async(run_dir, self.clock.wall()), move=move)
 
-    def start_publish(self, run_dir: Path, manifest: RunManifest) -> Publication:
+    def start_publish(self, run_dir: Path, manifest: RunManifest, *, move: bool = False) -> Publication:
         """Check, import, provide and announce ``run_dir``'s files (already validated against
-        ``manifest``) in the background."""
+        ``manifest``) in the background; with ``move``, rename them into the blob cache instead of
+        copying them (:meth:`.runs.RunFiles.import_dir`)."""
         if self._nursery is None:
             raise RuntimeError("start_publish before serve_publisher started")
         run_dir = Path(run_dir).resolve()
@@ -138,7 +141,7 @@ class Publisher:
         if job is not None and not job.state.finished:
             return job
         job = Publication(run=run, dir=str(run_dir), steps=manifest.steps, total=blob_count(manifest),
-                          started_at=self.clock.wall())
+                          started_at=self.clock.wall(), moved=move)
         self.publications[run] = job
         self._nursery.start_soon(self._publish, manifest, run_dir, job)
         return job
@@ -151,8 +154,10 @@ class Publisher:
 
         try:
             log.info("publishing run %s from %s: checking %d files", job.run[:16], run_dir, blob_count(manifest))
-            job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress)
+            job.bytes = await self.runfiles.import_dir(manifest, run_dir, progress, move=job.moved)
             self._nursery.start_soon(self._warm_chunk_tables, manifest)
+            if job.moved:  # the run's files are the cache's now: challenges are answered from links to them
+                run_dir = self.runfiles.assemble(manifest, run_blobs(manifest), purpose=PUBLISHED_DIR)
             await self.statements.add_run(manifest, run_dir)
             job.state, job.done = JobState.PROVIDING, 0
             if not self.bootstrapped.is_set():  # a hint, not a hang: unreachable bootstrap peers are retried

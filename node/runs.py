@@ -46,6 +46,7 @@ from open1b.deterministic.runfile import (
     max_checkpoint_bytes,
 )
 from open1b.deterministic.samples import Dataset
+from open1b.deterministic.spot_state import part_paths
 from open1b.protocol import Identity, Open1bError, RunManifest
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.fingerprints import FINGERPRINTS_FILE, decode_fingerprints, max_fingerprints_size
@@ -54,7 +55,7 @@ from open1b.protocol.spotcheck import run_slots
 
 from .blobs import BlobCache, BlobError, provider_key
 from .bulk import BulkPeer, find_bulk_peer
-from .checkpoint_fetch import fetch_checkpoint
+from .checkpoint_fetch import fetch_checkpoint, fetch_checkpoint_part
 from .chunk_table import checkpoint_expectation
 from .files import FileRefused, StorageFull, open_regular, read_bounded, write_atomic
 from .p2p import P2P
@@ -271,25 +272,42 @@ class RunFiles:
         return self.root / (run.hex() + (f"-{purpose}" if purpose else ""))
 
     # -- publishing ------------------------------------------------------------------------
-    async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None) -> int:
+    async def import_dir(self, manifest: RunManifest, source: Path, progress: Progress = lambda d, t, n: None, *,
+                         move: bool = False) -> int:
         """Check every file of ``source`` against ``manifest`` and import them all, pinned; or
         import nothing and raise :class:`RunFilesError` naming the first bad file. Returns the
         bytes imported. Files are copied (never linked) while hashed, so the trainer changing
         them later cannot change what this node verified and serves; blobs the cache holds
-        already are hashed from the directory but not copied again."""
+        already are hashed from the directory but not copied again. With ``move`` (an 11 GB
+        checkpoint need not take twice its disk), each file is renamed into the cache and hashed
+        there (:meth:`.blobs.BlobCache.move_in`): refused before anything moves unless every file
+        is on the cache's filesystem with no other name, and moved back if the run is refused.
+        ``progress`` hears of each file, and within a large one of every 256 MiB hashed."""
         blobs = run_blobs(manifest)
         sizes = [await trio.to_thread.run_sync(_source_size, source, b) for b in blobs]
         held = [self.cache.has(b.digest) for b in blobs]
-        # before copying a byte: a full disk fails here, not half-way
-        self.cache.room(sum(size for size, have in zip(sizes, held) if not have))
+        if move:  # every file's filesystem before the first rename: no half-moved run
+            for blob, have in zip(blobs, held):
+                if not have:
+                    try:
+                        self.cache.same_filesystem(source / blob.relpath)
+                    except BlobError as exc:
+                        raise RunFilesError(f"{blob.name}: {exc}") from None
+        else:  # before copying a byte: a full disk fails here, not half-way
+            self.cache.room(sum(size for size, have in zip(sizes, held) if not have))
         staged: list[tuple[RunBlob, Path]] = []
         try:
-            for i, (blob, have) in enumerate(zip(blobs, held)):
+            for i, (blob, have, size) in enumerate(zip(blobs, held, sizes)):
                 progress(i, len(blobs), f"checking {blob.name}")
+
+                def on_bytes(done: int, i=i, blob=blob, size=size) -> None:
+                    progress(i, len(blobs), f"checking {blob.name}: {done >> 20} of {size >> 20} MiB")
+
                 # a blob we hold already is still checked against this directory's file (hashed,
                 # not copied): a publish vouches for the directory it names
-                check = functools.partial(self.cache.check if have else self.cache.stage, source / blob.relpath,
-                                          blob.digest, max_size=blob.max_size)
+                way = self.cache.check if have else self.cache.move_in if move else self.cache.stage
+                check = functools.partial(way, source / blob.relpath, blob.digest, max_size=blob.max_size,
+                                          on_bytes=on_bytes)
                 try:
                     done = await trio.to_thread.run_sync(check)
                 except (BlobError, FileRefused) as exc:
@@ -300,8 +318,11 @@ class RunFiles:
                     await trio.to_thread.run_sync(check_fingerprints_file, done or self.cache.path(blob.digest),
                                                   manifest)
         except BaseException:
-            for _, tmp in staged:
-                tmp.unlink(missing_ok=True)
+            for blob, tmp in staged:
+                if move:
+                    os.rename(tmp, source / blob.relpath)
+                else:
+                    tmp.unlink(missing_ok=True)
             raise
         total_bytes = sum(size for size, have in zip(sizes, held) if not have)
         for blob, tmp in staged:
@@ -452,6 +473,42 @@ class RunFiles:
                      ports_s, report.seconds,
                      "-" if report.first_verified_s is None else f"{report.first_verified_s:.2f} s")
             return report.path
+        return None
+
+    async def fetch_part(self, p2p: P2P, bulk: BulkFetch, chunks: dict[str, tuple[int, ...]], work: Path,
+                         on_bad_peer: Callable[[str], None]) -> int | None:
+        """Only ``chunks`` (tensor name → chunk indices) of checkpoint ``bulk.step``, for a spot check:
+        over the bulk path, each chunk checked against the h_k-proven chunk table, held in part in
+        the working directory ``work`` (:func:`open1b.deterministic.spot_state.part_paths`). The
+        bytes received; None when no provider delivered them there (the caller fetches the whole
+        checkpoint instead). Nothing enters the cache: a blob is served only once whole and verified."""
+        manifest, step = bulk.manifest, bulk.step
+        try:
+            dataset = await self._dataset(manifest, bulk.samples_dir) if step > 0 else None
+            expect = checkpoint_expectation(manifest, step, dataset)
+        except Open1bError as exc:
+            log.info("checkpoint %d: no fetch in part without the run's samples: %s", step, exc)
+            return None
+        connected = p2p.connected_peers()[:MAX_FALLBACK_PEERS]
+        for peer_ids in (connected, None):
+            if peer_ids is None:
+                peer_ids = []
+                with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                    peer_ids = [p for p in await p2p.find_providers(provider_key(expect.address)) if p not in connected]
+            peers = await self._bulk_ports.of(p2p, peer_ids)
+            if not peers:
+                continue
+            try:
+                report = await fetch_checkpoint_part(bulk.identity, peers, expect, chunks, *part_paths(work, step),
+                                                     on_bad_peer=on_bad_peer)
+            except StorageFull as exc:
+                raise NoRoomForRunFiles(f"checkpoint {step} (in part): {exc}") from None
+            except BlobError as exc:
+                log.info("checkpoint %d in part over the bulk path: %s", step, exc)
+                continue
+            self.stats.fetched_bytes += report.size
+            log.info("checkpoint %d in part: %d bytes in %.2f s", step, report.size, report.seconds)
+            return report.size
         return None
 
     async def fetch_fingerprints(self, p2p: P2P, manifest: RunManifest, on_bad_peer: Callable[[str], None],

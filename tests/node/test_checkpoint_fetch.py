@@ -16,10 +16,17 @@ import trio
 from open1b.deterministic.config import PRESETS
 from open1b.deterministic.provenance import load_run_samples
 from open1b.deterministic.runfile import checkpoint_path, max_checkpoint_bytes, save_checkpoint
+from open1b.deterministic.spot_state import BEFORE, open_part, part_paths, spot_pieces
 from open1b.deterministic.state import init_state
 from open1b.node.blobs import BlobCache, BlobMismatch, file_digest
 from open1b.node.bulk import BulkPeer, serve_bulk
-from open1b.node.checkpoint_fetch import RECORD_MAGIC, CheckpointFetchError, fetch_checkpoint
+from open1b.node.checkpoint_fetch import (
+    RECORD_MAGIC,
+    CheckpointFetchError,
+    fetch_checkpoint,
+    fetch_checkpoint_part,
+    wanted_pieces,
+)  # fmt: skip
 from open1b.node.chunk_table import (
     ChunkTableError,
     Expectation,
@@ -466,3 +473,65 @@ def test_a_provider_on_a_full_disk_still_serves_its_checkpoints(tmp_path, checkp
 
     assert file_digest(trio.run(fetch).path) == expect.address
     assert sorted(p.name for p in provider.dir.iterdir()) == [expect.address.hex()]  # no half-written table
+
+
+def test_a_spot_checks_fetch_takes_only_its_chunks_proven_by_the_table(tmp_path, checkpoint):
+    """Issue 29 item 5: the chunks a spot check reads, each checked against the h_k-proven table,
+    into a sparse file the spot check's reader accepts; a liar among the providers is blamed at
+    its first chunk and the others finish; an interrupted fetch resumes with what it verified."""
+    path, expect = checkpoint
+    layout = read_layout(path)
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=1)
+    chunks = spot_pieces(config, (3, 40), BEFORE)
+    wanted = wanted_pieces(layout, chunks)
+    pieces = layout.pieces()
+    caches = [provider_cache(tmp_path / "p0", path, expect.address, corrupt_at=tuple(p.offset for p in pieces)),
+              provider_cache(tmp_path / "p1", path, expect.address)]
+    part, table = part_paths(tmp_path / "verifier", 0)
+    blamed = []
+
+    async def main(stop_after: int | None):
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, caches)
+                with trio.CancelScope() as scope:
+                    count = []
+
+                    def progress(done, total):
+                        count.append(done)
+                        if stop_after is not None and len(count) == stop_after:
+                            scope.cancel()
+
+                    report = await fetch_checkpoint_part(FETCHER, peers, expect, chunks, part, table,
+                                                         on_bad_peer=blamed.append, progress=progress, window=1)
+                nursery.cancel_scope.cancel()
+        return None if scope.cancelled_caught else report
+
+    assert trio.run(main, 3) is None and not table.exists()
+    report = trio.run(main, None)
+    assert report.resumed_pieces >= 3 and blamed and set(blamed) == {PROVIDERS[0].peer_id}
+    assert table.read_bytes() == compute_table(path)
+    source, held = path.read_bytes(), part.read_bytes()
+    assert len(held) == len(source)
+    for i, p in enumerate(pieces):
+        want = source[p.offset:p.offset + p.length] if i in wanted else bytes(p.length)
+        assert held[p.offset:p.offset + p.length] == want, i
+    assert part.stat().st_blocks * 512 < len(source)  # sparse: the holes take no disk
+    # the spot check's reader accepts it: the table proves h_0, and every parameter is held
+    state = open_part(tmp_path / "verifier", 0, config, expect.state_hash, (expect.prev, 0, expect.batch_digest),
+                      params=True)
+    assert set(state.params) == set(config.param_shapes())
+
+    # what a fetch from scratch costs: the header, the table and the wanted chunks, nothing else
+    async def fresh():
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                peers = await serving(nursery, caches[1:])
+                report = await fetch_checkpoint_part(FETCHER, peers, expect, chunks, *part_paths(tmp_path / "v2", 0))
+                nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(fresh)
+    wanted_bytes = sum(pieces[i].length for i in wanted)
+    assert report.size == pieces[0].offset + layout.table_size + wanted_bytes
+    assert report.size < len(source)  # every parameter, two of the moments' chunks: less than the file

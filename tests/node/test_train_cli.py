@@ -48,3 +48,21 @@ def test_train_refuses_a_rank_count_below_one(tmp_path, ranks):
                      "--data-dir", str(tmp_path / "node"), timeout=60)
     assert rc == 2 and "--ranks" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_replay_out_writes_the_replayed_state_byte_for_byte(tmp_path):
+    """``replay --out FILE`` (CPU): the replayed state k+1 as a checkpoint file whose bytes are the
+    trainer's, so its blob address is the manifest's."""
+    from open1b.protocol.hashing import blake2b256
+
+    run_dir, data_dir, out = tmp_path / "run", tmp_path / "node", tmp_path / "replayed" / "state1.safetensors"
+    rc, _, err = cli("train", "--steps", "1", "--seed", "5", "--out", str(run_dir), "--data-dir", str(data_dir),
+                     "--json", timeout=600)
+    assert rc == 0, err
+    out.parent.mkdir()
+    rc, stdout, err = cli("replay", str(run_dir), "--step", "0", "--device", "cpu", "--out", str(out),
+                          "--data-dir", str(data_dir), "--json", timeout=600)
+    assert rc == 0 and json.loads(stdout)["verdict"] == "match", err
+    assert blake2b256(out.read_bytes()) == read_manifest(run_dir).checkpoints[1]
+    assert out.read_bytes() == (run_dir / "checkpoints" / "00000001.safetensors").read_bytes()
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary file left beside it

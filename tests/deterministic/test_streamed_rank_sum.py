@@ -1,0 +1,59 @@
+"""Each rank's gradients added into the cross-rank sum as its backward makes them final
+(deterministic/step.py ``step_gradients``): the same bits as summing whole rank terms, and one
+whole gradient less alive at the peak."""
+
+import dataclasses
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from open1b.deterministic import PRESETS, init_state
+from open1b.deterministic.backend import default_backend
+from open1b.deterministic.config import Topology
+from open1b.deterministic.step import step_gradients
+
+TOPOLOGIES = [(1, 1, 2), (2, 1, 1), (2, 3, 1), (3, 2, 2), (9, 1, 1)]  # 9 ranks: past one RANK_GROUP
+
+
+def gradients(config, topology, *, whole: bool):
+    """The step's loss and summed gradients; ``whole``: with an observer, which takes the path that
+    sums whole rank terms."""
+    state = init_state(config, seed=11)
+    rng = np.random.default_rng(topology.ranks * 100 + topology.micro_batches)
+    batch = rng.integers(0, config.vocab_size, (topology.ranks, topology.micro_batches, topology.micro_batch_size,
+                                                config.seq_len + 1), dtype=np.int32)
+    observe = (lambda rank, micro, loss, grads: None) if whole else None
+    loss, grads = step_gradients(state, batch, topology, default_backend(config), observe)
+    return np.asarray(loss).tobytes(), {n: np.asarray(g).tobytes() for n, g in grads.items()}
+
+
+@pytest.mark.parametrize("ranks, micro_batches, rows", TOPOLOGIES)
+def test_streamed_rank_sum_has_the_bits_of_whole_terms(ranks, micro_batches, rows):
+    config = PRESETS["tiny"].config
+    topology = Topology(ranks=ranks, micro_batches=micro_batches, micro_batch_size=rows)
+    streamed, whole = gradients(config, topology, whole=False), gradients(config, topology, whole=True)
+    assert streamed[0] == whole[0] and list(streamed[1]) == list(config.param_shapes())
+    assert streamed[1] == whole[1]
+
+
+def test_streamed_rank_sum_holds_one_gradient_less():
+    """Peak memory of the step's gradients alone (numpy reports its arrays to tracemalloc), the
+    state made before: summing whole terms holds rank 0's sum and all of rank 1's gradients (two
+    gradients); streaming holds the sum and one block's gradients (six blocks here)."""
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=6, seq_len=16)
+    topology = Topology(ranks=2, micro_batches=1, micro_batch_size=1)
+    state, be = init_state(config, seed=1), default_backend(config)
+    batch = np.random.default_rng(0).integers(0, config.vocab_size, (2, 1, 1, config.seq_len + 1), dtype=np.int32)
+    step_gradients(state, batch, topology, be)  # kernels loaded outside the measurement
+    peaks, bits = {}, {}
+    for whole in (False, True):
+        tracemalloc.start()
+        try:
+            loss, grads = step_gradients(state, batch, topology, be, (lambda *a: None) if whole else None)
+            peaks[whole] = tracemalloc.get_traced_memory()[1] / (4 * config.n_params())
+        finally:
+            tracemalloc.stop()
+        bits[whole] = (loss.tobytes(), [g.tobytes() for g in grads.values()])
+    assert bits[False] == bits[True]
+    assert peaks[True] > 1.9 and peaks[False] < 1.4, peaks  # in gradients' bytes
