@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -184,13 +185,20 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         try:
             summary = run_devnet(opts)
         except Exception as exc:  # one failed run is a row of the table, not the end of the report
-            return {"scenario": name, "error": f"{type(exc).__name__}: {exc}", "ok": False}
+            summary = {"error": f"{type(exc).__name__}: {exc}", "ok": False}
+        if not summary["ok"] and args.keep_failed:  # its daemons' logs, to see why
+            kept = Path(args.keep_failed) / f"{names[0]}-{time.strftime('%H%M%S')}"
+            shutil.copytree(tmp, kept, ignore=shutil.ignore_patterns("*.partial", "blobs"), dirs_exist_ok=True)
+            print(f"reliability: kept the failed run's directory in {kept}", file=sys.stderr, flush=True)
+        if "error" in summary:
+            return {"scenario": name, "error": summary["error"], "ok": False}
     reports = {n: summary["scenarios"][n] for n in names}
     for report in reports.values():
         report.pop("evidence", None)
     row = {"scenario": name, "ok": summary["ok"], "complete": summary["complete"],
            "converged": summary["converged"], "lost": summary["lost"], "wall_seconds": summary["wall_seconds"],
-           "redundancy": summary["redundancy"], "daemons": summary["nodes"]}
+           "redundancy": summary["redundancy"], "daemons": summary["nodes"],
+           "waiting_for": summary.get("waiting_for", [])}
     return {**row, "report": reports[name]} if len(names) == 1 else {**row, "reports": reports}
 
 
@@ -198,7 +206,8 @@ def failed_checks(row: dict) -> list[str]:
     """What one run failed: its error, the driver's own promises, and every scenario check not held."""
     if "error" in row:
         return [f"error: {row['error']}"]
-    failed = [promise for promise in ("complete", "converged") if not row[promise]]
+    failed = [f"deadline, waiting for {w}" for w in row.get("waiting_for", [])]
+    failed += [promise for promise in ("complete", "converged") if not row[promise]]
     if row["lost"]:
         failed.append(f"lost {row['lost']}")
     reports = row["reports"] if "reports" in row else {row["scenario"]: row["report"]}
@@ -425,13 +434,20 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--deadline", type=float, default=300.0)
-    p.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (default: all)")
+    # generous: a run ends as soon as its events came (a second devnet beside it slows them all)
+    p.add_argument("--deadline", type=float, default=600.0)
+    combined = [" + ".join(combo) for combo in UNDER_LOAD_COMBINED]
+    p.add_argument("--scenario", action="append", choices=[*SCENARIOS, *combined],
+                   help="only these (default: all); under load also a combination, e.g. "
+                        f"'{combined[0]}'")
     p.add_argument("--from-results", action="store_true", help="rewrite the doc from bench/results; run nothing")
     p.add_argument("--under-load", action="store_true",
                    help="run the scenarios while a second devnet audits on the same cores (its own table)")
     p.add_argument("--load-steps", type=int, default=64, help="steps of the second devnet's runs")
+    p.add_argument("--keep-failed", metavar="DIR", help="copy each failed run's directory (daemon logs) here")
     args = p.parse_args()
+    if not args.under_load and set(args.scenario or ()) & set(combined):
+        p.error("a combination of scenarios is run only --under-load (the scenario tables are of each alone)")
     if args.from_results:
         write_doc(json.loads(RESULTS.read_text()))
         return 0

@@ -30,6 +30,7 @@ class SpotScenario(Scenario):
     lanes: int | None = None  # every auditor's --spot-checks-in-flight (bench/flag_time.py); None: the default
     at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
     min_auditors = 2
+    waiting = "a spot check failing the forged step (any step, for an honest run) at the observer"
 
     def __init__(self, opts) -> None:
         super().__init__(opts)
