@@ -27,6 +27,10 @@ class SpotScenario(Scenario):
     # checks (docs/benchmarks.md). The delay gives a devnet of a few steps those proportions, so that
     # "caught before full coverage" tests the spot checks, not a race. bench/flag_time.py sets 0.
     replay_delay_s = 2.0
+    # ... and at least this many times as long as the honest replay: on a loaded machine the replay
+    # and the spot check both slow down, and a fixed delay no longer keeps the proportion (a second
+    # devnet beside: forged-data flagged 80.2 s after publishing began, coverage complete at 89.4 s)
+    replay_times = 4.0
     lanes: int | None = None  # every auditor's --spot-checks-in-flight (bench/flag_time.py); None: the default
     at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
     min_auditors = 2
@@ -44,7 +48,7 @@ class SpotScenario(Scenario):
         return {step: self.forgery} if step is not None else {}
 
     def auditor_args(self) -> tuple[str, ...]:
-        slow = ("--behaviour", f"slow={self.replay_delay_s}") if self.replay_delay_s else ()
+        slow = ("--behaviour", f"slow={self.replay_delay_s},{self.replay_times}") if self.replay_delay_s else ()
         lanes = ("--spot-checks-in-flight", str(self.lanes)) if self.lanes is not None else ()
         return ("--answer-seconds", str(self.answer_s), *slow, *lanes)
 
