@@ -79,7 +79,7 @@ An operator's node must not be knocked over by what a local user or a caller nam
 input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
 API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
 `tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
-huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`, `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
+huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`, `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py`, `tests/node/test_bulk.py`, `tests/node/test_spot_answers.py`, `tests/node/test_spot_checker.py` and `tests/node/test_lifecycle.py`.
 
 | input | what the node says | nothing lost |
 |---|---|---|
@@ -480,9 +480,13 @@ def main() -> int:
     if args.scenario and "meta" in results:
         minutes = round(results["meta"]["wall_minutes"] + minutes, 1)
     date = time.strftime("%Y-%m-%d")
-    if args.scenario and "meta" in results and not results["meta"]["date"].endswith(date):
-        date = f"{results['meta']['date'].split(' to ')[0]} to {date}"  # the others keep their earlier runs
-    results["meta"] = {"runs": args.runs, "nodes": args.nodes, "steps": args.steps,
+    runs: int | str = args.runs
+    if args.scenario and "meta" in results:  # the others keep their earlier runs
+        first = results["meta"]["date"].split(" to ")[0]
+        date = date if first == date else f"{first} to {date}"
+        if str(results["meta"]["runs"]).split(" ")[0] == str(args.runs):
+            runs = results["meta"]["runs"]  # e.g. "3 (partition: 5)"
+    results["meta"] = {"runs": runs, "nodes": args.nodes, "steps": args.steps,
                        "machine": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count(),
                        "date": date, "wall_minutes": minutes}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
