@@ -267,7 +267,13 @@ def under_load(results: dict) -> list[str]:
              f"directories): {meta['leftovers'] or 'none'}. The `nat` scenario is left out: it is issue 27's and "
              "does not complete yet.", "",
              "| scenario | runs | passed | failed checks (run: checks) | wall s |", "|---|---|---|---|---|"]
+    if meta.get("stopped_at"):
+        lines[2] += (f" The sweep was stopped during {meta['stopped_at']} (a deadline): the scenarios after it "
+                     "were not run.")
     for name, rows in runs.items():
+        if not rows:
+            lines.append(f"| {name} | 0 | — | not run | — |")
+            continue
         passed = sum(1 for r in rows if r["ok"])
         failed = "; ".join(f"{i}: {', '.join(failed_checks(r))}" for i, r in enumerate(rows, 1) if not r["ok"])
         walls = ", ".join(str(r.get("wall_seconds", "—")) for r in rows)
@@ -415,9 +421,11 @@ def sweep_under_load(args: argparse.Namespace) -> int:
     previous = results.get("under_load", {}).get("scenarios", {}) if args.scenario else {}
     runs: dict[str, list[dict]] = {**previous, **{n: [] for n in names}}
 
+    stopped: str | None = None  # the run a Ctrl-C ended (it is not recorded), if any
+
     def save(load, left: list[str] | None) -> None:
         results["under_load"] = {
-            "meta": {"runs": args.runs, "nodes": args.nodes, "steps": args.steps, "load_steps": args.load_steps,
+            "meta": {"stopped_at": stopped, "runs": args.runs, "nodes": args.nodes, "steps": args.steps, "load_steps": args.load_steps,
                      "load_nodes": args.nodes, "load_devnets": load.started, "cpus": os.cpu_count(),
                      "date": time.strftime("%Y-%m-%d"), "wall_minutes": round((time.monotonic() - started) / 60, 1),
                      "load_average": round(os.getloadavg()[0], 1), "leftovers": left},
@@ -425,14 +433,20 @@ def sweep_under_load(args: argparse.Namespace) -> int:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
 
     with background_devnet(steps=args.load_steps, nodes=args.nodes) as load:
-        for name in names:
-            for i in range(args.runs):
-                print(f"reliability (under load): {name} run {i + 1}/{args.runs}", file=sys.stderr, flush=True)
-                row = run_one(name, args)
-                runs[name].append(row)
-                print(f"reliability (under load): {name} run {i + 1}: "
-                      f"{'ok' if row['ok'] else 'FAILED ' + '; '.join(failed_checks(row))}", file=sys.stderr, flush=True)
-                save(load, None)
+        try:
+            for name in names:
+                for i in range(args.runs):
+                    stopped = f"{name} run {i + 1}"
+                    print(f"reliability (under load): {stopped}/{args.runs}", file=sys.stderr, flush=True)
+                    row = run_one(name, args)
+                    runs[name].append(row)
+                    print(f"reliability (under load): {name} run {i + 1}: "
+                          f"{'ok' if row['ok'] else 'FAILED ' + '; '.join(failed_checks(row))}", file=sys.stderr,
+                          flush=True)
+                    stopped = None
+                    save(load, None)
+        except KeyboardInterrupt:  # the runs so far are kept; the load is still stopped and checked
+            print(f"reliability (under load): stopped during {stopped}", file=sys.stderr, flush=True)
     left = leftovers(load)
     save(load, left)
     write_doc(results)
