@@ -368,6 +368,11 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   (a second devnet running): the run settled correctly, but after 283 s, at the edge of the
   scenario's deadline; the lying-auditor scenario's auditors now lease for 20 s. The planner does
   not yet treat a claimant that signed the step, counted or not, as finished.
+- **A short answer deadline fails honest steps under load.** In the under-load table, forged-data's
+  run 2 failed an honest step (6) by `no_answer`: the publisher, answering one challenge per key at
+  a time, said `busy` for 20 s, and the spot check's devnet deadline was 20 s (the spec's is an
+  hour). The spot scenarios now wait 90 s for an answer (the refusing trainer's 3 s stays: it never
+  answers); that change came after the sweep and is not in its table.
 - **Partitions: claims no longer wait on the unreachable half.** A split link leaves connections
   open but silent, and nothing told py-libp2p those peers were gone: every DHT walk asked each
   peer near the key and waited out its 10-s query timeout on every unreachable one, the GET or PUT
