@@ -3,11 +3,18 @@ results — no number in that file is typed by hand.
 
     .venv/bin/python bench/reliability.py [--runs 3] [--nodes 3] [--steps 8] [--scenario NAME ...]
     .venv/bin/python bench/reliability.py --from-results     # rewrite the doc from the last results
+    nice -n 10 .venv/bin/python bench/reliability.py --under-load [--runs 3] [--scenario NAME ...]
 
 Each run is ``open1b-node devnet --scenario NAME`` (real daemon processes on loopback, or in two
 network namespaces for the partition). Raw summaries go to bench/results/reliability.json; the
 markdown holds one table per scenario: what was injected, how often, what was detected and what
 was lost (which must be nothing), with each run's checks.
+
+``--under-load`` runs the same scenarios (and the copier among liars, combined) while a second,
+independent devnet audits a long run on the same cores (open1b.devnet.background): its own ports and
+directories, started again whenever it ends, stopped and checked for leftovers afterwards. Each run's
+pass/fail and failing checks go to the results' ``under_load`` and a table of their own; the other
+scenario tables keep their last quiet runs.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from open1b.devnet import SCENARIOS, DevnetOptions, run_devnet
+from open1b.devnet.background import background_devnet, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "reliability.json"
@@ -40,7 +49,11 @@ tables by hand; rerun the script. Raw results: `bench/results/reliability.json`.
 Every run, whatever the scenario, also checks that the observer's coverage completed, that every
 honest node ended with identical coverage, and that no attestation an honest node made is missing
 from any honest node (*lost*, which must be 0). The scenario tests in `tests/scenarios/` run the
-same code in CI, with scenarios that do not disturb each other sharing one devnet.
+same code in CI, with scenarios that do not disturb each other sharing one devnet. The table
+"Under load (a second devnet)" runs every scenario again beside a second, independent devnet on
+the same cores (`bench/reliability.py --under-load`). The checks wait for events (a flag, a
+refutation, coverage agreeing), each within a generous bound; a run that reaches its deadline
+names what it was still waiting for.
 
 ## The trust policy these runs use
 
@@ -66,7 +79,7 @@ An operator's node must not be knocked over by what a local user or a caller nam
 input that was tried, what the node says (one line, exit code 1 for the CLI, HTTP 400 for the
 API's publish route), and what is kept. Checked by `tests/node/test_hostile_files.py`,
 `tests/node/test_cli_hostile.py` (every command, hostile files, directories, FIFOs, symlinks,
-huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`, `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py` and `tests/node/test_lifecycle.py`.
+huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`, `tests/node/test_auditor.py`, `tests/node/test_sync.py`, `tests/node/test_datadir_config.py`, `tests/node/test_api.py`, `tests/node/test_api_daemon.py`, `tests/node/test_dht_store.py`, `tests/node/test_bulk.py`, `tests/node/test_spot_answers.py`, `tests/node/test_spot_checker.py` and `tests/node/test_lifecycle.py`.
 
 | input | what the node says | nothing lost |
 |---|---|---|
@@ -85,6 +98,7 @@ huge numbers and wrong ports: no traceback), `tests/node/test_verify_handoff.py`
 | `identity.key` readable by others, its directory writable by others | `… accessible by other users (mode 0644); run: chmod 600 …` | the key is not used |
 | `key show` on a missing data dir | `cannot read the node key: …` | nothing created (no `~/.open1b`, no key) |
 | `train --preset nope`, `--out` a file or under `/proc` | `unknown preset 'nope'; choose one of …` / `--out … exists and is not a directory` / `cannot create --out …` | an earlier run directory given as `--out` has its old checkpoints removed first; a non-empty non-run directory is refused |
+| `attestations RUN --out` a directory, a FIFO, a symlink (to `/dev/zero`, dangling, to a file), a path under a file or under `/proc`, an empty name | `cannot write --out …: refused: not a regular file` / `…: refused: a symbolic link (name the file itself)` / `…: Not a directory` / `--out is empty: name the file to write` | refused before the node is asked (a path that cannot be created: on writing); written beside the target and renamed, so no half-written file and no temporary left; a link, FIFO or device is never replaced by a file |
 | `status --api 127.0.0.1:abc`, `--api` at a libp2p port | `expected HOST:PORT, got …` / `… did not answer as the node API does` | — |
 | a malformed bootstrap address, in `config.toml` or on the command line | `bootstrap address … is not /ip4/HOST/tcp/PORT/p2p/PEER_ID` | refused at start, not retried forever |
 | a peer PUTs DHT records: 700 × 500 kB under `/junk/…`, oversized or invalid records under `/open1b/`, more than its share | nothing (the PUT stream is reset); the sender is penalised per record and banned past `max_rejects_per_peer` | only registered namespaces, values ≤ 4 KiB, ≤ 1,024 records per sending peer, ≤ 16,384 records and 16 MiB in all; a full store drops the biggest holder's oldest record (700 × 500 kB: 0 records kept, +4 MB process RSS, was +216 MB) |
@@ -163,19 +177,51 @@ WHAT = {
 }
 
 
+# Not run under load: the nat scenario is issue 27's and does not complete yet (its table says why).
+UNDER_LOAD_SKIPPED = ("nat",)
+# Scenarios run together under load besides each alone: the combination that failed its checks on a
+# loaded machine (issue 33), the copier copying a liar's false statements.
+UNDER_LOAD_COMBINED = (("copying-auditor", "lying-auditor"),)
+
+
 def run_one(name: str, args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"open1b-rel-{name}-") as tmp:
-        opts = DevnetOptions(nodes=args.nodes, steps=args.steps, scenarios=(name,), workdir=Path(tmp),
+    names = tuple(name.split(" + "))
+    with tempfile.TemporaryDirectory(prefix=f"open1b-rel-{names[0]}-") as tmp:
+        opts = DevnetOptions(nodes=args.nodes, steps=args.steps, scenarios=names, workdir=Path(tmp),
                              deadline_s=args.deadline)
         try:
             summary = run_devnet(opts)
         except Exception as exc:  # one failed run is a row of the table, not the end of the report
-            return {"scenario": name, "error": f"{type(exc).__name__}: {exc}", "ok": False}
-    report = summary["scenarios"][name]
-    report.pop("evidence", None)
-    return {"scenario": name, "ok": summary["ok"], "complete": summary["complete"],
-            "converged": summary["converged"], "lost": summary["lost"], "wall_seconds": summary["wall_seconds"],
-            "redundancy": summary["redundancy"], "daemons": summary["nodes"], "report": report}
+            summary = {"error": f"{type(exc).__name__}: {exc}", "ok": False}
+        if not summary["ok"] and args.keep_failed:  # its daemons' logs, to see why
+            kept = Path(args.keep_failed) / f"{names[0]}-{time.strftime('%H%M%S')}"
+            shutil.copytree(tmp, kept, ignore=shutil.ignore_patterns("*.partial", "blobs"), dirs_exist_ok=True)
+            print(f"reliability: kept the failed run's directory in {kept}", file=sys.stderr, flush=True)
+        if "error" in summary:
+            return {"scenario": name, "error": summary["error"], "ok": False}
+    reports = {n: summary["scenarios"][n] for n in names}
+    for report in reports.values():
+        report.pop("evidence", None)
+    row = {"scenario": name, "ok": summary["ok"], "complete": summary["complete"],
+           "converged": summary["converged"], "lost": summary["lost"], "wall_seconds": summary["wall_seconds"],
+           "redundancy": summary["redundancy"], "daemons": summary["nodes"],
+           "waiting_for": summary.get("waiting_for", [])}
+    return {**row, "report": reports[name]} if len(names) == 1 else {**row, "reports": reports}
+
+
+def failed_checks(row: dict) -> list[str]:
+    """What one run failed: its error, the driver's own promises, and every scenario check not held."""
+    if "error" in row:
+        return [f"error: {row['error']}"]
+    failed = [f"deadline, waiting for {w}" for w in row.get("waiting_for", [])]
+    failed += [promise for promise in ("complete", "converged") if not row[promise]]
+    if row["lost"]:
+        failed.append(f"lost {row['lost']}")
+    reports = row["reports"] if "reports" in row else {row["scenario"]: row["report"]}
+    for name, report in reports.items():
+        prefix = f"{name}: " if len(reports) > 1 else ""
+        failed += [prefix + check for check, held in report["checks"].items() if not held]
+    return failed
 
 
 def _fmt(value) -> str:
@@ -208,6 +254,34 @@ def table(name: str, runs: list[dict]) -> list[str]:
         if extra:
             details.append(f"- run {i}: {_fmt(extra)}")
     return lines + ([""] + details if details else []) + [""]
+
+
+def under_load(results: dict) -> list[str]:
+    """The table of runs made with a second devnet running on the same cores (``--under-load``)."""
+    if "under_load" not in results:
+        return []
+    meta, runs = results["under_load"]["meta"], results["under_load"]["scenarios"]
+    lines = ["## Under load (a second devnet)", "",
+             f"Each scenario again, {meta['runs']} runs, while a second, independent devnet ({meta['load_nodes']} "
+             f"auditors and an observer, {meta['load_steps']}-step runs, started again whenever one ended: "
+             f"{meta['load_devnets']} in all) audited on the same {meta['cpus']} cores; {meta['date']}, "
+             f"{meta['wall_minutes']} min, under `nice -n 10` (both devnets alike), load average "
+             f"{meta['load_average']} at the end. Leftovers of the second devnet after it was stopped (processes, "
+             f"directories): {meta['leftovers'] or 'none'}. The `nat` scenario is left out: it is issue 27's and "
+             "does not complete yet.", "",
+             "| scenario | runs | passed | failed checks (run: checks) | wall s |", "|---|---|---|---|---|"]
+    if meta.get("stopped_at"):
+        lines[2] += (f" The sweep was stopped during {meta['stopped_at']} (a deadline): the scenarios after it "
+                     "were not run.")
+    for name, rows in runs.items():
+        if not rows:
+            lines.append(f"| {name} | 0 | — | not run | — |")
+            continue
+        passed = sum(1 for r in rows if r["ok"])
+        failed = "; ".join(f"{i}: {', '.join(failed_checks(r))}" for i, r in enumerate(rows, 1) if not r["ok"])
+        walls = ", ".join(str(r.get("wall_seconds", "—")) for r in rows)
+        lines.append(f"| {name} | {len(rows)} | {passed} | {failed or '—'} | {walls} |")
+    return lines + [""]
 
 
 def soak() -> list[str]:
@@ -258,6 +332,7 @@ def write_doc(results: dict) -> None:
     for name in SCENARIOS:
         if name in results["scenarios"]:
             lines += table(name, results["scenarios"][name])
+    lines += under_load(results)
     lines += soak()
     lines += fuzzing()
     lines += FINDINGS.splitlines()
@@ -288,6 +363,21 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   is flagged) is retaken only after its lease ends *and* a new round begins (the crash table's
   retake seconds). In the scenarios the liar therefore claims nothing, and the crash and
   partition runs use 5–10 s leases; with the default 120-s lease the wait is up to ~3 minutes.
+  The same holds for an *honest* key flagged for a while: with a copier copying the accuser's
+  false mismatch (`--scenario copying-auditor --scenario lying-auditor`), two keys report one
+  wrong result against one honest replay of a step, the honest key is flagged until a second
+  honest replay ties the step, and meanwhile its attestations stop counting. Seen under load
+  (a second devnet running): the run settled correctly, but after 283 s, at the edge of the
+  scenario's deadline. Why it took that long is read from the code, not confirmed in the logs:
+  the flagged key's claims look unfinished and hold their slots until the lease ends and a new
+  round begins. The lying-auditor scenario's auditors now lease for 20 s (under load: 227, 200
+  and 182 s). The planner does
+  not yet treat a claimant that signed the step, counted or not, as finished.
+- **A short answer deadline fails honest steps under load.** In the under-load table, forged-data's
+  run 2 failed an honest step (6) by `no_answer`: the publisher, answering one challenge per key at
+  a time, said `busy` for 20 s, and the spot check's devnet deadline was 20 s (the spec's is an
+  hour). The spot scenarios now wait 90 s for an answer (the refusing trainer's 3 s stays: it never
+  answers); that change came after the sweep and is not in its table.
 - **Partitions: claims no longer wait on the unreachable half.** A split link leaves connections
   open but silent, and nothing told py-libp2p those peers were gone: every DHT walk asked each
   peer near the key and waited out its 10-s query timeout on every unreachable one, the GET or PUT
@@ -329,18 +419,77 @@ What these runs showed beyond pass/fail, and what is not protected yet:
 """
 
 
+def sweep_under_load(args: argparse.Namespace) -> int:
+    """Every scenario (and each combination of UNDER_LOAD_COMBINED) ``--runs`` times beside a second
+    devnet; the results are written after every run, so an interrupted sweep keeps what it did."""
+    started = time.monotonic()
+    results = json.loads(RESULTS.read_text())
+    names = [n for n in args.scenario or SCENARIOS if n not in UNDER_LOAD_SKIPPED]
+    if not args.scenario:
+        names += [" + ".join(combo) for combo in UNDER_LOAD_COMBINED]
+    names.sort(key=lambda n: n == "partition")  # the longest (~4 min a run) last
+    previous = results.get("under_load", {}).get("scenarios", {}) if args.scenario else {}
+    runs: dict[str, list[dict]] = {**previous, **{n: [] for n in names}}
+
+    stopped: str | None = None  # the run a Ctrl-C ended (it is not recorded), if any
+
+    def save(load, left: list[str] | None) -> None:
+        results["under_load"] = {
+            "meta": {"stopped_at": stopped, "runs": args.runs, "nodes": args.nodes, "steps": args.steps, "load_steps": args.load_steps,
+                     "load_nodes": args.nodes, "load_devnets": load.started, "cpus": os.cpu_count(),
+                     "date": time.strftime("%Y-%m-%d"), "wall_minutes": round((time.monotonic() - started) / 60, 1),
+                     "load_average": round(os.getloadavg()[0], 1), "leftovers": left},
+            "scenarios": runs}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+
+    with background_devnet(steps=args.load_steps, nodes=args.nodes) as load:
+        try:
+            for name in names:
+                for i in range(args.runs):
+                    stopped = f"{name} run {i + 1}"
+                    print(f"reliability (under load): {stopped}/{args.runs}", file=sys.stderr, flush=True)
+                    row = run_one(name, args)
+                    runs[name].append(row)
+                    print(f"reliability (under load): {name} run {i + 1}: "
+                          f"{'ok' if row['ok'] else 'FAILED ' + '; '.join(failed_checks(row))}", file=sys.stderr,
+                          flush=True)
+                    stopped = None
+                    save(load, None)
+        except KeyboardInterrupt:  # the runs so far are kept; the load is still stopped and checked
+            print(f"reliability (under load): stopped during {stopped}", file=sys.stderr, flush=True)
+    left = leftovers(load)
+    save(load, left)
+    write_doc(results)
+    failed = [n for n, rows in runs.items() if not all(r["ok"] for r in rows)]
+    print(f"wrote {DOC} (under load: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}; "
+          f"leftovers: {left or 'none'})", file=sys.stderr)
+    return 1 if failed or left else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--deadline", type=float, default=300.0)
-    p.add_argument("--scenario", action="append", choices=SCENARIOS, help="only these (default: all)")
+    # generous: a run ends as soon as its events came (a second devnet beside it slows them all)
+    p.add_argument("--deadline", type=float, default=600.0)
+    combined = [" + ".join(combo) for combo in UNDER_LOAD_COMBINED]
+    p.add_argument("--scenario", action="append", choices=[*SCENARIOS, *combined],
+                   help="only these (default: all); under load also a combination, e.g. "
+                        f"'{combined[0]}'")
     p.add_argument("--from-results", action="store_true", help="rewrite the doc from bench/results; run nothing")
+    p.add_argument("--under-load", action="store_true",
+                   help="run the scenarios while a second devnet audits on the same cores (its own table)")
+    p.add_argument("--load-steps", type=int, default=64, help="steps of the second devnet's runs")
+    p.add_argument("--keep-failed", metavar="DIR", help="copy each failed run's directory (daemon logs) here")
     args = p.parse_args()
+    if not args.under_load and set(args.scenario or ()) & set(combined):
+        p.error("a combination of scenarios is run only --under-load (the scenario tables are of each alone)")
     if args.from_results:
         write_doc(json.loads(RESULTS.read_text()))
         return 0
+    if args.under_load:
+        return sweep_under_load(args)
     started = time.monotonic()
     # --scenario reruns only those: the other scenarios keep their last results
     results = json.loads(RESULTS.read_text()) if args.scenario and RESULTS.exists() else {"scenarios": {}}
@@ -355,9 +504,13 @@ def main() -> int:
     if args.scenario and "meta" in results:
         minutes = round(results["meta"]["wall_minutes"] + minutes, 1)
     date = time.strftime("%Y-%m-%d")
-    if args.scenario and "meta" in results and not results["meta"]["date"].endswith(date):
-        date = f"{results['meta']['date'].split(' to ')[0]} to {date}"  # the others keep their earlier runs
-    results["meta"] = {"runs": args.runs, "nodes": args.nodes, "steps": args.steps,
+    runs: int | str = args.runs
+    if args.scenario and "meta" in results:  # the others keep their earlier runs
+        first = results["meta"]["date"].split(" to ")[0]
+        date = date if first == date else f"{first} to {date}"
+        if str(results["meta"]["runs"]).split(" ")[0] == str(args.runs):
+            runs = results["meta"]["runs"]  # e.g. "3 (partition: 5)"
+    results["meta"] = {"runs": runs, "nodes": args.nodes, "steps": args.steps,
                        "machine": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count(),
                        "date": date, "wall_minutes": minutes}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ adversaries injected (``open1b-devnet``, :mod:`.cli`; docs/reliability.md).
 * :mod:`.options` — what a devnet is asked to do (:class:`DevnetOptions`), the known scenarios;
 * :mod:`.daemons` — the daemon processes (:class:`Daemons`): start, publish through, kill, stop;
 * :mod:`.plain` — a devnet without scenarios: train, publish, cover, summarise;
+* :mod:`.background` — a second devnet running as load beside the one under test;
 * :mod:`.scenarios` — one module per scenario, and the driver that combines them;
 * :mod:`.adversaries` — deliberately broken daemons (``--behaviour``), reaching the daemon only
   through its documented hook (:class:`open1b.node.daemon.Harness`), started by :mod:`.daemon_entry`;

@@ -20,7 +20,9 @@ Behaviours:
   run's topics, in bursts until every peer has banned it (at most :data:`SPAM_BURSTS`), answers
   sync requests with the same bytes, and writes what it sent to ``<data dir>/injected.json``.
 * ``sybil=N`` — mints N fresh keys and publishes, under each, a match for every step at once.
-* ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``).
+* ``slow=S``  — honest, but each replay takes S seconds longer (a window for ``kill -9``);
+  ``slow=S,F``: F times as long as the honest replay took, if that is longer (a proportion that
+  holds however loaded the machine is: the spot-check scenarios' replay-to-spot-check ratio).
 * ``straggler=S`` — ``slow=S`` that says so: its replay-time estimate starts at S seconds (a
   declared speed), so its claims carry an ``expected_done`` S seconds out from the start
   (docs/protocol.md §10.1; the ``straggler`` scenario).
@@ -122,8 +124,11 @@ class Adversary:
 class Slow(Adversary):
     async def replay(self, manifest, run_dir, step):
         assert self.honest is not None  # set by the daemon before it audits
+        seconds, _, times = (self.arg or "3").partition(",")
+        started = trio.current_time()
         result = await self.honest.replay(manifest, run_dir, step)
-        await trio.sleep(float(self.arg or 3))
+        took = trio.current_time() - started
+        await trio.sleep(max(float(seconds), (float(times or 1) - 1) * took))
         return result
 
 

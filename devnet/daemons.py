@@ -19,7 +19,10 @@ from open1b.node.datadir import init_data_dir, read_api_token
 from .adversaries import ENV_SWITCH as DEVNET_ENV
 from .options import DevnetError
 
-START_TIMEOUT_S = 60.0
+# A bound on waiting for a daemon's address file (it ends when the file appears): generous, since
+# a daemon started beside another devnet on a shared machine takes many times its quiet start-up.
+START_TIMEOUT_S = 180.0
+PUBLISH_STALL_S = 300.0  # a publish job that makes no progress for this long has failed
 STOP_TIMEOUT_S = 15.0
 
 
@@ -112,7 +115,7 @@ class Daemons:
     def publish(self, index: int, update: Callable[[dict], None] = lambda job: None) -> dict:
         """Publish the run directory through node ``index``'s API (what ``open1b-node publish``
         does); ``update`` sees the job at every poll."""
-        return publish(self.api(index), self.run_dir, update, timeout=START_TIMEOUT_S * 5,
+        return publish(self.api(index), self.run_dir, update, timeout=PUBLISH_STALL_S,
                        token=self.token(index))
 
     def kill(self, index: int) -> None:

@@ -361,13 +361,35 @@ def cmd_claims(args: argparse.Namespace) -> CommandResult:
         [c["run"][:16], str(c["step"]), str(c["slot"]), c["claimant"], f"{c['expires_in_s']} s"] for c in cs]))
 
 
+def _out_file(name: str) -> Path:
+    """``--out FILE`` checked before anything is asked of the node: a file is written beside it and
+    renamed over it, which would replace a symlink, a FIFO or a device (``/dev/null`` as root) with
+    a regular file; those are refused, as an empty name is."""
+    import stat
+
+    if not name:
+        raise Open1bError("--out is empty: name the file to write")
+    out = Path(name)
+    try:
+        mode = out.lstat().st_mode
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        raise Open1bError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(mode):
+        raise Open1bError(f"cannot write --out {out}: refused: a symbolic link (name the file itself)")
+    if not stat.S_ISREG(mode):
+        raise Open1bError(f"cannot write --out {out}: refused: not a regular file")
+    return out
+
+
 def cmd_attestations(args: argparse.Namespace) -> CommandResult:
     query = f"?step={args.step}" if args.step is not None else ""
+    out = None if args.out is None else _out_file(args.out)
     atts = _call(args, f"/v1/attestations/{args.run}{query}", answers.ATTESTATIONS)
-    if args.out:  # the form the library reads (examples/verify_coverage.py): one signed statement, hex, a line
+    if out is not None:  # the form the library reads (examples/verify_coverage.py): one signed statement, hex, a line
         from .files import write_atomic
 
-        out = Path(args.out)
         try:
             write_atomic(out, "".join(a["encoded"] + "\n" for a in atts).encode())
         except OSError as exc:

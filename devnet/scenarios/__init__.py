@@ -169,9 +169,12 @@ def _drive(net: Net, chosen: list[Scenario], redundancy: int, forgeries: dict[in
             if covered:
                 break
         time.sleep(POLL_S)
+    waiting_for = [] if covered else _waiting_for(net, chosen)
     if covered:
         for s in chosen:
             s.after(net)
+    else:
+        say(f"deadline ({opts.deadline_s:.0f} s) passed, still waiting for: {'; '.join(waiting_for)}")
     converged, cov = _converge(net)
     reports = {}
     for s in chosen:
@@ -188,7 +191,7 @@ def _drive(net: Net, chosen: list[Scenario], redundancy: int, forgeries: dict[in
         "ok": covered and converged and lost == 0 and all(r["ok"] for r in reports.values()),
         "verified_steps": cov["verified_steps"] if cov else 0, "disputed_steps": cov["disputed_steps"] if cov else [],
         "refuted_steps": cov["refuted_steps"] if cov else [], "flagged": cov["flagged"] if cov else [],
-        "wall_seconds": net.elapsed(),
+        "wall_seconds": net.elapsed(), "waiting_for": waiting_for,
         "per_node": [{"index": i, "role": n.role, "peer_id": net.peer(i), "running": net.running(i),
                       "replays": statuses[i]["replays"] if i in statuses else None,
                       "banned": statuses[i]["banned"] if i in statuses else None,
@@ -212,6 +215,23 @@ def _poll(net: Net, chosen: list[Scenario]) -> bool:
     except ApiUnavailable as exc:  # a daemon being killed or restarted: try again next poll
         say(f"(api: {exc})")
         return False
+
+
+def _waiting_for(net: Net, chosen: list[Scenario]) -> list[str]:
+    """What a run that reached its deadline was still waiting for: the observer's coverage, and
+    each scenario's event."""
+    waiting = []
+    try:
+        cov = net.coverage(net.observer)
+        if not cov["complete"]:
+            waiting.append(f"the observer's coverage to complete ({cov['verified_steps']} of {net.manifest.steps} "
+                           f"steps verified, disputed {cov['disputed_steps']}, refuted {cov['refuted_steps']})")
+        for s in chosen:
+            if not s.done(net):
+                waiting.append(f"{s.name}: {s.waiting}")
+    except ApiUnavailable as exc:
+        waiting.append(f"the observer's API ({exc})")
+    return waiting
 
 
 def _converge(net: Net) -> tuple[bool, dict | None]:

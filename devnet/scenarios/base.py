@@ -15,8 +15,11 @@ from ..daemons import Daemons
 from ..options import DevnetOptions
 
 POLL_S = 0.5
-CONVERGE_TIMEOUT_S = 45.0
-LOST_GRACE_S = 15.0  # several sync rounds (every 2 s): enough for anything that was merely in flight
+# Bounds on waits that end at an event (coverage agreeing, a statement arriving): generous, since
+# they cost nothing when the event comes, and a second devnet on the same cores delays sync rounds
+# (every 2 s) and daemon starts many times over (docs/reliability.md, "under load").
+CONVERGE_TIMEOUT_S = 120.0
+LOST_GRACE_S = 60.0  # many sync rounds: enough for anything that was merely in flight
 HONEST_ROLES = ("auditor", "observer", "observer-b", "late", "home-publisher")  # one trust policy: their coverage must agree
 
 
@@ -93,6 +96,7 @@ class Scenario:
     min_auditors = 1
     min_steps = 1  # a run shorter than this is covered before the scenario can do what it tests
     needs_forgery = False
+    waiting = "done"  # the event :meth:`done` waits for, named when a run ends without it
 
     def __init__(self, opts: DevnetOptions) -> None:
         self.opts = opts

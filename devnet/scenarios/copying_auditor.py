@@ -21,6 +21,7 @@ class CopyingAuditor(Scenario):
     flag, each with the evidence its kind calls for."""
 
     name = "copying-auditor"
+    waiting = "the copier to have copied a result for every step and be flagged at the observer"
 
     def nodes(self):
         return [Node("copier", audit=False, args=("--behaviour", "copy"))]

@@ -13,6 +13,7 @@ class Crash(Scenario):
     name = "crash"
     min_auditors = 3
     LEASE_S = 5
+    waiting = "a third of the auditors killed mid-replay, and each killed step attested by another"
 
     def __init__(self, opts):
         super().__init__(opts)

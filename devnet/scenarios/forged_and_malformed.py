@@ -11,6 +11,7 @@ from .base import Node, Scenario, _result
 
 class ForgedAndMalformed(Scenario):
     name = "forged-and-malformed"
+    waiting = "the spammer banned by every honest node, or done with all its bursts"
 
     def nodes(self):
         return [Node("spammer", audit=False, args=("--behaviour", "spam=3"))]

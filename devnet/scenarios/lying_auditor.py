@@ -17,6 +17,17 @@ class LyingAuditor(Scenario):
     min_redundancy = 2  # at redundancy 1 a fast liar alone "covers" every step: nobody replays it
     needs_forgery = True
     ROLES = ("liar", "accuser")
+    waiting = "both liars flagged for a contradiction at the observer"
+    LEASE_S = 20  # longer than a replay on a loaded machine, so that leases rarely end mid-replay
+
+    def auditor_args(self):
+        # Honest keys get flagged too, for a while: a copier (copying-auditor) that copies the
+        # accuser's false mismatch makes two keys against one honest replay, which is out-voted
+        # until a second honest replay of that step ties it. Meanwhile the flagged honest key's
+        # attestations stop counting, so its claims look unfinished and hold their slots until the
+        # lease ends and a new round begins: with the default 120-s lease a loaded machine took
+        # 283 s to settle (docs/reliability.md, "Findings"). Short leases bound that wait.
+        return ("--lease", str(self.LEASE_S))
 
     def nodes(self):
         # They claim nothing: a flagged key's live claim would hold its slot until the lease ends

@@ -29,6 +29,7 @@ class Partition(Scenario):
     SPLIT_LIMIT_S = 240.0
     SLOW_S = 1  # each replay takes this much longer
     MIN_MADE = 2  # attestations each half must make on its own (or complete its coverage) before healing
+    waiting = "the split (a quarter covered), two attestations in each half, the heal, and every node's coverage alike"
 
     def __init__(self, opts):
         super().__init__(opts)

@@ -20,16 +20,24 @@ class SpotScenario(Scenario):
     expected: tuple[str, ...] = ()  # the links that may catch it (docs/run-format.md §10.3)
     what = ""
     # The devnet's answer deadline (the spec's ANSWER_SECONDS is an hour): long enough for a
-    # publisher's first answer on a loaded machine (its worker starts and compiles on first use).
-    answer_s = 20.0
+    # publisher's first answer on a loaded machine (its worker starts and compiles on first use), and
+    # for its turn: the publisher answers one challenge per key at a time and says `busy` to the
+    # rest. With 20 s, a second devnet beside made an honest step's answer come 18.6 s after its
+    # slot's check, past the deadline: that step failed by no_answer (forged-data, under load, 1 of 3).
+    answer_s = 90.0
     # Seconds each replay is slowed by (``--behaviour slow``): a `tiny` step costs about as much to
     # replay as to spot check (fixed costs dominate), while a real step costs a replay tens of spot
     # checks (docs/benchmarks.md). The delay gives a devnet of a few steps those proportions, so that
     # "caught before full coverage" tests the spot checks, not a race. bench/flag_time.py sets 0.
     replay_delay_s = 2.0
+    # ... and at least this many times as long as the honest replay: on a loaded machine the replay
+    # and the spot check both slow down, and a fixed delay no longer keeps the proportion (a second
+    # devnet beside: forged-data flagged 80.2 s after publishing began, coverage complete at 89.4 s)
+    replay_times = 4.0
     lanes: int | None = None  # every auditor's --spot-checks-in-flight (bench/flag_time.py); None: the default
     at = 0.5  # the forged step is ⌊steps · at⌋: distinct per scenario, so that they combine in one devnet
     min_auditors = 2
+    waiting = "a spot check failing the forged step (any step, for an honest run) at the observer"
 
     def __init__(self, opts) -> None:
         super().__init__(opts)
@@ -43,7 +51,7 @@ class SpotScenario(Scenario):
         return {step: self.forgery} if step is not None else {}
 
     def auditor_args(self) -> tuple[str, ...]:
-        slow = ("--behaviour", f"slow={self.replay_delay_s}") if self.replay_delay_s else ()
+        slow = ("--behaviour", f"slow={self.replay_delay_s},{self.replay_times}") if self.replay_delay_s else ()
         lanes = ("--spot-checks-in-flight", str(self.lanes)) if self.lanes is not None else ()
         return ("--answer-seconds", str(self.answer_s), *slow, *lanes)
 

@@ -9,6 +9,7 @@ SYBIL_KEYS = 20
 
 class Sybil(Scenario):
     name = "sybil"
+    waiting = f"all {SYBIL_KEYS} fresh keys reported untrusted at the observer"
 
     def nodes(self):
         return [Node("sybil", audit=False, args=("--behaviour", f"sybil={SYBIL_KEYS}")),

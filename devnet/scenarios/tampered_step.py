@@ -21,6 +21,7 @@ def _verified_mismatch(encoded: str, manifest, step: int) -> bool:
 
 class TamperedStep(Scenario):
     name = "tampered-step"
+    waiting = "exactly the forged steps refuted at the observer"
 
     def forgeries(self) -> dict[int, str]:
         steps = self.opts.steps

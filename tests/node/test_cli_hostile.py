@@ -11,11 +11,14 @@ script is started as a subprocess by the other CLI tests."""
 from __future__ import annotations
 
 import concurrent.futures
+import http.server
 import io
+import json
 import os
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -35,8 +38,8 @@ REPORTS = {"doctor"}
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
-    """A directory of hostile things to name, and a TCP port that answers in something not HTTP
-    (as a libp2p port does)."""
+    """A directory of hostile things to name, a TCP port that answers in something not HTTP (as a
+    libp2p port does), and an API port that answers with attestations."""
     root = tmp_path_factory.mktemp("hostile")
     (root / "afile").write_bytes(b"not a directory")
     (root / "adir").mkdir()
@@ -64,18 +67,47 @@ def hostile(tmp_path_factory):
                 conn.sendall(b"\x13/multistream/1.0.0\n" * 4)
 
     threading.Thread(target=answer_garbage, daemon=True).start()
+    api = _attestations_api()
     try:
-        yield root, busy
+        yield root, busy, api.server_address[1]
     finally:
+        api.shutdown()
         garbage.close()
         subprocess.run(["umount", "-l", str(root / "ro")], check=True)
+
+
+def _attestations_api() -> http.server.ThreadingHTTPServer:
+    """An API on loopback that answers every GET with two valid attestations (what a node's
+    ``/v1/attestations/RUN`` returns), so that ``attestations --out`` gets as far as writing."""
+    from open1b.node.views import attestation_json
+    from tests.protocol.conftest import ident, make_attestation, make_manifest
+
+    manifest = make_manifest(ident(0), steps=1)
+    body = json.dumps([attestation_json(make_attestation(ident(i), manifest, 0)) for i in (1, 2)]).encode()
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 PATHS = ["afile", "adir", "fifo", "zero", "dangling", "afile/sub", "/proc/x", "ro/sub", ""]
 
 
-def cases(busy: int) -> dict[str, list[list[str]]]:
-    """Hostile argument lists per command (the test fails if a command has none)."""
+def cases(busy: int, answering: int) -> dict[str, list[list[str]]]:
+    """Hostile argument lists per command (the test fails if a command has none). ``answering`` is
+    an API port that answers with attestations (``attestations --out`` then writes; ``afile`` is
+    left out there: others read it, and replacing a regular file is what ``--out`` does)."""
     api_bad = ["127.0.0.1:abc", "127.0.0.1:99999", "nohost", f"127.0.0.1:{busy}", "127.0.0.1:1", ":", HUGE]
     client = [["--api", a] for a in api_bad] + [["--data-dir", p] for p in PATHS]
     daemon_base = ["--listen", f"127.0.0.1:{busy}", "--api", "127.0.0.1:0"]
@@ -105,7 +137,8 @@ def cases(busy: int) -> dict[str, list[list[str]]]:
         "data": [[p] for p in PATHS] + [["adir", "--include", p] for p in ("zero", "fifo", HUGE)]
         + [["adir", "--exclude", "fifo"], ["adir", "--text", "zero"], ["adir", "--text", "fifo"]],
         "attestations": [["x", "--step", n, "--api", "127.0.0.1:1"] for n in (HUGE, "-1", "abc")]
-        + [["x", "--out", p, "--api", "127.0.0.1:1"] for p in PATHS],
+        + [["x", "--out", p, "--api", api] for p in PATHS if p != "afile" for api in ("127.0.0.1:1",
+                                                                                       f"127.0.0.1:{answering}")],
         "replay": [[p, "--step", "0", "--api", "127.0.0.1:1"] for p in PATHS]
         + [["adir", "--step", n] for n in (HUGE, "-1", "abc")],
         "reveal": [[p, "--api", "127.0.0.1:1"] for p in PATHS] + [["adir", "--step", HUGE]],
@@ -212,10 +245,10 @@ def refusals(command: str, argument_lists: list[list[str]]) -> list[str]:
 
 
 def test_every_command_refuses_hostile_arguments_in_one_line(hostile, monkeypatch):
-    root, busy = hostile
+    root, busy, answering = hostile
     monkeypatch.setenv("OPEN1B_PATH", str(root / "default-data-dir"))  # never the real ~/.open1b
     monkeypatch.chdir(root)
-    table = cases(busy)
+    table = cases(busy, answering)
     # what the commands import, imported once here so that no forked case pays for it
     import open1b.deterministic.replay  # noqa: F401
     import open1b.deterministic.trainer  # noqa: F401
@@ -235,6 +268,9 @@ def test_every_command_refuses_hostile_arguments_in_one_line(hostile, monkeypatc
             failures += found
     assert not failures, "\n\n".join(failures)
     assert not (root / "dangling").exists() and not (root / "nothing-here").exists()  # nothing created through links
+    # nothing half-written (attestations --out writes a temporary file beside its target), nothing replaced
+    assert not [p for p in root.rglob(".*.tmp")], sorted(root.rglob(".*.tmp"))
+    assert stat.S_ISFIFO((root / "fifo").lstat().st_mode) and (root / "zero").is_symlink() and (root / "dangling").is_symlink()
 
 
 def test_attestations_out_writes_what_the_library_reads_and_a_bad_file_is_one_line(tmp_path, monkeypatch, capsys):
@@ -246,14 +282,42 @@ def test_attestations_out_writes_what_the_library_reads_and_a_bad_file_is_one_li
 
     manifest = make_manifest(ident(0), steps=2)
     atts = [make_attestation(ident(i), manifest, k) for k in range(2) for i in (1, 2)]
-    monkeypatch.setattr(client, "_request", lambda api, path, method, timeout, token: [attestation_json(a) for a in atts])
+    asked = []
+
+    def answer(api, path, method, timeout, token):
+        asked.append(path)
+        return [attestation_json(a) for a in atts]
+
+    monkeypatch.setattr(client, "_request", answer)
     out = tmp_path / "atts.hex"
-    assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", str(out)]) == 0
-    assert [Attestation.decode(bytes.fromhex(line)) for line in out.read_text().splitlines()] == atts
+    for _ in range(2):  # a new file, then the same one replaced
+        assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", str(out)]) == 0
+        assert [Attestation.decode(bytes.fromhex(line)) for line in out.read_text().splitlines()] == atts
     (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("kept")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing-here")
+    (tmp_path / "alink").symlink_to(tmp_path / "afile")
+    before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()
-    for bad in (tmp_path / "adir", tmp_path / "afile" / "sub", "/proc/x"):
-        (tmp_path / "afile").write_text("")
-        assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", str(bad)]) == 1
+    refused = {"adir": "refused: not a regular file", "fifo": "refused: not a regular file",
+               "zero": "refused: a symbolic link", "dangling": "refused: a symbolic link",
+               "alink": "refused: a symbolic link", "afile/sub": "Not a directory", "/proc/x": "No such file"}
+    for bad, why in refused.items():
+        path = bad if bad.startswith("/") else str(tmp_path / bad)
+        asked.clear()
+        assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", path]) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith(f"open1b-node: error: cannot write --out {bad}"), err
+        assert err.count("\n") == 1 and err.startswith(f"open1b-node: error: cannot write --out {path}: "), err
+        assert why in err, err
+        # a target refused by what it is, or under a file, is refused before the node is asked
+        # anything; one that does not exist yet (under /proc: it cannot be created) only on writing
+        assert asked == (["/v1/attestations/ab"] if bad == "/proc/x" else [])
+    assert node_cli.main(["attestations", "ab", "--api", "127.0.0.1:1", "--out", ""]) == 1
+    assert capsys.readouterr().err == "open1b-node: error: --out is empty: name the file to write\n"
+    # nothing half-written and nothing replaced: no temporary file left, links and the FIFO as they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "afile").read_text() == "kept" and stat.S_ISFIFO((tmp_path / "fifo").lstat().st_mode)
+    assert all((tmp_path / name).is_symlink() for name in ("zero", "dangling", "alink"))
+    assert not (tmp_path / "nothing-here").exists()

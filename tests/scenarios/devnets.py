@@ -22,7 +22,7 @@ CLI = [sys.executable, "-m", "open1b.node.cli"]
 def devnet(workdir: Path, *scenarios: str, steps: int = 8, nodes: int | None = None) -> dict:
     args = [a for s in scenarios for a in ("--scenario", s)] + (["--nodes", str(nodes)] if nodes else [])
     proc = subprocess.run([*CLI, "devnet", *args, "--steps", str(steps), "--workdir", str(workdir), "--json",
-                           "--deadline", "240"], capture_output=True, text=True, timeout=420)
+                           "--deadline", "480"], capture_output=True, text=True, timeout=900)
     assert proc.returncode in (0, 2), proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     summary["manifest"] = read_manifest(workdir / "run")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_partition_both_halves_keep_working_and_converge_after_healing(tmp_path):
     # No --steps: the scenario asks for the run it needs (Partition.min_steps)
     args = [*CLI, "devnet", "--scenario", "partition", "--workdir", str(tmp_path), "--json", "--deadline", "660"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=840)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=960)
     if proc.returncode == 1 and "network namespaces" in proc.stderr:
         pytest.skip(f"no network namespaces here: {proc.stderr.strip()[-200:]}")
     assert proc.returncode == 0, proc.stderr[-2000:] + _report(proc.stdout)
