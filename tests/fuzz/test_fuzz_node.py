@@ -56,6 +56,8 @@ class StreamClosed(NetworkError):
 class FakeStream:
     """A peer's side of a stream: frames it will deliver, frames we sent."""
 
+    relayed = False  # a direct stream: the blob protocol refuses relayed ones before reading (node/relays.py)
+
     def __init__(self, incoming: list[bytes], peer_id: str = "fuzz-peer") -> None:
         self.incoming, self.sent, self.peer_id, self.closed = list(incoming), [], peer_id, False
 
