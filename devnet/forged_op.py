@@ -24,6 +24,9 @@ class ForgingBackend:
 
     def __init__(self, kind: str = FORGED_KIND, nth: int = FORGED_CALL, element: int = FORGED_ELEMENT) -> None:
         self._inner, self.kind, self.nth, self.element, self.calls = cpu_backend(False), kind, nth, element, 0
+        # The ops as the trace lists them (run-format §11): a fused backend would compute the forged
+        # op inside a product's epilogue, and the forgery would never happen.
+        self.fused = False
 
     def __getattr__(self, name):
         attr = getattr(self._inner, name)

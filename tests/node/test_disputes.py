@@ -159,3 +159,18 @@ def test_a_second_dispute_from_one_peer_is_busy(parties):
 
     result = trio.run(main)
     assert (result.outcome, result.code, result.peer_at_fault) == ("peer_refused", "busy", False)
+
+
+def test_the_forging_backend_forges_a_plain_step_as_the_devnet_trainer_runs_it():
+    # The forged-op trainer trains without a trace; had the forged op run inside a fused product's
+    # epilogue, it would never be called and the trainer's witness would be the honest one.
+    from open1b.deterministic import train_step
+    from open1b.deterministic.backend import cpu_backend
+
+    from .dispute_parties import PRESET, step_inputs
+
+    state, batch = step_inputs()
+    forging = ForgingBackend()
+    _, honest = train_step(state, batch, PRESET.topology, backend=cpu_backend(False))
+    _, forged = train_step(state, batch, PRESET.topology, backend=forging)
+    assert forging.calls > forging.nth and forged.witness != honest.witness
