@@ -17,8 +17,9 @@ from ..forged_op import FORGED_KIND, ForgingBackend
 from .base import Node, Scenario, _result
 
 
-class ForgedOp(Scenario):
-    name = "forged-op"
+class _Dispute(Scenario):
+    """A scenario around one dispute over the middle step: its result and the facts reported."""
+
     min_steps = 2
 
     def __init__(self, opts) -> None:
@@ -26,6 +27,10 @@ class ForgedOp(Scenario):
         self.step = opts.steps // 2
         self.result = None
         self.facts: dict = {}
+
+
+class ForgedOp(_Dispute):
+    name = "forged-op"
 
     def forgeries(self):
         return {self.step: "forged-op"}
@@ -79,20 +84,13 @@ class ForgedOp(Scenario):
             proof=result.proof.hex() if verdict else None)
 
 
-class FalseAccusation(Scenario):
+class FalseAccusation(_Dispute):
     """``false-accusation``: a trusted auditor that signs a mismatch of every step without replaying
     stands by it in a dispute with the honest trainer, with a trace that forges one op (the only
     way to a different h_{k+1} from the same h_k). The bisection's proof convicts the accuser, not
     the trainer: every honest node flags it (``fraud``) and the step stays verified."""
 
     name = "false-accusation"
-    min_steps = 2
-
-    def __init__(self, opts) -> None:
-        super().__init__(opts)
-        self.step = opts.steps // 2
-        self.result = None
-        self.facts: dict = {}
 
     def nodes(self):
         return [Node("accuser", audit=False, args=("--behaviour", "lie=mismatch"))]
