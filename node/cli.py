@@ -338,8 +338,8 @@ def cmd_coverage(args: argparse.Namespace) -> CommandResult:
                           *([_table(evals)] if len(evals) > 1 else [])])
 
     # --min-classes: an operator's policy (docs/protocol.md §10.1); exit 2 like an incomplete run
-    short = [s["step"] for s in cov["per_step"] if len(set(s["devices"])) < args.min_classes]
-    return CommandResult(cov, render, 2 if args.min_classes and short else 0)
+    short = [s["step"] for s in cov["per_step"] if len(set(s["devices"])) < args.min_classes] if args.min_classes else []
+    return CommandResult(cov, render, 2 if short else 0)
 
 
 def _classes_line(c: dict, n: int) -> str:
@@ -683,7 +683,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("coverage", parents=[client], help="a run's coverage, from any running node")
     c.add_argument("run", help="run id (hex; a unique prefix is enough)")
     c.add_argument("--redundancy", type=int, help="target to judge completeness by (default: the node's)")
-    c.add_argument("--min-classes", type=int, default=0, metavar="N",
+    c.add_argument("--min-classes", type=_at_least_one, metavar="N",
                    help="require every step matched by N distinct device classes (exit 2 if not)")
     c.set_defaults(func=cmd_coverage)
 

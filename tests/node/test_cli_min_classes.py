@@ -32,3 +32,13 @@ def test_min_classes_passes_and_is_off_by_default(monkeypatch):
     assert _coverage(monkeypatch, answer, "--min-classes", "1").exit_code == 0
     plain = _coverage(monkeypatch, answer)
     assert plain.exit_code == 0 and "device classes" not in plain.render(plain.data)
+
+
+def test_min_classes_below_one_is_refused_in_one_line(capsys):
+    import pytest
+
+    for value in ("0", "-1"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.parser().parse_args(["coverage", "ab", "--min-classes", value])
+        assert exit_.value.code == 2
+        assert "--min-classes: must be at least 1" in capsys.readouterr().err
