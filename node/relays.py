@@ -7,6 +7,11 @@
 * **Reserving**: while this node's reachability is ``private`` it reserves a slot on up to
   :data:`WANTED_RELAYS` connected peers that offer the hop protocol, and announces
   ``<relay>/p2p-circuit`` addresses (:meth:`Relays.circuit_addrs`), pushed to its peers at once.
+  A relay that refused (or failed) is asked again only after a backoff that doubles with each
+  refusal in a row, up to :data:`RESERVE_BACKOFF_MAX_S` (:class:`RetryAfter`): every node offers
+  the hop protocol and refuses while it is not public, so on a network of private nodes (a LAN,
+  a devnet on loopback) each node would otherwise ask the same two peers again every few seconds,
+  and never try a third one that might accept.
 * **Dialling**: ``host.connect()`` refuses circuit addresses, and nothing in py-libp2p that
   dials by itself (the DHT, pubsub, reconnects) uses them; :meth:`Relays.dial` does, for
   :meth:`.p2p.P2P.open_stream` and discovery, each dial time-bounded.
@@ -55,6 +60,7 @@ RELAY_LIMITS = RelayLimits(
 WANTED_RELAYS = 2  # relays a private node keeps a reservation on
 RESERVE_EVERY_S = 5.0  # how often a private node looks for relays while it has fewer than it wants
 RESERVE_TIMEOUT_S = 10.0
+RESERVE_BACKOFF_MAX_S = 300.0  # the longest a relay that keeps refusing waits to be asked again
 CIRCUIT_DIAL_TIMEOUT_S = 10.0
 HOLE_PUNCH_TIMEOUT_S = 60.0  # one DCUtR exchange and its dials (py-libp2p: ~10 s each when a dial times out)
 
@@ -116,6 +122,30 @@ class _HolePunch(DCUtRProtocol):
             log.info("hole punch asked by %s failed: %s", stream.muxed_conn.peer_id, exc)
 
 
+class RetryAfter:
+    """When each relay that refused a reservation may be asked again: :data:`RESERVE_EVERY_S`
+    after its first refusal, doubling with each refusal in a row up to :data:`RESERVE_BACKOFF_MAX_S`
+    (a relay's reachability may change: it is asked again, but rarely). A reservation it grants
+    forgets its refusals. Times are ``trio.current_time()`` seconds."""
+
+    def __init__(self) -> None:
+        self._refused: dict[str, tuple[int, float]] = {}  # relay -> (refusals in a row, when it may be asked)
+
+    def due(self, relay: str, now: float) -> bool:
+        return self._refused.get(relay, (0, now))[1] <= now
+
+    def refused(self, relay: str, now: float) -> None:
+        count = self._refused.get(relay, (0, now))[0] + 1
+        self._refused[relay] = (count, now + min(RESERVE_EVERY_S * 2 ** (count - 1), RESERVE_BACKOFF_MAX_S))
+
+    def granted(self, relay: str) -> None:
+        self._refused.pop(relay, None)
+
+    def keep_only(self, connected: set[str]) -> None:
+        """Forget peers no longer connected (bounds the table; a peer that reconnects starts afresh)."""
+        self._refused = {r: v for r, v in self._refused.items() if r in connected}
+
+
 class Relays:
     """This node's relay roles; built by :func:`.p2p.open_p2p`, which runs :attr:`protocol` and
     :attr:`hole_punch` as services and :meth:`keep_reservations` as a task."""
@@ -128,6 +158,7 @@ class Relays:
         self.transport = CircuitV2Transport(p2p.host, self.protocol, RelayConfig(roles=roles, limits=RELAY_LIMITS))
         self.hole_punch = _HolePunch(p2p.host)
         self.reserved: dict[str, Multiaddr] = {}  # relay peer -> its address (without /p2p-circuit)
+        self.retry = RetryAfter()
         self.circuits_dialled = 0
         self.circuit_dials_failed = 0
 
@@ -138,10 +169,15 @@ class Relays:
         return [Multiaddr(f"{addr}/p2p/{relay}/p2p-circuit") for relay, addr in self.reserved.items()]
 
     def _relay_candidates(self) -> list[str]:
+        """Connected peers offering the hop protocol that we hold no reservation on and may ask now."""
         store = self.p2p.host.get_peerstore()
         found = []
+        # (pruned by every connection, not by connected_peers(): a peer set aside for a moment as
+        # silent keeps its backoff)
+        self.retry.keep_only({p.to_base58() for p in self.p2p.host.get_connected_peers()})
+        now = trio.current_time()
         for peer in self.p2p.connected_peers():
-            if peer in self.reserved or self.kind(peer) != "direct":
+            if peer in self.reserved or self.kind(peer) != "direct" or not self.retry.due(peer, now):
                 continue
             try:
                 if str(HOP_PROTOCOL) in (store.get_protocols(ID.from_base58(peer)) or ()):
@@ -161,7 +197,11 @@ class Relays:
             added = False
             if self.p2p.reachability == "private":
                 for relay in self._relay_candidates()[:max(0, WANTED_RELAYS - len(self.reserved))]:
-                    added |= await self.reserve(relay, nursery)
+                    if await self.reserve(relay, nursery):
+                        self.retry.granted(relay)
+                        added = True
+                    else:
+                        self.retry.refused(relay, trio.current_time())
             if gone or added:
                 with trio.move_on_after(RESERVE_TIMEOUT_S):
                     await push_identify_to_peers(self.p2p.host)  # our addresses changed: tell our peers

@@ -9,11 +9,12 @@ import trio
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
+from open1b.node import relays
 from open1b.node.blobs import BLOB_PROTOCOL, BlobCache, BlobError
 from open1b.node.claim_records import ClaimRecords
 from open1b.node.dialable import is_circuit
 from open1b.node.p2p import NetworkError, open_p2p
-from open1b.node.relays import RESERVE_EVERY_S
+from open1b.node.relays import RESERVE_BACKOFF_MAX_S, RESERVE_EVERY_S, RetryAfter
 from open1b.protocol import Claim, Outcome, claim_key
 from open1b.protocol.codec import encode
 
@@ -134,5 +135,62 @@ def test_a_relayed_connection_is_upgraded_to_a_direct_one_and_blobs_then_flow(tm
                 h.set_stream_handler(BLOB_PROTOCOL, served.serve)
                 path = await BlobCache(tmp_path / "d", 1 << 30).fetch(d, digest, [h.peer_id])
                 assert path.read_bytes() == source.read_bytes() and served.relayed_refused == 0
+
+    trio.run(main)
+
+
+def test_a_relay_that_refuses_is_asked_again_after_a_backoff_that_doubles_up_to_a_bound():
+    retry = RetryAfter()
+    assert retry.due("r", 0.0)
+    now, waits = 100.0, []
+    for _ in range(12):  # refused each time it is asked, as soon as it may be asked
+        retry.refused("r", now)
+        wait = RESERVE_EVERY_S * 2 ** len(waits)
+        if wait > RESERVE_BACKOFF_MAX_S:
+            wait = RESERVE_BACKOFF_MAX_S
+        assert not retry.due("r", now + wait - 0.01) and retry.due("r", now + wait)
+        waits.append(wait)
+        now += wait
+    assert waits[:4] == [RESERVE_EVERY_S, 2 * RESERVE_EVERY_S, 4 * RESERVE_EVERY_S, 8 * RESERVE_EVERY_S]
+    assert waits[-1] == RESERVE_BACKOFF_MAX_S
+    assert retry.due("other", now)  # per relay
+    retry.granted("r")  # a reservation forgets the refusals
+    assert retry.due("r", now)
+    retry.refused("r", now)
+    assert not retry.due("r", now + RESERVE_EVERY_S / 2)  # the first wait again, not the last
+    assert retry.due("r", now + RESERVE_EVERY_S)
+    retry.keep_only({"other"})  # disconnected: forgotten, asked afresh if it connects again
+    assert retry.due("r", now)
+
+
+def test_a_private_node_backs_off_relays_that_refuse_and_tries_the_next_one(monkeypatch):
+    """Every node offers the hop protocol and refuses while it is not public: a private node that
+    asked the first WANTED_RELAYS candidates (by peer ID) at every round never reached a third
+    that accepts, and asked the refusing ones every few seconds for as long as it ran."""
+    monkeypatch.setattr(relays, "RESERVE_EVERY_S", 0.2)  # rounds and backoffs scale with it
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                refusing = [await stack.enter_async_context(open_p2p(ident(n), "127.0.0.1", 0, relay_service=True))
+                            for n in (74, 78)]
+                accepting = await stack.enter_async_context(open_p2p(ident(70), "127.0.0.1", 0, relay_service=True))
+                h = await stack.enter_async_context(open_p2p(ident(71), "127.0.0.1", 0, hole_punching=False))
+                # the order candidates are asked in: the two that refuse come first
+                assert sorted(r.peer_id for r in (*refusing, accepting))[-1] == accepting.peer_id
+                accepting.reachability = "public"
+                for r in (*refusing, accepting):
+                    await h.connect(r.addrs[0])
+                await _wait(lambda: len(h.relays._relay_candidates()) == 3)  # identified: all offer hop
+                h.reachability = "private"
+                await _wait(lambda: refusing[0].relays.protocol.refused >= 1)
+                first = trio.current_time()
+                await _wait(lambda: accepting.peer_id in h.relays.reserved)
+                # the second slot is still wanted, so the refusing relays are still asked, ever more
+                # rarely: a 4th refusal comes at least 0.2 + 0.4 + 0.8 s after the first (at every
+                # round, 0.2 s apart, before)
+                await _wait(lambda: refusing[0].relays.protocol.refused >= 4)
+                assert trio.current_time() - first >= (1 + 2 + 4) * 0.2 - 0.1
+                assert set(h.relays.reserved) == {accepting.peer_id}
 
     trio.run(main)
