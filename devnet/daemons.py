@@ -32,6 +32,16 @@ class Daemons:
     :meth:`plan` initialises every data directory (so each node's peer ID is known) and reserves
     a listen port per node before anything starts; then all daemons can start at once, each
     bootstrapping from another, and none audits alone while the others are still starting.
+
+    A port on 127.0.0.1 stays reserved until :meth:`stop`: a socket bound to it (SO_REUSEADDR,
+    never listening) is held, so the kernel hands it to no other socket — neither another
+    process's outgoing connection nor another devnet's pick — while the run is trained, nor
+    between a crashed node and its restart. The daemon still binds it: its listener and probe
+    share a port with a bound socket that does not listen (both SO_REUSEADDR), and the node's
+    own check for strangers looks only at listening sockets (node/listen_port.py). A port picked
+    by binding and closing at once was free only at that moment: "cannot listen on
+    127.0.0.1:PORT: Address already in use" was seen once, a devnet started right after another
+    was killed.
     """
 
     def __init__(self, workdir: Path, run_dir: Path, redundancy: int, *, run_on_all: bool = False,
@@ -46,6 +56,7 @@ class Daemons:
         self.addrs: list[str] = []
         self.api_hosts: list[str] = []
         self.prefixes: list[tuple[str, ...]] = []  # what a node's command runs under (a network namespace)
+        self.held: list[socket.socket] = []  # the listen ports reserved until stop()
 
     def plan(self, count: int, *, host: str = "127.0.0.1", api_host: str = "127.0.0.1",
              prefix: tuple[str, ...] = ()) -> list[str]:
@@ -54,10 +65,19 @@ class Daemons:
             data_dir = self.workdir / f"node-{index}"
             peer_id = init_data_dir(data_dir).peer_id
             self.dirs.append(data_dir)
-            self.addrs.append(f"/ip4/{host}/tcp/{_free_port()}/p2p/{peer_id}")
+            self.addrs.append(f"/ip4/{host}/tcp/{self._reserve_port(host)}/p2p/{peer_id}")
             self.api_hosts.append(api_host)
             self.prefixes.append(prefix)
         return self.addrs[-count:]
+
+    def _reserve_port(self, host: str) -> int:
+        if host != "127.0.0.1":  # an address in a network namespace (nat, partition): a port of its own there
+            return _free_port()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        self.held.append(sock)
+        return sock.getsockname()[1]
 
     def peer_id(self, index: int) -> str:
         return self.addrs[index].rsplit("/", 1)[1]
@@ -137,6 +157,9 @@ class Daemons:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for sock in self.held:
+            sock.close()
+        self.held.clear()
 
 
 def _free_port() -> int:
