@@ -80,7 +80,8 @@ class Components:
         s, g, ledger, p2p = self.stats, self.gauges(), self.ledger, self.p2p
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
-            "reachability": self.reachability.current.as_json(), "network": p2p.relays.status(),
+            "reachability": self.reachability.current.as_json(),
+            "network": {**p2p.relays.status(), "dht_mode": "client" if p2p.dht_client else "server"},
             "runs": [r.hex() for r in ledger.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,

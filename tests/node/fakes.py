@@ -195,6 +195,10 @@ class FakeNode:
         self.provided: list[str] = []
         self._nursery: trio.Nursery | None = None
         self.relays = FakeRelays(self)
+        self.dht_client = False  # node/reachability.py's verdict sets it (P2P.set_dht_client)
+
+    async def set_dht_client(self, client: bool) -> None:
+        self.dht_client = client
 
     # -- peers ---------------------------------------------------------------------------------
     def connected_peers(self) -> list[str]:
