@@ -267,6 +267,7 @@ class RunFiles:
         self.stats = FetchStats()
         self._locks: dict[bytes, trio.Lock] = {}
         self._datasets: dict[bytes, Dataset] = {}  # run -> its checked samples (:meth:`_dataset`)
+        self.bulk = bulk
         self._bulk_ports = _BulkPorts(bulk)
 
     def work_dir(self, run: bytes, purpose: str = "") -> Path:

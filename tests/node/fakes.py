@@ -175,7 +175,8 @@ class FakeRelays:
     def status(self) -> dict:
         peers = {p: "direct" for p in self.node.connected_peers()}
         return {"connections": {"direct": len(peers), "relayed": 0}, "peers": peers, "relay_service": False,
-                "relay_requests_refused": 0, "reserved_on": [], "circuits_dialled": 0, "circuit_dials_failed": 0,
+                "relay_requests_refused": 0, "relay_reservations_refused_full": 0, "relay_reservations_served": 0,
+                "reserved_on": [], "circuits_dialled": 0, "circuit_dials_failed": 0,
                 "hole_punches": {"attempts": 0, "succeeded": 0, "answered": 0}}
 
 
