@@ -481,8 +481,11 @@ class BulkServer:
         finally:
             self._awaited.pop(token, None)
             send.close()
-            async for stream in receive:  # one that arrived and was not taken
-                await trio.aclose_forcefully(stream)
+            while True:  # one that arrived and was not taken (nothing awaited here: the block may be cancelled)
+                try:
+                    receive.receive_nowait().socket.close()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
 
     # -- as a provider: dial a fetcher back ---------------------------------------------------
     async def dial_back(self, stream: Stream) -> None:
