@@ -639,16 +639,21 @@ async def find_bulk_peer(p2p: P2P, peer_id: str, server: BulkServer | None = Non
                          timeout_s: float = HANDSHAKE_TIMEOUT_S) -> BulkPeer | DialBackPeer | None:
     """How to open a bulk session with ``peer_id``: its listener, at the host its libp2p address
     names and the port it tells us over libp2p; or, with no address of it we can dial (behind
-    NAT) but a direct connection with it, a dial-back to our ``server``. None when it has no bulk
-    listener or answers nonsense, or when we reach it only through a relay (logged: a checkpoint
-    never crosses one, and a ``/p2p-circuit`` address names the relay's host)."""
+    NAT) but a direct connection with it, a dial-back to our ``server`` — unless we are behind
+    NAT too, where its dial could not reach us either. None when it has no bulk listener or
+    answers nonsense, or (logged) when we reach it only through a relay (a checkpoint never
+    crosses one, and a ``/p2p-circuit`` address names the relay's host) or neither side can dial."""
     hosts = [a.split("/")[2] for a in p2p.peer_addrs(peer_id) if a.startswith("/ip4/") and not is_circuit(a)]
     if not hosts:
-        if server is not None and p2p.relays.kind(peer_id) == "direct":
-            return DialBackPeer(peer_id, p2p, server)
-        if p2p.relays.kind(peer_id) == "relayed":
+        kind = p2p.relays.kind(peer_id)
+        if kind == "relayed":
             log.info("no bulk session with %s: we reach it only through a relay, and checkpoints never cross one",
                      peer_id)
+        elif kind == "direct" and p2p.reachability == "private":  # (a hole punch joined two homes)
+            log.info("no bulk session with %s: neither of us can dial the other's bulk port (both behind NAT); "
+                     "blobs from it come over our direct libp2p connection", peer_id)
+        elif kind == "direct" and server is not None:
+            return DialBackPeer(peer_id, p2p, server)
         return None
     try:
         with trio.fail_after(timeout_s):

@@ -273,10 +273,12 @@ def test_an_address_has_a_few_handshake_slots_at_a_time(tmp_path):
 
 
 class _NoAddressPeers:
-    """A P2P whose peers have no address we can dial (behind NAT), connected ``kind``."""
+    """A P2P whose peers have no address we can dial (behind NAT), connected ``kind``, and our own
+    ``reachability``."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, reachability: str = "public") -> None:
         self.relays = type("Relays", (), {"kind": staticmethod(lambda peer: kind)})()
+        self.reachability = reachability
 
     def peer_addrs(self, peer_id: str) -> list[str]:
         return [f"/ip4/11.240.0.1/tcp/4701/p2p/{SERVER.peer_id}/p2p-circuit/p2p/{peer_id}"]
@@ -291,7 +293,10 @@ def test_a_provider_behind_nat_is_dialled_back_over_a_direct_connection_and_neve
         assert await find_bulk_peer(_NoAddressPeers("direct"), OTHER.peer_id) is None  # no listener to be dialled at
         with caplog.at_level(logging.INFO, logger="open1b.node.bulk"):
             assert await find_bulk_peer(_NoAddressPeers("relayed"), OTHER.peer_id, server) is None
-        refusals = [r.getMessage() for r in caplog.records if "relay" in r.getMessage()]
-        assert len(refusals) == 1 and "checkpoints never cross one" in refusals[0], refusals
+            # we are behind NAT too (a hole punch made the connection direct): its dial would not reach us
+            assert await find_bulk_peer(_NoAddressPeers("direct", "private"), OTHER.peer_id, server) is None
+        refusals = [r.getMessage() for r in caplog.records if "no bulk session" in r.getMessage()]
+        assert len(refusals) == 2 and "checkpoints never cross one" in refusals[0], refusals
+        assert "both behind NAT" in refusals[1], refusals
 
     trio.run(main)
