@@ -68,19 +68,29 @@ class Components:
 
     def gauges(self) -> Gauges:
         f, cache = self.runfiles.stats, self.runfiles.cache
-        ledger = self.ledger
+        ledger, network, bulk = self.ledger, self.p2p.relays.status(), self.runfiles.bulk
+        punches = network["hole_punches"]
         return Gauges(ledger.store.attestation_count(), len(self.p2p.connected_peers()), len(self.p2p.banned),
                       len(ledger.manifests), blobs_fetched=f.fetched, blob_fetch_failures=f.failed,
                       blob_fetched_bytes=f.fetched_bytes, blob_served_bytes=cache.served_bytes,
                       blob_bad_providers=f.bad_providers, blob_cache_bytes=cache.used_bytes(),
                       trusted_listed=len(ledger.counting.listed.roots), trusted_earned=len(ledger.counting.earned),
-                      reachability=self.reachability.current.state)
+                      reachability=self.reachability.current.state,
+                      relay_reservations_held=len(network["reserved_on"]),
+                      relay_reservations_served=network["relay_reservations_served"],
+                      relay_refused_not_public=network["relay_requests_refused"],
+                      relay_refused_full=network["relay_reservations_refused_full"],
+                      hole_punches_attempted=punches["attempts"], hole_punches_succeeded=punches["succeeded"],
+                      hole_punches_answered=punches["answered"],
+                      bulk_dialbacks_served=bulk.dialled_back if bulk is not None else 0,
+                      bulk_dialbacks_refused=bulk.dialbacks_refused if bulk is not None else 0)
 
     def status(self) -> dict:
         s, g, ledger, p2p = self.stats, self.gauges(), self.ledger, self.p2p
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
-            "reachability": self.reachability.current.as_json(), "network": p2p.relays.status(),
+            "reachability": self.reachability.current.as_json(),
+            "network": {**p2p.relays.status(), "dht_mode": "client" if p2p.dht_client else "server"},
             "runs": [r.hex() for r in ledger.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,

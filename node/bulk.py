@@ -21,16 +21,22 @@ here, its frames tagged by AES-GCM in OpenSSL (~10 GB/s), moved 1.2–1.4 GB/s, 
   ``RANGE`` asks for bytes ``[offset, offset + length)`` of a blob, ``TABLE`` for a checkpoint's
   chunk table (:mod:`.chunk_table`). **Responses**: ``status ‖ u64le blob size ‖ payload``, in
   request order; a client may pipeline requests.
+* **Dial-back.** A provider nobody can dial (behind NAT) is asked over libp2p
+  (:data:`DIALBACK_PROTOCOL`, on a direct connection only) to open the TCP connection to the
+  fetcher's own bulk listener instead; it first sends ``BACK_MAGIC ‖ token`` (the fetcher's
+  one-time token), then the session runs as above with the fetcher as client. Without a direct
+  connection either way there is no session: a checkpoint never crosses a relay.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Iterator
 
 import nacl.bindings
 import nacl.exceptions
@@ -48,6 +54,8 @@ from .blobs import BlobCache, BlobError
 from .chunk_table import ChunkTableError
 from .dialable import is_circuit
 from .p2p import P2P, NetworkError, Stream
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"open1b/bulk/v1\x00\x00"
 HELLO_SIZE = len(MAGIC) + 32 + 32
@@ -76,6 +84,17 @@ MAX_HANDSHAKES_PER_IP = 4
 MAX_HANDSHAKES = 64
 ADDRESS_PROTOCOL = "/open1b/bulk-addr/1.0.0"
 """libp2p protocol on which a node tells a peer its bulk TCP port (answer: CBOR ``{"port": p}``)."""
+DIALBACK_PROTOCOL = "/open1b/bulk-dialback/1.0.0"
+"""libp2p protocol on which a fetcher asks a provider to dial its bulk listener (request: CBOR
+``{"port": p, "token": 32 bytes}``; answer ``{"dialled": bool}``)."""
+BACK_MAGIC = b"open1b/bulkbk/v1"
+"""What a provider that dialled back sends first, before the fetcher's token (then the fetcher's hello)."""
+TOKEN_SIZE = 32
+MAX_DIALBACK_REQUEST = 64
+MAX_AWAITED = 32
+"""Dial-backs a fetcher awaits at once (one per provider of the fetches in flight)."""
+MAX_DIALBACKS_PER_PEER = 2
+"""Dial-back sessions (dialling or running) a provider holds at once for one fetcher."""
 
 _TRANSCRIPT_TAG = b"open1b/bulk/transcript/v1\x00"
 _SERVER_SIG_TAG = b"open1b/bulk/server/v1\x00"
@@ -99,6 +118,10 @@ class BulkPeer:
     peer_id: str
     host: str
     port: int
+
+    async def open(self, identity: Identity, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> Channel:
+        """A session with the provider: we dial its listener."""
+        return await open_channel(self, identity, timeout_s=timeout_s)
 
 
 async def _read_into(sock, view: memoryview, peer: str) -> None:
@@ -130,6 +153,7 @@ class Channel:
             self._sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
         self._send_gcm, self._receive_gcm = AESGCM(send_key), AESGCM(receive_key)
         self._sent = self._received = 0
+        self.dialled_back = False  # the provider opened the connection (:class:`DialBackPeer`)
 
     async def send(self, *parts: bytes | memoryview) -> None:
         """One frame whose body is the concatenation of ``parts``, written with a single copy."""
@@ -219,9 +243,10 @@ async def client_handshake(stream: trio.SocketStream, identity: Identity, expect
     return Channel(stream, expected_peer, c2s, s2c)
 
 
-async def server_handshake(stream: trio.SocketStream, identity: Identity) -> Channel:
-    """Answer a client's hello; returns a session with the client's proven peer ID."""
-    hello_c = await _read_exactly(stream.socket, HELLO_SIZE, "the client")
+async def server_handshake(stream: trio.SocketStream, identity: Identity, first: bytes = b"") -> Channel:
+    """Answer a client's hello (``first``: its opening bytes, already read); returns a session with
+    the client's proven peer ID."""
+    hello_c = first + await _read_exactly(stream.socket, HELLO_SIZE - len(first), "the client")
     eph_c, id_c = _parse_hello(hello_c)
     public, secret = _ephemeral()
     hello_s = _hello(public, identity)
@@ -348,67 +373,199 @@ class _HandshakeGate:
                 del self._by_ip[ip]
 
 
-async def _handshake(stream: trio.SocketStream, identity: Identity) -> Channel | None:
-    """The client's session, or None if it sent nothing within FIRST_BYTES_TIMEOUT_S or did not
-    finish within HANDSHAKE_TIMEOUT_S."""
-    with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-        first = b""
-        with trio.move_on_after(FIRST_BYTES_TIMEOUT_S):
-            first = await stream.socket.recv(1, socket.MSG_PEEK)
-        if first:
-            return await server_handshake(stream, identity)
-    return None
+async def _opening(stream: trio.SocketStream) -> bytes | None:
+    """A connection's first 16 bytes (a hello's MAGIC, or BACK_MAGIC from a provider dialling
+    back); None if nothing came within FIRST_BYTES_TIMEOUT_S."""
+    first = b""
+    with trio.move_on_after(FIRST_BYTES_TIMEOUT_S):
+        first = await stream.socket.recv(1, socket.MSG_PEEK)
+    if not first:
+        return None
+    return await _read_exactly(stream.socket, len(MAGIC), "the client")
 
 
-async def _serve_session(cache: BlobCache, identity: Identity, stream: trio.SocketStream,
-                         allow: Callable[[str], bool], bucket: TokenBucket | None, limiter: trio.CapacityLimiter,
-                         gate: _HandshakeGate) -> None:
-    session = None
-    admitted = False
-    try:
-        with gate.enter(stream) as entered:
-            channel = await _handshake(stream, identity) if entered else None
-        if channel is None or not allow(channel.peer_id):
-            return
+class BulkServer:
+    """A node's bulk listener and its dial-backs. It serves the blobs in ``cache`` to fetchers
+    that dial it; as a provider nobody can dial, it dials a fetcher's listener when asked
+    (:meth:`dial_back`, the libp2p handler of :data:`DIALBACK_PROTOCOL`); as a fetcher, it hands
+    the connection of a provider that dialled back to the fetch awaiting it (:meth:`awaiting`).
+    ``allow(peer_id)`` refuses peers after the handshake (e.g. banned ones); ``rate_bytes_per_s``
+    caps the upload of all sessions together, dialled back or not."""
+
+    def __init__(self, cache: BlobCache, identity: Identity, *, allow: Callable[[str], bool] = lambda peer: True,
+                 rate_bytes_per_s: float | None = None, max_sessions: int = MAX_SESSIONS) -> None:
+        self.cache, self.identity, self.allow = cache, identity, allow
+        self._bucket = TokenBucket(rate_bytes_per_s, burst=MAX_RANGE) if rate_bytes_per_s else None
+        self._limiter = trio.CapacityLimiter(max_sessions)
+        self._gate = _HandshakeGate(MAX_HANDSHAKES_PER_IP, MAX_HANDSHAKES)
+        self._awaited: dict[bytes, trio.MemorySendChannel[trio.SocketStream]] = {}  # token -> its fetch
+        self._dialling: dict[str, int] = {}  # fetcher -> dial-back sessions held for it
+        self._nursery: trio.Nursery | None = None
+        self.port = 0  # once serving
+        self.dialled_back = 0  # sessions served over a connection this node dialled (as a provider)
+        self.dialbacks_refused = 0
+
+    async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``host:port`` (0: any free port) until cancelled; reports the bound port."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(trio.serve_listeners, self._arrived, listeners)
+            self.port = listeners[0].socket.getsockname()[1]
+            task_status.started(self.port)
+
+    async def _arrived(self, stream: trio.SocketStream) -> None:
+        """A connection to our listener: a fetcher's session, or a provider dialling back."""
+        channel = None
         try:
-            limiter.acquire_nowait()
+            with self._gate.enter(stream) as entered:
+                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                    opening = await _opening(stream) if entered else None
+                    if opening == BACK_MAGIC:
+                        token = await _read_exactly(stream.socket, TOKEN_SIZE, "a provider dialling back")
+                        self._hand_over(token, stream)
+                        return
+                    if opening == MAGIC:
+                        channel = await server_handshake(stream, self.identity, opening)
+            if channel is not None and self.allow(channel.peer_id):
+                await self._answer(channel)
+        except (BulkError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # a client that goes away or misbehaves only ends its own session
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _answer(self, channel: Channel) -> None:
+        """Answer the requests of an authenticated session until it goes idle (a slot of
+        ``max_sessions`` held meanwhile; none free: the session is closed at once)."""
+        try:
+            self._limiter.acquire_nowait()
         except trio.WouldBlock:
             return
-        admitted = True
-        session = _Session(cache, channel, bucket)
-        while True:
-            with trio.move_on_after(IDLE_TIMEOUT_S) as idle:
-                request = await channel.receive(REQUEST.size, exact=REQUEST.size)
-            if idle.cancelled_caught:
-                return
-            await session.answer(bytes(request))
-    except (BulkError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-        return  # a client that goes away or misbehaves only ends its own session
-    finally:
-        if session is not None:
+        session = _Session(self.cache, channel, self._bucket)
+        try:
+            while True:
+                with trio.move_on_after(IDLE_TIMEOUT_S) as idle:
+                    request = await channel.receive(REQUEST.size, exact=REQUEST.size)
+                if idle.cancelled_caught:
+                    return
+                await session.answer(bytes(request))
+        finally:
             session.close()
-        if admitted:
-            limiter.release()
-        await trio.aclose_forcefully(stream)
+            self._limiter.release()
+
+    # -- as a fetcher: a provider dials us back ----------------------------------------------
+    def _hand_over(self, token: bytes, stream: trio.SocketStream) -> None:
+        """Give the fetch awaiting ``token`` its connection (as a duplicate of the socket: the
+        listener closes its own when the handler returns); a token is good for one connection."""
+        send = self._awaited.pop(token, None)
+        if send is None:
+            return
+        mine = trio.SocketStream(stream.socket.dup())
+        try:
+            send.send_nowait(mine)
+        except (trio.WouldBlock, trio.BrokenResourceError):
+            mine.socket.close()
+
+    @asynccontextmanager
+    async def awaiting(self, token: bytes) -> AsyncIterator[trio.MemoryReceiveChannel[trio.SocketStream]]:
+        """Where the connection of a provider that dials back with ``token`` arrives, until the
+        block ends (a connection that arrives later is closed)."""
+        if not self.port:
+            raise BulkError("no bulk listener to be dialled back at")
+        if len(self._awaited) >= MAX_AWAITED:
+            raise BulkError(f"{MAX_AWAITED} dial-backs awaited already")
+        send, receive = trio.open_memory_channel[trio.SocketStream](1)
+        self._awaited[token] = send
+        try:
+            yield receive
+        finally:
+            self._awaited.pop(token, None)
+            send.close()
+            while True:  # one that arrived and was not taken (nothing awaited here: the block may be cancelled)
+                try:
+                    receive.receive_nowait().socket.close()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+
+    # -- as a provider: dial a fetcher back ---------------------------------------------------
+    async def dial_back(self, stream: Stream) -> None:
+        """The libp2p handler of :data:`DIALBACK_PROTOCOL`: dial the asker's bulk listener at the
+        address its connection comes from (never another: the service cannot be aimed at a third
+        party), on a direct connection only, at most MAX_DIALBACKS_PER_PEER sessions per peer; then
+        serve the session, in which the asker must prove to be the peer that asked."""
+        peer, host = stream.peer_id, stream.remote_host
+        request = decode(await stream.receive(MAX_DIALBACK_REQUEST), max_size=MAX_DIALBACK_REQUEST)
+        port = request.get("port") if type(request) is dict else None
+        token = request.get("token") if type(request) is dict else None
+        if stream.relayed:  # the address it comes from is the relay's, and no checkpoint crosses one
+            log.info("refused a bulk dial-back asked by %s over a relayed connection", peer)
+        if (stream.relayed or host is None or type(port) is not int or not 0 < port < 65536
+                or type(token) is not bytes or len(token) != TOKEN_SIZE or not self.allow(peer)
+                or self._dialling.get(peer, 0) >= MAX_DIALBACKS_PER_PEER or self._nursery is None):
+            self.dialbacks_refused += 1
+            await stream.reset()
+            return
+        self._dialling[peer] = self._dialling.get(peer, 0) + 1
+        tcp, started = None, False
+        try:
+            tcp = await _dial(host, port, token)
+            if tcp is not None:
+                self._nursery.start_soon(self._serve_dialled, tcp, peer)  # it owns the connection and the count now
+                started = True
+        finally:
+            if not started:
+                self._release(peer)
+                if tcp is not None:
+                    await trio.aclose_forcefully(tcp)
+        await stream.send(encode({"dialled": started}))
+        await stream.close()
+
+    async def _serve_dialled(self, tcp: trio.SocketStream, peer: str) -> None:
+        channel = None
+        try:
+            with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                channel = await server_handshake(tcp, self.identity)
+            if channel is not None and channel.peer_id == peer:  # the asker, no one else
+                self.dialled_back += 1
+                await self._answer(channel)
+        except (BulkError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            self._release(peer)
+            await trio.aclose_forcefully(tcp)
+
+    def _release(self, peer: str) -> None:
+        self._dialling[peer] -= 1
+        if not self._dialling[peer]:
+            del self._dialling[peer]
+
+
+async def _dial(host: str, port: int, token: bytes) -> trio.SocketStream | None:
+    """A connection to a fetcher's bulk listener, introduced by ``BACK_MAGIC ‖ token``; None if
+    it could not be made within HANDSHAKE_TIMEOUT_S."""
+    with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+        try:
+            tcp = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            log.info("bulk dial-back to %s:%d failed: %s", host, port, exc)
+            return None
+        try:
+            await tcp.send_all(BACK_MAGIC + token)
+        except (OSError, trio.BrokenResourceError):
+            await trio.aclose_forcefully(tcp)
+            return None
+        return tcp
+    log.info("bulk dial-back to %s:%d: no connection in %.0f s", host, port, HANDSHAKE_TIMEOUT_S)
+    return None
 
 
 async def serve_bulk(cache: BlobCache, identity: Identity, host: str, port: int, *,
                      allow: Callable[[str], bool] = lambda peer: True, rate_bytes_per_s: float | None = None,
                      max_sessions: int = MAX_SESSIONS, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve the blobs in ``cache`` on ``host:port`` (0: any free port) until cancelled; reports
-    the bound port through ``task_status``. ``allow(peer_id)`` refuses peers after the handshake
-    (e.g. banned ones); ``rate_bytes_per_s`` caps the upload of all sessions together."""
-    bucket = TokenBucket(rate_bytes_per_s, burst=MAX_RANGE) if rate_bytes_per_s else None
-    limiter = trio.CapacityLimiter(max_sessions)
-    gate = _HandshakeGate(MAX_HANDSHAKES_PER_IP, MAX_HANDSHAKES)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-
-    async def handler(stream: trio.SocketStream) -> None:
-        await _serve_session(cache, identity, stream, allow, bucket, limiter, gate)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, handler, listeners)
-        task_status.started(listeners[0].socket.getsockname()[1])
+    """Serve the blobs in ``cache`` on ``host:port`` (0: any free port) until cancelled: a
+    :class:`BulkServer` that nobody asks to dial back (tests, benchmarks)."""
+    server = BulkServer(cache, identity, allow=allow, rate_bytes_per_s=rate_bytes_per_s, max_sessions=max_sessions)
+    await server.serve(host, port, task_status=task_status)
 
 
 # -- client --------------------------------------------------------------------------------
@@ -438,12 +595,65 @@ def address_handler(port: int) -> Callable[[Stream], object]:
     return answer
 
 
-async def find_bulk_peer(p2p: P2P, peer_id: str, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> BulkPeer | None:
-    """Ask ``peer_id`` (over libp2p) for its bulk port; the host is the one its libp2p address
-    names. None when it has no bulk listener or answers nonsense, or only relayed addresses: a
-    ``/p2p-circuit`` address names the relay's host, and checkpoints never go through a relay."""
+@dataclass(frozen=True)
+class DialBackPeer:
+    """A provider nobody can dial (behind NAT) with which we hold a direct libp2p connection: it
+    is asked to dial our bulk listener (``server``) instead."""
+
+    peer_id: str
+    p2p: P2P = field(compare=False, repr=False)
+    server: BulkServer = field(compare=False, repr=False)
+
+    async def open(self, identity: Identity, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> Channel:
+        """Ask the provider over libp2p, await its connection with our one-time token, and open the
+        session on it as client (the provider proves its peer ID as when we dial it)."""
+        token = os.urandom(TOKEN_SIZE)
+        try:
+            with trio.fail_after(timeout_s):
+                async with self.server.awaiting(token) as arrivals:
+                    stream = await self.p2p.open_stream(self.peer_id, DIALBACK_PROTOCOL)
+                    try:
+                        if stream.relayed:  # (the provider refuses it too)
+                            raise BulkError(f"{self.peer_id} is reachable only through a relay")
+                        await stream.send(encode({"port": self.server.port, "token": token}))
+                        answer = decode(await stream.receive(MAX_DIALBACK_REQUEST), max_size=MAX_DIALBACK_REQUEST)
+                    finally:
+                        await stream.reset()
+                    if type(answer) is not dict or answer.get("dialled") is not True:
+                        raise BulkError(f"{self.peer_id} could not dial our bulk listener back")
+                    tcp = await arrivals.receive()
+                    try:
+                        channel = await client_handshake(tcp, identity, self.peer_id)
+                    except BaseException:
+                        await trio.aclose_forcefully(tcp)
+                        raise
+        except trio.TooSlowError:
+            raise BulkError(f"bulk dial-back from {self.peer_id}: no session in {timeout_s:.0f} s") from None
+        except (NetworkError, DecodeError) as exc:
+            raise BulkError(f"bulk dial-back from {self.peer_id}: {exc}") from exc
+        channel.dialled_back = True
+        return channel
+
+
+async def find_bulk_peer(p2p: P2P, peer_id: str, server: BulkServer | None = None, *,
+                         timeout_s: float = HANDSHAKE_TIMEOUT_S) -> BulkPeer | DialBackPeer | None:
+    """How to open a bulk session with ``peer_id``: its listener, at the host its libp2p address
+    names and the port it tells us over libp2p; or, with no address of it we can dial (behind
+    NAT) but a direct connection with it, a dial-back to our ``server`` — unless we are behind
+    NAT too, where its dial could not reach us either. None when it has no bulk listener or
+    answers nonsense, or (logged) when we reach it only through a relay (a checkpoint never
+    crosses one, and a ``/p2p-circuit`` address names the relay's host) or neither side can dial."""
     hosts = [a.split("/")[2] for a in p2p.peer_addrs(peer_id) if a.startswith("/ip4/") and not is_circuit(a)]
     if not hosts:
+        kind = p2p.relays.kind(peer_id)
+        if kind == "relayed":
+            log.info("no bulk session with %s: we reach it only through a relay, and checkpoints never cross one",
+                     peer_id)
+        elif kind == "direct" and p2p.reachability == "private":  # (a hole punch joined two homes)
+            log.info("no bulk session with %s: neither of us can dial the other's bulk port (both behind NAT); "
+                     "blobs from it come over our direct libp2p connection", peer_id)
+        elif kind == "direct" and server is not None:
+            return DialBackPeer(peer_id, p2p, server)
         return None
     try:
         with trio.fail_after(timeout_s):
@@ -456,3 +666,6 @@ async def find_bulk_peer(p2p: P2P, peer_id: str, *, timeout_s: float = HANDSHAKE
         return None
     return BulkPeer(peer_id, hosts[0], port)
 
+
+BulkProvider = BulkPeer | DialBackPeer
+"""A provider a bulk session can be opened with (``await provider.open(identity)``)."""

@@ -43,7 +43,7 @@ from open1b.protocol import Identity
 from open1b.protocol.hashing import DIGEST_SIZE
 
 from .blobs import BlobCache, BlobError, BlobMismatch
-from .bulk import NOT_FOUND, OK, OP_RANGE, OP_TABLE, BulkError, BulkPeer, Channel, open_channel, request, response
+from .bulk import NOT_FOUND, OK, OP_RANGE, OP_TABLE, BulkError, BulkProvider, Channel, request, response
 from .chunk_table import (
     HEADER_PREFIX,
     ChunkTableError,
@@ -83,6 +83,7 @@ class FetchReport:
     bytes_by_peer: dict[str, int] = field(default_factory=dict)
     resumed_pieces: int = 0
     blamed: list[str] = field(default_factory=list)
+    dialled_back: list[str] = field(default_factory=list)  # providers whose session they dialled (behind NAT)
 
 
 def _storage_full(exc: OSError, address: bytes) -> OSError | StorageFull:
@@ -359,7 +360,7 @@ async def _run_session(channel: Channel, assembly: _Assembly, schedule: _Schedul
         raise failure[0]
 
 
-async def fetch_checkpoint(cache: BlobCache, identity: Identity, peers: Sequence[BulkPeer], expect: Expectation, *,
+async def fetch_checkpoint(cache: BlobCache, identity: Identity, peers: Sequence[BulkProvider], expect: Expectation, *,
                            on_bad_peer: Callable[[str], None] = lambda peer: None,
                            progress: Callable[[int, int], None] = lambda done, total: None,
                            window: int = WINDOW, chunk_timeout_s: float = CHUNK_TIMEOUT_S) -> FetchReport:
@@ -394,15 +395,15 @@ class _Sessions:
         self.report.blamed.append(peer)
         self.on_bad_peer(peer)
 
-    async def dial_and_prove(self, identity: Identity, peers: Sequence[BulkPeer],
+    async def dial_and_prove(self, identity: Identity, peers: Sequence[BulkProvider],
                              timeout_s: float) -> tuple[bytes, Layout, bytes]:
         """Open a session to every provider at once; then, from the first that holds the blob,
         its header and chunk table, checked."""
         channels: dict[str, Channel] = {}
 
-        async def dial(peer: BulkPeer) -> None:
+        async def dial(peer: BulkProvider) -> None:
             try:
-                channels[peer.peer_id] = await open_channel(peer, identity)
+                channels[peer.peer_id] = await peer.open(identity)
             except BulkError as exc:
                 self.errors.append(f"{peer.peer_id}: {exc}")
 
@@ -410,6 +411,7 @@ class _Sessions:
             for peer in dict((p.peer_id, p) for p in peers).values():
                 nursery.start_soon(dial, peer)
         self.open = [channels[p.peer_id] for p in peers if p.peer_id in channels]
+        self.report.dialled_back = sorted(c.peer_id for c in self.open if c.dialled_back)
         for channel in list(self.open):
             first = None
             try:
@@ -472,7 +474,7 @@ class _Sessions:
             await trio.aclose_forcefully(channel.stream)
 
 
-async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[BulkPeer], expect: Expectation,
+async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[BulkProvider], expect: Expectation,
                       on_bad_peer: Callable[[str], None], progress: Callable[[int, int], None], window: int,
                       timeout_s: float, started: float) -> FetchReport:
     report = FetchReport(cache.path(expect.address), 0, 0.0, None)
@@ -525,7 +527,7 @@ def wanted_pieces(layout: Layout, chunks: Mapping[str, Iterable[int]]) -> frozen
     return frozenset(i for i, p in enumerate(layout.pieces()) if p.slot in slots)
 
 
-async def fetch_checkpoint_part(identity: Identity, peers: Sequence[BulkPeer], expect: Expectation,
+async def fetch_checkpoint_part(identity: Identity, peers: Sequence[BulkProvider], expect: Expectation,
                                 chunks: Mapping[str, Iterable[int]], part: Path, table_path: Path, *,
                                 on_bad_peer: Callable[[str], None] = lambda peer: None,
                                 progress: Callable[[int, int], None] = lambda done, total: None,

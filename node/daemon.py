@@ -47,7 +47,8 @@ from .api_routes import Components, api_app, metrics_app
 from .auditor import Auditor, Replayer, WorkerReplayer
 from .blobs import BLOB_PROTOCOL, BlobCache
 from .bulk import ADDRESS_PROTOCOL as BULK_ADDRESS_PROTOCOL
-from .bulk import address_handler, serve_bulk
+from .bulk import DIALBACK_PROTOCOL as BULK_DIALBACK_PROTOCOL
+from .bulk import BulkServer, address_handler
 from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
@@ -158,8 +159,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
                  harness: Harness | None, replayer: Replayer | None) -> AsyncIterator[Daemon]:
     worker, answer_worker = workers  # replays and spot checks; answers to challenges
     stats = NodeStats()
-    runfiles = RunFiles(config.data_dir, BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes,
-                                                    reserve_bytes=config.disk_reserve_bytes))
+    cache = BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes, reserve_bytes=config.disk_reserve_bytes)
+    # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).
+    bulk = BulkServer(cache, identity, allow=lambda peer: peer not in p2p.banned)
+    runfiles = RunFiles(config.data_dir, cache, bulk)
     ledger = build_ledger(identity, config, store, p2p, clock=clock, stats=stats)
     statements, known = ledger.statements, ledger.manifests
     for run, manifest in known.items():
@@ -210,10 +213,9 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
             nursery.start_soon(partial(worker.start, timeout_s=config.replay_timeout_s))
         for run_dir, manifest in local_runs:  # imported and announced like `publish` (its files are checked there)
             publisher.start_publish(run_dir, manifest)
-        # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).
-        bulk_port = await nursery.start(partial(serve_bulk, runfiles.cache, identity, split_hostport(config.listen)[0], 0,
-                                                allow=lambda peer: peer not in p2p.banned))
+        bulk_port = await nursery.start(bulk.serve, split_hostport(config.listen)[0], 0)
         p2p.set_stream_handler(BULK_ADDRESS_PROTOCOL, address_handler(bulk_port))
+        p2p.set_stream_handler(BULK_DIALBACK_PROTOCOL, bulk.dial_back)
         api_host, api_port = split_hostport(config.api)
         api_port = await nursery.start(serve_api, api_host, api_port, api_app(node, token=api_token(config.data_dir)))
         if config.metrics:

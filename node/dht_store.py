@@ -125,7 +125,8 @@ class _BoundedValueStore(ValueStore):
 
 
 class BoundedKadDHT(KadDHT):
-    """A server-mode KadDHT with the bounds above; validators are added with ``register_validator``."""
+    """A KadDHT with the bounds above, in server mode until :meth:`serve_as` says otherwise;
+    validators are added with ``register_validator``."""
 
     def __init__(self, host, *, limits: DhtLimits, penalise: Callable[[str], None],
                  banned: Callable[[str], bool]) -> None:
@@ -144,3 +145,26 @@ class BoundedKadDHT(KadDHT):
             await super()._do_handle_stream(stream)
         finally:
             _sender.reset(token)
+
+    @property
+    def client(self) -> bool:
+        """Whether this node runs the DHT in client mode: it asks, and answers no one."""
+        return self.mode is DHTMode.CLIENT
+
+    async def serve_as(self, *, client: bool) -> bool:
+        """Switch to client mode (``client``) or back to server mode; True if the mode changed.
+
+        A node some peers cannot dial must not sit in their routing tables: each lookup that
+        reaches it waits on a dial that never connects (docs/node.md, behind NAT). In client mode
+        the KAD protocol is no longer offered, so identify stops listing it and peers stop adding
+        this node (py-libp2p adds only peers that list it), and a peer that still holds it drops it
+        at its first refused request. py-libp2p's switch to client mode also empties our own routing
+        table — the server peers we ask — so the ones it held are added back (each still checked
+        to offer the KAD protocol)."""
+        if client == self.client:
+            return False
+        known = self.routing_table.get_peer_ids() if client else []
+        await self.switch_mode(DHTMode.CLIENT if client else DHTMode.SERVER)
+        for peer in known:
+            await self.add_peer(peer)
+        return True

@@ -39,6 +39,10 @@ METRIC_NAMES = (
     "open1b_trusted_keys",
     "open1b_own_statements_total",
     "open1b_reachability",
+    "open1b_relay_reservations",
+    "open1b_relay_requests_refused_total",
+    "open1b_hole_punches_total",
+    "open1b_bulk_dialbacks_total",
 )
 RUN_STEP_STATUSES = ("verified", "disputed", "refuted")  # the per-run gauge's statuses
 REACHABILITY_STATES = ("public", "private", "unknown")
@@ -100,6 +104,18 @@ class Gauges:
     trusted_earned: int = 0
     # whether peers can dial this node (node/reachability.py): public, private or unknown
     reachability: str = "unknown"
+    # circuit relay v2 and hole punching (node/relays.py): reservations this node holds on relays and
+    # serves as one; hop requests it refused (while not public) and reservations (all slots taken)
+    relay_reservations_held: int = 0
+    relay_reservations_served: int = 0
+    relay_refused_not_public: int = 0
+    relay_refused_full: int = 0
+    hole_punches_attempted: int = 0  # punches this node started
+    hole_punches_succeeded: int = 0
+    hole_punches_answered: int = 0  # punches it joined
+    # bulk sessions this node opened to a fetcher that asked (node/bulk.py: behind NAT), and requests refused
+    bulk_dialbacks_served: int = 0
+    bulk_dialbacks_refused: int = 0
 
 
 class _Collector:
@@ -150,6 +166,27 @@ class _Collector:
         for state in REACHABILITY_STATES:
             reach.add_metric([state], 1 if g.reachability == state else 0)
         yield reach
+        relay = GaugeMetricFamily("open1b_relay_reservations", "Circuit relay v2 reservations: held by this node on "
+                                  "relays (behind NAT), served by it as a relay", labels=["role"])
+        relay.add_metric(["held"], g.relay_reservations_held)
+        relay.add_metric(["served"], g.relay_reservations_served)
+        yield relay
+        refused = CounterMetricFamily("open1b_relay_requests_refused", "Relay requests refused, by reason (not_public: "
+                                      "this node is not public; full: every reservation slot taken)", labels=["reason"])
+        refused.add_metric(["not_public"], g.relay_refused_not_public)
+        refused.add_metric(["full"], g.relay_refused_full)
+        yield refused
+        punches = CounterMetricFamily("open1b_hole_punches", "DCUtR hole punches: attempted and succeeded (started by "
+                                      "this node), answered (started by the peer)", labels=["event"])
+        punches.add_metric(["attempted"], g.hole_punches_attempted)
+        punches.add_metric(["succeeded"], g.hole_punches_succeeded)
+        punches.add_metric(["answered"], g.hole_punches_answered)
+        yield punches
+        dialbacks = CounterMetricFamily("open1b_bulk_dialbacks", "Bulk sessions asked of this node by dial-back "
+                                        "(behind NAT), by result", labels=["result"])
+        dialbacks.add_metric(["served"], g.bulk_dialbacks_served)
+        dialbacks.add_metric(["refused"], g.bulk_dialbacks_refused)
+        yield dialbacks
         fetches = CounterMetricFamily("open1b_blob_fetches", "Blobs fetched from peers, by result", labels=["result"])
         fetches.add_metric(["ok"], g.blobs_fetched)
         fetches.add_metric(["failed"], g.blob_fetch_failures)

@@ -158,16 +158,32 @@ class ReachabilityMonitor:
     async def serve(self, *, ready: trio.Event) -> None:
         await ready.wait()
         while True:
-            answers = await ask_peers(self.p2p, self.port(), self.rng)
-            found = verdict(answers)
-            if found != self.current:
-                log.info("reachability: %s (%s)", found.state, found.reason)
-            self.current = found
-            self.p2p.reachability = found.state  # a private node reserves on relays, a public one serves them
-            # a public node announces the address peers reached it at (behind a 1:1 NAT, as on most
-            # clouds, no interface has it); nobody else's observations of us are announced
-            self.p2p.dialled_back_at = {a.host for a in answers if a.reached} if found.state == "public" else set()
+            found = await self.check()
             await self.sleep(RETRY_UNKNOWN_S if found.state == "unknown" else CHECK_EVERY_S)
+
+    async def check(self) -> Reachability:
+        """Ask peers once and act on the verdict."""
+        answers = await ask_peers(self.p2p, self.port(), self.rng)
+        found = verdict(answers)
+        if found != self.current:
+            log.info("reachability: %s (%s)", found.state, found.reason)
+        self.current = found
+        self.p2p.reachability = found.state  # a private node reserves on relays, a public one serves them
+        # a public node announces the address peers reached it at (behind a 1:1 NAT, as on most
+        # clouds, no interface has it); nobody else's observations of us are announced
+        self.p2p.dialled_back_at = {a.host for a in answers if a.reached} if found.state == "public" else set()
+        if found.state != "unknown":
+            await self.p2p.set_dht_client(dht_client(found, answers))
+        return found
+
+
+def dht_client(found: Reachability, answers: list[DialBack]) -> bool:
+    """Whether a node with verdict ``found`` runs the DHT in client mode: when it is private and
+    some peer could not dial it back (behind NAT: the peers that fail are the internet's). A node
+    every asked peer reached, at private-range addresses only (a LAN, a devnet on loopback), is
+    dialable by the peers it has and stays a server: were it a client, such a network would have no
+    DHT at all."""
+    return found.state == "private" and not all(a.reached for a in answers)
 
 
 # -- the answering side -----------------------------------------------------------------------

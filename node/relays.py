@@ -27,6 +27,7 @@ refuses relayed streams, :mod:`.blobs`).
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Callable
 
 import trio
@@ -72,6 +73,20 @@ class _Relay(CircuitV2Protocol):
         super().__init__(host, limits=RELAY_LIMITS, allow_hop=allow_hop)
         self._serving = serving
         self.refused = 0  # hop requests refused because this node is not public
+        self.refused_full = 0  # reservations refused because RELAY_LIMITS' slots were all taken
+        accept = self.resource_manager.can_accept_reservation  # (asked only for a new reservation)
+
+        def counted(peer_id) -> bool:
+            ok = accept(peer_id)
+            self.refused_full += not ok
+            return ok
+
+        self.resource_manager.can_accept_reservation = counted
+
+    def reservations_served(self) -> int:
+        """Peers holding an unexpired reservation on this relay."""
+        now = time.time()  # (py-libp2p stamps reservations with the wall clock)
+        return sum(1 for r in self.resource_manager._reservations.values() if r.expires_at >= now)
 
     async def _handle_hop_stream(self, stream) -> None:
         if not self._serving():
@@ -277,7 +292,8 @@ class Relays:
         kinds = self.connection_kinds()
         return {"connections": {k: sum(1 for v in kinds.values() if v == k) for k in ("direct", "relayed")},
                 "peers": dict(sorted(kinds.items())), "relay_service": self.serve,
-                "relay_requests_refused": self.protocol.refused, "reserved_on": sorted(self.reserved),
+                "relay_requests_refused": self.protocol.refused, "relay_reservations_refused_full": self.protocol.refused_full,
+                "relay_reservations_served": self.protocol.reservations_served(), "reserved_on": sorted(self.reserved),
                 "circuits_dialled": self.circuits_dialled, "circuit_dials_failed": self.circuit_dials_failed,
                 "hole_punches": {"attempts": self.hole_punch.attempts, "succeeded": self.hole_punch.succeeded,
                                  "answered": self.hole_punch.answered}}

@@ -54,7 +54,7 @@ from open1b.protocol.fingerprints import committed as committed_fingerprints
 from open1b.protocol.spotcheck import run_slots
 
 from .blobs import BlobCache, BlobError, provider_key
-from .bulk import BulkPeer, find_bulk_peer
+from .bulk import BulkProvider, BulkServer, find_bulk_peer
 from .checkpoint_fetch import fetch_checkpoint, fetch_checkpoint_part
 from .chunk_table import checkpoint_expectation
 from .files import FileRefused, StorageFull, open_regular, read_bounded, write_atomic
@@ -217,17 +217,18 @@ class _BulkPorts:
     small checkpoint. A stale port costs one failed dial (that peer is then skipped for that
     fetch, and the libp2p path remains)."""
 
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[BulkPeer, float]] = {}
+    def __init__(self, server: BulkServer | None) -> None:
+        self.server = server  # our bulk listener, where providers behind NAT dial us back
+        self._known: dict[str, tuple[BulkProvider, float]] = {}
 
-    async def of(self, p2p: P2P, peer_ids: list[str]) -> list[BulkPeer]:
-        """The bulk addresses of ``peer_ids`` that have one, those not known asked in parallel, in
-        ``peer_ids``' order."""
+    async def of(self, p2p: P2P, peer_ids: list[str]) -> list[BulkProvider]:
+        """The bulk addresses of ``peer_ids`` that have one (or the dial-backs of those behind
+        NAT), those not known asked in parallel, in ``peer_ids``' order."""
         now = time.monotonic()
         found = {p: peer for p, (peer, until) in self._known.items() if until > now and p in peer_ids}
 
         async def ask(peer_id: str) -> None:
-            peer = await find_bulk_peer(p2p, peer_id)
+            peer = await find_bulk_peer(p2p, peer_id, self.server)
             if peer is not None:
                 found[peer_id] = peer
                 self._known[peer_id] = (peer, time.monotonic() + BULK_PORT_TTL_S)
@@ -258,13 +259,16 @@ def _copy_streamed(source: Path, target: Path) -> None:
 
 
 class RunFiles:
-    def __init__(self, data_dir: Path, cache: BlobCache) -> None:
+    def __init__(self, data_dir: Path, cache: BlobCache, bulk: BulkServer | None = None) -> None:
+        """``bulk``: our bulk listener (serving ``cache``), where a provider behind NAT dials us
+        back; without one, checkpoints come over the bulk path only from providers we can dial."""
         self.root = Path(data_dir) / RUNS_DIR
         self.cache = cache
         self.stats = FetchStats()
         self._locks: dict[bytes, trio.Lock] = {}
         self._datasets: dict[bytes, Dataset] = {}  # run -> its checked samples (:meth:`_dataset`)
-        self._bulk_ports = _BulkPorts()
+        self.bulk = bulk
+        self._bulk_ports = _BulkPorts(bulk)
 
     def work_dir(self, run: bytes, purpose: str = "") -> Path:
         """Replays use ``<run hex>/``; another user of a run's files (the spot checker) its own
@@ -463,10 +467,11 @@ class RunFiles:
                 log.info("checkpoint %d over the bulk path: %s", step, exc)
                 continue
             self.stats.bulk_fetched += 1
-            # a bulk session is a TCP connection we dialled to the provider's own address (never a
-            # circuit address, bulk.find_bulk_peer): it cannot run through a relay
+            # a bulk session is a TCP connection between the provider's address and ours, dialled by
+            # either (never a circuit address, bulk.find_bulk_peer): it cannot run through a relay
             self.stats.sources.append({"blob": f"checkpoint {step}", "path": "bulk", "relayed": False,
-                                       "from": sorted(p for p, n in report.bytes_by_peer.items() if n)})
+                                       "from": sorted(p for p, n in report.bytes_by_peer.items() if n),
+                                       "dialled_back": [p for p in report.dialled_back if report.bytes_by_peer.get(p)]})
             # Where a fetch's time goes (a small checkpoint's is mostly round trips, not bytes).
             log.info("checkpoint %d over the bulk path: h_k's preimage %.2f s, %d of %d peers' bulk ports %.2f s, "
                      "fetch %.2f s (first verified chunk %s)", step, expected_at - started, len(peers), len(peer_ids),

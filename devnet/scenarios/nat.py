@@ -8,8 +8,10 @@ Its ``detected`` gives, over the node pairs that talked (a connection seen at so
 pair ended: ``connections`` (``direct``, ``relayed`` or ``none``), the same for home A ↔ home B
 pairs (``homes_a_b``, with the share that ended direct: behind ``--random-fully`` a punch cannot
 predict B's port, so none should), ``hole_punches`` (started and succeeded, over all nodes),
-``checkpoints_via_relay`` (checkpoints fetched over a relayed stream: must be 0); the report's
-``checkpoint_sources`` says, per checkpoint fetched, which site fetched it from which."""
+``checkpoints_via_relay`` (checkpoints fetched over a relayed stream: must be 0),
+``internet_fetches_dialled_back_by_a`` (checkpoint fetches by internet nodes whose bulk session
+with a home A node that node opened, asked over libp2p: nobody can dial home A; must be some); the
+report's ``checkpoint_sources`` says, per checkpoint fetched, which site fetched it from which."""
 
 from __future__ import annotations
 
@@ -94,9 +96,12 @@ class Nat(Scenario):
         a_b = {pair: kind for pair, kind in ended.items() if {site_of[p] for p in pair} == {"a", "b"}}
         punches = [s["network"]["hole_punches"] for s in status.values()]
         sources = [{"fetched_by": site_of[s["peer_id"]], "blob": src["blob"], "path": src["path"],
-                    "from": [site_of.get(p, "?") for p in src["from"]], "relayed": src["relayed"]}
+                    "from": [site_of.get(p, "?") for p in src["from"]], "relayed": src["relayed"],
+                    "dialled_back": [site_of.get(p, "?") for p in src.get("dialled_back", ())]}
                    for s in status.values() for src in s["blobs"]["sources"] if src["blob"].startswith("checkpoint")]
         via_relay = sum(1 for src in sources if src["relayed"])
+        # the internet cannot dial home A: each of its bulk sessions with A was A dialling it back
+        a_dialled_back = sum(1 for src in sources if src["fetched_by"] == "internet" and "a" in src["dialled_back"])
         complete = net.coverage(net.observer)["complete"]
         reserved = {site: sorted(len(s["network"]["reserved_on"]) for s in status.values() if site_of[s["peer_id"]] == site)
                     for site in SITES}
@@ -110,12 +115,14 @@ class Nat(Scenario):
                            "direct_share": round(sum(v == "direct" for v in a_b.values()) / len(a_b), 3) if a_b else None},
              "hole_punches": {"attempts": sum(p["attempts"] for p in punches),
                               "succeeded": sum(p["succeeded"] for p in punches)},
-             "checkpoints_via_relay": via_relay, "relay_reservations_by_site": reserved},
+             "checkpoints_via_relay": via_relay, "internet_fetches_dialled_back_by_a": a_dialled_back,
+             "relay_reservations_by_site": reserved},
             0,
             {"coverage complete at the observer": complete,
              "home B audited (its auditor attested)": made["b"] > 0,
              "the internet audited": made["internet"] > 0,
              "no checkpoint went through a relay": via_relay == 0,
+             "the internet fetched from home A over a bulk dial-back": a_dialled_back > 0,
              "every home node holds a relay reservation": all(n for site in ("a", "b") for n in reserved[site]),
              "homes A and B talked (through a relay)": bool(a_b)},
             checkpoint_sources=sources)

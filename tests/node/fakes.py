@@ -119,8 +119,9 @@ class FakeNetwork:
     gossip fabric that runs each receiver's validators, one DHT (records under each namespace's
     record rule, provider records), and streams between connected nodes. Peer IDs are the nodes'
     keys' (``peer_id_from_public_key``), as on libp2p. Nodes hand out no transport addresses
-    (``peer_addrs`` is empty), so the bulk path (TCP beside libp2p) is never tried: checkpoints
-    travel on the blob stream."""
+    (``peer_addrs`` is empty), so the bulk path (TCP beside libp2p) is never dialled, and a
+    provider refuses to dial back (its streams have no remote address): checkpoints travel on the
+    blob stream."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, FakeNode] = {}
@@ -168,10 +169,14 @@ class FakeRelays:
     def __init__(self, node: FakeNode) -> None:
         self.node = node
 
+    def kind(self, peer: str) -> str:
+        return "direct" if peer in self.node.connected else "none"
+
     def status(self) -> dict:
         peers = {p: "direct" for p in self.node.connected_peers()}
         return {"connections": {"direct": len(peers), "relayed": 0}, "peers": peers, "relay_service": False,
-                "relay_requests_refused": 0, "reserved_on": [], "circuits_dialled": 0, "circuit_dials_failed": 0,
+                "relay_requests_refused": 0, "relay_reservations_refused_full": 0, "relay_reservations_served": 0,
+                "reserved_on": [], "circuits_dialled": 0, "circuit_dials_failed": 0,
                 "hole_punches": {"attempts": 0, "succeeded": 0, "answered": 0}}
 
 
@@ -184,6 +189,7 @@ class FakeNode:
         self.addrs = [f"/ip4/10.0.0.{number}/tcp/4701/p2p/{self.peer_id}"]
         self.listen_port = 4701
         self.dialled_back_at: set[str] = set()  # node/reachability.py's verdict writes it
+        self.reachability = "unknown"  # and this
         self.connected: set[str] = set()
         self.banned: set[str] = set()
         self.rejected: dict[str, int] = {}
@@ -195,6 +201,10 @@ class FakeNode:
         self.provided: list[str] = []
         self._nursery: trio.Nursery | None = None
         self.relays = FakeRelays(self)
+        self.dht_client = False  # node/reachability.py's verdict sets it (P2P.set_dht_client)
+
+    async def set_dht_client(self, client: bool) -> None:
+        self.dht_client = client
 
     # -- peers ---------------------------------------------------------------------------------
     def connected_peers(self) -> list[str]:

@@ -1,5 +1,6 @@
 """The bulk session (node/bulk.py) on real loopback TCP: who may talk, what a frame may be."""
 
+import logging
 import struct
 
 import pytest
@@ -17,6 +18,8 @@ from open1b.node.bulk import (
     SIGNATURE_SIZE,
     BulkError,
     BulkPeer,
+    BulkServer,
+    DialBackPeer,
     HandshakeError,
     TokenBucket,
     address_handler,
@@ -197,13 +200,13 @@ def test_bulk_ports_are_asked_once_and_reused_until_they_expire(monkeypatch):
 
             a.set_stream_handler(ADDRESS_PROTOCOL, counting)
             await b.connect(a.addrs[0])
-            ports = runs._BulkPorts()
+            ports = runs._BulkPorts(None)
             for _ in range(3):
                 peers = await ports.of(b, [a.peer_id])
                 assert [(p.peer_id, p.host, p.port) for p in peers] == [(a.peer_id, "127.0.0.1", 4242)]
             assert len(asked) == 1
             monkeypatch.setattr(runs, "BULK_PORT_TTL_S", 0.0)  # kept for no time: asked again, every time
-            ports = runs._BulkPorts()
+            ports = runs._BulkPorts(None)
             await ports.of(b, [a.peer_id])
             await ports.of(b, [a.peer_id])
             assert len(asked) == 3
@@ -265,5 +268,35 @@ def test_an_address_has_a_few_handshake_slots_at_a_time(tmp_path):
                 for sock in socks:
                     sock.close()
                 nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class _NoAddressPeers:
+    """A P2P whose peers have no address we can dial (behind NAT), connected ``kind``, and our own
+    ``reachability``."""
+
+    def __init__(self, kind: str, reachability: str = "public") -> None:
+        self.relays = type("Relays", (), {"kind": staticmethod(lambda peer: kind)})()
+        self.reachability = reachability
+
+    def peer_addrs(self, peer_id: str) -> list[str]:
+        return [f"/ip4/11.240.0.1/tcp/4701/p2p/{SERVER.peer_id}/p2p-circuit/p2p/{peer_id}"]
+
+
+def test_a_provider_behind_nat_is_dialled_back_over_a_direct_connection_and_never_through_a_relay(tmp_path, caplog):
+    server = BulkServer(BlobCache(tmp_path, 1 << 20), CLIENT)
+
+    async def main():
+        direct = await find_bulk_peer(_NoAddressPeers("direct"), OTHER.peer_id, server)
+        assert isinstance(direct, DialBackPeer) and direct.peer_id == OTHER.peer_id
+        assert await find_bulk_peer(_NoAddressPeers("direct"), OTHER.peer_id) is None  # no listener to be dialled at
+        with caplog.at_level(logging.INFO, logger="open1b.node.bulk"):
+            assert await find_bulk_peer(_NoAddressPeers("relayed"), OTHER.peer_id, server) is None
+            # we are behind NAT too (a hole punch made the connection direct): its dial would not reach us
+            assert await find_bulk_peer(_NoAddressPeers("direct", "private"), OTHER.peer_id, server) is None
+        refusals = [r.getMessage() for r in caplog.records if "no bulk session" in r.getMessage()]
+        assert len(refusals) == 2 and "checkpoints never cross one" in refusals[0], refusals
+        assert "both behind NAT" in refusals[1], refusals
 
     trio.run(main)

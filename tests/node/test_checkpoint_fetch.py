@@ -21,7 +21,7 @@ from open1b.deterministic.spot_state import BEFORE, open_part, part_paths, spot_
 from open1b.deterministic.state import init_state
 from open1b.node import checkpoint_fetch
 from open1b.node.blobs import BlobCache, BlobMismatch, file_digest
-from open1b.node.bulk import BulkPeer, serve_bulk
+from open1b.node.bulk import BACK_MAGIC, DIALBACK_PROTOCOL, BulkPeer, BulkServer, DialBackPeer, serve_bulk
 from open1b.node.checkpoint_fetch import (
     CHECKERS,
     RECORD_MAGIC,
@@ -41,6 +41,7 @@ from open1b.node.chunk_table import (
     state_expectation,
 )
 from open1b.node.files import StorageFull
+from open1b.node.p2p import open_p2p
 from open1b.protocol.hashing import blake2b256
 
 from .conftest import ident
@@ -561,3 +562,46 @@ def test_a_spot_checks_fetch_takes_only_its_chunks_proven_by_the_table(tmp_path,
     wanted_bytes = sum(pieces[i].length for i in wanted)
     assert report.size == pieces[0].offset + layout.table_size + wanted_bytes
     assert report.size < len(source)  # every parameter, two of the moments' chunks: less than the file
+
+
+@pytest.mark.parametrize("honest", [True, False], ids=["honest", "lying"])
+def test_a_provider_nobody_can_dial_serves_the_checkpoint_by_dialling_the_fetcher_back(tmp_path, checkpoint, honest):
+    """A provider behind NAT holds only an outbound libp2p connection to the fetcher: asked over
+    it, it dials the fetcher's bulk listener, and the session that follows is checked as any other
+    (a lying provider's wrong chunk is blamed on it). A connection to the listener that brings no
+    token the fetcher issued is closed unread."""
+    path, expect = checkpoint
+    provider = provider_cache(tmp_path / "provider", path, expect.address, corrupt_at=() if honest else (5 << 20,))
+
+    async def main():
+        with trio.fail_after(60):
+            async with (open_p2p(PROVIDERS[0], "127.0.0.1", 0) as at_home, open_p2p(FETCHER, "127.0.0.1", 0) as fetcher,
+                        trio.open_nursery() as nursery):
+                serving = BulkServer(provider, PROVIDERS[0])
+                await nursery.start(serving.serve, "127.0.0.1", 0)
+                at_home.set_stream_handler(DIALBACK_PROTOCOL, serving.dial_back)
+                mine = BulkServer(BlobCache(tmp_path / "fetcher", 1 << 34), FETCHER)
+                port = await nursery.start(mine.serve, "127.0.0.1", 0)
+                await at_home.connect(fetcher.addrs[0])  # the provider dialled out; nobody dials it
+
+                stranger = await trio.open_tcp_stream("127.0.0.1", port)
+                await stranger.send_all(BACK_MAGIC + bytes(32))
+                assert await stranger.receive_some(1) == b""  # no such token: closed
+                await stranger.aclose()
+
+                peer = DialBackPeer(at_home.peer_id, fetcher, mine)
+                blamed = []
+                try:
+                    report = await fetch_checkpoint(mine.cache, FETCHER, [peer], expect, on_bad_peer=blamed.append)
+                except CheckpointFetchError:
+                    report = None
+                nursery.cancel_scope.cancel()
+        assert serving.dialled_back == 1 and serving.dialbacks_refused == 0
+        if honest:
+            assert report.dialled_back == [at_home.peer_id] and not blamed
+            assert set(report.bytes_by_peer) == {at_home.peer_id}
+            assert file_digest(report.path) == expect.address
+        else:
+            assert report is None and blamed == [at_home.peer_id]
+
+    trio.run(main)

@@ -149,6 +149,11 @@ def test_metrics_golden_list(network):
     state = status["reachability"]["state"]
     assert all(f'open1b_reachability{{state="{s}"}} {1.0 if s == state else 0.0}' in text
                for s in ("public", "private", "unknown"))
+    # on loopback nobody relays nor punches: zeros, labelled as documented
+    assert all(f'open1b_relay_reservations{{role="{role}"}} 0.0' in text for role in ("held", "served"))
+    assert all(f'open1b_hole_punches_total{{event="{e}"}} 0.0' in text for e in ("attempted", "succeeded", "answered"))
+    assert 'open1b_relay_requests_refused_total{reason="full"} 0.0' in text
+    assert 'open1b_bulk_dialbacks_total{result="served"} 0.0' in text
     policy = call(network["daemons"].api(0), f"/v1/coverage/{network['run']}")["policy"]
     listed, earned = len(policy["roots"]) - len(policy["earned"]), len(policy["earned"])
     assert f'open1b_trusted_keys{{source="listed"}} {float(listed)}' in text and listed >= 1

@@ -14,6 +14,7 @@ from open1b.node.reachability import (
     DialBackServer,
     ask,
     ask_peers,
+    dht_client,
     dial_back,
     interface_ipv4s,
     verdict,
@@ -40,6 +41,18 @@ def test_verdict_needs_two_peers_to_agree_and_says_why():
     assert verdict([DialBack("A", "8.8.4.4", True), DialBack("B", "8.8.4.4", False)]).state == "unknown"
     # a peer's latest answer replaces its earlier one: one peer cannot confirm twice
     assert verdict([DialBack("A", "8.8.4.4", True), DialBack("A", "8.8.4.4", True)]).state == "unknown"
+
+
+def test_a_node_some_peers_cannot_dial_runs_the_dht_as_a_client():
+    def client(*answers: DialBack) -> bool:
+        return dht_client(verdict(list(answers)), list(answers))
+
+    assert client(DialBack("A", "11.241.1.2", False), DialBack("B", "11.241.1.2", False))  # behind NAT
+    assert client(DialBack("A", "192.168.1.20", True), DialBack("B", "11.241.1.2", False))  # a LAN sibling reached it
+    # every asked peer reached it at a private-range address (a LAN, a devnet on loopback): a server,
+    # or such a network would have no DHT at all
+    assert not client(DialBack("A", "127.0.0.1", True), DialBack("B", "127.0.0.1", True))
+    assert not client(DialBack("A", "8.8.4.4", True), DialBack("B", "8.8.4.4", True), DialBack("C", "8.8.4.4", False))
 
 
 def test_dial_back_finds_a_libp2p_listener_and_nothing_else():

@@ -49,6 +49,9 @@ def test_a_private_node_reserves_is_dialled_through_the_relay_and_gossip_and_dht
                 r.reachability = "public"
                 with trio.fail_after(3 * RESERVE_EVERY_S):
                     await _wait(lambda: h.relays.reserved)
+                served = r.relays.status()
+                assert served["relay_reservations_served"] == 1 and served["relay_reservations_refused_full"] == 0
+                assert r.relays.status()["relay_requests_refused"] == r.relays.protocol.refused > 0
                 circuit = [a for a in h.addrs if is_circuit(a)]
                 assert circuit == [f"{r.addrs[0]}/p2p-circuit/p2p/{h.peer_id}"]
                 # identify pushed the new address to the relay's peerstore
