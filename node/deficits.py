@@ -25,7 +25,7 @@ from typing import Callable, Collection, Iterable
 
 import numpy as np
 
-from .planner import PACE_WINDOW_S, StepState, Tail, bucket_count, bucket_of, step_deficit
+from .planner import PACE_WINDOW_S, StepState, Tail, bucket_count, bucket_of, step_deficit, tied, wanted
 
 # Called with (step, old bucket, new bucket) whenever a step changes bucket.
 BucketListener = Callable[[int, int, int], None]
@@ -46,6 +46,8 @@ class DeficitIndex:
         # set, so that one of them stops counting (remove_attestation) without losing the others
         self._attesters: dict[int, Counter[bytes]] = {}
         self._mismatches: Counter[int] = Counter()  # step -> counted attestations that are not a match
+        # step -> post_state -> signer -> its counted attestations reporting it: whether a step ties
+        self._posts: dict[int, dict[bytes, Counter[bytes]]] = {}
         # step -> claimant -> {(issued_at, lease_expiry)}; only leases not yet over
         self._claims: dict[int, dict[bytes, set[tuple[int, int]]]] = {}
         self._timeline: list[tuple[int, int]] = []  # (time a lease starts or ends, step)
@@ -66,10 +68,11 @@ class DeficitIndex:
 
     # -- ingest ------------------------------------------------------------------------------
     def add_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None,
-                        elapsed_s: float | None = None, at: int | None = None) -> None:
+                        elapsed_s: float | None = None, at: int | None = None, *, post_state: bytes) -> None:
         """``device`` and ``elapsed_s``: the attestation's device class and replay time, for the class
         preference and the tail rules; ``at``: when it was issued (arrivals count at ``now`` or
-        earlier, so an index built from the store on restart sees the pace the network had)."""
+        earlier, so an index built from the store on restart sees the pace the network had);
+        ``post_state``: what it reports, for the tie rule (planner.wanted)."""
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
         attesters = self._attesters.setdefault(step, Counter())
@@ -84,15 +87,29 @@ class DeficitIndex:
             self._mismatches[step] += 1
         if signer == self.me:
             self.mine.add(step)
+        reporting = self._posts.setdefault(step, {}).setdefault(post_state, Counter())
+        changed |= not reporting[signer]  # a new key reports post_state: the step's tallies changed
+        reporting[signer] += 1
         if changed:
             self._update(step)
 
-    def remove_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None) -> None:
+    def remove_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None, *,
+                           post_state: bytes) -> None:
         """One attestation added before stops counting (its key was flagged, a reveal disproves it,
         trust in its key was lost). Our own are never removed: ``mine`` keeps the step."""
         attesters = self._attesters.get(step)
-        if attesters is None or not attesters[signer]:
+        posts = self._posts.get(step, {})
+        if attesters is None or not attesters[signer] or not posts.get(post_state, Counter())[signer]:
             raise ValueError(f"no counted attestation of step {step} by that signer to remove")
+        reporting = posts[post_state]
+        reporting[signer] -= 1
+        stopped = not reporting[signer]  # the signer no longer reports post_state: the step's tallies changed
+        if stopped:
+            del reporting[signer]
+            if not reporting:
+                del posts[post_state]
+                if not posts:
+                    del self._posts[step]
         attesters[signer] -= 1
         changed = not attesters[signer]
         if changed:
@@ -100,6 +117,7 @@ class DeficitIndex:
             self._pace.left((step, signer))
             if not attesters:
                 del self._attesters[step]
+        changed |= stopped
         if match and device is not None:
             matched = self._matched_by[device]
             matched[step] -= 1
@@ -164,7 +182,8 @@ class DeficitIndex:
     def _update(self, step: int) -> None:
         disputed = step in self._mismatches
         busy = self._busy(step)
-        deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), busy)
+        deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), busy,
+                               _tied(self._posts.get(step)))
         when = self._straggling_after(step, busy)
         if when != self._straggler.get(step):
             if when is None:
@@ -209,7 +228,8 @@ class DeficitIndex:
         return frozenset(self._attesters.get(step, ()))
 
     def state(self, step: int) -> StepState:
-        return StepState(int(self._deficit[step]), step in self._mismatches, self.attesters(step))
+        return StepState(int(self._deficit[step]), step in self._mismatches, self.attesters(step),
+                         _tied(self._posts.get(step)))
 
     # -- the tail (planner.StragglerView) and device classes (planner.DiversityView) -----------
     def tail(self) -> Tail:
@@ -223,7 +243,7 @@ class DeficitIndex:
         than it wants — with one more (the speculative slot) taken, nobody may add another: the
         bound. None otherwise."""
         attesters = self._attesters.get(step, ())
-        slots = self.redundancy + 1 if step in self._mismatches else self.redundancy
+        slots = wanted(step in self._mismatches, self.redundancy, len(attesters), _tied(self._posts.get(step)))
         need = slots - len(attesters)
         unfinished = [c for c in busy if c not in attesters]
         if need <= 0 or not need <= len(unfinished) <= slots:
@@ -260,6 +280,11 @@ class DeficitIndex:
     def complete(self) -> bool:
         """Every step has at least ``redundancy`` distinct attesters (as ``Coverage.complete``)."""
         return len(self._attesters) == self.steps and all(len(a) >= self.redundancy for a in self._attesters.values())
+
+
+def _tied(posts: dict[bytes, Counter[bytes]] | None) -> bool:
+    """Whether a step's counted results tie, from its post_state -> signer counts (planner.tied)."""
+    return tied(len(signers) for signers in (posts or {}).values())
 
 
 class Pace:

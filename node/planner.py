@@ -108,15 +108,29 @@ class StepOrder:
 
 
 # -- deficits --------------------------------------------------------------------------------
-def wanted(disputed: bool, redundancy: int) -> int:
-    """Attesters a step wants: a disputed step wants one independent opinion more."""
-    return redundancy + 1 if disputed else redundancy
+def wanted(disputed: bool, redundancy: int, attesters: int = 0, tied: bool = False) -> int:
+    """Attesters a step wants: a disputed step wants one independent opinion more, and while its
+    counted results are ``tied`` (:func:`tied`) one more than its ``attesters``: a tied step
+    settles no quorum, so nobody who contradicts it is ever flagged unless one more replay breaks
+    the tie. Bounded: each key attests a step once (docs/protocol.md §10)."""
+    if not disputed:
+        return redundancy
+    return max(redundancy + 1, attesters + 1) if tied else redundancy + 1
 
 
-def step_deficit(redundancy: int, disputed: bool, attesters: Collection[bytes], busy: Iterable[bytes]) -> int:
+def tied(tallies: Iterable[int]) -> bool:
+    """Whether no post-state is reported by strictly more keys than every other, given how many
+    counted keys report each post-state a step's attestations name."""
+    top = sorted((n for n in tallies if n), reverse=True)
+    return len(top) > 1 and top[0] == top[1]
+
+
+def step_deficit(redundancy: int, disputed: bool, attesters: Collection[bytes], busy: Iterable[bytes],
+                 tied: bool = False) -> int:
     """Attesters a step still wants: the target, less those who attested (either verdict), less
     the holders of live claims who have not attested yet (``busy``: claimant keys, never our own)."""
-    return wanted(disputed, redundancy) - len(attesters) - sum(1 for key in set(busy) if key not in attesters)
+    return (wanted(disputed, redundancy, len(attesters), tied) - len(attesters)
+            - sum(1 for key in set(busy) if key not in attesters))
 
 
 def bucket_of(deficit: int, disputed: bool, redundancy: int) -> int:
@@ -136,6 +150,11 @@ class StepState:
     deficit: int
     disputed: bool
     attesters: frozenset[bytes]  # keys of those who attested the step, either verdict
+    tied: bool = False  # its counted results tie (:func:`tied`)
+
+    def slots(self, redundancy: int) -> int:
+        """Attesters the step wants in all: its claim slots."""
+        return wanted(self.disputed, redundancy, len(self.attesters), self.tied)
 
 
 class DeficitView(Protocol):
@@ -163,7 +182,7 @@ class Candidate:
     deficit: int  # attesters still wanted, net of live claims by others
     disputed: bool
     score: int  # this node's preference score for the step (lower first)
-    slots: int  # redundancy slots of the step: attesters wanted in all (R, or R+1 if disputed)
+    slots: int  # redundancy slots of the step: attesters wanted in all (StepState.slots)
     attesters: frozenset[bytes]
     speculative: bool = False  # a claim on the step's speculative slot (speculative_candidate)
 
@@ -199,7 +218,7 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
                 chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen), need - len(chosen))
         for step in chosen:
             s = view.state(step)
-            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, r), s.attesters))
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), s.slots(r), s.attesters))
         if len(out) >= limit:
             break
     return out
@@ -221,7 +240,7 @@ def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
     for step in sorted(set(steps) - set(exclude)):
         s = view.state(step)
         if s.deficit > 0:
-            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, view.redundancy),
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), s.slots(view.redundancy),
                                  s.attesters))
     return out
 
@@ -277,10 +296,10 @@ def candidates(
         attesters = frozenset(public_key_from_peer_id(p) for p in set(s.auditors) | set(s.dissenters))
         busy = [c.claimant for c in claims_by_step.get(s.step, ()) if is_live(c, now) and c.claimant != me]
         disputed = s.status is StepStatus.DISPUTED
-        deficit = step_deficit(cov.redundancy, disputed, attesters, busy)
+        deficit = step_deficit(cov.redundancy, disputed, attesters, busy, s.tied)
         if deficit > 0:
-            out.append(Candidate(s.step, deficit, disputed, order.score(s.step), wanted(disputed, cov.redundancy),
-                                 attesters))
+            out.append(Candidate(s.step, deficit, disputed, order.score(s.step),
+                                 wanted(disputed, cov.redundancy, len(attesters), s.tied), attesters))
     return sorted(out, key=Candidate.order)
 
 
@@ -385,7 +404,7 @@ def speculative_candidate(view: "StragglerView", step: int) -> Candidate:
     fewer live claims than slots are unfinished (a slot whose claimant attested is free again) —
     so at most one speculative replay runs per step at a time."""
     s = view.state(step)
-    return Candidate(step, s.deficit, s.disputed, 0, wanted(s.disputed, view.redundancy) + 1, s.attesters, True)
+    return Candidate(step, s.deficit, s.disputed, 0, s.slots(view.redundancy) + 1, s.attesters, True)
 
 
 class StragglerView(DeficitView, Protocol):

@@ -93,7 +93,7 @@ class PlannerView:
             counted.add(att.digest)
             index.advance(self.clock())  # the pace counts it when it arrives
             index.add_attestation(att.step, att.signer, att.verdict == MATCH, att.device, att.elapsed_ms / 1000,
-                                  at=att.issued_at)
+                                  at=att.issued_at, post_state=att.post_state)
         elif not wanted and att.digest in counted:
             counted.discard(att.digest)
-            index.remove_attestation(att.step, att.signer, att.verdict == MATCH, att.device)
+            index.remove_attestation(att.step, att.signer, att.verdict == MATCH, att.device, post_state=att.post_state)

@@ -92,6 +92,7 @@ class StepCoverage:
     evidence: tuple[bytes, ...] = ()  # digests of the counted mismatch attestations, sorted
     devices: tuple[str, ...] = ()  # device classes of the counted matches, sorted
     fraud_proofs: tuple[bytes, ...] = ()  # digests of the proofs convicting the publisher's step, sorted
+    tied: bool = False  # no post_state is reported by more counted keys than every other (§10: wants one more)
 
     @property
     def attesters(self) -> int:
@@ -212,7 +213,7 @@ def coverage(
         devices = {a.device for posts in counted.values() for a in posts.get(published, ())}
         steps.append(StepCoverage(k, status, _ids(auditors), _ids(dissent), _ids(claimants),
                                   tuple(sorted(a.digest for atts in dissent.values() for a in atts)),
-                                  tuple(sorted(devices)), tuple(frauds)))
+                                  tuple(sorted(devices)), tuple(frauds), bool(counted) and not _settled(counted, 1)))
     return Coverage(run, redundancy, tuple(steps), policy,
                     tuple(sorted(flagged.values(), key=lambda c: c.signer)), _ids(untrusted))
 

@@ -59,13 +59,15 @@ class Event:
     """A statement as the simulated network knows it."""
 
     __slots__ = ("eid", "step", "origin", "attestation", "key", "issued", "expiry", "match", "announced",
-                 "expected", "device")
+                 "expected", "device", "post")
 
-    def __init__(self, eid, step, origin, attestation, key, issued=0, expiry=0, match=True, expected=None, device=None):
+    def __init__(self, eid, step, origin, attestation, key, issued=0, expiry=0, match=True, expected=None, device=None,
+                 post=None):
         self.eid, self.step, self.origin, self.attestation, self.key = eid, step, origin, attestation, key
         self.issued, self.expiry, self.match = issued, expiry, match
         # a claim's expected_done; an attestation's replay seconds and device class
         self.expected, self.device = expected, device
+        self.post = post  # an attestation's post_state (the tie rule, planner.wanted)
         self.announced: float | None = None  # when gossip began; None while only in the DHT
 
 
@@ -273,9 +275,10 @@ class Swarm:
             node.task = None
 
     # -- statements ------------------------------------------------------------------------------
-    def _event(self, step, origin, attestation, key, issued=0, expiry=0, match=True, expected=None, device=None) -> Event:
+    def _event(self, step, origin, attestation, key, issued=0, expiry=0, match=True, expected=None, device=None,
+               post=None) -> Event:
         self._eid += 1
-        e = Event(self._eid, step, origin, attestation, key, issued, expiry, match, expected, device)
+        e = Event(self._eid, step, origin, attestation, key, issued, expiry, match, expected, device, post)
         self.log.setdefault(step, []).append(e)
         return e
 
@@ -323,11 +326,12 @@ class Swarm:
                                  witness=witness_binding(self.run, step, node.identity.public_key, SIM_WITNESS))
         match = att.verdict == MATCH
         node.done.add(step)
-        e = self._event(step, node.idx, True, att.signer, match=match, expected=att.elapsed_ms / 1000, device=att.device)
+        e = self._event(step, node.idx, True, att.signer, match=match, expected=att.elapsed_ms / 1000,
+                        device=att.device, post=post)
         self.index.advance(self.clock())
-        self.index.add_attestation(step, att.signer, match, att.device, att.elapsed_ms / 1000)
+        self.index.add_attestation(step, att.signer, match, att.device, att.elapsed_ms / 1000, post_state=post)
         if node.index is not None:
-            node.index.add_attestation(step, att.signer, match, att.device, att.elapsed_ms / 1000)
+            node.index.add_attestation(step, att.signer, match, att.device, att.elapsed_ms / 1000, post_state=post)
         self.tracker.add(step, att.signer, match, self.loop.now, node.behaviour, att.device)
         self._publish(e)
         if not match:  # a dispute raises a step's target: lagging nodes may see it open later
@@ -347,7 +351,7 @@ class Swarm:
         if node.index is None:
             return
         if e.attestation:
-            node.index.add_attestation(e.step, e.key, e.match, e.device, e.expected)
+            node.index.add_attestation(e.step, e.key, e.match, e.device, e.expected, post_state=e.post)
         else:
             node.index.add_claim(e.step, e.key, e.issued, e.expiry, e.expected)
 
@@ -401,16 +405,19 @@ class Swarm:
         attesters: set[bytes] = set()
         busy = []
         disputed = False
+        posts: dict[bytes, set[bytes]] = {}  # post_state -> keys that report it
         for e in self.log.get(step, ()):
             if e.eid in unknown:
                 continue
             if e.attestation:
                 attesters.add(e.key)
                 disputed |= not e.match
+                posts.setdefault(e.post, set()).add(e.key)
             elif e.key != node.key and e.issued <= t < e.expiry:
                 busy.append(e.key)
-        return planner.StepState(planner.step_deficit(self.sc.redundancy, disputed, attesters, busy), disputed,
-                                 frozenset(attesters))
+        tied = planner.tied(len(keys) for keys in posts.values())
+        return planner.StepState(planner.step_deficit(self.sc.redundancy, disputed, attesters, busy, tied), disputed,
+                                 frozenset(attesters), tied)
 
     # -- parking ---------------------------------------------------------------------------------
     def _moved(self, step: int, old: int, new: int) -> None:

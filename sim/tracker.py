@@ -1,13 +1,16 @@
 """What every strategy is measured by: coverage over time, replays, detection of forged steps.
 
 A step is *covered* when it has at least ``redundancy`` distinct attesters (``Coverage.complete``
-per step), or ``redundancy + 1`` once disputed — a disputed step wants one more opinion, in
-every strategy alike. A run is covered when every step is.
+per step), or ``redundancy + 1`` once disputed — a disputed step wants one more opinion, and
+one more than it has while its matches and mismatches tie (``planner.wanted``) — in every
+strategy alike. A run is covered when every step is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from open1b.node import planner
 
 
 @dataclass
@@ -18,6 +21,7 @@ class Tracker:
     curve_points: int = 200
     attesters: dict[int, set[bytes]] = field(default_factory=dict)
     disputed: set[int] = field(default_factory=set)
+    matchers: dict[int, set[bytes]] = field(default_factory=dict)  # step -> keys that matched it
     satisfied: int = 0
     touched: int = 0  # steps with at least one attester
     replays: int = 0
@@ -32,7 +36,10 @@ class Tracker:
         self._next_marks = [0, 0]  # next curve point: when touched or satisfied reaches these
 
     def _wanted(self, step: int) -> int:
-        return self.redundancy + (1 if step in self.disputed else 0)
+        # In the simulator one step's mismatches all report one post_state (zeros from a liar, or
+        # the honest replay of a forged step), so matches and mismatches are its only two tallies.
+        n, matched = len(self.attesters.get(step, ())), len(self.matchers.get(step, ()))
+        return planner.wanted(step in self.disputed, self.redundancy, n, planner.tied((matched, n - matched)))
 
     def add(self, step: int, signer: bytes, match: bool, t: float, kind: str = "honest",
             device: str | None = None) -> None:
@@ -45,6 +52,8 @@ class Tracker:
         if not atts:
             self.touched += 1
         atts.add(signer)
+        if match:
+            self.matchers.setdefault(step, set()).add(signer)
         if not match and step not in self.disputed:
             self.disputed.add(step)
             if step in self.forged:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from open1b.node import planner
 from open1b.node.deficits import DeficitIndex
-from open1b.protocol import Attestation, Claim, coverage
+from open1b.protocol import Attestation, Claim, TrustPolicy, coverage
 from open1b.protocol.hashing import blake2b256
 from tests.runs import attestation, run_manifest
 
@@ -27,22 +27,24 @@ def _manifest():
 MANIFEST = _manifest()
 
 
-def _att(signer, step, match):
-    post = MANIFEST.state_hashes[step + 1] if match else bytes(32)
+def _att(signer, step, match, wrong=bytes(32)):
+    post = MANIFEST.state_hashes[step + 1] if match else wrong
     return attestation(signer, run=MANIFEST.run_id, step=step, pre_state=MANIFEST.state_hashes[step],
                               post_state=post, verdict="match" if match else "mismatch", engine="e",
                               engine_version="1", hardware="t", device="cpu/x86_64-avx2", elapsed_ms=1, issued_at=T0)
 
 
-# Statements are signed once and drawn by index: hypothesis then shrinks over plain integers.
-ATTS = [_att(s, k, m) for s in SIGNERS[:4] for k in range(STEPS) for m in (True, False)]
+# Statements are signed once and drawn by index: hypothesis then shrinks over plain integers. Two
+# wrong post-states, so that a step's results tie two or three ways (1 : 1, 2 : 2, 1 : 1 : 1).
+ATTS = [_att(s, k, m, w) for s in SIGNERS[:4] for k in range(STEPS)
+        for m, w in ((True, None), (False, bytes(32)), (False, b"\x01" * 32))]
 CLAIMS = [Claim.create(s, run=MANIFEST.run_id, step=k, slot=0, issued_at=T0 + start, lease_expiry=T0 + start + length)
           for s in SIGNERS[2:] for k in range(0, STEPS, 2) for start, length in ((0, 60), (30, 200), (250, 100))]
 
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.lists(st.integers(0, len(ATTS) - 1), max_size=30),
+    st.lists(st.integers(0, len(ATTS) - 1), max_size=40),
     st.lists(st.integers(0, len(CLAIMS) - 1), max_size=20),
     st.integers(1, 3),
     st.sampled_from([None, 2, 4]),  # whose view: an observer, or one of the claimants
@@ -61,7 +63,7 @@ def test_index_equals_coverage_reference(att_ids, claim_ids, redundancy, me_inde
     for item, t in zip(items, times):
         index.advance(T0 + t)
         if isinstance(item, Attestation):
-            index.add_attestation(item.step, item.signer, item.verdict == "match")
+            index.add_attestation(item.step, item.signer, item.verdict == "match", post_state=item.post_state)
         else:
             index.add_claim(item.step, item.claimant, item.issued_at, item.lease_expiry)
     now = T0 + end
@@ -118,8 +120,8 @@ def test_index_stays_fast_on_a_large_run():
     todo = list(range(steps))
     rng.shuffle(todo)
     for k in todo[: steps - 50]:
-        index.add_attestation(k, b"a" * 32, True)
-        index.add_attestation(k, b"b" * 32, True)
+        index.add_attestation(k, b"a" * 32, True, post_state=b"P" * 32)
+        index.add_attestation(k, b"b" * 32, True, post_state=b"P" * 32)
     t = time.perf_counter()
     for _ in range(200):
         cands = planner.pick(index, order)
@@ -134,19 +136,19 @@ def test_an_attestation_removed_leaves_the_index_as_if_it_never_came():
     fresh = DeficitIndex(4, 2, me=b"m" * 32, now=T0)
     index = DeficitIndex(4, 2, me=b"m" * 32, now=T0)
     for idx in (fresh, index):
-        idx.add_attestation(0, b"a" * 32, True)
-        idx.add_attestation(1, b"b" * 32, False)
-    index.add_attestation(0, b"c" * 32, True)
-    index.add_attestation(1, b"c" * 32, False)
-    index.add_attestation(1, b"b" * 32, False)  # a second statement of the same key and step
-    index.remove_attestation(0, b"c" * 32, True)
-    index.remove_attestation(1, b"c" * 32, False)
+        idx.add_attestation(0, b"a" * 32, True, post_state=b"P" * 32)
+        idx.add_attestation(1, b"b" * 32, False, post_state=b"X" * 32)
+    index.add_attestation(0, b"c" * 32, True, post_state=b"P" * 32)
+    index.add_attestation(1, b"c" * 32, False, post_state=b"X" * 32)
+    index.add_attestation(1, b"b" * 32, False, post_state=b"X" * 32)  # a second statement of the same key and step
+    index.remove_attestation(0, b"c" * 32, True, post_state=b"P" * 32)
+    index.remove_attestation(1, b"c" * 32, False, post_state=b"X" * 32)
     assert index.disputed(1)  # b's two mismatches still count
-    index.remove_attestation(1, b"b" * 32, False)
+    index.remove_attestation(1, b"b" * 32, False, post_state=b"X" * 32)
     assert [index.state(k) for k in range(4)] == [fresh.state(k) for k in range(4)]
     assert [index.bucket(k) for k in range(4)] == [fresh.bucket(k) for k in range(4)]
     with pytest.raises(ValueError):
-        index.remove_attestation(2, b"a" * 32, True)  # never counted there
+        index.remove_attestation(2, b"a" * 32, True, post_state=b"P" * 32)  # never counted there
 
 
 def test_stragglers_tail_and_device_classes():
@@ -158,7 +160,7 @@ def test_stragglers_tail_and_device_classes():
     index.add_claim(0, a, 1000, 4600, expected_done=1000 + 18 * 3600)  # slow
     index.add_claim(0, b, 1000, 4600, expected_done=1000 + 3600)  # fast
     index.add_claim(1, c, 1000, 4600, expected_done=1000 + 18 * 3600)  # one slot held, one open
-    index.add_attestation(2, d, True, "cuda/sm_90", 3000.0)
+    index.add_attestation(2, d, True, "cuda/sm_90", 3000.0, post_state=b"P" * 32)
     index.add_claim(2, a, 1000, 4600, expected_done=1000 + 6 * 3600)
     # step 0 wants both claimants to finish: the later, a's; step 1 still wants a claimant
     assert index.straggling(0) == 1000 + 18 * 3600 and index.straggling(1) is None
@@ -172,15 +174,50 @@ def test_stragglers_tail_and_device_classes():
     assert index.straggling(2) == 1100 + 3600  # b would complete it; only a faster node may race it
     index.add_claim(2, c, 1100, 4700, expected_done=1100 + 1800)
     assert index.straggling(2) is None  # W + 1 unfinished claims: the bound
-    index.add_attestation(2, b, True, "cpu/arm64", 3500.0)
+    index.add_attestation(2, b, True, "cpu/arm64", 3500.0, post_state=b"P" * 32)
     assert set(index.matched_by("cuda/sm_90")) == {2} and set(index.matched_by("cpu/arm64")) == {2}
     assert set(index.attested_steps()) == {2}
     tail = index.tail()
     assert tail.open_replays == 1 + 2  # step 1 wants one more claimant, untouched step 3 two
     assert tail.typical_s == 3500.0 and tail.pace == 2 / 100  # 2 arrivals over 100 s (at least 60)
-    index.remove_attestation(2, b, True, "cpu/arm64")  # b stops counting: it leaves the class and the pace
+    # b stops counting: it leaves the class and the pace
+    index.remove_attestation(2, b, True, "cpu/arm64", post_state=b"P" * 32)
     assert set(index.matched_by("cpu/arm64")) == set() and index.tail().pace == 1 / 100
     assert index.tail().typical_s == 3000.0
     index.advance(1100 + 3601)  # the pace window has passed; the leases are over
     assert index.tail().pace == 0 and index.tail().typical_s is None
     assert index.straggling(0) is None  # its claims ended unfinished: the step is open again
+
+
+def test_a_disputed_step_whose_results_tie_wants_one_more_attester():
+    """2 : 2 settles no quorum, so nobody who contradicts the step is ever flagged: while no
+    post-state has strictly more keys than every other, the step wants one attester more than it
+    has, and one honest replay more (3 : 2) settles it at quorum 3."""
+    honest, wrong = [ident(110 + i) for i in range(3)], [ident(120 + i) for i in range(2)]
+    atts = [_att(k, 0, True) for k in honest[:2]] + [_att(k, 0, False) for k in wrong]
+    index = DeficitIndex(STEPS, 2, now=T0)
+
+    def add(a):
+        index.add_attestation(a.step, a.signer, a.verdict == "match", post_state=a.post_state)
+
+    def reference(atts):
+        cov = coverage(MANIFEST, atts, now=T0, redundancy=2)
+        order = planner.StepOrder(MANIFEST.run_id, bytes(32), STEPS)
+        return {c.step: c for c in planner.candidates(cov, me=None, order=order, attested_by_me=set(),
+                                                     claims_by_step={}, now=T0)}
+
+    for a in atts:
+        add(a)
+    assert index.disputed(0) and index.deficit(0) == 1 and index.state(0).slots(2) == 5
+    assert index.bucket(0) > 0 and 0 in {c.step for c in planner.pick(index, planner.StepOrder(b"r", b"m", STEPS))}
+    assert reference(atts)[0].deficit == 1 and reference(atts)[0].slots == 5
+    third = _att(honest[2], 0, True)
+    add(third)
+    assert index.deficit(0) <= 0 and index.bucket(0) == 0 and 0 not in reference(atts + [third])
+    flagged = coverage(MANIFEST, atts + [third], redundancy=2, policy=TrustPolicy(quorum=3)).flagged
+    assert {c.signer for c in flagged} == {k.peer_id for k in wrong}
+    index.remove_attestation(0, third.signer, True, post_state=third.post_state)
+    assert index.deficit(0) == 1  # tied again
+    # A step disputed without a tie wants R + 1 as before; a third post-state ties 1 : 1 : 1.
+    assert planner.wanted(True, 2, 3) == 3 and planner.wanted(True, 2, 3, tied=True) == 4
+    assert planner.tied((2, 2)) and planner.tied((1, 1, 1)) and not planner.tied((3, 2)) and not planner.tied((2, 0))

@@ -107,7 +107,7 @@ def test_pick_scans_and_scores_to_the_same_answer(steps, redundancy, data):
     covered = data.draw(st.sets(st.integers(0, steps - 1), max_size=steps))
     for s in covered:
         for a in range(data.draw(st.integers(1, redundancy))):
-            index.add_attestation(s, ident(10 + a).public_key, match=True)
+            index.add_attestation(s, ident(10 + a).public_key, match=True, post_state=b"P" * 32)
     exclude = data.draw(st.sets(st.integers(0, steps - 1), max_size=50))
     order = planner.StepOrder(RUN, me, steps, prefix=data.draw(st.sampled_from([16, 128, 1024])))
     limit = data.draw(st.integers(1, 6))
@@ -155,7 +155,7 @@ def test_steps_a_spot_check_failed_come_first_while_they_want_attesters():
     §8.7: full replays go where spot checks point); covered and excluded ones are left out."""
     me = ident(3).public_key
     index = DeficitIndex(64, 1, me=me)
-    index.add_attestation(40, ident(10).public_key, match=True)  # covered: nothing more wanted
+    index.add_attestation(40, ident(10).public_key, match=True, post_state=b"P" * 32)  # covered: nothing more wanted
     order = planner.StepOrder(RUN, me, 64)
     first = planner.pick_first(index, order, [50, 40, 7, 9], exclude={9})
     assert [c.step for c in first] == [7, 50]
