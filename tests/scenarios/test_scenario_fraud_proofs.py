@@ -22,7 +22,7 @@ def test_a_forged_op_is_convicted_by_a_proof_and_refuted_without_a_vote(tmp_path
     assert report["ok"], report["checks"]
     step = report["injected"]["step"]
     assert s["refuted_steps"] == [step]
-    assert report["detected"]["dissenters_before_the_proof"] == 1  # one auditor: no quorum to count
+    assert report["detected"]["dissenters"] == 1  # one auditor: no quorum to count
     verdict = verify_fraud_proof(bytes.fromhex(report["proof"]))  # the proof stands alone
     assert verdict.accepted and verdict.guilty == (manifest.publisher,) and verdict.op == "gelu"
     assert (verdict.run, verdict.step, verdict.position) == (manifest.run_id, step, report["detected"]["position"])
