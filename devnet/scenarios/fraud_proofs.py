@@ -10,7 +10,14 @@ proof, which names the forged op.
 ``false-accusation``: a trusted auditor that signs a mismatch of every step without replaying
 stands by it in disputes, with traces that forge one op (the only way to a different h_{k+1} from
 the same h_k). The daemons' proof convicts the accuser, not the trainer: every honest node flags
-it (``fraud``) and no step is refuted."""
+it (``fraud``) and no step is refuted.
+
+``silent-disputant`` and ``oversized-disputant``: the forged-op trainer answers a dispute with its
+trace and then says nothing more (``forger=silent``), or sends a frame over the bound
+(``forger=oversized``); it opens none (``--no-disputes``). The auditor's dispute ends
+``peer_silent`` after its round timeout (a few seconds here, ``--dispute-round-seconds``; the
+spec's is 60 s), or ``peer_malformed`` with the trainer penalised; no proof exists, so the step
+stays disputed (one dissenter, no quorum)."""
 
 from __future__ import annotations
 
@@ -151,3 +158,69 @@ class FalseAccusation(_Dispute):
                  f is not None and f["statement"] in cited[i] for i, f in zip(net.honest(), flags)),
              "no step refuted": not cov["refuted_steps"]},
             proof=self.proof.hex() if verdict else None)
+
+
+class _BadDisputant(_Dispute):
+    """The forged-op trainer misbehaves in the dispute the auditor opens (``forger=HOW``), and
+    opens none itself (``--no-disputes``): the auditor's dispute must end ``outcome`` (the node's
+    own finding: no proof exists, so the step stays disputed, one dissenter and no quorum)."""
+
+    how = outcome = ""
+
+    def __init__(self, opts) -> None:
+        super().__init__(opts)
+        self.ended: dict | None = None
+
+    def forgeries(self):
+        return {self.step: "forged-op"}
+
+    def observer_args(self) -> tuple[str, ...]:
+        return ("--behaviour", f"forger={self.how}", "--no-disputes")
+
+    def tick(self, net):
+        if self.ended is not None:
+            return
+        trainer = net.peer(net.observer)
+        for i in net.indices("auditor"):
+            ended = [d for d in _recent(net, i, self.outcome) if d["peer"] == trainer and d["role"] == "opened"]
+            if ended:
+                self.ended = {**ended[0], "auditor": i,
+                              "penalties": net.get(i, "/v1/status")["penalties"].get(trainer, 0)}
+                return
+
+    def done(self, net):
+        return self.ended is not None
+
+    def checks(self, net) -> dict[str, bool]:
+        step = net.coverage(net.observer)["per_step"][self.step]
+        return {f"the auditor's dispute with the trainer ended {self.outcome}": self.ended is not None,
+                "no fraud proof": all(not net.get(i, f"/v1/disputes/{net.run}") for i in net.honest()),
+                "the step is disputed, not refuted": step["status"] == "disputed" and not step["fraud_proofs"]}
+
+    def report(self, net):
+        return _result({"what": f"a forged-op trainer that is {self.how} in the dispute of step {self.step}",
+                        "count": 1, "step": self.step},
+                       {"what": f"the auditor's dispute ended {self.outcome}", "count": int(self.ended is not None),
+                        **(self.ended or {})},
+                       0, self.checks(net))
+
+
+class SilentDisputant(_BadDisputant):
+    """``silent-disputant``: the trainer answers with its trace, then says nothing: the auditor's
+    dispute ends ``peer_silent`` once a round goes unanswered for the round timeout."""
+
+    name, how, outcome = "silent-disputant", "silent", "peer_silent"
+
+    def checks(self, net):
+        return {**super().checks(net),
+                "it waited out the round timeout": self.ended is not None and self.ended["seconds"] >= ROUND_S}
+
+
+class OversizedDisputant(_BadDisputant):
+    """``oversized-disputant``: the trainer's first message after its trace is a frame over the
+    bound: the auditor's dispute ends ``peer_malformed`` at once and the trainer is penalised."""
+
+    name, how, outcome = "oversized-disputant", "oversized", "peer_malformed"
+
+    def checks(self, net):
+        return {**super().checks(net), "the trainer is penalised": bool(self.ended and self.ended["penalties"] >= 1)}
