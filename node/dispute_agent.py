@@ -18,8 +18,8 @@ open over a step it published or attested.
   replay); anything else is ``no_trace``.
 * **Bounds** (a trace is a full replay of the step, in the worker): at most ``max_open`` disputes
   opened at once and :data:`MAX_PENDING` waiting; one dispute with a peer at a time, either way
-  (a peer busy with us, or refusing ``busy``, is tried again :data:`BUSY_TRIES` times, after a
-  random 2–8 s); at most 4 answered at once; a peer's next dispute is answered no sooner than its
+  (a peer busy with us, refusing ``busy`` or unreachable, and a trace that failed, are tried again,
+  :data:`BUSY_TRIES` times in all, after a random 2–8 s); at most 4 answered at once; a peer's next dispute is answered no sooner than its
   last answer took (so answering one peer takes at most half the worker); the last
   :data:`TRACES_KEPT` traces are kept, so the same step disputed again costs no replay.
 * **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py:
@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import OrderedDict
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -45,6 +45,7 @@ from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL
 from open1b.protocol.dispute.trace import TraceCommitment, trace_tree
 from open1b.protocol.identity import peer_id_from_public_key, public_key_from_peer_id
 
+from .blobs import provider_key
 from .clock import Clock
 from .counting import Counting
 from .dispute_tracer import StepTrace, Tracer
@@ -53,16 +54,14 @@ from .fetcher import Fetcher
 from .fraud_proofs import ProvenFraud, judge_fraud_proof
 from .metrics import NodeStats
 from .p2p import P2P, NetworkError, Stream
-from .runs import RunFilesError
+from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFilesError, samples_blob
 from .store import Store
 from .worker import ReplayFailed
 
 log = logging.getLogger("open1b.node.disputes")
 
-INBOX_SIZE = 256  # attestations waiting to be looked at
-MAX_PENDING = 64  # disputes waiting to be opened
-BUSY_TRIES, BUSY_RETRY_S = 3, (2.0, 8.0)
-TRACES_KEPT = 2
+INBOX_SIZE, MAX_PENDING = 256, 64  # attestations waiting to be looked at; disputes waiting to be opened
+BUSY_TRIES, BUSY_RETRY_S, TRACES_KEPT = 3, (2.0, 8.0), 2
 SETTLED = frozenset({"proof", "agree", "records_differ", "ops_differ"})  # outcomes that end a disagreement
 
 
@@ -183,20 +182,22 @@ class DisputeAgent:
 
     # -- opening -----------------------------------------------------------------------------------
     async def _open(self, manifest: RunManifest, step: int, key: bytes) -> None:
-        peer = peer_id_from_public_key(key)
+        peer, result, started = peer_id_from_public_key(key), None, self.clock.now()
         try:
-            async with self._opening:
-                for _ in range(BUSY_TRIES):
-                    if not (self.counting.counts(manifest.run_id, key) or key == manifest.publisher) or \
-                            (manifest.run_id, step, key) in self._settled or \
-                            self._convicted(manifest.run_id, step, {key, self.me}):
-                        return  # it stopped counting, or a proof settled the step meanwhile
+            for attempt in range(BUSY_TRIES):
+                if attempt:
+                    await self.clock.sleep(self.rng.uniform(*BUSY_RETRY_S))  # not holding an opening slot
+                if not (self.counting.counts(manifest.run_id, key) or key == manifest.publisher) or \
+                        (manifest.run_id, step, key) in self._settled or \
+                        self._convicted(manifest.run_id, step, {key, self.me}):
+                    return  # it stopped counting, or a dispute or a proof settled the step meanwhile
+                async with self._opening:
                     started = self.clock.now()
                     result = None if peer in self.engaged else await self._dispute(manifest, step, peer)
-                    if result is not None and not (result.outcome == "peer_refused" and result.code == "busy"):
-                        self._record("opened", peer, (manifest.run_id, step), result, started)
-                        return
-                    await self.clock.sleep(self.rng.uniform(*BUSY_RETRY_S))
+                if result is not None and not (result.outcome == "not_held" or result.code == "busy"):
+                    break
+            if result is not None:
+                self._record("opened", peer, (manifest.run_id, step), result, started)
         finally:
             self._pending -= 1
 
@@ -208,11 +209,13 @@ class DisputeAgent:
                     return None  # it opened one with us while we traced: after that one
                 self.engaged.add(peer)
                 try:
+                    await self._find(manifest, peer)
                     stream = await self.p2p.open_stream(peer, DISPUTE_PROTOCOL)
                     log.info("dispute with %s over step %d opened", peer, step)
                     result = await bisect(stream, party, round_timeout_s=self.round_timeout_s,
                                           trace_timeout_s=self.trace_timeout_s)
-                    await _close(stream)
+                    with suppress(NetworkError):
+                        await stream.close()
                 finally:
                     self.engaged.discard(peer)
         except (ReplayFailed, RunFilesError, NetworkError) as exc:
@@ -223,6 +226,13 @@ class DisputeAgent:
         if result.proof is not None:
             await self._publish(result.proof)
         return result
+
+    async def _find(self, manifest: RunManifest, peer: str) -> None:
+        """Addresses of a peer we are not connected to: every party to a step (its publisher, an
+        auditor that replayed it) provides the run's samples, and a provider lookup stores them."""
+        if peer not in self.p2p.connected_peers():
+            with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
+                await self.p2p.find_providers(provider_key(samples_blob(manifest).digest))
 
     # -- answering ---------------------------------------------------------------------------------
     def _admit(self, peer: str) -> bool:
@@ -285,9 +295,3 @@ class DisputeAgent:
             return
         await self.publish(verdict.message)
 
-
-async def _close(stream: Stream) -> None:
-    try:
-        await stream.close()
-    except NetworkError:
-        pass
