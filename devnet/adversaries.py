@@ -34,9 +34,9 @@ Behaviours:
   consistently with its forged commitments (:func:`..forged_run.forged_answer`), so that only the
   checks that need no answer can catch a forged micro-batch (``forged-microbatch``). The answer is
   computed in a thread of the daemon's process: a devnet's forger, not the honest worker path.
-  In a dispute it stands by its published states: a step whose honest trace does not reach the
-  published h_{k+1} it traces on the forging backend (:class:`.forged_op.ForgingBackend`), as the
-  ``forged-op`` trainer computed it. ``forger=silent``: it answers a dispute with its trace, then
+  In a dispute it stands by its published states: a step it forged one op of (its run's note says
+  ``forged-op``) it traces on the forging backend (:class:`.forged_op.ForgingBackend`), as it
+  computed it; the others honestly. ``forger=silent``: it answers a dispute with its trace, then
   says nothing (run it with ``--no-disputes``: it opens none); ``forger=oversized``: its first
   message after the trace is a frame over the bound.
 * ``lie=mismatch`` also defends its false mismatches in disputes, with a trace of every step on
@@ -86,7 +86,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, FieldType, UInt
 
 from .forged_op import ForgingBackend
-from .forged_run import forged_answer
+from .forged_run import forged_answer, forgery_of
 
 log = logging.getLogger("open1b.devnet.adversaries")
 
@@ -195,17 +195,16 @@ class _ForgerAnswers:
 
 
 class _ForgingTracer:
-    """A forger's traces (node/dispute_tracer.py's ``Tracer``): a step it forged (``always``: every
-    step) traced on the forging backend, in a thread of the daemon's process; the others honestly."""
+    """A forger's traces (node/dispute_tracer.py's ``Tracer``): the steps it forged one op of (the
+    run's note, :data:`..forged_run.FORGERIES_FILE`, says ``forged-op``; ``always``: every step)
+    traced on the forging backend, in a thread of the daemon's process; the others honestly."""
 
     def __init__(self, honest: Tracer, *, always: bool) -> None:
         self.honest, self.always, self.forged = honest, always, set()
 
     async def trace(self, manifest: RunManifest, run_dir: Path, step: int) -> StepTrace:
-        if not self.always:
-            trace = await self.honest.trace(manifest, run_dir, step)
-            if trace.post_state == manifest.state_hashes[step + 1]:
-                return trace
+        if not (self.always or forgery_of(run_dir, step) == "forged-op"):
+            return await self.honest.trace(manifest, run_dir, step)
         self.forged.add((manifest.run_id, step))
         t = await trio.to_thread.run_sync(partial(trace_step, run_dir, manifest, step, backend=ForgingBackend()))
         return StepTrace(t.trace.records, t.pre_state, t.post_state)

@@ -10,18 +10,15 @@ open over a step it published or attested.
   - another counted key's attestation whose post-state differs from ours, where ours is the
     published h_{k+1} of a run this node published (it holds the run's files), or the post-state
     of our own attestation of step k.
-  A key the node does not count (untrusted, or flagged) is never disputed: its statements do not
-  bear on coverage, and anyone can mint keys. Nor is a party that a stored proof already convicts
-  at that step, nor a step over which this node is its own opponent.
-* **Answering** (:class:`~.disputes.DisputeServer`): a node answers for a step of a run it
-  published (it holds checkpoint k and the samples) or attested (it fetches them again, as for a
-  replay); anything else is ``no_trace``.
+  Never a key the node does not count (its statements do not bear on coverage; anyone can mint
+  keys), nor a party a stored proof already convicts at that step.
+* **Answering** (:class:`~.disputes.DisputeServer`): for a step of a run it published (it holds
+  checkpoint k and the samples) or attested (fetched again, as for a replay); else ``no_trace``.
 * **Bounds** (a trace is a full replay of the step, in the worker): at most ``max_open`` disputes
   opened at once and :data:`MAX_PENDING` waiting; one dispute with a peer at a time, either way
-  (a peer busy with us, refusing ``busy`` or unreachable, and a trace that failed, are tried again,
-  :data:`BUSY_TRIES` times in all, after a random 2–8 s); at most 4 answered at once; a peer's next dispute is answered no sooner than its
-  last answer took (so answering one peer takes at most half the worker); the last
-  :data:`TRACES_KEPT` traces are kept, so the same step disputed again costs no replay.
+  (busy, unreachable, or our trace failed: :data:`BUSY_TRIES` tries, a random 2–8 s apart); 4
+  answered at once; a peer's next dispute answered no sooner than its last answer took (one peer
+  gets at most half the worker); the last :data:`TRACES_KEPT` traces kept (no replay again).
 * **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py:
   within the gossip bound, a key that vouched for the step) is stored and gossiped through the
   outbox, whichever side found it; coverage counts it (§8.3). A peer at fault in a malformed way
@@ -101,6 +98,7 @@ class DisputeAgent:
         self._traces: OrderedDict[tuple[bytes, int], tuple[StepTrace, object]] = OrderedDict()
         self._tracing = trio.Lock()  # one trace computed at a time (the worker takes one anyway)
         self._nursery: trio.Nursery | None = None
+        self._held: dict[tuple[bytes, int], int] = {}  # (run, step) -> disputes holding its fetched files
 
     async def serve_disputes(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Answer on the dispute stream and open disputes until cancelled."""
@@ -147,21 +145,25 @@ class DisputeAgent:
 
     def _convicted(self, run: bytes, step: int, keys: set[bytes]) -> bool:
         return any(p.step == step and keys & set(p.guilty) for p in self.store.fraud.of_run(run))
-
     # -- our party -----------------------------------------------------------------------------------
     @asynccontextmanager
     async def _run_dir(self, manifest: RunManifest, step: int) -> AsyncIterator[Path]:
-        """Checkpoint ``step`` and the samples, held while a dispute lasts: our own run's files,
-        or fetched as for a replay."""
+        """Checkpoint ``step`` and the samples while a dispute lasts: our own run's, or fetched as
+        for a replay and released when the last dispute holding them ends (they share a directory)."""
         local = self.store.run_dir(manifest.run_id)
         if local is not None:
             yield local
             return
         run_dir, blobs = await self.fetcher.for_replay(manifest, step)
+        key = (manifest.run_id, step)
+        self._held[key] = self._held.get(key, 0) + 1
         try:
             yield run_dir
         finally:
-            self.fetcher.release(manifest, blobs)
+            self._held[key] -= 1
+            if self._held[key] == 0:
+                del self._held[key]
+                self.fetcher.release(manifest, blobs)
 
     async def _party(self, manifest: RunManifest, run_dir: Path, step: int) -> Party:
         key = (manifest.run_id, step)
@@ -228,8 +230,7 @@ class DisputeAgent:
         return result
 
     async def _find(self, manifest: RunManifest, peer: str) -> None:
-        """Addresses of a peer we are not connected to: every party to a step (its publisher, an
-        auditor that replayed it) provides the run's samples, and a provider lookup stores them."""
+        """A party we are not connected to provides the run's samples: the lookup stores its addresses."""
         if peer not in self.p2p.connected_peers():
             with trio.move_on_after(FIND_PROVIDERS_TIMEOUT_S):
                 await self.p2p.find_providers(provider_key(samples_blob(manifest).digest))
@@ -263,6 +264,8 @@ class DisputeAgent:
             await self.server.handle(stream)
         except ReplayFailed as exc:  # our op data could not be computed: the dispute is not held
             log.warning("dispute from %s not held: %s", stream.peer_id, exc)
+            self._answering.pop(stream.peer_id, None)
+            await stream.reset()  # the opener learns at once, not after its round timeout
 
     def _answered(self, peer: str, result: DisputeResult) -> None:
         now = self.clock.now()
