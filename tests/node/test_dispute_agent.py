@@ -8,11 +8,13 @@ from __future__ import annotations
 import random
 
 import trio
+from trio.testing import MockClock
 
 from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
 from open1b.node.dispute_tracer import WorkerTracer
+from open1b.node.disputes import DisputeResult
 from open1b.node.worker import ReplayWorker
 from open1b.protocol.dispute.trace import trace_tree
 from tests.protocol.conftest import make_attestation
@@ -87,3 +89,19 @@ def test_the_worker_traces_a_step_bit_for_bit_as_the_engine_does(tmp_path, tampe
     assert traced.post_state != manifest.state_hashes[step + 1]
     assert (inputs, outputs) == tuple(op_data(run_dir, manifest, step, pos))
     assert list((tmp_path / "scratch").iterdir()) == []  # the worker's files are gone once read
+
+
+def test_a_peers_next_dispute_is_answered_no_sooner_than_its_last_answer_took(tmp_path, manifest):
+    server = _agent(tmp_path, manifest).server  # the agent's answering bound, as the server applies it
+
+    async def main():
+        assert server.admit("peer")
+        await trio.sleep(5.0)  # the answer took 5 s of our worker
+        server.on_result("peer", DisputeResult("agree"))
+        assert not server.admit("peer") and server.admit("other")  # other peers are not held back
+        await trio.sleep(4.9)
+        assert not server.admit("peer")
+        await trio.sleep(0.2)
+        assert server.admit("peer")
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
