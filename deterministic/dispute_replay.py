@@ -1,5 +1,6 @@
 """A disputing party's replay (docs/protocol.md §18.5): step k of a run replayed from checkpoint k
-with its op trace, and the data of one op of it, which a fraud proof carries.
+with its op trace, and the data of one op of it, which a fraud proof carries; and the files the
+node's worker writes of them (:func:`write_dispute_file`, read by node/dispute_tracer.py).
 
 Both are :func:`.step.train_step` on checkpoint k and the committed batch, traced
 (:class:`.op_trace.OpTrace`); ``backend`` is the party's (a test's or a forger's may differ from
@@ -9,10 +10,12 @@ trace always starts from the published state.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from open1b.protocol import RunManifest, tensor_proof
+from open1b.protocol.codec import encode
 from open1b.protocol.dispute.proof import InputBytes
 from open1b.protocol.dispute.trace import chunk_tree
 from open1b.protocol.merkle import MerkleTree
@@ -22,7 +25,7 @@ from .errors import CheckpointMismatchError
 from .op_trace import OpTrace
 from .provenance import checked_run_samples
 from .replay import check_data_rules
-from .runfile import genesis_hash, load_checkpoint, lr_bits, next_state_hash, state_tensor_bytes, step_batch_digest
+from .runfile import genesis_hash, load_checkpoint, read_manifest, lr_bits, next_state_hash, state_tensor_bytes, step_batch_digest
 from .step import train_step
 from .trainer import config_of
 
@@ -84,3 +87,20 @@ def op_data(run_dir: Path, manifest: RunManifest, step: int, pos: int, *, backen
     given = [InputBytes(a.tobytes(), tensor_proof(s.prev, step, s.tensors, s.consumed, e["state"], lr_bits=s.lr_bits)
                         if "state" in e else None) for a, e in zip(inputs, trace.records[pos]["inputs"])]
     return given, [a.tobytes() for a in outputs]
+
+
+def write_dispute_file(run_dir: Path, step: int, out: Path, pos: int | None = None) -> int:
+    """The worker's answer to a dispute's request, as canonical CBOR in ``out`` (its size): the
+    trace of ``step`` (``pos`` None: ``{"records", "pre_state", "post_state"}``), or op ``pos``'s
+    data (``{"inputs": [[bytes, tensor proof | null]…], "outputs": [bytes…]}``)."""
+    manifest = read_manifest(Path(run_dir))
+    if pos is None:
+        t = trace_step(run_dir, manifest, step)
+        body = {"records": t.trace.records, "pre_state": t.pre_state, "post_state": t.post_state}
+    else:
+        inputs, outputs = op_data(run_dir, manifest, step, pos)
+        body = {"inputs": [[i.data, None if i.state_proof is None else dataclasses.asdict(i.state_proof)]
+                           for i in inputs], "outputs": outputs}
+    data = encode(body)
+    Path(out).write_bytes(data)
+    return len(data)

@@ -34,6 +34,13 @@ Behaviours:
   consistently with its forged commitments (:func:`..forged_run.forged_answer`), so that only the
   checks that need no answer can catch a forged micro-batch (``forged-microbatch``). The answer is
   computed in a thread of the daemon's process: a devnet's forger, not the honest worker path.
+  In a dispute it stands by its published states: a step it forged one op of (its run's note says
+  ``forged-op``) it traces on the forging backend (:class:`.forged_op.ForgingBackend`), as it
+  computed it; the others honestly. ``forger=silent``: it answers a dispute with its trace, then
+  says nothing (run it with ``--no-disputes``: it opens none); ``forger=oversized``: its first
+  message after the trace is a frame over the bound.
+* ``lie=mismatch`` also defends its false mismatches in disputes, with a trace of every step on
+  the forging backend (the only way to another h_{k+1} from the same h_k).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import dataclasses
 import json
 import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -49,11 +57,13 @@ import cbor2
 import trio
 
 from open1b.deterministic.device import cpu_device_class
+from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.auditor import Replayer
 from open1b.node.config import ConfigError
 from open1b.node.daemon import Daemon
+from open1b.node.dispute_tracer import OpData, StepTrace, Tracer
 from open1b.node.files import write_atomic
-from open1b.node.p2p import Stream
+from open1b.node.p2p import NetworkError, Stream
 from open1b.node.spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL, AnswerServer
 from open1b.node.sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
 from open1b.node.topics import attestations_topic
@@ -71,10 +81,12 @@ from open1b.protocol import (
     encode,
     sign,
 )
+from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, FieldType, UInt
 
-from .forged_run import forged_answer
+from .forged_op import ForgingBackend
+from .forged_run import forged_answer, forgery_of
 
 log = logging.getLogger("open1b.devnet.adversaries")
 
@@ -116,6 +128,10 @@ class Adversary:
 
     def device_class(self) -> str | None:
         return self.honest.device_class() if self.honest is not None else None
+
+    def tracer(self, honest: Tracer) -> Tracer:
+        """What its disputes are traced with: by default the honest worker."""
+        return honest
 
     async def run(self, daemon: Daemon) -> None:
         """Misbehaviour of its own, started with the daemon's other tasks."""
@@ -178,15 +194,69 @@ class _ForgerAnswers:
         return len(data)
 
 
+class _ForgingTracer:
+    """A forger's traces (node/dispute_tracer.py's ``Tracer``): the steps it forged one op of (the
+    run's note, :data:`..forged_run.FORGERIES_FILE`, says ``forged-op``; ``always``: every step)
+    traced on the forging backend, in a thread of the daemon's process; the others honestly."""
+
+    def __init__(self, honest: Tracer, *, always: bool) -> None:
+        self.honest, self.always, self.forged = honest, always, set()
+
+    async def trace(self, manifest: RunManifest, run_dir: Path, step: int) -> StepTrace:
+        if not (self.always or forgery_of(run_dir, step) == "forged-op"):
+            return await self.honest.trace(manifest, run_dir, step)
+        self.forged.add((manifest.run_id, step))
+        t = await trio.to_thread.run_sync(partial(trace_step, run_dir, manifest, step, backend=ForgingBackend()))
+        return StepTrace(t.trace.records, t.pre_state, t.post_state)
+
+    async def op_data(self, manifest: RunManifest, run_dir: Path, step: int, pos: int) -> OpData:
+        if (manifest.run_id, step) not in self.forged:
+            return await self.honest.op_data(manifest, run_dir, step, pos)
+        return await trio.to_thread.run_sync(partial(op_data, run_dir, manifest, step, pos, backend=ForgingBackend()))
+
+
+class _BadDisputant:
+    """The stream of a dispute this node answers, misbehaving once its trace is sent: ``silent``
+    sends nothing more (and waits for the opener to give up and close), ``oversized`` sends a
+    frame over the bound in place of its next message."""
+
+    def __init__(self, stream: Stream, how: str) -> None:
+        self.stream, self.how, self.peer_id, self.sent = stream, how, stream.peer_id, 0
+
+    async def receive(self, max_size: int) -> bytes:
+        return await self.stream.receive(max_size)
+
+    async def send(self, frame: bytes) -> None:
+        self.sent += 1
+        if self.sent == 1:  # its trace
+            await self.stream.send(frame)
+        elif self.how == "oversized":
+            await self.stream.send(b"\xa0" * (MAX_MESSAGE + 1))
+        else:
+            await self.stream.receive(1)  # returns (or raises) when the opener closes or resets the stream
+            raise NetworkError("silent on purpose")
+
+    async def close(self) -> None:
+        await self.stream.close()
+
+
 class Forger(Adversary):
     def replayer(self, honest: Replayer) -> Replayer:
         return honest
+
+    def tracer(self, honest: Tracer) -> Tracer:
+        return _ForgingTracer(honest, always=False)
 
     async def run(self, daemon: Daemon) -> None:
         server = AnswerServer(_ForgerAnswers(), daemon.ledger.manifests, daemon.store.run_dir,
                               daemon.config.data_dir / "spot", timeout_s=daemon.config.replay_timeout_s,
                               stats=daemon.stats)
         daemon.p2p.set_stream_handler(SPOTCHECK_PROTOCOL, server.serve)
+        if self.arg in ("silent", "oversized"):
+            daemon.p2p.set_stream_handler(DISPUTE_PROTOCOL,
+                                          lambda stream: daemon.disputes.handle(_BadDisputant(stream, self.arg)))
+        elif self.arg:
+            raise ConfigError(f"forger={self.arg!r}: expected silent or oversized")
 
 
 def _echo(daemon: Daemon, identity: Identity, manifest: RunManifest, step: int) -> Attestation:
@@ -225,7 +295,10 @@ async def _wait_for_mesh(daemon: Daemon) -> None:
 
 class Lie(Adversary):
     """``lie``: a match for every step; ``lie=mismatch``: a mismatch (with a made-up result) for
-    every step — a false dispute of each."""
+    every step — a false dispute of each, defended with forged traces."""
+
+    def tracer(self, honest: Tracer) -> Tracer:
+        return _ForgingTracer(honest, always=True) if self.arg == "mismatch" else honest
 
     async def run(self, daemon):
         await _wait_for_mesh(daemon)

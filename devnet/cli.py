@@ -46,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
                    help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
                         " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner,"
                          " forged-data, skipped-update, forged-microbatch, refusing-trainer, nat, forged-op,"
-                         " false-accusation, straggler, device-classes (docs/reliability.md)")
+                         " false-accusation, silent-disputant, straggler, oversized-disputant, device-classes"
+                        " (docs/reliability.md)")
     n.add_argument("--device", default="auto", help=DEVICE_HELP + " (the trainer's and every daemon's)")
     return n
 

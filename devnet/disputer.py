@@ -1,9 +1,8 @@
-"""The harness's disputes on a devnet (docs/protocol.md §18.5, §18.7): the daemons do not open or
-answer disputes yet (§18.8), so a scenario plays both parties here, each with its own key and
-its own trace of the step (replayed from the run's checkpoint; a forger's on its forging backend),
-bisects over the real dispute stream between two libp2p hosts on loopback, and gossips the proof
-into the devnet from a third host, as any node holding a proof would. What the devnet then does
-with it (validate with the referee, store, refute or flag in coverage) is the daemons' own code."""
+"""The bench's disputes (bench/dispute_bench.py, docs/protocol.md §18.5): both parties played here,
+each with its own key and its own trace of the step (replayed from the run's checkpoint; a
+forger's on its forging backend), bisecting over the real dispute stream between two libp2p hosts
+on loopback — the protocol's cost alone, without daemons. A devnet's disputes are the daemons'
+own (node/dispute_agent.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ import trio
 from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.disputes import DisputeResult, DisputeServer, Party, bisect
 from open1b.node.p2p import open_p2p
-from open1b.node.topics import fraud_proofs_topic
 from open1b.protocol import Identity, RunManifest
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL
 from open1b.protocol.dispute.trace import TraceCommitment
@@ -47,37 +45,13 @@ def dispute(opener: tuple[Identity, Party], answerer: tuple[Identity, Party]) ->
                 a, b = [await stack.enter_async_context(open_p2p(ident, "127.0.0.1", 0))
                         for ident in (opener[0], answerer[0])]
                 await a.connect(b.addrs[0])
-                DisputeServer(lambda trace: answerer[1], penalise=lambda peer: None,
+                async def find(trace, session):
+                    return answerer[1]
+
+                DisputeServer(find, penalise=lambda peer: None,
                               on_result=lambda peer, result: None).serve(b)
                 started = time.perf_counter()
                 result = await bisect(await a.open_stream(b.peer_id, DISPUTE_PROTOCOL), opener[1])
                 return result, time.perf_counter() - started
-
-    return trio.run(main)
-
-
-async def _ignore(author: str, data: bytes) -> None:
-    """The reporter reads nothing: it subscribes only to join the topic's mesh."""
-
-
-def gossip_proof(proof: bytes, run: bytes, bootstrap: str, stored: Callable[[], bool], *, timeout_s: float = 60.0
-                 ) -> float:
-    """Publish ``proof`` on the run's fraud-proof topic from a fresh host joined to ``bootstrap``,
-    again every 2 s until ``stored()`` (a node's API lists it) or ``timeout_s``; returns the
-    seconds until it was stored. TimeoutError if it never was."""
-    topic = fraud_proofs_topic(run)
-
-    async def main():
-        with trio.fail_after(timeout_s):
-            async with open_p2p(Identity(b"\x5a" * 32), "127.0.0.1", 0) as host:
-                await host.connect(bootstrap)
-                await host.subscribe(topic, _ignore)
-                started = time.perf_counter()
-                while True:
-                    if host.topic_peers(topic):
-                        await host.publish(topic, proof)
-                    await trio.sleep(2.0)  # gossip has no delivery receipt: the node's API is the receipt
-                    if await trio.to_thread.run_sync(stored):
-                        return time.perf_counter() - started
 
     return trio.run(main)

@@ -142,13 +142,18 @@ def _forged_micro_step(state: TrainState, batch: np.ndarray, topology: Topology)
     return new_state, report, fp, (flats, summed)
 
 
+def forgery_of(run_dir: Path, step: int) -> str | None:
+    """How ``step`` of the run in ``run_dir`` was forged, from the forger's note (None: honest)."""
+    note = Path(run_dir) / FORGERIES_FILE  # absent: an honest run
+    forged = dict(line.split() for line in note.read_text().splitlines()) if note.is_file() else {}
+    return forged.get(str(step))
+
+
 def forged_answer(run_dir: Path, step: int, challenge: bytes) -> bytes:
     """The forger's answer to a challenge of ``step``: for a ``forged-microbatch`` step, the
     chunks of the gradients it committed to (so that only the forged slot's recomputation can
     catch it); for every other step, the honest answer (:func:`answer_from_run`)."""
-    note = Path(run_dir) / FORGERIES_FILE  # absent: an honest run
-    forged = dict(line.split() for line in note.read_text().splitlines()) if note.is_file() else {}
-    if forged.get(str(step)) != "forged-microbatch":
+    if forgery_of(run_dir, step) != "forged-microbatch":
         return answer_from_run(run_dir, step, challenge)
     manifest = read_manifest(Path(run_dir))
     config, topology = config_of(manifest)

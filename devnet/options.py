@@ -14,7 +14,7 @@ EVAL_DOCUMENTS = 8  # documents a devnet run with an evaluation schedule holds o
 # Faults and adversaries a devnet can inject (node/scenarios.py; docs/reliability.md).
 SCENARIOS = ("tampered-step", "lying-auditor", "copying-auditor", "forged-and-malformed", "sybil", "crash",
              "partition", "late-joiner", "forged-data", "skipped-update", "forged-microbatch", "refusing-trainer", "nat",
-             "forged-op", "false-accusation", "straggler", "device-classes")
+             "forged-op", "false-accusation", "straggler", "device-classes", "silent-disputant", "oversized-disputant")
 
 
 class DevnetError(Open1bError):

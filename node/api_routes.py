@@ -109,6 +109,8 @@ class Components:
             "own_statements": {f"{k}/{o}": n for (k, o), n in sorted(s.own_statements.items())},
             "spot_checks": {"signed": {f"{v}/{c}": n for (v, c), n in sorted(s.spot_checks.items())},
                             "failed_to_run": s.spot_failures, "challenges_answered": s.challenges_answered},
+            "disputes": {"outcomes": {f"{role}/{outcome}": n for (role, outcome), n in sorted(s.disputes.items())},
+                         "recent": list(s.recent_disputes)},
         }
 
     def blob_status(self) -> dict:
@@ -134,6 +136,8 @@ RunId = Annotated[str, PathParam(min_length=1, max_length=64, pattern="^[0-9a-fA
 Step = Annotated[int, Query(ge=0, le=MAX_STEP, description="a step of the run")]
 Redundancy = Annotated[int | None, Query(ge=1, le=MAX_REDUNDANCY,
                                          description="distinct attesters a step needs (default: the node's)")]
+Digest = Annotated[str, PathParam(min_length=64, max_length=64, pattern="^[0-9a-fA-F]{64}$",
+                                  description="B2 of the encoded fraud proof, as 64 hex digits")]
 Witness = Annotated[str, Query(min_length=64, max_length=64, pattern="^[0-9a-fA-F]{64}$",
                                description="W_step as 64 hex digits")]
 
@@ -218,6 +222,14 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     @app.get("/v1/disputes/{run}", summary="a run's fraud proofs the referee accepted: who is guilty, of which op")
     async def disputes(run: RunId) -> list[dict]:
         return [f.to_json() for f in store.fraud.of_run(run_arg(known, run))]
+
+    @app.get("/v1/disputes/{run}/{digest}", summary="one fraud proof's bytes, by its digest (open1b-node dispute verify "
+             "judges them)", response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
+    async def fraud_proof(run: RunId, digest: Digest) -> Response:
+        found = [f.encoded for f in store.fraud.of_run(run_arg(known, run)) if f.digest.hex() == digest.lower()]
+        if not found:
+            raise HTTPException(404, "no such fraud proof")
+        return Response(found[0], media_type="application/cbor")
 
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})

@@ -108,6 +108,7 @@ def daemon_config(args: argparse.Namespace) -> NodeConfig:
         trusted_peers=base.trusted_peers + tuple(args.trust), publishers=base.publishers + tuple(args.publisher),
         device=args.device, answer_s=args.answer_seconds,
         spot_checks=False if args.no_spot_checks else None, spot_checks_in_flight=args.spot_checks_in_flight,
+        disputes=False if args.no_disputes else None, dispute_round_s=args.dispute_round_seconds,
     )
 
 
@@ -649,6 +650,11 @@ def parser() -> argparse.ArgumentParser:
                    help="replay only: never spot check (config: spot_checks = false)")
     d.add_argument("--spot-checks-in-flight", type=int, metavar="N",
                    help="spot checks at once while some step has none (config: spot_checks_in_flight; default 1)")
+    d.add_argument("--no-disputes", action="store_true",
+                   help="never open nor answer a dispute (config: disputes = false)")
+    d.add_argument("--dispute-round-seconds", type=float, metavar="S",
+                   help="how long a disputing peer may take per exchange before it loses"
+                        " (config: dispute_round_seconds; default: the spec's ROUND_TIMEOUT_S, 60)")
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.add_argument("--log-json", action="store_true", help="JSON-lines logs")
     d.add_argument("--log-file", help="log to this file (rotated at 10 MiB, 5 kept) instead of stderr")

@@ -21,6 +21,7 @@ from open1b.deterministic.errors import DeviceSpecError
 from open1b.protocol import Open1bError, TrustPolicy, public_key_from_peer_id
 from open1b.protocol.claims import MAX_LEASE_SECONDS
 from open1b.protocol.coverage import ALLOWLIST, OPEN
+from open1b.protocol.dispute.bisection import ROUND_TIMEOUT_S
 from open1b.protocol.spotcheck import ANSWER_SECONDS
 
 from .files import FileRefused, read_bounded, write_atomic
@@ -106,6 +107,11 @@ class NodeConfig:
     # Whether this node relays control traffic (circuit relay v2, node/relays.py) for nodes behind
     # NAT, within fixed limits, while its reachability is public; never checkpoints.
     relay_service: bool = True
+    # Whether this node opens and answers disputes (docs/protocol.md §18.5): a dispute costs a traced
+    # replay of the step on each side. How long a party may take to answer one exchange of one
+    # (the spec's ROUND_TIMEOUT_S; shorter only in tests and devnets).
+    disputes: bool = True
+    dispute_round_s: float = ROUND_TIMEOUT_S
     sync_interval_s: float = 2.0
     idle_poll_s: float = 0.5
     heartbeat_s: float = 1.0
@@ -186,6 +192,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "lease_s": (1, MAX_LEASE_SECONDS),
     "replay_timeout_s": (0, 7 * _DAY_S),
     "answer_s": (0, ANSWER_SECONDS),  # a verifier may not wait longer than the spec
+    "dispute_round_s": (0, ROUND_TIMEOUT_S),  # nor a disputing party
     "spot_checks_in_flight": (1, MAX_SPOT_CHECKS_IN_FLIGHT),
     "sync_interval_s": (MIN_SYNC_INTERVAL_S, _DAY_S),
     "idle_poll_s": (0, 3600.0),
@@ -197,7 +204,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "earn_trust_publishers": (1, 1 << 20),
     "dispute_quorum": (0, 1 << 20),
 }
-_ABOVE_LOW = frozenset({"replay_timeout_s", "answer_s", "idle_poll_s", "heartbeat_s"})
+_ABOVE_LOW = frozenset({"replay_timeout_s", "answer_s", "dispute_round_s", "idle_poll_s", "heartbeat_s"})
 
 
 # config.toml key -> (field, type)
@@ -215,7 +222,8 @@ _KEYS: dict[str, tuple[str, type]] = {
     "dispute_quorum": ("dispute_quorum", int), "blob_cache_bytes": ("blob_cache_bytes", int),
     "disk_reserve_bytes": ("disk_reserve_bytes", int),
     "publishers": ("publishers", list), "device": ("device", str), "api_origins": ("api_origins", list),
-    "relay_service": ("relay_service", bool),
+    "relay_service": ("relay_service", bool), "disputes": ("disputes", bool),
+    "dispute_round_seconds": ("dispute_round_s", float),
 }
 
 

@@ -13,6 +13,8 @@ and serves it in one nursery; the data path runs through the components in one d
   (:mod:`.fetcher`, :mod:`.worker`) → attest (into the outbox);
 * :mod:`.spot_checker` — beside the replays, spot checks: plan, fetch, challenge, check, sign;
 * :mod:`.spot_answers` — the challenge stream: answers to others' spot checks of runs published here;
+* :mod:`.dispute_agent` — disputes over the steps whose results differ from ours, opened and
+  answered on the dispute stream (:mod:`.disputes`), traced in the worker (:mod:`.dispute_tracer`);
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
 * :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
 * :mod:`.api_routes` — the local API and web page (:mod:`.api`, :mod:`.web`), and Prometheus
@@ -53,6 +55,8 @@ from .claim_records import ClaimAgent, ClaimRecords, DhtClaimBoard
 from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, api_token, check_version, prepare_data_dir
+from .dispute_agent import DisputeAgent, DisputeInbox
+from .dispute_tracer import Tracer, WorkerTracer
 from .evaluator import Evaluator
 from .fetcher import Fetcher
 from .files import write_atomic
@@ -91,6 +95,9 @@ class Harness(Protocol):
     def replayer(self, honest: Replayer) -> Replayer:
         """What the auditor replays with, given the honest worker."""
 
+    def tracer(self, honest: Tracer) -> Tracer:
+        """What a dispute's traced replays are computed with, given the honest worker's."""
+
     async def run(self, daemon: Daemon) -> None:
         """Behaviour of its own, started with the daemon's other tasks and cancelled with them."""
 
@@ -109,6 +116,7 @@ class Daemon:
     fetcher: Fetcher
     auditor: Auditor
     syncer: Syncer
+    disputes: DisputeAgent
     runfiles: RunFiles
     stats: NodeStats
     shutdown: trio.Event  # set by the API's /v1/shutdown
@@ -163,7 +171,8 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).
     bulk = BulkServer(cache, identity, allow=lambda peer: peer not in p2p.banned)
     runfiles = RunFiles(config.data_dir, cache, bulk)
-    ledger = build_ledger(identity, config, store, p2p, clock=clock, stats=stats)
+    inbox = DisputeInbox()
+    ledger = build_ledger(identity, config, store, p2p, clock=clock, stats=stats, listeners=(inbox.stored,) if config.disputes else ())
     statements, known = ledger.statements, ledger.manifests
     for run, manifest in known.items():
         if store.run_dir(run) is not None and why_not_auditable(manifest) is None:
@@ -195,6 +204,11 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     evaluator = Evaluator(store, identity, outbox=ledger.outbox, checkpoint=fetcher.for_eval, now=clock.wall,
                           device=cpu_device_class(), policy=lambda: ledger.counting.trust,
                           redundancy=config.redundancy, sleep=clock.sleep)
+    tracer = WorkerTracer(worker, scratch, config.replay_timeout_s)
+    disputes = DisputeAgent(identity, p2p, harness.tracer(tracer) if harness is not None else tracer, inbox, runs=known,
+                            store=store, counting=ledger.counting, fetcher=fetcher, publish=ledger.outbox.publish,
+                            clock=clock, rng=rng, stats=stats, round_timeout_s=config.dispute_round_s,
+                            trace_timeout_s=config.replay_timeout_s)
     shutdown = trio.Event()
     dialback = DialBackServer()
     p2p.set_stream_handler(DIALBACK_PROTOCOL, dialback.handle)
@@ -231,8 +245,10 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         await nursery.start(ledger.judge.serve_judge)
         await nursery.start(partial(ledger.proof.serve_reveals, ledger.outbox.publish, clock=clock))
         await nursery.start(evaluator.serve_evaluator, config.audit)  # a node that audits nothing checks no result either
-        daemon = Daemon(identity, config, clock, p2p, store, ledger, publisher, fetcher, auditor, syncer, runfiles,
-                        stats, shutdown, api_port)
+        if config.disputes:
+            await nursery.start(disputes.serve_disputes)
+        daemon = Daemon(identity, config, clock, p2p, store, ledger, publisher, fetcher, auditor, syncer, disputes,
+                        runfiles, stats, shutdown, api_port)
         if harness is not None:
             nursery.start_soon(harness.run, daemon)
         try:

@@ -27,6 +27,7 @@ others).
 from __future__ import annotations
 
 import logging
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
@@ -105,8 +106,9 @@ class _Exchange:
         except NetworkError as exc:
             raise _PeerFault("peer_silent", f"the stream broke: {exc}") from exc
 
-    async def receive(self, expected: str) -> dict:
-        with trio.move_on_after(self.timeout_s):
+    async def receive(self, expected: str, timeout_s: float | None = None) -> dict:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        with trio.move_on_after(timeout_s):
             try:
                 data = await self.stream.receive(MAX_MESSAGE)
             except FrameTooLarge as exc:
@@ -120,7 +122,7 @@ class _Exchange:
             if message["t"] == "error":
                 raise _PeerFault("peer_refused", message["code"])
             return message
-        raise _PeerFault("peer_silent", f"no {expected} within {self.timeout_s:.0f} s")
+        raise _PeerFault("peer_silent", f"no {expected} within {timeout_s:.0f} s")
 
 
 def _their_trace(exchange: _Exchange, message: dict) -> TraceCommitment:
@@ -143,19 +145,29 @@ async def _ended(exchange: _Exchange, run) -> DisputeResult:
                              peer_at_fault=fault.outcome != "peer_refused")
 
 
-async def bisect(stream: Stream, party: Party, *, round_timeout_s: float = ROUND_TIMEOUT_S) -> DisputeResult:
+async def bisect(stream: Stream, party: Party, *, round_timeout_s: float = ROUND_TIMEOUT_S,
+                 trace_timeout_s: float | None = None) -> DisputeResult:
     """Open a dispute with the peer at the other end of ``stream`` (module doc); the peer's
-    faults are outcomes, never raised."""
+    faults are outcomes, never raised. ``trace_timeout_s``: how long the peer may take to answer
+    the first exchange with its trace (a replay of the step: the replay deadline; default
+    ``round_timeout_s``)."""
     exchange = _Exchange(stream, True, round_timeout_s)
 
     async def run() -> DisputeResult:
-        return await _after_traces(exchange, party, _their_trace(exchange, await exchange(
-            {"t": "trace", "trace": party.commitment.encoded}, "trace")))
+        await exchange.send({"t": "trace", "trace": party.commitment.encoded})
+        theirs = await exchange.receive("trace", trace_timeout_s)
+        return await _after_traces(exchange, party, _their_trace(exchange, theirs))
 
     return await _ended(exchange, run())
 
 
-async def answer(stream: Stream, find: Callable[[TraceCommitment], Party | None], *,
+Find = Callable[[TraceCommitment, AsyncExitStack], Awaitable[Party | None]]
+"""``find(theirs, session)``: this node's party for the step of the peer's trace (computed on
+demand: a traced replay), or None if this node has none to defend; what the party needs for the
+rest of the dispute (a run's files held) it enters on ``session``, closed when the dispute ends."""
+
+
+async def answer(stream: Stream, find: Find, session: AsyncExitStack, *,
                  round_timeout_s: float = ROUND_TIMEOUT_S) -> DisputeResult:
     """Answer a dispute the peer opened: ``find`` gives this node's party for the step of the
     peer's trace (None: this node has no trace of it, and says so)."""
@@ -163,7 +175,7 @@ async def answer(stream: Stream, find: Callable[[TraceCommitment], Party | None]
 
     async def run() -> DisputeResult:
         theirs = _their_trace(exchange, await exchange.receive("trace"))
-        party = find(theirs)
+        party = await find(theirs, session)
         if party is None:
             await exchange.send({"t": "error", "code": "no_trace"})
             return DisputeResult("no_trace")
@@ -230,16 +242,21 @@ async def _after_traces(exchange: _Exchange, party: Party, theirs: TraceCommitme
 
 
 class DisputeServer:
-    """Answers disputes on :data:`DISPUTE_PROTOCOL`: at most ``max_sessions`` at a time and one per
-    peer (more are answered ``busy``); a peer at fault in a malformed way is ``penalise``d; each
-    result goes to ``on_result(peer, result)`` (a proof: to store and gossip, §18.7)."""
+    """Answers disputes on :data:`DISPUTE_PROTOCOL`: at most ``max_sessions`` at a time, one per
+    peer, and only those ``admit(peer)`` lets through (a node's answering bound, §18.5; more are
+    answered ``busy``). ``engaged``: the peers this node is in a dispute with, either way (shared
+    with the node's opener, so that two nodes never run two disputes at once). A peer at fault in
+    a malformed way is ``penalise``d; each result goes to ``on_result(peer, result)`` (a proof: to
+    store and gossip, §18.7)."""
 
-    def __init__(self, find: Callable[[TraceCommitment], Party | None], *, penalise: Callable[[str], None],
+    def __init__(self, find: Find, *, penalise: Callable[[str], None],
                  on_result: Callable[[str, DisputeResult], None], max_sessions: int = 4,
-                 round_timeout_s: float = ROUND_TIMEOUT_S) -> None:
-        self.find, self.penalise, self.on_result = find, penalise, on_result
+                 round_timeout_s: float = ROUND_TIMEOUT_S, admit: Callable[[str], bool] = lambda peer: True,
+                 engaged: set[str] | None = None) -> None:
+        self.find, self.penalise, self.on_result, self.admit = find, penalise, on_result, admit
         self.max_sessions, self.round_timeout_s = max_sessions, round_timeout_s
         self.active: set[str] = set()
+        self.engaged = set() if engaged is None else engaged
 
     def serve(self, p2p) -> None:
         """Answer the dispute protocol on ``p2p`` (a :class:`.p2p.P2P`)."""
@@ -247,18 +264,26 @@ class DisputeServer:
 
     async def handle(self, stream: Stream) -> None:
         peer = stream.peer_id
-        if peer in self.active or len(self.active) >= self.max_sessions:
-            await stream.send(encode({"t": "error", "code": "busy"}))
-            await stream.close()
+        if peer in self.engaged or len(self.active) >= self.max_sessions or not self.admit(peer):
+            try:
+                await stream.send(encode({"t": "error", "code": "busy"}))
+                await stream.close()
+            except NetworkError:
+                pass  # it went away: nothing owed
             return
         self.active.add(peer)
+        self.engaged.add(peer)
         try:
-            result = await answer(stream, self.find, round_timeout_s=self.round_timeout_s)
+            async with AsyncExitStack() as session:
+                result = await answer(stream, self.find, session, round_timeout_s=self.round_timeout_s)
         finally:
             self.active.discard(peer)
+            self.engaged.discard(peer)
         if result.outcome == "peer_malformed":
             self.penalise(peer)
         try:
             await stream.close()
+        except NetworkError:
+            pass
         finally:
             self.on_result(peer, result)

@@ -28,7 +28,7 @@ from .metrics import NodeStats
 from .outbox import Outbox, Publish
 from .planner_view import PlannerView
 from .replay_proof import ReplayProof
-from .statements import Gossip, Statements
+from .statements import Gossip, Listener, Statements
 from .store import Store
 
 
@@ -51,8 +51,9 @@ class LedgerGossip(Gossip, Publish, Protocol):
 
 
 def build_ledger(identity: Identity, config: NodeConfig, store: Store, gossip: LedgerGossip, *, clock: Clock,
-                stats: NodeStats) -> Ledger:
-    """The ledger over ``store`` (the runs it holds are known from the start)."""
+                stats: NodeStats, listeners: tuple[Listener, ...] = ()) -> Ledger:
+    """The ledger over ``store`` (the runs it holds are known from the start); ``listeners``: told
+    each stored statement after the ledger's own (the dispute inbox, node/dispute_agent.py)."""
     me = identity.public_key  # derived from the seed on every read: once here
     manifests = {m.run_id: m for m in store.manifests()}
     counting = Counting(me, config.trust(me), store, plan_with_untrusted=config.plan_with_untrusted)
@@ -63,6 +64,6 @@ def build_ledger(identity: Identity, config: NodeConfig, store: Store, gossip: L
     proof = ReplayProof(identity, store, counting)
     # the judge first: a reveal changes what counts before the others look at it
     statements = Statements(manifests, store, gossip, publishers=config.publishers, clock=clock, stats=stats,
-                            listeners=(judge.stored, proof.stored, planner.stored))
+                            listeners=(judge.stored, proof.stored, planner.stored, *listeners))
     outbox = Outbox(statements, gossip, clock=clock, stats=stats)
     return Ledger(identity, config, manifests, store, statements, counting, judge, planner, proof, outbox)

@@ -8,7 +8,7 @@ deliberate).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -69,6 +69,8 @@ class NodeStats:
     spot_checks: Counter[tuple[str, str]] = field(default_factory=Counter)  # (verdict, caught) -> signed
     spot_failures: int = 0  # spot checks the worker could not run (no verdict signed)
     challenges_answered: int = 0  # answers this node gave to others' challenges (node/spot_answers.py)
+    disputes: Counter[tuple[str, str]] = field(default_factory=Counter)  # ("opened" | "answered", outcome) -> count
+    recent_disputes: deque[dict] = field(default_factory=lambda: deque(maxlen=16))  # node/dispute_agent.py
     # (kind, "gossiped" | "retried" | "failed") -> own statements (node/outbox.py)
     own_statements: Counter[tuple[str, str]] = field(default_factory=Counter)
 

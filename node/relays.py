@@ -34,6 +34,7 @@ import trio
 from libp2p.connection_types import ConnectionType
 from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.peer.id import ID
+from libp2p.peer.peerstore import PeerStoreError
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
@@ -249,9 +250,14 @@ class Relays:
 
     # -- dialling ----------------------------------------------------------------------------
     def circuits_to(self, peer: str) -> list[Multiaddr]:
-        """The circuit addresses we know for ``peer``, in the form a dial takes."""
+        """The circuit addresses we know for ``peer``, in the form a dial takes (none for a peer
+        the peerstore does not know: the dial then fails as a NetworkError, not this)."""
         out = []
-        for addr in self.p2p.host.get_peerstore().addrs(ID.from_base58(peer)):
+        try:
+            known = self.p2p.host.get_peerstore().addrs(ID.from_base58(peer))
+        except PeerStoreError:
+            return []
+        for addr in known:
             if is_circuit(addr) and dialable(addr, self.p2p.networks):
                 relay_part = str(addr).split("/p2p-circuit")[0]
                 out.append(Multiaddr(f"{relay_part}/p2p-circuit/p2p/{peer}"))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, SpotCheck, WitnessReveal
+from open1b.protocol.hashing import blake2b256
 
 from .fraud_proofs import ProvenFraud, proven_fraud
 
@@ -233,12 +234,20 @@ class FraudProofs:
         self._db = db
 
     def add(self, fraud: ProvenFraud) -> bool:
-        """One row per guilty key: a proof of a conviction already held (same run, step and
-        key) adds nothing. True if any row is new."""
+        """One row per guilty key: of two proofs of one conviction (same run, step and key), the
+        one with the lower digest is kept (docs/protocol.md §18.7: the two parties of a dispute
+        each build a proof, with the traces in their own order, and every node must cite the same
+        one). True if any row is new or replaced."""
+        changed = False
         with self._db:
-            return any([self._db.execute("INSERT OR IGNORE INTO fraud_proofs VALUES (?, ?, ?, ?)",
-                                         (fraud.run, fraud.step, key, fraud.encoded)).rowcount == 1
-                        for key in fraud.guilty])
+            for key in fraud.guilty:
+                row = self._db.execute("SELECT encoded FROM fraud_proofs WHERE run_id = ? AND step = ? AND guilty = ?",
+                                       (fraud.run, fraud.step, key)).fetchone()
+                if row is None or blake2b256(row[0]) > fraud.digest:
+                    self._db.execute("INSERT OR REPLACE INTO fraud_proofs VALUES (?, ?, ?, ?)",
+                                     (fraud.run, fraud.step, key, fraud.encoded))
+                    changed = True
+        return changed
 
     def of_run(self, run_id: bytes) -> list[ProvenFraud]:
         """A run's fraud proofs, each re-judged by the referee as it is read back (module doc)."""

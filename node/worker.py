@@ -26,6 +26,8 @@ and exits); then the daemon writes one request line and the worker answers one l
   "caught": link, "slot": s, "chunks": […], "chunks_total": n, "fingerprint": hex, "elapsed_ms": n}``.
   The micro half writes the secret slot's recomputed chunks to ``recomputed``; the answer half reads
   them there (kilobytes: a file, like the answer).
+* ``{"op": "trace" | "op_data", "run_dir": …, "step": k, ["pos": p,] "out": path}``: a dispute's
+  traced replay of step k, or op p's data, written to ``out`` (node/dispute_tracer.py): ``{"size": n}``.
 
 Answering and checking run here, never in the daemon's trio process: both recompute part of a step.
 """
@@ -150,8 +152,9 @@ class ReplayWorker:
             self._proc.kill()
         self._proc = None
 
-    async def _request(self, request: dict, *, timeout_s: float, what: str) -> dict:
-        """Send one request and read its reply line; :class:`ReplayFailed` on any failure. Timeout or
+    async def request(self, request: dict, *, timeout_s: float, what: str) -> dict:
+        """Send one request (module doc; a dispute's ``trace`` and ``op_data`` come from
+        node/dispute_tracer.py) and read its reply line; :class:`ReplayFailed` on any failure. Timeout or
         cancellation kills the process (it may be mid-computation: a restart is the only way out)."""
         ok = False
         async with self._busy:  # the auditor, the spot checker and the answer server share one process
@@ -177,7 +180,7 @@ class ReplayWorker:
 
     async def replay(self, run_dir: Path, step: int, *, timeout_s: float) -> WorkerResult:
         """Replay ``step``; raises :class:`ReplayFailed`."""
-        reply = await self._request({"run_dir": str(run_dir), "step": step}, timeout_s=timeout_s,
+        reply = await self.request({"run_dir": str(run_dir), "step": step}, timeout_s=timeout_s,
                                     what=f"replay of step {step}")
         try:
             result = WorkerResult(bytes.fromhex(reply["pre_state"]), bytes.fromhex(reply["post_state"]),
@@ -190,7 +193,7 @@ class ReplayWorker:
 
     async def answer(self, run_dir: Path, step: int, challenge: bytes, out: Path, *, timeout_s: float) -> int:
         """Write the trainer's answer to ``challenge`` of ``step`` to ``out``; its size."""
-        reply = await self._request({"op": "answer", "run_dir": str(run_dir), "step": step,
+        reply = await self.request({"op": "answer", "run_dir": str(run_dir), "step": step,
                                      "challenge": challenge.hex(), "out": str(out)},
                                     timeout_s=timeout_s, what=f"answer for step {step}")
         size = reply.get("size")
@@ -205,7 +208,7 @@ class ReplayWorker:
         chunks' and the slot's signatures) and the answer in ``answer`` (None: none came);
         ``links``: which half of the check, or both (``check_spot``'s ``links``); ``recomputed``:
         where the micro half leaves the slot's chunks for the answer half."""
-        reply = await self._request({"op": "spot", "run_dir": str(run_dir), "step": step,
+        reply = await self.request({"op": "spot", "run_dir": str(run_dir), "step": step,
                                      "challenge": challenges[0].hex(), "slot_challenge": challenges[1].hex(),
                                      "answer": None if answer is None else str(answer), "links": list(links),
                                      "recomputed": str(recomputed)},
@@ -285,6 +288,11 @@ def _handle(request: dict, choice) -> dict:
         result = replay(run_dir, step, device=choice)
         return {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
                 "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
+    if op in ("trace", "op_data"):
+        from open1b.deterministic.dispute_replay import write_dispute_file
+
+        return {"size": write_dispute_file(run_dir, step, Path(request["out"]),
+                                           None if op == "trace" else int(request["pos"]))}
     challenge = bytes.fromhex(request["challenge"])
     if op == "answer":
         answer = answer_from_run(run_dir, step, challenge, device=choice)

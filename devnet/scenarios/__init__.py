@@ -39,7 +39,7 @@ from .device_classes import DeviceClasses
 from .forged_and_malformed import ForgedAndMalformed
 from .forged_data import ForgedData
 from .forged_microbatch import ForgedMicrobatch
-from .fraud_proofs import FalseAccusation, ForgedOp
+from .fraud_proofs import FalseAccusation, ForgedOp, OversizedDisputant, SilentDisputant
 from .late_joiner import LateJoiner
 from .lying_auditor import LyingAuditor
 from .nat import Nat
@@ -53,7 +53,8 @@ from .tampered_step import TamperedStep
 TYPES: dict[str, type[Scenario]] = {s.name: s for s in (TamperedStep, LyingAuditor, CopyingAuditor, ForgedAndMalformed,
                                                         Sybil, Crash, Partition, LateJoiner, ForgedData, SkippedUpdate,
                                                         ForgedMicrobatch, RefusingTrainer, Nat, ForgedOp,
-                                                        FalseAccusation, Straggler, DeviceClasses)}
+                                                        FalseAccusation, Straggler, DeviceClasses, SilentDisputant,
+                                                        OversizedDisputant)}
 assert tuple(TYPES) == SCENARIOS
 
 

@@ -38,7 +38,10 @@ class _Served:
 
     def __init__(self, a, party_of_a) -> None:
         self.penalised, self.results, self.done = [], [], trio.Event()
-        self.server = DisputeServer(lambda trace: party_of_a, penalise=self.penalised.append, on_result=self._result)
+        async def find(trace, session):
+            return party_of_a
+
+        self.server = DisputeServer(find, penalise=self.penalised.append, on_result=self._result)
         self.server.serve(a)
 
     def _result(self, peer, result) -> None:

@@ -94,11 +94,11 @@ def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
     ledger = _ledger(tmp_path)
     told = []
     ledger.statements.listeners.append(told.append)
-    data = proof(AUDITOR, PUBLISHER)
+    data, other = sorted([proof(AUDITOR, PUBLISHER), proof(OTHER, PUBLISHER)], key=blake2b256)
     assert ledger.statements.ingest_fraud_proof(data, source="peer")
     assert not ledger.statements.ingest_fraud_proof(data, source="peer")  # held already
-    # another proof of the same conviction (another honest party) adds nothing
-    assert not ledger.statements.ingest_fraud_proof(proof(OTHER, PUBLISHER), source="peer")
+    # another proof of the same conviction (another honest party) with a higher digest adds nothing
+    assert not ledger.statements.ingest_fraud_proof(other, source="peer")
     # a refused proof from sync counts against its sender, as on gossip
     assert not ledger.statements.ingest_fraud_proof(proof(AUDITOR, PUBLISHER, forged=True), source="liar")
     assert ledger.store.fraud.of_run(b"\x22" * 32) == []
@@ -108,6 +108,18 @@ def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
     assert stored.to_json()["guilty"] == [peer_id_from_public_key(PUBLISHER.public_key)]
     assert stored.to_json()["digest"] == blake2b256(data).hex()
     assert ledger.statements.gossip.penalised == ["liar"]
+
+
+def test_of_two_proofs_of_one_conviction_every_node_keeps_the_lower_digest(tmp_path):
+    # the two parties of a dispute each build a proof (their own trace first): whichever a node
+    # hears first, all end citing the same one
+    low, high = sorted([proof(AUDITOR, PUBLISHER), proof(OTHER, PUBLISHER)], key=blake2b256)
+    for name, order in (("a", (low, high)), ("b", (high, low))):
+        ledger = _ledger(tmp_path / name)
+        assert [ledger.statements.ingest_fraud_proof(d, source="peer") for d in order] == \
+            ([True, False] if order[0] == low else [True, True])
+        assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [low]
+        assert ledger.judge.coverage(MANIFEST.run_id).steps[STEP].fraud_proofs == (blake2b256(low),)
 
 
 def test_the_outbox_stores_then_gossips_a_proof_on_the_runs_topic(tmp_path):

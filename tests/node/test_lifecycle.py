@@ -179,6 +179,9 @@ def test_a_daemon_ended_by_a_failing_component_leaves_no_address_files(tmp_path)
         def replayer(self, honest):
             return honest
 
+        def tracer(self, honest):
+            return honest
+
         async def run(self, daemon):
             assert (data_dir / "api.addr").exists() and (data_dir / "p2p.addr").exists()
             raise RuntimeError("a component failed")

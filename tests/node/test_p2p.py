@@ -164,3 +164,15 @@ def test_a_dht_operation_stuck_on_an_unreachable_peer_ends_at_its_bound():
 
     assert trio.run(main, clock=MockClock(autojump_threshold=0)) == 4 * DHT_OP_TIMEOUT_S
 
+
+
+def test_a_stream_to_a_peer_the_peerstore_never_heard_of_is_a_network_error():
+    # the dispute agent opens streams to a run's publisher by its key alone; the relay lookup of
+    # such a peer raised libp2p's PeerStoreError, which took the daemon down with it
+    async def main():
+        with trio.fail_after(30):
+            async with open_p2p(ident(97), "127.0.0.1", 0) as node:
+                with pytest.raises(NetworkError, match="No known addresses"):
+                    await node.open_stream(ident(98).peer_id, "/open1b/test/1.0.0")
+
+    trio.run(main)

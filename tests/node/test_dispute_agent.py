@@ -1,0 +1,107 @@
+"""The daemon's disputes (node/dispute_agent.py, node/dispute_tracer.py; docs/protocol.md §18.5
+"When a node disputes"): whom a node disputes on learning an attestation, and the worker
+process's traced replays, which must be the engine's trace of the step bit for bit. The whole
+dispute between two daemons runs in the devnet scenarios (tests/scenarios/test_scenario_fraud_proofs.py)."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+from trio.testing import MockClock
+
+from open1b.deterministic.dispute_replay import op_data, trace_step
+from open1b.node.clock import Clock
+from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
+from open1b.node.dispute_tracer import WorkerTracer
+from open1b.node.disputes import DisputeResult
+from open1b.node.worker import ReplayWorker
+from open1b.protocol.dispute.trace import trace_tree
+from tests.protocol.conftest import make_attestation
+
+from .conftest import ident
+from .fakes import FakeGossip, make_ledger
+
+PUBLISHER, ME, TRUSTED, STRANGER = ident(0), ident(1), ident(2), ident(3)
+
+
+def _agent(tmp_path, manifest, me=ME, run_dir=None) -> DisputeAgent:
+    ledger = make_ledger(tmp_path, manifest, identity=me, trusted_peers=(TRUSTED.peer_id,))
+    if run_dir is not None:
+        ledger.store.add_manifest(manifest, run_dir)
+    gossip = FakeGossip()
+    return DisputeAgent(me, gossip, None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
+                        counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish, clock=Clock(),
+                        rng=random.Random(0), stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
+
+
+def test_an_auditor_disputes_the_publisher_and_the_counted_keys_that_differ_from_its_replay(tmp_path, manifest):
+    agent = _agent(tmp_path, manifest)
+    store = agent.store
+    trusted_match = make_attestation(TRUSTED, manifest, 2)
+    stranger_match = make_attestation(STRANGER, manifest, 2)
+    store.add_attestations([trusted_match, stranger_match])
+    assert agent.opponents(trusted_match) == []  # no result of ours to differ from yet
+    mine = make_attestation(ME, manifest, 2, match=False)
+    store.add_attestation(mine)
+    # the publisher, and the trusted key that matched; never the key we do not count
+    assert agent.opponents(mine) == [PUBLISHER.public_key, TRUSTED.public_key]
+    # a key that attests after us: disputed if counted and different
+    other = make_attestation(TRUSTED, manifest, 3)
+    store.add_attestation(make_attestation(ME, manifest, 3, match=False))
+    assert agent.opponents(other) == [TRUSTED.public_key]
+    assert agent.opponents(make_attestation(STRANGER, manifest, 3)) == []
+    # our match: nobody to dispute, unless a counted key signed another result
+    assert agent.opponents(make_attestation(ME, manifest, 4)) == []
+    store.add_attestation(make_attestation(TRUSTED, manifest, 5, match=False))
+    assert agent.opponents(make_attestation(ME, manifest, 5)) == [TRUSTED.public_key]
+
+
+def test_a_publisher_disputes_a_counted_key_whose_result_is_not_its_published_state(tmp_path, manifest):
+    agent = _agent(tmp_path, manifest, me=PUBLISHER, run_dir=tmp_path / "run")
+    assert agent.my_post_state(manifest, 1) == manifest.state_hashes[2]
+    assert agent.opponents(make_attestation(TRUSTED, manifest, 1, match=False)) == [TRUSTED.public_key]
+    assert agent.opponents(make_attestation(TRUSTED, manifest, 1)) == []
+    assert agent.opponents(make_attestation(STRANGER, manifest, 1, match=False)) == []
+    # a node that published the run but holds no files of it has nothing to trace from
+    assert _agent(tmp_path / "elsewhere", manifest, me=PUBLISHER).my_post_state(manifest, 1) is None
+
+
+def test_the_worker_traces_a_step_bit_for_bit_as_the_engine_does(tmp_path, tampered_run):
+    run_dir, manifest = tampered_run
+    step = 2  # the forged one: the honest trace does not reach the published h_3
+
+    async def main():
+        worker = ReplayWorker("cpu")
+        try:
+            with trio.fail_after(600):
+                tracer = WorkerTracer(worker, tmp_path / "scratch", 300)
+                traced = await tracer.trace(manifest, run_dir, step)
+                pos = len(traced.records) // 2
+                return traced, pos, await tracer.op_data(manifest, run_dir, step, pos)
+        finally:
+            await worker.aclose()
+
+    traced, pos, (inputs, outputs) = trio.run(main)
+    engine = trace_step(run_dir, manifest, step)
+    assert traced.records == engine.trace.records and trace_tree(traced.records).root == engine.tree.root
+    assert (traced.pre_state, traced.post_state) == (engine.pre_state, engine.post_state)
+    assert traced.post_state != manifest.state_hashes[step + 1]
+    assert (inputs, outputs) == tuple(op_data(run_dir, manifest, step, pos))
+    assert list((tmp_path / "scratch").iterdir()) == []  # the worker's files are gone once read
+
+
+def test_a_peers_next_dispute_is_answered_no_sooner_than_its_last_answer_took(tmp_path, manifest):
+    server = _agent(tmp_path, manifest).server  # the agent's answering bound, as the server applies it
+
+    async def main():
+        assert server.admit("peer")
+        await trio.sleep(5.0)  # the answer took 5 s of our worker
+        server.on_result("peer", DisputeResult("agree"))
+        assert not server.admit("peer") and server.admit("other")  # other peers are not held back
+        await trio.sleep(4.9)
+        assert not server.admit("peer")
+        await trio.sleep(0.2)
+        assert server.admit("peer")
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
