@@ -90,7 +90,7 @@ class Components:
         return {
             "peer_id": p2p.peer_id, "addrs": p2p.addrs, "peers": p2p.connected_peers(),
             "reachability": self.reachability.current.as_json(),
-            "network": {**p2p.relays.status(), "dht_mode": "client" if p2p.dht_client else "server"},
+            "network": {**p2p.relays.status(), "dht_mode": "client" if p2p.dht.client else "server"},
             "runs": [r.hex() for r in ledger.manifests], "audit": self.config.audit,
             "redundancy": self.config.redundancy, "attestations_stored": g.attestations_stored,
             "replays": s.replays, "replay_failures": s.replay_failures, "claims_won": s.claims_won,

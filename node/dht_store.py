@@ -29,6 +29,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable
 
+import trio
+from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.kad_dht import DHTMode, KadDHT
 from libp2p.kad_dht.pb.kademlia_pb2 import Record
 from libp2p.kad_dht.value_store import ValueStore
@@ -37,6 +39,8 @@ from libp2p.records.validator import NamespacedValidator
 from open1b.protocol import Open1bError
 
 log = logging.getLogger(__name__)
+
+IDENTIFY_PUSH_TIMEOUT_S = 5.0  # telling our peers of a DHT mode change never holds up the caller longer
 
 # The peer whose PUT_VALUE the current task is handling; None outside a DHT stream handler
 # (our own puts, and records our own lookups bring back).
@@ -167,4 +171,11 @@ class BoundedKadDHT(KadDHT):
         await self.switch_mode(DHTMode.CLIENT if client else DHTMode.SERVER)
         for peer in known:
             await self.add_peer(peer)
+        log.info("DHT: %s mode (%s)", "client" if client else "server",
+                 "some peers cannot dial us: we ask, and answer no DHT requests" if client else "peers can dial us")
+        with trio.move_on_after(IDENTIFY_PUSH_TIMEOUT_S):  # our peers hear of the change at once
+            try:
+                await push_identify_to_peers(self.host)
+            except Exception as exc:
+                log.debug("identify push after the DHT mode change failed: %s", exc)
         return True

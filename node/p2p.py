@@ -34,7 +34,6 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.host.ping import ID as PING_PROTOCOL
 from libp2p.host.ping import perform_ping_roundtrip
-from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.io.exceptions import MessageTooLarge
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
@@ -377,25 +376,6 @@ class P2P:
             except Exception as exc:
                 log.debug("DHT re-put %s failed: %s", key, exc)
         return best
-
-    @property
-    def dht_client(self) -> bool:
-        """Whether the DHT runs in client mode (:meth:`set_dht_client`)."""
-        return self.dht.client
-
-    async def set_dht_client(self, client: bool) -> None:
-        """Run the DHT in client mode while some peers cannot dial us (:mod:`.reachability`),
-        in server mode otherwise (:meth:`.dht_store.BoundedKadDHT.serve_as`); our peers hear of
-        the change at once (identify push), so they stop adding us to their routing tables."""
-        if not await self.dht.serve_as(client=client):
-            return
-        log.info("DHT: %s mode (%s)", "client" if client else "server",
-                 "some peers cannot dial us: we ask, and answer no DHT requests" if client else "peers can dial us")
-        with trio.move_on_after(DIAL_TIMEOUT_S):
-            try:
-                await push_identify_to_peers(self.host)
-            except Exception as exc:
-                log.debug("identify push after the DHT mode change failed: %s", exc)
 
     async def provide(self, key: str) -> bool:
         """Announce in the DHT that we hold the content under ``key`` (a hex multihash)."""

@@ -173,7 +173,7 @@ class ReachabilityMonitor:
         # clouds, no interface has it); nobody else's observations of us are announced
         self.p2p.dialled_back_at = {a.host for a in answers if a.reached} if found.state == "public" else set()
         if found.state != "unknown":
-            await self.p2p.set_dht_client(dht_client(found, answers))
+            await self.p2p.dht.serve_as(client=dht_client(found, answers))
         return found
 
 

@@ -78,7 +78,7 @@ async def as_home_node(node, identity: Identity, seed: int) -> None:
     monitor = ReachabilityMonitor(node, lambda: node.listen_port, random.Random(seed), trio.sleep)
     while (found := await monitor.check()).state == "unknown":  # too few peers answered yet: as the daemon, again
         await trio.sleep(1)
-    say(reachability=found.state, dht_mode="client" if node.dht_client else "server",
+    say(reachability=found.state, dht_mode="client" if node.dht.client else "server",
         routing_table=sorted(p.to_base58() for p in node.dht.routing_table.get_peer_ids()))
     agent = ClaimAgent(identity, DhtClaimBoard(node), lease_s=600, clock=lambda: int(time.time()), sleep=trio.sleep,
                        rng=random.Random(seed))

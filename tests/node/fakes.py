@@ -163,6 +163,16 @@ class FakeNetwork:
         return True
 
 
+class FakeDhtMode:
+    """The DHT's mode, as node/reachability.py's verdict sets it (``BoundedKadDHT.serve_as``)."""
+
+    client = False
+
+    async def serve_as(self, *, client: bool) -> bool:
+        changed, self.client = client != self.client, client
+        return changed
+
+
 class FakeRelays:
     """``P2P.relays`` on an in-memory network: every connection direct, no relay anywhere."""
 
@@ -201,10 +211,7 @@ class FakeNode:
         self.provided: list[str] = []
         self._nursery: trio.Nursery | None = None
         self.relays = FakeRelays(self)
-        self.dht_client = False  # node/reachability.py's verdict sets it (P2P.set_dht_client)
-
-    async def set_dht_client(self, client: bool) -> None:
-        self.dht_client = client
+        self.dht = FakeDhtMode()
 
     # -- peers ---------------------------------------------------------------------------------
     def connected_peers(self) -> list[str]:
