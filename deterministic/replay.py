@@ -12,7 +12,9 @@ On the CPU the state is never whole in memory (:mod:`.checkpoint_stream`): the c
 read once in pieces (its address and h_k computed on the way, the parameters kept), the step is
 :func:`.step.train_step_streamed`, which reads each moment tensor back (checked against that
 read) when its update runs, and the new state is hashed a tensor at a time and written only when
-``out`` asks for it. A device backend loads the checkpoint and runs :func:`.step.train_step`
+``out`` asks for it. The parameters and the gradient sum are never both whole either: the earlier
+ranks' partial sums wait in a temporary file, and the last backward lets go of each parameter
+after its last use, to be read back (and checked) for its update. A device backend loads the checkpoint and runs :func:`.step.train_step`
 (its state lives on the device). Both give the same bits.
 """
 
@@ -28,7 +30,9 @@ from open1b.protocol import RunManifest
 from open1b.protocol.witness import WITNESS_KEY, WITNESS_RULES, witness_rule
 
 from .backend import CpuBackend, default_backend
-from .checkpoint_stream import CheckpointWriter, StateSink, add_params_and_powers, scan_checkpoint, scanned_state
+from .checkpoint_stream import (
+    CheckpointWriter, FileMoments, StateSink, add_params_and_powers, scan_checkpoint, scanned_state,
+)  # fmt: skip
 from .data import DATA_ORDER, TOKENIZER, batch_for_step
 from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
@@ -142,9 +146,12 @@ def _replay_streamed(run_dir: Path, step: int, manifest: RunManifest, config, to
     writer = CheckpointWriter(Path(out), config, step + 1) if out is not None else None
     try:
         sink = StateSink(config, writer)
+        # the parameters are read back from the checkpoint for their update (each chunk checked
+        # against the scan), so the step lets go of each after its last use
+        reread = FileMoments(scan.path, "param", scan.slots, scan.digests, list(config.param_shapes()))
         params, report, beta1_pow, beta2_pow = train_step_streamed(scanned_state(scan, config, step), batch, topology,
                                                                    sink.add, backend=backend, recompute=recompute,
-                                                                   witness_rule=rule)
+                                                                   witness_rule=rule, reread=reread)
         add_params_and_powers(sink, params, beta1_pow, beta2_pow)
         if writer is not None:
             writer.finish()
