@@ -2,6 +2,7 @@
 `gpt-125m` replay in the node's replay worker, and the time activation recompute costs.
 
     .venv/bin/python bench/memory_bench.py [--workdir DIR] [--skip-1b] [--skip-125m] [--skip-spot-fetch] [--repeats N]
+    .venv/bin/python bench/memory_bench.py --devnet-1b   # the devnet row alone (~33 GB of disk)
 
 1. ``gpt_1b`` (preset ``gpt-1b-one-row``: the `gpt-1b` model, 1 rank x 1 micro-batch x 1 row of
    2,048 tokens): ``open1b-node train --steps 1``, then ``open1b-node replay --step 0``, each a
@@ -16,6 +17,11 @@
 
 3. ``spot_fetch_ratio``: the bytes a spot check of a step fetches of checkpoints k and k+1 (the
    header, the chunk table and the chunks it reads) ÷ the two files' bytes (:func:`bench_spot_fetch`).
+4. ``gpt_1b_devnet`` (``--devnet-1b``, run alone): a one-step ``gpt-1b-one-row`` run trained by
+   ``open1b-node train``, published with ``--move`` through an observer daemon and replayed by one
+   auditor daemon (real daemons, their replay workers, over loopback): verified steps, the peak
+   RSS of every process (the trainer's from wait4, each daemon's and worker's VmHWM read from
+   /proc while they run) and the disk the devnet used (:func:`bench_devnet_1b`).
 
 Writes bench/results/memory.json. Not a test: it takes tens of minutes and ~25 GB of disk. On a
 shared machine run it alone: the 1B steps need ~9 GB of memory each.
@@ -67,6 +73,19 @@ def _n_params(preset: str) -> int:
 
 def _disk(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _disk_used(paths: list[Path]) -> int:
+    """Bytes on disk under ``paths``: allocated blocks, each file once however many names it has
+    (a moved run's files are hard-linked from the node's published directory)."""
+    seen, used = set(), 0
+    for root in paths:
+        for f in root.rglob("*"):
+            st = f.lstat()
+            if f.is_file() and not f.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                used += st.st_blocks * 512
+    return used
 
 
 def bench_1b(workdir: Path, preset: str) -> dict:
@@ -226,6 +245,89 @@ def bench_spot_fetch(presets: list[str], challenges: int) -> dict:
     return out
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        return [int(c) for t in tasks for c in (t / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def _hwm(pid: int) -> tuple[str, int] | None:
+    """(command line, VmHWM in bytes) of a live process, None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return None if kb is None else (cmd, kb * 1024)
+
+
+def bench_devnet_1b(workdir: Path, preset: str, deadline_s: float) -> dict:
+    """One step of ``preset`` trained, published (moved) through an observer and verified by one
+    auditor: the verdict, each process's peak RSS and the devnet's disk (module doc, 4)."""
+    from open1b.devnet.daemons import Daemons
+    from open1b.node.client import call, publish
+
+    n, run, data = _n_params(preset), workdir / "run", workdir / "train-data"
+    workdir.mkdir(parents=True, exist_ok=True)
+    free_at_start = shutil.disk_usage(workdir).free
+    lowest_free = [free_at_start]
+    train = measured([*NODE, "train", "--preset", preset, "--steps", "1", "--out", str(run), "--json",
+                      "--data-dir", str(data)], workdir, "train-devnet")  # fmt: skip
+    train["result"] = _node_json(train)
+    run_bytes = _disk(run)
+    print(f"devnet {preset}: trained in {train['seconds']} s, {run_bytes} bytes", flush=True)
+    daemons = Daemons(workdir, run, redundancy=1, device="cpu")
+    peaks: dict[int, dict] = {}  # pid -> {"role", "cmd", "peak_bytes"}
+
+    def sample() -> None:
+        lowest_free[0] = min(lowest_free[0], shutil.disk_usage(workdir).free)
+        for index, proc in enumerate(daemons.procs):
+            role = "auditor" if index == 0 else "observer"
+            for pid, who in [(proc.pid, f"{role} daemon"), *((c, f"{role} worker") for c in _children(proc.pid))]:
+                seen = _hwm(pid)
+                if seen is not None:
+                    peaks[pid] = {"role": who, "cmd": seen[0][:200], "peak_bytes": seen[1]}
+
+    started = time.monotonic()
+    cov = None
+    try:
+        addrs = daemons.plan(2)
+        daemons.start(0, audit=True, bootstrap=[addrs[1]])
+        daemons.start(1, audit=False, bootstrap=[addrs[0]])
+        api = daemons.api(1)
+        job = publish(api, run, lambda job: sample(), timeout=1800, token=daemons.token(1), move=True)
+        print(f"devnet {preset}: published (moved: {job['moved']}) in {time.monotonic() - started:.0f} s", flush=True)
+        while time.monotonic() < started + deadline_s:
+            sample()
+            cov = call(api, f"/v1/coverage/{job['run']}?redundancy=1")
+            if cov["complete"]:
+                break
+            time.sleep(2)
+        sample()
+        statuses = [call(daemons.api(i), "/v1/status") for i in range(2)]
+        disk = {"run_dir": _disk_used([run]), **{f"node-{i}": _disk_used([daemons.dirs[i]]) for i in range(2)},
+                "all": _disk_used([workdir])}
+    finally:
+        daemons.stop()
+    seconds = time.monotonic() - started
+    shutil.rmtree(workdir)  # 33 GB
+    processes = [{"role": "trainer (open1b-node train)", "peak_bytes": train["peak_bytes"]}, *peaks.values()]
+    for p in processes:
+        p["peak_bytes_per_param"] = round(p["peak_bytes"] / n, 2)
+    return {
+        "preset": preset, "params": n, "train_seconds": train["seconds"], "run_bytes": run_bytes,
+        "verified": f"{cov['verified_steps'] if cov else 0}/1", "complete": bool(cov and cov["complete"]),
+        "devnet_seconds": round(seconds, 1), "replays": [s["replays"] for s in statuses],
+        "fetched_bytes": [s["blobs"]["fetched_bytes"] for s in statuses],
+        "processes": processes, "disk_bytes_at_end": disk,
+        "disk_bytes_peak": free_at_start - lowest_free[0],
+        "note": "disk_bytes_peak is the machine's free-space drop while the devnet ran (shared disk: an upper bound)",
+    }  # fmt: skip
+
+
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--workdir", type=Path, default=None)
@@ -233,6 +335,8 @@ def main() -> None:
     cli.add_argument("--skip-125m", action="store_true")
     cli.add_argument("--skip-spot-fetch", action="store_true")
     cli.add_argument("--repeats", type=int, default=1)
+    cli.add_argument("--devnet-1b", action="store_true", help="run only the one-step gpt-1b devnet row (4)")
+    cli.add_argument("--devnet-deadline", type=float, default=5400.0, help="seconds the devnet may take to verify")
     cli.add_argument("--presets", nargs=2, default=[PRESET_1B, PRESET_125M], metavar=("LARGE", "MEDIUM"),
                      help="other presets in place of the two (a quick check of the script; results to --results)")
     cli.add_argument("--results", type=Path, default=RESULTS)
@@ -249,6 +353,11 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     out = args.results
     results = json.loads(out.read_text()) if out.exists() else {}
+    if args.devnet_1b:
+        results["gpt_1b_devnet"] = bench_devnet_1b(workdir / "devnet-1b", args.presets[0], args.devnet_deadline)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        print(json.dumps(results["gpt_1b_devnet"], indent=1))
+        return
     if not (args.skip_1b and args.skip_125m):  # what the timed rows ran on (the byte counts need no machine)
         results["machine"] = {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()}
     if not args.skip_1b:

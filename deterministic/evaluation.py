@@ -21,7 +21,8 @@ from .config import Topology, from_manifest_model
 from .data import builtin_eval_dataset
 from .documents import KEY_EVAL_DOCUMENTS, KEY_EVAL_EVERY, KEY_EVAL_ROOT, KEY_EVAL_SAMPLES
 from .errors import RunFormatError, SamplesMismatchError
-from .runfile import load_checkpoint
+from .checkpoint_stream import scan_checkpoint, scanned_state
+from .runfile import checkpoint_path
 from .samples import Dataset
 from .state import TrainState
 from .step import step_gradients
@@ -72,10 +73,12 @@ def run_eval_dataset(manifest: RunManifest) -> Dataset:
 def evaluate_state(run_dir: Path, manifest: RunManifest, k: int, *, backend=None) -> np.float32:
     """The evaluation loss of state ``k`` of the run in ``run_dir``. Checkpoint k is used only when
     its bytes have the address the manifest signs (``checkpoints[k]``): the evaluation is of the
-    state the run published, and whether that state is h_k is the replays' question, not this one."""
+    state the run published, and whether that state is h_k is the replays' question, not this one.
+    The file is read once in pieces, its parameters kept (:func:`.checkpoint_stream.scan_checkpoint`):
+    its moments are never in memory on the CPU."""
     every = manifest.data.get(KEY_EVAL_EVERY)
     if type(every) is not int or k not in eval_schedule(manifest.steps, every):
         raise RunFormatError(f"state {k} is not on the run's evaluation schedule")
     _, config, _ = from_manifest_model(dict(manifest.model))
-    state = load_checkpoint(Path(run_dir), k, config, manifest.checkpoints[k])
-    return eval_loss(state, run_eval_dataset(manifest), backend=backend)
+    scan = scan_checkpoint(checkpoint_path(Path(run_dir), k), config, k, manifest.checkpoints[k])
+    return eval_loss(scanned_state(scan, config, k), run_eval_dataset(manifest), backend=backend)

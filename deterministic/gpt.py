@@ -104,7 +104,8 @@ def _layer_backward(acts: list, w: tuple, names: tuple, dx, grads: dict, config:
 
 
 def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config: GPTConfig, be, *,
-                     recompute: bool = True, on_grad: Callable[[str, object], None] | None = None):
+                     recompute: bool = True, on_grad: Callable[[str, object], None] | None = None,
+                     release: Callable[[tuple[str, ...]], None] | None = None):
     """``(loss, grads)`` of one micro-batch (:class:`.microbatch.MicroBatch`, on the backend);
     the loss (a (1,) backend array) and every gradient already scaled by ``inv_n`` (one over the
     *step's* number of target tokens). ``params`` and the results are backend arrays.
@@ -118,7 +119,13 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
     ``on_grad(name, grad)``, if given, takes each parameter's gradient as soon as it is final (a
     block's after its backward, ``wte``'s and ``wpe``'s last), and the returned dict is empty: a
     caller that sums gradients across micro-batches or ranks adds each one in as it comes, and
-    never holds a second whole gradient (:func:`.step.step_gradients`). The values are the same."""
+    never holds a second whole gradient (:func:`.step.step_gradients`). The values are the same.
+
+    ``release(names)``, if given, is told when parameters ``names`` have had their last use in this
+    micro-batch (``wpe`` after the embedding, ``wte`` and ``ln_f`` after the head's backward, a
+    block's after its backward), and this function lets go of its own references to them then: a
+    caller that can read the parameters again drops them, so that in the step's last backward the
+    parameters shrink as the gradients grow (:func:`.step.step_gradients`' ``spill``)."""
     seq_len, d = config.seq_len, config.d_model
     eps = config.hyper32()["norm_eps"]
     scale = attention_scale(config.head_dim)
@@ -127,6 +134,7 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
 
     # ---- forward -------------------------------------------------------------------------
     x = be.embed(params["wte"], params["wpe"], micro.inputs)
+    _release(("wpe",), release)
     saved = []
     for layer in range(config.n_layers):
         x_out, acts = _layer_forward(x, weights[layer], config, eps, scale, be)
@@ -144,12 +152,16 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
     dx, dg = be.rmsnorm_backward(x, params["ln_f"], rstd_f, dxf, be.zeros((rows, d)))
     grads["ln_f"] = be.sum_rows(dg)
     del logits, dlogits, dxf, xf, dg, x
+    _release(("wte", "ln_f"), release)
     _hand_over(grads, ("ln_f",), on_grad)
     for layer in reversed(range(config.n_layers)):
         kept = saved.pop()
         acts = list(_layer_forward(kept, weights[layer], config, eps, scale, be, full=False)[1] if recompute else kept)
         del kept  # the list is the activations' only holder, and the backward empties it
         dx = _layer_backward(acts, weights[layer], _layer_names(layer), dx, grads, config, scale, be)
+        if release is not None:
+            weights[layer] = None
+            _release(_layer_names(layer), release)
         _hand_over(grads, _layer_names(layer), on_grad)
     be.scatter_add_sorted(d_wte, dx, micro.order, micro.starts)
     grads["wte"] = d_wte
@@ -157,6 +169,11 @@ def forward_backward(params: dict, micro: MicroBatch, inv_n: np.float32, config:
     del d_wte
     _hand_over(grads, ("wte", "wpe"), on_grad)
     return loss, {name: grads[name] for name in config.param_shapes() if name in grads}
+
+
+def _release(names: tuple[str, ...], release: Callable[[tuple[str, ...]], None] | None) -> None:
+    if release is not None:
+        release(names)
 
 
 def _hand_over(grads: dict, names: tuple[str, ...], on_grad: Callable[[str, object], None] | None) -> None:

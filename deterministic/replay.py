@@ -12,8 +12,11 @@ On the CPU the state is never whole in memory (:mod:`.checkpoint_stream`): the c
 read once in pieces (its address and h_k computed on the way, the parameters kept), the step is
 :func:`.step.train_step_streamed`, which reads each moment tensor back (checked against that
 read) when its update runs, and the new state is hashed a tensor at a time and written only when
-``out`` asks for it. A device backend loads the checkpoint and runs :func:`.step.train_step`
-(its state lives on the device). Both give the same bits.
+``out`` asks for it. The parameters and the gradient sum are never both whole either: the earlier
+ranks' partial sums wait in a temporary file, and the last backward lets go of each parameter
+after its last use, to be read back (and checked) for its update. A device backend runs
+:func:`.step.train_step` on the same scan (its state lives on the device: the moments are read
+back from the file, checked, to be uploaded). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ from open1b.protocol import RunManifest
 from open1b.protocol.witness import WITNESS_KEY, WITNESS_RULES, witness_rule
 
 from .backend import CpuBackend, default_backend
-from .checkpoint_stream import CheckpointWriter, StateSink, add_params_and_powers, scan_checkpoint, scanned_state
+from .checkpoint_stream import (
+    CheckpointWriter, FileMoments, Scan, StateSink, add_params_and_powers, scan_checkpoint, scanned_state,
+)  # fmt: skip
 from .data import DATA_ORDER, TOKENIZER, batch_for_step
 from .device import DeviceChoice
 from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import checked_run_samples
 from .runfile import (
     ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, checkpoint_path, genesis_hash, hash_of_link, link_of_root,
-    load_checkpoint, next_state_hash, read_manifest,
+    next_state_hash, read_manifest,
 )  # fmt: skip
 from .selfcheck import require_deterministic_machine
 from .step import train_step, train_step_streamed
@@ -112,15 +117,14 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
         prev, prev_batch = manifest.state_hashes[step - 1], batch_for_step(dataset, manifest.seed, step - 1, config,
                                                                            topology)  # fmt: skip
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
+    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step])
+    recomputed = hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root()))
+    _check_pre_state(recomputed, manifest, step)
     if isinstance(backend, CpuBackend):
-        recomputed, post, report = _replay_streamed(run_dir, step, manifest, config, topology, backend, prev, prev_batch,
-                                                    batch, out, recompute, rule)  # fmt: skip
-    else:
-        state = load_checkpoint(run_dir, step, config, manifest.checkpoints[step])
-        recomputed = next_state_hash(prev, state, prev_batch)
-        _check_pre_state(recomputed, manifest, step)
-        new_state, report = train_step(state, batch, topology, backend=backend, recompute=recompute,
-                                       witness_rule=rule)
+        post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule)
+    else:  # the device holds the whole state; the host reads the moments once, to upload them
+        new_state, report = train_step(scanned_state(scan, config, step), batch, topology, backend=backend,
+                                       recompute=recompute, witness_rule=rule)
         post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
@@ -133,18 +137,18 @@ def _check_pre_state(recomputed: bytes, manifest: RunManifest, step: int) -> Non
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
 
 
-def _replay_streamed(run_dir: Path, step: int, manifest: RunManifest, config, topology, backend, prev: bytes,
-                     prev_batch, batch, out: Path | None, recompute: bool, rule: str):
-    """(h_step recomputed, h_{step+1} replayed, report) with the state never whole in memory."""
-    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step])
-    recomputed = hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root()))
-    _check_pre_state(recomputed, manifest, step)
+def _replay_streamed(scan: Scan, step: int, manifest: RunManifest, config, topology, backend, batch,
+                     out: Path | None, recompute: bool, rule: str):
+    """(h_{step+1} replayed, report) from checkpoint ``step``'s ``scan``, the state never whole in memory."""
     writer = CheckpointWriter(Path(out), config, step + 1) if out is not None else None
     try:
         sink = StateSink(config, writer)
+        # the parameters are read back from the checkpoint for their update (each chunk checked
+        # against the scan), so the step lets go of each after its last use
+        reread = FileMoments(scan.path, "param", scan.slots, scan.digests, list(config.param_shapes()))
         params, report, beta1_pow, beta2_pow = train_step_streamed(scanned_state(scan, config, step), batch, topology,
                                                                    sink.add, backend=backend, recompute=recompute,
-                                                                   witness_rule=rule)
+                                                                   witness_rule=rule, reread=reread)
         add_params_and_powers(sink, params, beta1_pow, beta2_pow)
         if writer is not None:
             writer.finish()
@@ -153,4 +157,4 @@ def _replay_streamed(run_dir: Path, step: int, manifest: RunManifest, config, to
             writer.abort()
         raise
     post = hash_of_link(manifest.state_hashes[step], link_of_root(config, step + 1, batch, sink.root()))
-    return recomputed, post, report
+    return post, report

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from .gpt import forward_backward
 from .op_trace import OpTrace, TracingBackend
 from .optimizer import AdamWScalars
 from .reduction import RANK_GROUP
+from .spill import SpillFile, held
 from .state import TrainState
 from .witness import WITNESS_TREE
 
@@ -97,13 +98,15 @@ class _GroupedTree:
     key by key with ``add``."""
 
     def __init__(self, group: int, add: Callable, plus_zero: Callable) -> None:
-        self.group, self.add, self.plus_zero = group, add, plus_zero
+        # a partial sum parked in ``park`` (a :class:`.spill.Spilled`) comes back when a term is added to it
+        self.group, self.add, self.plus_zero = group, lambda a, b: add(held(a), held(b)), plus_zero
         self.stack: list[dict | None] = []
         self.count = 0  # group sums pushed into the tree
         self.acc: dict | None = None
         self.in_group = 0
         self._started: set[str] = set()  # keys of the term push_key is streaming in
         self._fresh = False  # that term starts a group (its keys are folded from +0.0)
+        self.park: SpillFile | None = None  # where push_key's sums wait for the next term's key
 
     def push(self, term: dict) -> None:
         """Add ``term``, which is consumed: its arrays are replaced or dropped one key at a time,
@@ -127,7 +130,8 @@ class _GroupedTree:
             if self._fresh:
                 self.acc = {}
         self._started.add(key)
-        self.acc[key] = self.plus_zero(value) if self._fresh else self.add(self.acc[key], value)
+        value = self.plus_zero(value) if self._fresh else self.add(self.acc[key], value)
+        self.acc[key] = value if self.park is None else self.park.put(value)
 
     def end_term(self) -> None:
         """The term :meth:`push_key` streamed in is complete."""
@@ -180,11 +184,12 @@ arrays) as the step computes them, before they are summed; the fingerprints (:mo
 
 def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
                observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True,
-               into: _GroupedTree | None = None) -> dict | None:
+               into: _GroupedTree | None = None, release: Callable | None = None) -> dict | None:
     """Rank ``rank``'s term: its micro-batches folded from +0.0. With ``into`` (and no ``observe``,
     which sees whole gradients), the term goes into that tree a key at a time instead, each
     gradient of the last micro-batch folded and added as soon as its backward makes it final, and
-    None is returned: the same additions in the same order, without a second whole gradient."""
+    None is returned: the same additions in the same order, without a second whole gradient.
+    ``release`` (streamed only) goes to the last micro-batch's :func:`.gpt.forward_backward`."""
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
     streamed = into is not None and observe is None
     for index, mb in enumerate(micros):
@@ -193,7 +198,8 @@ def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig,
                 micro.push_key(name, grad)  # the fold is one group: its sum is the group's accumulator
                 into.push_key(name, micro.acc.pop(name))
 
-            loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=fold_and_add)
+            loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=fold_and_add,
+                                       release=release)
             fold_and_add(LOSS_KEY, loss)
             into.end_term()
             return None
@@ -242,17 +248,25 @@ def reduce_ranks(terms: Iterable[dict], be) -> tuple[object, dict]:
 def _reduced(tree: _GroupedTree) -> tuple[object, dict]:
     if tree.count == 0 and tree.acc is None:
         raise ValueError("reduce_ranks needs at least one rank term")
-    summed = tree.total()
+    summed = {key: held(value) for key, value in tree.total().items()}
     return summed.pop(LOSS_KEY), summed
 
 
 def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
-                   observe: MicroObserver | None = None, *, recompute: bool = True) -> tuple[object, dict]:
+                   observe: MicroObserver | None = None, *, recompute: bool = True,
+                   spill: SpillFile | None = None) -> tuple[object, dict]:
     """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
     every rank's term computed here, one after the other, and reduced as they come. The batch
     goes to the backend once (:meth:`micro_batches`), the parameters not at all when they are
     already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way.
-    ``recompute`` (:func:`.gpt.forward_backward`) changes the memory and time, never the bits."""
+    ``recompute`` (:func:`.gpt.forward_backward`) changes the memory and time, never the bits.
+
+    ``spill`` (host arrays only, and no ``observe``) is for a state whose parameters can be read
+    again from where they were checked: every rank's partial sums but the last's wait in that file
+    as they come (each read back when the next rank's gradient is added to it), and the last
+    backward lets go of each parameter after its last use (it leaves ``state.params``), so the
+    parameters and the gradient sum are never both whole in memory (a rank's earlier micro-batches
+    still fold whole gradients). The same bits."""
     config = state.config
     inv_n = _inv_tokens(config, topology)
     params, _, _ = be.load_state(state)
@@ -260,8 +274,12 @@ def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
     # each rank's term added into the cross-rank sum as its last backward makes each gradient final:
     # the sum and one micro-batch's gradients are alive, never two ranks' whole gradients
     tree = _GroupedTree(RANK_GROUP, be.add, be.plus_zero)
+    last = topology.ranks - 1
+    release = None if spill is None else lambda names: [params.pop(name) for name in names]
     for rank in range(topology.ranks):
-        term = _rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute, into=tree)
+        tree.park = spill if rank < last else None  # each sum waits on disk as it comes, but the last
+        term = _rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute, into=tree,
+                          release=release if rank == last else None)
         if term is not None:  # observed: the term came whole
             tree.push(term)
     loss, summed = _reduced(tree)
@@ -320,16 +338,18 @@ parameter n in order, as the update computes it (:class:`.checkpoint_stream.Stat
 
 
 def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentSink, *,
-                         witness_rule: str = WITNESS_TREE) -> tuple[dict, StepReport, np.float32, np.float32]:
+                         witness_rule: str = WITNESS_TREE, reread: Mapping[str, np.ndarray] | None = None
+                         ) -> tuple[dict, StepReport, np.float32, np.float32]:
     """:func:`finish_step` one parameter at a time, for a state too large to hold twice: the same
     norm, clipping, witness (computed and called as there) and AdamW kernels, so the same bits.
 
     Each parameter's moments are read from ``state`` when its update runs (a state from
     :func:`.checkpoint_stream.file_state` reads them from its checkpoint then), its new moments go
-    to ``sink`` and are not kept, and its new value replaces the old one in ``state.params`` at
-    once: ``state`` is **consumed** (its parameters are the new ones afterwards) and must not be
-    used again. Returns the new parameters (that same dict), the report and the new
-    bias-correction powers. CPU backends only: a device backend keeps the whole state there.
+    to ``sink`` and are not kept, and its old value leaves ``state.params`` (``reread`` gives one
+    that is no longer there: read back from its checkpoint) as its gradient leaves ``grads``:
+    ``state`` and ``grads`` are **consumed** and must not be used again. Returns the new parameters
+    (in the model's order), the report and the new bias-correction powers. CPU backends only: a
+    device backend keeps the whole state there.
     Raises :class:`NonFiniteError` as :func:`train_step` does, before anything is updated."""
     config = state.config
     order = list(config.param_shapes())
@@ -339,10 +359,13 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
     done = scalars_of()
     if not (np.isfinite(done.loss) and np.isfinite(done.grad_norm)):
         raise NonFiniteError(f"step {state.step}: loss {done.loss}, gradient norm {done.grad_norm}")
-    params = state.params
+    # the update lets each gradient go as it uses it, so the witness must have read them all: a
+    # witness still hashing would keep every gradient alive beside the new parameters
+    done.witness.result()
+    old, params = state.params, {}
     for name in order:
-        p, m, v = be.adamw(params[name], grads[name], state.m[name], state.v[name],
-                           replace(scalars[name], coef=done.clip_coef))
+        p, m, v = be.adamw(old.pop(name) if name in old else reread[name], grads.pop(name), state.m[name],
+                           state.v[name], replace(scalars[name], coef=done.clip_coef))
         sink(f"adam_m/{name}", m)
         sink(f"adam_v/{name}", v)
         p.flags.writeable = False
@@ -352,13 +375,25 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
 
 def train_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink: MomentSink, *, backend=None,
                         observe: MicroObserver | None = None, recompute: bool = True,
-                        witness_rule: str = WITNESS_TREE) -> tuple[dict, StepReport, np.float32, np.float32]:
+                        witness_rule: str = WITNESS_TREE, reread: Mapping[str, np.ndarray] | None = None,
+                        spill_dir: str | None = None) -> tuple[dict, StepReport, np.float32, np.float32]:
     """:func:`train_step` with :func:`finish_step_streamed` in place of :func:`finish_step`: the
-    same bits, ``state`` consumed, the new moments handed to ``sink`` (see there)."""
+    same bits, ``state`` consumed, the new moments handed to ``sink`` (see there).
+
+    ``reread`` (no ``observe``): ``state``'s parameters read back from the checkpoint they were
+    checked in (:class:`.checkpoint_stream.FileMoments` of ``param``). With it, the earlier ranks'
+    gradient sums wait in a temporary file (in ``spill_dir``, default the system's temporary
+    directory) and each parameter is let go after its last use in the last backward and read
+    back for its update (:func:`step_gradients`' ``spill``): the parameters and the gradient sum
+    are never both whole in memory."""
     check_batch(batch, state.config, topology)
     be = backend or default_backend(state.config)
-    loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
-    return finish_step_streamed(state, loss, grads, be, sink, witness_rule=witness_rule)
+    if reread is None or observe is not None:
+        loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
+    else:
+        with SpillFile(spill_dir) as spill:
+            loss, grads = step_gradients(state, batch, topology, be, recompute=recompute, spill=spill)
+    return finish_step_streamed(state, loss, grads, be, sink, witness_rule=witness_rule, reread=reread)
 
 
 def train_step(

@@ -432,11 +432,13 @@ def cmd_publish(args: argparse.Namespace) -> CommandResult:
 
 
 def cmd_replay(args: argparse.Namespace) -> CommandResult:
+    from open1b.deterministic.allocator import return_freed_arrays_promptly
     from open1b.deterministic.device_spec import parse_device_spec
 
     from .progress import progress
 
     parse_device_spec(args.device)  # a malformed --device is refused before any work
+    return_freed_arrays_promptly()
 
     run_dir = Path(args.run)
     if not run_dir.is_dir():  # a run id (or prefix) the node knows: it fetches the step's files
@@ -553,6 +555,7 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> CommandResult:
+    from open1b.deterministic.allocator import return_freed_arrays_promptly
     from open1b.deterministic.config import PRESETS
     from open1b.deterministic.distributed import launched_rank
     from open1b.deterministic.trainer import publish_run
@@ -563,6 +566,7 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
 
     if args.preset and args.preset not in PRESETS:
         raise Open1bError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+    return_freed_arrays_promptly()
     out_dir = _fresh_run_dir(Path(args.out))
     data_dir = default_data_dir(args.data_dir)
     init_data_dir(data_dir)

@@ -259,7 +259,11 @@ def _send(reply: dict) -> None:
 
 
 def _serve(device_spec: str) -> int:
+    from open1b.deterministic.allocator import return_freed_arrays_promptly
     from open1b.deterministic.device import select_device_or_cpu
+
+    # before any array: a long-lived worker would otherwise keep a replay's freed heap (.allocator)
+    return_freed_arrays_promptly()
 
     try:
         choice = select_device_or_cpu(device_spec)

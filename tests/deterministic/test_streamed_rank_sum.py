@@ -11,6 +11,7 @@ import pytest
 from open1b.deterministic import PRESETS, init_state
 from open1b.deterministic.backend import default_backend
 from open1b.deterministic.config import Topology
+from open1b.deterministic.spill import SpillFile, held
 from open1b.deterministic.step import step_gradients
 
 TOPOLOGIES = [(1, 1, 2), (2, 1, 1), (2, 3, 1), (3, 2, 2), (9, 1, 1)]  # 9 ranks: past one RANK_GROUP
@@ -57,3 +58,68 @@ def test_streamed_rank_sum_holds_one_gradient_less():
         bits[whole] = (loss.tobytes(), [g.tobytes() for g in grads.values()])
     assert bits[False] == bits[True]
     assert peaks[True] > 1.9 and peaks[False] < 1.4, peaks  # in gradients' bytes
+
+
+def spilled_gradients(config, topology, tmp_path):
+    """:func:`gradients`' step through the spilling path (``spill``): its bits, and the parameters
+    the state still holds afterwards."""
+    state = init_state(config, seed=11)
+    rng = np.random.default_rng(topology.ranks * 100 + topology.micro_batches)
+    batch = rng.integers(0, config.vocab_size, (topology.ranks, topology.micro_batches, topology.micro_batch_size,
+                                                config.seq_len + 1), dtype=np.int32)
+    with SpillFile(tmp_path) as spill:
+        loss, grads = step_gradients(state, batch, topology, default_backend(config), spill=spill)
+    return (np.asarray(loss).tobytes(), {n: np.asarray(g).tobytes() for n, g in grads.items()}), state.params
+
+
+@pytest.mark.parametrize("ranks, micro_batches, rows", TOPOLOGIES)
+def test_spilled_sums_and_released_parameters_keep_the_bits(ranks, micro_batches, rows, tmp_path):
+    config = PRESETS["tiny"].config
+    topology = Topology(ranks=ranks, micro_batches=micro_batches, micro_batch_size=rows)
+    spilled, left = spilled_gradients(config, topology, tmp_path)
+    assert spilled == gradients(config, topology, whole=True)
+    assert left == {}  # the last backward let go of every parameter
+
+
+def test_spilling_holds_the_parameters_or_the_gradient_sum_never_both():
+    """Peak memory of the parameters and the step's gradients (numpy reports its arrays to
+    tracemalloc; the parameters are copied inside the measurement, so their release counts):
+    without ``spill`` both are whole at the end of the last backward (about twice the
+    parameters' bytes); with it, rank 0's sums wait on disk and each parameter goes as its
+    gradient comes (about once)."""
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=6, seq_len=16)
+    topology = Topology(ranks=2, micro_batches=1, micro_batch_size=1)
+    state, be = init_state(config, seed=1), default_backend(config)
+    batch = np.random.default_rng(0).integers(0, config.vocab_size, (2, 1, 1, config.seq_len + 1), dtype=np.int32)
+    step_gradients(state, batch, topology, be)  # kernels loaded outside the measurement
+    peaks, bits = {}, {}
+    for spilling in (False, True):
+        tracemalloc.start()
+        try:
+            copy = dataclasses.replace(state, params={n: a.copy() for n, a in state.params.items()})
+            with SpillFile() as spill:
+                loss, grads = step_gradients(copy, batch, topology, be, spill=spill if spilling else None)
+            peaks[spilling] = tracemalloc.get_traced_memory()[1] / (4 * config.n_params())
+            del copy
+        finally:
+            tracemalloc.stop()
+        bits[spilling] = (loss.tobytes(), [g.tobytes() for g in grads.values()])
+    assert bits[False] == bits[True]
+    assert peaks[False] > 1.9 and peaks[True] < 1.4, peaks  # in parameters' bytes
+
+
+def test_a_spill_file_gives_back_what_was_put_once_and_reuses_its_place(tmp_path):
+    rng = np.random.default_rng(3)
+    a, b = rand_f32(rng, 5, 7), rand_f32(rng, 5, 7)
+    with SpillFile(tmp_path) as spill:
+        parked = spill.put(a)
+        assert held(parked).tobytes() == a.tobytes()
+        with pytest.raises(ValueError):
+            parked.take()  # each parked array is read back once
+        again = spill.put(b)
+        assert again.offset == parked.offset  # the taken array's place
+        assert again.take().tobytes() == b.tobytes()
+
+
+def rand_f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
