@@ -547,11 +547,24 @@ class Swarm:
             self.loop.resume_at(node.task, when)
         self._sweep_next()
 
+    def _reporting(self, progress):
+        """The loop's stop test, telling ``progress`` how far the run got about once a wall minute."""
+        last = [time.perf_counter()]
+
+        def stop() -> bool:
+            if self.loop.events % 65536 == 0 and time.perf_counter() - last[0] > 60:
+                last[0] = time.perf_counter()
+                progress(self.loop.now, self.tracker.satisfied)
+            return self.tracker.done
+
+        return stop
+
     # -- run -------------------------------------------------------------------------------------
-    def simulate(self) -> dict:
+    def simulate(self, progress=None) -> dict:
         started = time.perf_counter()
         self.population.start()
-        self.loop.run(until=self.sc.max_seconds, stop=lambda: self.tracker.done)
+        stop = (lambda: self.tracker.done) if progress is None else self._reporting(progress)
+        self.loop.run(until=self.sc.max_seconds, stop=stop)
         in_flight = sum(1 for n in self.nodes if n.replaying is not None)
         agents = [n.agent for n in self.nodes]
         extra = {
