@@ -107,16 +107,16 @@ class ClaimAgent:
         A speculative candidate (:func:`~open1b.node.planner.speculative_candidate`) has one slot
         more than the step wants, so the same rule lets it take that slot only while all others are
         held or attested."""
-        step, slots, attesters = cand.step, cand.slots, cand.attesters
+        step, slots, attesters, done = cand.step, cand.slots, cand.attesters, cand.done()
         now = self.clock()
         records = {s: await self._read(run, step, s) for s in range(slots)}
         # The view we planned with may be stale: with the slots just read, is the step still
         # short of attesters once others' unfinished live claims are counted?
         busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
-                and c.claimant != self.me and c.claimant not in attesters}
+                and c.claimant != self.me and c.claimant not in done}
         if (len(busy) if cand.speculative else len(attesters) + len(busy)) >= slots:
             return None
-        slot = planner.free_slot(records, slots, me=self.me, attesters=attesters, now=now)
+        slot = planner.free_slot(records, slots, me=self.me, attesters=done, now=now)
         if slot is None:
             return None
         held = records.get(slot)

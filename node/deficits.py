@@ -55,6 +55,9 @@ class DeficitIndex:
         self._members: list[set[int]] = [set() for _ in range(bucket_count(redundancy))]
         self._members[start] = set(range(steps))
         self.mine: set[int] = set()  # steps ``me`` attested
+        # step -> keys that signed an attestation of it that does not count here (flagged,
+        # untrusted, disproved): they will not replay the step again, so their claims hold no slot
+        self._finished: dict[int, set[bytes]] = {}
         self._matched_by: dict[str, set[int]] = {}  # device class -> steps it matched
         self._open_replays = steps * redundancy  # sum of the positive deficits
         self._pace = Pace()  # when each counted attester arrived, and the replay time it reported
@@ -86,6 +89,19 @@ class DeficitIndex:
             self.mine.add(step)
         if changed:
             self._update(step)
+
+    def add_uncounted(self, step: int, signer: bytes) -> None:
+        """``signer`` signed an attestation of ``step`` that is not counted: it is finished with the
+        step (a node never attests a step twice), so its live claim makes the step busy no longer —
+        else an uncounted signature would hold a slot until its lease ran out. It still counts
+        for nothing."""
+        if not 0 <= step < self.steps:
+            raise ValueError(f"step {step} outside the run's {self.steps} steps")
+        finished = self._finished.setdefault(step, set())
+        if signer not in finished:
+            finished.add(signer)
+            if signer in self._claims.get(step, ()):
+                self._update(step)
 
     def remove_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None) -> None:
         """One attestation added before stops counting (its key was flagged, a reveal disproves it,
@@ -158,8 +174,9 @@ class DeficitIndex:
 
     def _busy(self, step: int) -> list[bytes]:
         now = self.now
+        finished = self._finished.get(step, ())
         return [c for c, leases in self._claims.get(step, {}).items()
-                if any(issued <= now < expiry for issued, expiry in leases)]
+                if c not in finished and any(issued <= now < expiry for issued, expiry in leases)]
 
     def _update(self, step: int) -> None:
         disputed = step in self._mismatches
@@ -209,7 +226,9 @@ class DeficitIndex:
         return frozenset(self._attesters.get(step, ()))
 
     def state(self, step: int) -> StepState:
-        return StepState(int(self._deficit[step]), step in self._mismatches, self.attesters(step))
+        attesters = self.attesters(step)
+        return StepState(int(self._deficit[step]), step in self._mismatches, attesters,
+                         frozenset(self._finished.get(step, ())) - attesters)
 
     # -- the tail (planner.StragglerView) and device classes (planner.DiversityView) -----------
     def tail(self) -> Tail:

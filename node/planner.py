@@ -136,6 +136,9 @@ class StepState:
     deficit: int
     disputed: bool
     attesters: frozenset[bytes]  # keys of those who attested the step, either verdict
+    # keys that signed an attestation of the step that does not count (flagged, untrusted,
+    # disproved): finished with it, so their claims hold no slot, but not attesters
+    finished: frozenset[bytes] = frozenset()
 
 
 class DeficitView(Protocol):
@@ -166,6 +169,11 @@ class Candidate:
     slots: int  # redundancy slots of the step: attesters wanted in all (R, or R+1 if disputed)
     attesters: frozenset[bytes]
     speculative: bool = False  # a claim on the step's speculative slot (speculative_candidate)
+    finished: frozenset[bytes] = frozenset()  # StepState.finished
+
+    def done(self) -> frozenset[bytes]:
+        """Keys finished with the step, counted or not: their claims are no longer busy."""
+        return self.attesters | self.finished
 
     def order(self) -> tuple[bool, int, int, int]:
         return (not self.disputed, -self.deficit, self.score, self.step)
@@ -199,7 +207,8 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
                 chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen), need - len(chosen))
         for step in chosen:
             s = view.state(step)
-            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, r), s.attesters))
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, r), s.attesters,
+                                 finished=s.finished))
         if len(out) >= limit:
             break
     return out
@@ -222,7 +231,7 @@ def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
         s = view.state(step)
         if s.deficit > 0:
             out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, view.redundancy),
-                                 s.attesters))
+                                 s.attesters, finished=s.finished))
     return out
 
 
@@ -268,19 +277,24 @@ def candidates(
     attested_by_me: set[int],
     claims_by_step: Mapping[int, list[Claim]],
     now: int,
+    signed_by_step: Mapping[int, Collection[bytes]] = {},
 ) -> list[Candidate]:
-    """Every step this node could replay, best first — the O(steps) reference for :func:`pick`."""
+    """Every step this node could replay, best first — the O(steps) reference for :func:`pick`.
+    ``signed_by_step``: the keys that signed an attestation of a step, counted or not: finished
+    with it, so their claims are not busy."""
     out = []
     for s in cov.steps:
         if s.step in attested_by_me:
             continue  # a node never attests the same step twice
         attesters = frozenset(public_key_from_peer_id(p) for p in set(s.auditors) | set(s.dissenters))
-        busy = [c.claimant for c in claims_by_step.get(s.step, ()) if is_live(c, now) and c.claimant != me]
+        signed = signed_by_step.get(s.step, ())
+        busy = [c.claimant for c in claims_by_step.get(s.step, ())
+                if is_live(c, now) and c.claimant != me and c.claimant not in signed]
         disputed = s.status is StepStatus.DISPUTED
         deficit = step_deficit(cov.redundancy, disputed, attesters, busy)
         if deficit > 0:
             out.append(Candidate(s.step, deficit, disputed, order.score(s.step), wanted(disputed, cov.redundancy),
-                                 attesters))
+                                 attesters, finished=frozenset(signed) - attesters))
     return sorted(out, key=Candidate.order)
 
 
@@ -289,7 +303,7 @@ def free_slot(records: Mapping[int, Claim | None], slots: int, *, me: bytes, att
     """The redundancy slot where a new claim by ``me`` should go, or None if every slot is taken.
 
     A slot is usable if it has no record, its lease has expired, it is already ours, or its
-    claimant has finished (attested) the step. Among usable slots, ours comes first, then an
+    claimant has finished the step (``attesters``: signed an attestation of it, counted or not). Among usable slots, ours comes first, then an
     empty or expired one, and a finished claimant's slot last: within one lease round the
     strict claim order prefers the *earlier* claim, so a claim written over a finished one
     issued in the same round loses until the next round begins.
@@ -385,7 +399,8 @@ def speculative_candidate(view: "StragglerView", step: int) -> Candidate:
     fewer live claims than slots are unfinished (a slot whose claimant attested is free again) —
     so at most one speculative replay runs per step at a time."""
     s = view.state(step)
-    return Candidate(step, s.deficit, s.disputed, 0, wanted(s.disputed, view.redundancy) + 1, s.attesters, True)
+    return Candidate(step, s.deficit, s.disputed, 0, wanted(s.disputed, view.redundancy) + 1, s.attesters, True,
+                     s.finished)
 
 
 class StragglerView(DeficitView, Protocol):
