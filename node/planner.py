@@ -189,7 +189,9 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
     second and later replays go preferably to a class that has not matched it yet: within a
     bucket that can hold attested steps, first the steps some *other* class matched, then those
     nobody attested yet (their first replay is in flight, its class unknown), and the steps
-    this class already matched last. Tiers only reorder a bucket, never skip work."""
+    this class already matched last. Tiers only reorder a bucket; but the last slot of a step
+    only this class matched is left, for a bounded while, to another class
+    (:meth:`DiversityView.class_wait`)."""
     out: list[Candidate] = []
     r = view.redundancy
     for bucket in view.open_buckets():
@@ -200,11 +202,13 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
             chosen = _best_in_bucket(view, order, bucket, exclude, need)
         else:
             same, attested = view.matched_by(device), view.attested_steps()  # type: ignore[attr-defined]
+            # the last slot of a step only this class matched or replays waits a while for another class
+            wait = view.class_wait(device) if deficit == 1 else ()  # type: ignore[attr-defined]
             chosen = []
-            for tier in (_Unless(exclude, same, keep=attested), _Unless(exclude, same)):
+            for tier in (_Unless(exclude, same, keep=attested, wait=wait), _Unless(exclude, same, wait=wait)):
                 chosen += _preferred_in_bucket(view, order, bucket, _Unless(tier, chosen), need - len(chosen))
             if len(chosen) < need:
-                chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen), need - len(chosen))
+                chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen, wait=wait), need - len(chosen))
         for step in chosen:
             s = view.state(step)
             out.append(Candidate(step, s.deficit, s.disputed, order.score(step), wanted(s.disputed, r), s.attesters,
@@ -220,6 +224,10 @@ class DiversityView(DeficitView, Protocol):
 
     def attested_steps(self) -> Collection[int]:
         """Steps with at least one attester."""
+
+    def class_wait(self, device: str) -> Collection[int]:
+        """Steps whose last slot a node of class ``device`` leaves to another class for now
+        (docs/protocol.md §10.1, the class wait)."""
 
 
 def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
@@ -337,6 +345,10 @@ PACE_WINDOW_S = 3600
 # it is this many times faster or slower than what the alternative would take: a margin for
 # estimates that are off (replays vary by ±10 % in the simulator) and for nodes of equal speed.
 TAIL_MARGIN = 1.5
+# The class wait (docs/protocol.md §10.1, r16): the last slot of a step that only one class
+# matched waits for another class at most this many typical turnarounds (claim to attestation)
+# — long enough for a node of the other class that is busy now to finish and come round.
+CLASS_WAIT = 3.0
 
 
 class ReplayEstimate:
@@ -414,15 +426,17 @@ class StragglerView(DeficitView, Protocol):
 
 # -- hardware diversity --------------------------------------------------------------------------
 class _Unless:
-    """Membership in ``exclude``, or not in ``keep`` (for the tiers of :func:`pick`)."""
+    """Membership in ``exclude`` or ``also`` or ``wait``, or not in ``keep`` (for the tiers of :func:`pick`)."""
 
-    __slots__ = ("exclude", "keep", "also")
+    __slots__ = ("exclude", "keep", "also", "wait")
 
-    def __init__(self, exclude: Collection[int], also: Collection[int] = (), keep: Collection[int] | None = None) -> None:
-        self.exclude, self.also, self.keep = exclude, also, keep
+    def __init__(self, exclude: Collection[int], also: Collection[int] = (), keep: Collection[int] | None = None,
+                 wait: Collection[int] = ()) -> None:
+        self.exclude, self.also, self.keep, self.wait = exclude, also, keep, wait
 
     def __contains__(self, step: object) -> bool:
-        return step in self.exclude or step in self.also or (self.keep is not None and step not in self.keep)
+        return (step in self.exclude or step in self.also or (self.keep is not None and step not in self.keep)
+                or step in self.wait)
 
 
 def plan(view: DeficitView, order: StepOrder, *, now: int, exclude: Collection[int] = frozenset(), limit: int = 4,

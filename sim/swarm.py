@@ -123,6 +123,9 @@ class OverlayView:
     def attested_steps(self):
         return self.base.attested_steps()
 
+    def class_wait(self, device: str):
+        return self.base.class_wait(device)
+
 
 class LazyView:
     """:meth:`Swarm.overlay`, built when the planner first asks for more than the tail. A node
@@ -136,6 +139,11 @@ class LazyView:
 
     def tail(self) -> planner.Tail:
         return self.swarm.index.tail()
+
+    def class_wait(self, device: str):
+        """From the shared index, as the tail; kept, so that parking can see whether it held a step back."""
+        self.node.wait = self.swarm.index.class_wait(device)
+        return self.node.wait
 
     def __getattr__(self, name: str):
         # only names the class lacks get here: the DeficitView methods, from the overlay
@@ -167,6 +175,7 @@ class Node:
         self.task: Task | None = None
         self.holder: Task | None = None
         self.replaying: tuple[int, float] | None = None  # (step, started)
+        self.wait = None  # the class wait of its last pick (DeficitIndex.class_wait), if it asked
         self.anchor: float | None = None  # idle poll grid: polls at anchor + k × idle_poll_s
         self.k = 0
         self.phase = 0.0  # anchor mod idle_poll_s, while parked
@@ -199,8 +208,9 @@ class Node:
                                  device=self.hardware.device if sc.diversity else None,
                                  estimate_s=self.estimate.seconds, tail=sc.tail)
             claim = None
+            waits = self.waits if sc.diversity else None
             for cand in cands:
-                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds)
+                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds, waits=waits)
                 if claim is not None:
                     sw.speculative += cand.speculative
                     break
@@ -217,6 +227,12 @@ class Node:
                 continue
             self.anchor = None
             await self.replay(claim)
+
+    def waits(self, step: int) -> bool:
+        """try_claim's ``waits``: the class wait, now, in the index this node plans with."""
+        index = self.index if self.index is not None else self.swarm.index
+        index.advance(self.swarm.clock())
+        return step in index.class_wait(self.hardware.device)
 
     async def replay(self, claim: Claim) -> None:
         sw = self.swarm
@@ -418,6 +434,7 @@ class Swarm:
             node.index.advance(t)
             return node.index
         self.index.advance(t)
+        node.wait = None
         return LazyView(self, node)
 
     def overlay(self, node: Node) -> planner.DeficitView:
@@ -475,7 +492,8 @@ class Swarm:
         lease it knows of ends, which either opens the step for everyone (:meth:`_moved`) or
         happens while another statement on the step is in flight (:meth:`_expired`). While such
         a window is open the node keeps polling: the sweep already in progress would pass it by."""
-        return self.sc.parking and not self._active(self.loop.now) and not self._may_speculate(node)
+        held = node.wait is not None and node.wait.held  # a step it will take once the class wait is over
+        return self.sc.parking and not held and not self._active(self.loop.now) and not self._may_speculate(node)
 
     def _may_speculate(self, node: Node) -> bool:
         """A straggler this node would beat. Such chances only shrink as time passes (the

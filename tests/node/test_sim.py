@@ -133,6 +133,9 @@ class RescanView:
     def attested_steps(self):
         return self.base.attested_steps()
 
+    def class_wait(self, device):
+        return self.base.class_wait(device)
+
 
 # More steps than a node's preference prefix (planner.PREFIX), three device classes, no churn:
 # picks scan the prefix through the overlay's buckets_of, and slow nodes decline at the tail.
