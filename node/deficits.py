@@ -311,13 +311,6 @@ class DeficitIndex:
                   > self.now - PACE_WINDOW_S and (own is None or t <= TAIL_MARGIN * own)]
         return ClassWait(self, device, CLASS_WAIT * min(others) if others else 0.0, blind=not self._class_seen)
 
-    def open_count(self) -> int:
-        return sum(len(m) for m in self._members[1:])
-
-    def complete(self) -> bool:
-        """Every step has at least ``redundancy`` distinct attesters (as ``Coverage.complete``)."""
-        return len(self._attesters) == self.steps and all(len(a) >= self.redundancy for a in self._attesters.values())
-
 
 class ClassWait:
     """Membership: a step the class wait holds back from ``device`` now. ``held`` tells whether
