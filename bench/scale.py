@@ -35,7 +35,7 @@ LABELS = {"open1b": "open1b (claims, real code)", "central": "central coordinato
           "segments": "incumbent: 100-step segments", "random": "random self-selection (blind)",
           "random-aware": "random self-selection (sees coverage)"}
 COLORS = {"open1b": "tab:blue", "central": "black", "segments": "tab:red", "random": "tab:orange",
-          "random-aware": "tab:green"}
+          "random-aware": "tab:green", "open1b-plain": "tab:cyan"}
 
 
 def say(line: str) -> None:
@@ -43,7 +43,13 @@ def say(line: str) -> None:
 
 
 def run(sc: Scenario) -> dict:
-    result = simulate(sc)
+    started = time.perf_counter()
+
+    def progress(now: float, covered: int) -> None:
+        say(f"    ... {now / HOUR:.2f} h virtual, {covered:,} of {sc.steps:,} steps covered, "
+            f"{time.perf_counter() - started:.0f} s wall")
+
+    result = simulate(sc, progress)
     say(f"  {sc.strategy:>12}  N={sc.nodes:<6} S={sc.steps:<6} R={sc.redundancy}  "
         f"replay_ratio={result['replay_ratio']:<7} time={result['time_to_full_h']} h  ({result['wall_s']:.0f} s)")
     return result
@@ -104,6 +110,14 @@ def flagship(args) -> None:
     if not args.reuse_baselines:
         results["open1b-plain"] = run(base.replace(**PLAIN))
     table = compare(results, base)
+    if previous and "open1b-plain" not in previous["baselines"] and not previous["scenario"].get("tail"):
+        # the last flagship ran open1b before the tail rules (issue 6): that row is open1b-plain's
+        previous["baselines"]["open1b-plain"] = {k: previous[k] for k in (
+            "nodes", "steps", "redundancy", "replays", "ideal_replays", "replay_ratio", "time_to_full_h")} | {
+            "two_class_share": previous.get("two_class_share")}
+        previous["curves"]["open1b-plain"] = previous["curves"]["open1b"]
+    if previous and "open1b-plain" in previous["baselines"]:
+        reused.append("open1b-plain")
     for strategy in reused:
         row = dict(previous["baselines"][strategy])
         row["time_ratio_vs_central"] = round(row["time_to_full_h"] / table["central"]["time_to_full_h"], 4)
@@ -135,6 +149,9 @@ def flagship(args) -> None:
         "scenario": results["open1b"]["scenario"],
         "curves": {k: r["curve"] for k, r in results.items()} | {k: previous["curves"][k] for k in reused},
     }
+    reduced_row = json.loads((RESULTS / "scale.json").read_text()).get("issue30") if (RESULTS / "scale.json").exists() else None
+    if reduced_row is not None:  # the reduced issue-30 row (``reduced``) stands beside this one
+        summary["issue30"] = reduced_row
     save("scale.json", summary)
     plot_flagship(summary)
 
@@ -287,10 +304,13 @@ def plot_flagship(summary: dict) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=100)
     # open1b first and wide, central last, dashed and thin: where they coincide both stay visible
-    for name in ("open1b", "segments", "random", "random-aware", "central"):
-        curve = summary["curves"][name]
+    labels = LABELS | {"open1b": "open1b (tail rules, class preference)", "open1b-plain": "open1b without them (issue 6)"}
+    for name in ("open1b", "open1b-plain", "segments", "random", "random-aware", "central"):
+        curve = summary["curves"].get(name)
+        if curve is None:
+            continue
         wide = name == "open1b"
-        ax.plot([c[0] for c in curve], [c[2] * 100 for c in curve], label=LABELS[name], color=COLORS[name],
+        ax.plot([c[0] for c in curve], [c[2] * 100 for c in curve], label=labels[name], color=COLORS[name],
                 lw=3.5 if wide else 1.2, ls=(0, (4, 3)) if name == "central" else "-", alpha=0.55 if wide else 1)
     ours = summary["curves"]["open1b"]
     ax.plot([c[0] for c in ours], [c[1] * 100 for c in ours], ls="--", color=COLORS["open1b"], lw=1,

@@ -124,13 +124,20 @@ class Auditor:
                                                                  estimate_s=self.estimate.seconds)]
         return [(m, c) for m, c, _ in sorted(out, key=lambda item: (item[2], item[1].order()))]
 
+    def _class_wait(self, run: bytes):
+        """try_claim's ``waits``: the class wait over the planner's view, as it stands once the
+        claims try_claim read are stored."""
+        device = self.device or self.replayer.device_class()
+        return lambda step: step in self.planner.index(run).class_wait(device)
+
     # -- 2. claim ------------------------------------------------------------------------------
     async def audit_once(self) -> bool:
         """Claim one step and replay it; False if no step could be claimed."""
         picked = None
         for manifest, cand in self.next_candidates()[:CLAIM_TRIES]:
             try:
-                claim = await self.claims.try_claim(manifest.run_id, cand, estimate_s=self.estimate.seconds)
+                claim = await self.claims.try_claim(manifest.run_id, cand, estimate_s=self.estimate.seconds,
+                                                    waits=self._class_wait(manifest.run_id))
             except NetworkError as exc:  # the DHT did not take the claim: as good as lost, try the next
                 log.info("claiming step %d of run %s failed: %s", cand.step, manifest.run_id.hex()[:12], exc)
                 continue

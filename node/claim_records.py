@@ -101,22 +101,27 @@ class ClaimAgent:
         candidates = ([found] if found is not None else []) + list(self.heard(run, step, slot))
         return candidates[select_claim(candidates)] if candidates else None
 
-    async def try_claim(self, run: bytes, cand: planner.Candidate, *, estimate_s: float | None = None) -> Claim | None:
+    async def try_claim(self, run: bytes, cand: planner.Candidate, *, estimate_s: float | None = None,
+                        waits: Callable[[int], bool] | None = None) -> Claim | None:
         """Claim a free redundancy slot of ``cand.step``; returns our claim if the network shows it.
         With ``estimate_s`` (the node's replay-time estimate) the claim carries ``expected_done``.
         A speculative candidate (:func:`~open1b.node.planner.speculative_candidate`) has one slot
         more than the step wants, so the same rule lets it take that slot only while all others are
-        held or attested."""
-        step, slots, attesters = cand.step, cand.slots, cand.attesters
+        held or attested. ``waits``: whether the class wait (docs/protocol.md §10.1) holds the
+        step's last slot back from us, asked, with what the reads told stored (``seen``), when our
+        claim would be the last the step wants."""
+        step, slots, attesters, done = cand.step, cand.slots, cand.attesters, cand.done()
         now = self.clock()
         records = {s: await self._read(run, step, s) for s in range(slots)}
         # The view we planned with may be stale: with the slots just read, is the step still
         # short of attesters once others' unfinished live claims are counted?
         busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
-                and c.claimant != self.me and c.claimant not in attesters}
+                and c.claimant != self.me and c.claimant not in done}
         if (len(busy) if cand.speculative else len(attesters) + len(busy)) >= slots:
             return None
-        slot = planner.free_slot(records, slots, me=self.me, attesters=attesters, now=now)
+        if waits is not None and not cand.speculative and len(attesters) + len(busy) == slots - 1 and waits(step):
+            return None  # the plan may not have known these claims: their classes may make it wait
+        slot = planner.free_slot(records, slots, me=self.me, attesters=done, now=now)
         if slot is None:
             return None
         held = records.get(slot)

@@ -25,7 +25,18 @@ from typing import Callable, Collection, Iterable
 
 import numpy as np
 
-from .planner import PACE_WINDOW_S, StepState, Tail, bucket_count, bucket_of, step_deficit, tied, wanted
+from .planner import (
+    CLASS_WAIT,
+    PACE_WINDOW_S,
+    TAIL_MARGIN,
+    StepState,
+    Tail,
+    bucket_count,
+    bucket_of,
+    step_deficit,
+    tied,
+    wanted,
+)
 
 # Called with (step, old bucket, new bucket) whenever a step changes bucket.
 BucketListener = Callable[[int, int, int], None]
@@ -57,9 +68,19 @@ class DeficitIndex:
         self._members: list[set[int]] = [set() for _ in range(bucket_count(redundancy))]
         self._members[start] = set(range(steps))
         self.mine: set[int] = set()  # steps ``me`` attested
+        # step -> keys that signed an attestation of it that does not count here (flagged,
+        # untrusted, disproved): they will not replay the step again, so their claims hold no slot
+        self._finished: dict[int, set[bytes]] = {}
         self._matched_by: dict[str, set[int]] = {}  # device class -> steps it matched
+        self._class_seen: dict[str, int] = {}  # device class -> when its latest counted match arrived
+        self._class_of: dict[bytes, str] = {}  # key -> the device class its latest counted attestation named
+        self._arrival: dict[tuple[int, bytes], int] = {}  # (step, counted attester) -> when it arrived
         self._open_replays = steps * redundancy  # sum of the positive deficits
         self._pace = Pace()  # when each counted attester arrived, and the replay time it reported
+        # ... and its turnaround: from its earliest claim on the step (ours included) to its
+        # attestation, at least its replay time — fetching and loading included (the class wait)
+        self._turnaround: dict[str, Pace] = {}  # per device class
+        self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
         self._expected: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its claim's expected_done
         # Steps that wait on live claims alone (_straggling_after), latest first: (-when, step);
         # an entry is stale unless _straggler still maps its step to that time.
@@ -78,10 +99,19 @@ class DeficitIndex:
         attesters = self._attesters.setdefault(step, Counter())
         changed = signer not in attesters
         attesters[signer] += 1
+        arrived = self.now if at is None else min(at, self.now)
         if changed:
-            self._pace.arrived((step, signer), self.now if at is None else min(at, self.now), elapsed_s)
+            self._pace.arrived((step, signer), arrived, elapsed_s)
+            self._arrival[(step, signer)] = arrived
+            first = self._first_claim.pop((step, signer), None)
+            took = elapsed_s if first is None else max(arrived - first, elapsed_s or 0)
+            if device is not None:
+                self._turnaround.setdefault(device, Pace()).arrived((step, signer), arrived, took)
+        if device is not None:
+            self._class_of[signer] = device
         if match and device is not None:
             self._matched_by.setdefault(device, Counter())[step] += 1
+            self._class_seen[device] = max(self._class_seen.get(device, arrived), arrived)
         if not match:
             changed |= not self._mismatches[step]
             self._mismatches[step] += 1
@@ -92,6 +122,19 @@ class DeficitIndex:
         reporting[signer] += 1
         if changed:
             self._update(step)
+
+    def add_uncounted(self, step: int, signer: bytes) -> None:
+        """``signer`` signed an attestation of ``step`` that is not counted: it is finished with the
+        step (a node never attests a step twice), so its live claim makes the step busy no longer —
+        else an uncounted signature would hold a slot until its lease ran out. It still counts
+        for nothing."""
+        if not 0 <= step < self.steps:
+            raise ValueError(f"step {step} outside the run's {self.steps} steps")
+        finished = self._finished.setdefault(step, set())
+        if signer not in finished:
+            finished.add(signer)
+            if signer in self._claims.get(step, ()):
+                self._update(step)
 
     def remove_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None, *,
                            post_state: bytes) -> None:
@@ -114,7 +157,10 @@ class DeficitIndex:
         changed = not attesters[signer]
         if changed:
             del attesters[signer]
+            del self._arrival[(step, signer)]
             self._pace.left((step, signer))
+            for pace in self._turnaround.values():
+                pace.left((step, signer))
             if not attesters:
                 del self._attesters[step]
         changed |= stopped
@@ -135,6 +181,9 @@ class DeficitIndex:
                   expected_done: int | None = None) -> None:
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
+        first = self._first_claim.get((step, claimant))
+        if first is None or issued_at < first:  # our own too: the turnaround of our attestation
+            self._first_claim[(step, claimant)] = issued_at
         if claimant == self.me or lease_expiry <= self.now or lease_expiry <= issued_at:
             return  # our own claims never make a step busy for us; a lease already over never will
         if expected_done is not None:
@@ -176,8 +225,9 @@ class DeficitIndex:
 
     def _busy(self, step: int) -> list[bytes]:
         now = self.now
+        finished = self._finished.get(step, ())
         return [c for c, leases in self._claims.get(step, {}).items()
-                if any(issued <= now < expiry for issued, expiry in leases)]
+                if c not in finished and any(issued <= now < expiry for issued, expiry in leases)]
 
     def _update(self, step: int) -> None:
         disputed = step in self._mismatches
@@ -228,8 +278,9 @@ class DeficitIndex:
         return frozenset(self._attesters.get(step, ()))
 
     def state(self, step: int) -> StepState:
-        return StepState(int(self._deficit[step]), step in self._mismatches, self.attesters(step),
-                         _tied(self._posts.get(step)))
+        attesters = self.attesters(step)
+        return StepState(int(self._deficit[step]), step in self._mismatches, attesters, _tied(self._posts.get(step)),
+                         frozenset(self._finished.get(step, ())) - attesters)
 
     # -- the tail (planner.StragglerView) and device classes (planner.DiversityView) -----------
     def tail(self) -> Tail:
@@ -274,12 +325,56 @@ class DeficitIndex:
     def attested_steps(self) -> Collection[int]:
         return self._attesters.keys()
 
-    def open_count(self) -> int:
-        return sum(len(m) for m in self._members[1:])
+    def class_wait(self, device: str) -> ClassWait:
+        """The steps a node of class ``device`` leaves, for now, to another class (docs/protocol.md
+        §10.1, the class wait): those whose matches and in-flight replays (live claims by keys
+        whose class an attestation told) are all of class ``device``, while another class that
+        is about as fast (its median turnaround, claim to attestation, at most TAIL_MARGIN times
+        this class's) matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median
+        turnaround after the step's latest attester arrived or its in-flight claim was issued.
+        :func:`~open1b.node.planner.pick` asks only about a step's last slot."""
+        typical = {d: pace.at(self.now)[1] for d, pace in self._turnaround.items()}
+        own = typical.get(device)
+        # the other classes worth waiting for: live, and about as fast as this one (so the wait
+        # costs about a replay of ours at most) — a slower class would take the step later
+        others = [t for d, t in typical.items() if d != device and t and self._class_seen.get(d, -PACE_WINDOW_S)
+                  > self.now - PACE_WINDOW_S and (own is None or t <= TAIL_MARGIN * own)]
+        return ClassWait(self, device, CLASS_WAIT * min(others) if others else 0.0, blind=not self._class_seen)
 
-    def complete(self) -> bool:
-        """Every step has at least ``redundancy`` distinct attesters (as ``Coverage.complete``)."""
-        return len(self._attesters) == self.steps and all(len(a) >= self.redundancy for a in self._attesters.values())
+
+class ClassWait:
+    """Membership: a step the class wait holds back from ``device`` now. ``held`` tells whether
+    any step asked about was held back (a node that found nothing only because of the wait will
+    find it once the wait is over: the simulator does not park such a node)."""
+
+    __slots__ = ("index", "device", "wait_s", "blind", "held")
+
+    def __init__(self, index: DeficitIndex, device: str, wait_s: float, blind: bool = False) -> None:
+        self.index, self.device, self.wait_s, self.blind, self.held = index, device, wait_s, blind, False
+
+    def __contains__(self, step: object) -> bool:
+        index = self.index
+        if self.blind:
+            # Nothing matched yet (the run's first round): no class is known, so a second replay
+            # would be of a class drawn blind. It waits while the step's only replays are in
+            # flight — until one attests (its class is then known) or its lease ends.
+            if step in index._attesters or not index._busy(step):
+                return False
+            self.held = True
+            return True
+        if not self.wait_s:
+            return False
+        classes = {d for d, steps in index._matched_by.items() if step in steps}
+        since = max((index._arrival[(step, s)] for s in index._attesters.get(step, ())), default=None)
+        for claimant in index._busy(step):  # in flight: its class, if an attestation told it
+            if claimant not in index._attesters.get(step, ()):
+                classes.add(index._class_of.get(claimant, self.device))
+                issued = min(i for i, e in index._claims[step][claimant] if i <= index.now < e)
+                since = issued if since is None else max(since, issued)
+        if classes != {self.device} or index.now >= since + self.wait_s:
+            return False
+        self.held = True
+        return True
 
 
 def _tied(posts: dict[bytes, Counter[bytes]] | None) -> bool:

@@ -151,6 +151,9 @@ class StepState:
     disputed: bool
     attesters: frozenset[bytes]  # keys of those who attested the step, either verdict
     tied: bool = False  # its counted results tie (:func:`tied`)
+    # keys that signed an attestation of the step that does not count (flagged, untrusted,
+    # disproved): finished with it, so their claims hold no slot, but not attesters
+    finished: frozenset[bytes] = frozenset()
 
     def slots(self, redundancy: int) -> int:
         """Attesters the step wants in all: its claim slots."""
@@ -185,6 +188,11 @@ class Candidate:
     slots: int  # redundancy slots of the step: attesters wanted in all (StepState.slots)
     attesters: frozenset[bytes]
     speculative: bool = False  # a claim on the step's speculative slot (speculative_candidate)
+    finished: frozenset[bytes] = frozenset()  # StepState.finished
+
+    def done(self) -> frozenset[bytes]:
+        """Keys finished with the step, counted or not: their claims are no longer busy."""
+        return self.attesters | self.finished
 
     def order(self) -> tuple[bool, int, int, int]:
         return (not self.disputed, -self.deficit, self.score, self.step)
@@ -200,7 +208,9 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
     second and later replays go preferably to a class that has not matched it yet: within a
     bucket that can hold attested steps, first the steps some *other* class matched, then those
     nobody attested yet (their first replay is in flight, its class unknown), and the steps
-    this class already matched last. Tiers only reorder a bucket, never skip work."""
+    this class already matched last. Tiers only reorder a bucket; but the last slot of a step
+    only this class matched is left, for a bounded while, to another class
+    (:meth:`DiversityView.class_wait`)."""
     out: list[Candidate] = []
     r = view.redundancy
     for bucket in view.open_buckets():
@@ -211,14 +221,17 @@ def pick(view: DeficitView, order: StepOrder, *, exclude: Collection[int] = froz
             chosen = _best_in_bucket(view, order, bucket, exclude, need)
         else:
             same, attested = view.matched_by(device), view.attested_steps()  # type: ignore[attr-defined]
+            # the last slot of a step only this class matched or replays waits a while for another class
+            wait = view.class_wait(device) if deficit == 1 else ()  # type: ignore[attr-defined]
             chosen = []
-            for tier in (_Unless(exclude, same, keep=attested), _Unless(exclude, same)):
+            for tier in (_Unless(exclude, same, keep=attested, wait=wait), _Unless(exclude, same, wait=wait)):
                 chosen += _preferred_in_bucket(view, order, bucket, _Unless(tier, chosen), need - len(chosen))
             if len(chosen) < need:
-                chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen), need - len(chosen))
+                chosen += _best_in_bucket(view, order, bucket, _Unless(exclude, chosen, wait=wait), need - len(chosen))
         for step in chosen:
             s = view.state(step)
-            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), s.slots(r), s.attesters))
+            out.append(Candidate(step, s.deficit, s.disputed, order.score(step), s.slots(r), s.attesters,
+                                 finished=s.finished))
         if len(out) >= limit:
             break
     return out
@@ -231,6 +244,10 @@ class DiversityView(DeficitView, Protocol):
     def attested_steps(self) -> Collection[int]:
         """Steps with at least one attester."""
 
+    def class_wait(self, device: str) -> Collection[int]:
+        """Steps whose last slot a node of class ``device`` leaves to another class for now
+        (docs/protocol.md §10.1, the class wait)."""
+
 
 def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
                exclude: Collection[int] = frozenset()) -> list[Candidate]:
@@ -241,7 +258,7 @@ def pick_first(view: DeficitView, order: StepOrder, steps: Iterable[int], *,
         s = view.state(step)
         if s.deficit > 0:
             out.append(Candidate(step, s.deficit, s.disputed, order.score(step), s.slots(view.redundancy),
-                                 s.attesters))
+                                 s.attesters, finished=s.finished))
     return out
 
 
@@ -287,19 +304,25 @@ def candidates(
     attested_by_me: set[int],
     claims_by_step: Mapping[int, list[Claim]],
     now: int,
+    signed_by_step: Mapping[int, Collection[bytes]] = {},
 ) -> list[Candidate]:
-    """Every step this node could replay, best first — the O(steps) reference for :func:`pick`."""
+    """Every step this node could replay, best first — the O(steps) reference for :func:`pick`.
+    ``signed_by_step``: the keys that signed an attestation of a step, counted or not: finished
+    with it, so their claims are not busy."""
     out = []
     for s in cov.steps:
         if s.step in attested_by_me:
             continue  # a node never attests the same step twice
         attesters = frozenset(public_key_from_peer_id(p) for p in set(s.auditors) | set(s.dissenters))
-        busy = [c.claimant for c in claims_by_step.get(s.step, ()) if is_live(c, now) and c.claimant != me]
+        signed = signed_by_step.get(s.step, ())
+        busy = [c.claimant for c in claims_by_step.get(s.step, ())
+                if is_live(c, now) and c.claimant != me and c.claimant not in signed]
         disputed = s.status is StepStatus.DISPUTED
         deficit = step_deficit(cov.redundancy, disputed, attesters, busy, s.tied)
         if deficit > 0:
             out.append(Candidate(s.step, deficit, disputed, order.score(s.step),
-                                 wanted(disputed, cov.redundancy, len(attesters), s.tied), attesters))
+                                 wanted(disputed, cov.redundancy, len(attesters), s.tied), attesters,
+                                 finished=frozenset(signed) - attesters))
     return sorted(out, key=Candidate.order)
 
 
@@ -308,7 +331,7 @@ def free_slot(records: Mapping[int, Claim | None], slots: int, *, me: bytes, att
     """The redundancy slot where a new claim by ``me`` should go, or None if every slot is taken.
 
     A slot is usable if it has no record, its lease has expired, it is already ours, or its
-    claimant has finished (attested) the step. Among usable slots, ours comes first, then an
+    claimant has finished the step (``attesters``: signed an attestation of it, counted or not). Among usable slots, ours comes first, then an
     empty or expired one, and a finished claimant's slot last: within one lease round the
     strict claim order prefers the *earlier* claim, so a claim written over a finished one
     issued in the same round loses until the next round begins.
@@ -342,6 +365,10 @@ PACE_WINDOW_S = 3600
 # it is this many times faster or slower than what the alternative would take: a margin for
 # estimates that are off (replays vary by ±10 % in the simulator) and for nodes of equal speed.
 TAIL_MARGIN = 1.5
+# The class wait (docs/protocol.md §10.1, r16): the last slot of a step that only one class
+# matched waits for another class at most this many typical turnarounds (claim to attestation)
+# — long enough for a node of the other class that is busy now to finish and come round.
+CLASS_WAIT = 3.0
 
 
 class ReplayEstimate:
@@ -404,7 +431,7 @@ def speculative_candidate(view: "StragglerView", step: int) -> Candidate:
     fewer live claims than slots are unfinished (a slot whose claimant attested is free again) —
     so at most one speculative replay runs per step at a time."""
     s = view.state(step)
-    return Candidate(step, s.deficit, s.disputed, 0, s.slots(view.redundancy) + 1, s.attesters, True)
+    return Candidate(step, s.deficit, s.disputed, 0, s.slots(view.redundancy) + 1, s.attesters, True, s.finished)
 
 
 class StragglerView(DeficitView, Protocol):
@@ -418,15 +445,17 @@ class StragglerView(DeficitView, Protocol):
 
 # -- hardware diversity --------------------------------------------------------------------------
 class _Unless:
-    """Membership in ``exclude``, or not in ``keep`` (for the tiers of :func:`pick`)."""
+    """Membership in ``exclude`` or ``also`` or ``wait``, or not in ``keep`` (for the tiers of :func:`pick`)."""
 
-    __slots__ = ("exclude", "keep", "also")
+    __slots__ = ("exclude", "keep", "also", "wait")
 
-    def __init__(self, exclude: Collection[int], also: Collection[int] = (), keep: Collection[int] | None = None) -> None:
-        self.exclude, self.also, self.keep = exclude, also, keep
+    def __init__(self, exclude: Collection[int], also: Collection[int] = (), keep: Collection[int] | None = None,
+                 wait: Collection[int] = ()) -> None:
+        self.exclude, self.also, self.keep, self.wait = exclude, also, keep, wait
 
     def __contains__(self, step: object) -> bool:
-        return step in self.exclude or step in self.also or (self.keep is not None and step not in self.keep)
+        return (step in self.exclude or step in self.also or (self.keep is not None and step not in self.keep)
+                or step in self.wait)
 
 
 def plan(view: DeficitView, order: StepOrder, *, now: int, exclude: Collection[int] = frozenset(), limit: int = 4,

@@ -89,6 +89,8 @@ class PlannerView:
         """Count ``att`` in its run's index if the planner counts it now, and only then."""
         counted, index = self._counted[att.run], self._indexes[att.run]
         wanted = self.counting.plans_with(att)
+        if not wanted:  # its signer is finished with the step all the same
+            index.add_uncounted(att.step, att.signer)
         if wanted and att.digest not in counted:
             counted.add(att.digest)
             index.advance(self.clock())  # the pace counts it when it arrives

@@ -14,15 +14,19 @@ What is real and what is simulated (docs/scale.md has the long version):
 Entry point: :func:`simulate` (a :class:`Scenario` in, a JSON-able summary out).
 """
 
+from typing import Callable
+
 from .network import NetworkModel
 from .params import STRATEGIES, Churn, Scenario
 
 
-def simulate(sc: Scenario) -> dict:
+def simulate(sc: Scenario, progress: Callable[[float, int], None] | None = None) -> dict:
+    """``progress``: told (virtual seconds, steps covered) about once a wall minute, for runs
+    that take long (open1b only); it reads, and changes no decision."""
     if sc.strategy == "open1b":
         from .swarm import Swarm
 
-        return Swarm(sc).simulate()
+        return Swarm(sc).simulate(progress)
     from .baselines import run_baseline
 
     return run_baseline(sc)

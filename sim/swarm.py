@@ -78,12 +78,17 @@ class OverlayView:
         self.base, self.redundancy, self.overrides = base, base.redundancy, overrides
         r = base.redundancy
         self._bucket = {s: planner.bucket_of(st.deficit, st.disputed, r) for s, st in overrides.items()}
+        # what the overrides add to or take from each bucket's size, and a sorted lookup of their
+        # buckets for buckets_of: computed once, as pick asks several times
+        self._resize = [0] * planner.bucket_count(r)
+        for step, b in self._bucket.items():
+            self._resize[b] += 1
+            self._resize[base.bucket(step)] -= 1
+        self._steps = np.fromiter(sorted(self._bucket), dtype=np.int64, count=len(self._bucket))
+        self._ids = np.fromiter((self._bucket[s] for s in self._steps.tolist()), dtype=np.int8, count=len(self._bucket))
 
     def bucket_size(self, bucket: int) -> int:
-        n = self.base.bucket_size(bucket)
-        for step, b in self._bucket.items():
-            n += (b == bucket) - (self.base.bucket(step) == bucket)
-        return n
+        return self.base.bucket_size(bucket) + self._resize[bucket]
 
     def open_buckets(self) -> list[int]:
         return [b for b in range(planner.bucket_count(self.redundancy) - 1, 0, -1) if self.bucket_size(b) > 0]
@@ -98,8 +103,9 @@ class OverlayView:
 
     def buckets_of(self, steps: np.ndarray) -> np.ndarray:
         ids = self.base.buckets_of(steps)
-        for step, b in self._bucket.items():
-            ids[steps == step] = b
+        at = np.minimum(np.searchsorted(self._steps, steps), len(self._steps) - 1)
+        hit = self._steps[at] == steps
+        ids[hit] = self._ids[at[hit]]
         return ids
 
     def state(self, step: int) -> planner.StepState:
@@ -118,6 +124,34 @@ class OverlayView:
 
     def attested_steps(self):
         return self.base.attested_steps()
+
+    def class_wait(self, device: str):
+        return self.base.class_wait(device)
+
+
+class LazyView:
+    """:meth:`Swarm.overlay`, built when the planner first asks for more than the tail. A node
+    that fails the deadline (planner.meets_deadline) plans from the run-wide tail alone, which
+    the overlay takes from the shared index anyway; at the tail most polls are such nodes', so
+    building their overlay was most of the simulator's cost (O(statements in flight) each)."""
+
+    def __init__(self, swarm: "Swarm", node: "Node") -> None:
+        self.swarm, self.node, self.redundancy = swarm, node, swarm.sc.redundancy
+        self._view: planner.DeficitView | None = None
+
+    def tail(self) -> planner.Tail:
+        return self.swarm.index.tail()
+
+    def class_wait(self, device: str):
+        """From the shared index, as the tail; kept, so that parking can see whether it held a step back."""
+        self.node.wait = self.swarm.index.class_wait(device)
+        return self.node.wait
+
+    def __getattr__(self, name: str):
+        # only names the class lacks get here: the DeficitView methods, from the overlay
+        if self._view is None:
+            self._view = self.swarm.overlay(self.node)
+        return getattr(self._view, name)
 
 
 class Node:
@@ -143,6 +177,7 @@ class Node:
         self.task: Task | None = None
         self.holder: Task | None = None
         self.replaying: tuple[int, float] | None = None  # (step, started)
+        self.wait = None  # the class wait of its last pick (DeficitIndex.class_wait), if it asked
         self.anchor: float | None = None  # idle poll grid: polls at anchor + k × idle_poll_s
         self.k = 0
         self.phase = 0.0  # anchor mod idle_poll_s, while parked
@@ -175,8 +210,9 @@ class Node:
                                  device=self.hardware.device if sc.diversity else None,
                                  estimate_s=self.estimate.seconds, tail=sc.tail)
             claim = None
+            waits = self.waits if sc.diversity else None
             for cand in cands:
-                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds)
+                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds, waits=waits)
                 if claim is not None:
                     sw.speculative += cand.speculative
                     break
@@ -193,6 +229,12 @@ class Node:
                 continue
             self.anchor = None
             await self.replay(claim)
+
+    def waits(self, step: int) -> bool:
+        """try_claim's ``waits``: the class wait, now, in the index this node plans with."""
+        index = self.index if self.index is not None else self.swarm.index
+        index.advance(self.swarm.clock())
+        return step in index.class_wait(self.hardware.device)
 
     async def replay(self, claim: Claim) -> None:
         sw = self.swarm
@@ -226,7 +268,11 @@ class Swarm:
         self.tracker = Tracker(sc.steps, sc.redundancy, self.forged)
         self.index = DeficitIndex(sc.steps, sc.redundancy, listener=self._moved)
         self.open_steps = sc.steps
-        self.log: dict[int, list[Event]] = {}
+        # per step, its attestations and its claims not known to be over: what a lagging node's
+        # view recomputes from (a step's expired claims, renewals above all, would make that
+        # O(the step's history) — hours of renewals for a slow replay)
+        self.attested: dict[int, list[Event]] = {}
+        self.claimed: dict[int, list[Event]] = {}
         self.by_digest: dict[bytes, Event] = {}
         self.recent: deque[Event] = deque()  # announced within the gossip horizon, oldest first
         self.pending: dict[int, Event] = {}  # in the DHT, not announced yet
@@ -279,7 +325,7 @@ class Swarm:
                post=None) -> Event:
         self._eid += 1
         e = Event(self._eid, step, origin, attestation, key, issued, expiry, match, expected, device, post)
-        self.log.setdefault(step, []).append(e)
+        (self.attested if attestation else self.claimed).setdefault(step, []).append(e)
         return e
 
     def _claim_event(self, claim: Claim, origin: Node) -> Event:
@@ -364,12 +410,20 @@ class Swarm:
             self._stir(now + self.horizon)
         # If another statement on this step is still on its way to some node, that node may see
         # the step open though it is not: keep lagging nodes polling until it has arrived.
-        for other in self.log[e.step]:
-            if other is e or (not other.attestation and other.expiry <= t):
+        for other in self.statements(e.step, t):
+            if other is e:
                 continue
             if other.announced is None or other.announced > now - self.horizon:
                 self._stir(now + self.horizon)
                 break
+
+    def statements(self, step: int, t: int) -> list[Event]:
+        """The step's attestations and its claims whose lease is not over at ``t`` (which never
+        goes back: a claim over now is over for good, so it is dropped)."""
+        claims = self.claimed.get(step, [])
+        if any(e.expiry <= t for e in claims):
+            claims = self.claimed[step] = [e for e in claims if e.expiry > t]
+        return self.attested.get(step, []) + claims
 
     # -- views -----------------------------------------------------------------------------------
     def knows(self, node: Node, e: Event, now: float) -> bool:
@@ -379,11 +433,18 @@ class Swarm:
                 or (e.announced is not None and e.announced + self.gossip.delay(node.idx, e.eid) <= now))
 
     def view(self, node: Node) -> planner.DeficitView:
-        now, t = self.loop.now, self.clock()
+        t = self.clock()
         if node.index is not None:
             node.index.advance(t)
             return node.index
         self.index.advance(t)
+        node.wait = None
+        return LazyView(self, node)
+
+    def overlay(self, node: Node) -> planner.DeficitView:
+        """The node's view now: the shared index (advanced by :meth:`view`), with the steps it
+        lags on recomputed."""
+        now, t = self.loop.now, self.clock()
         while self.recent and self.recent[0].announced <= now - self.horizon:
             self.recent.popleft()
         # An expired claim counts for nobody, so not holding it changes nothing. ``unknown``: the
@@ -406,7 +467,7 @@ class Swarm:
         busy = []
         disputed = False
         posts: dict[bytes, set[bytes]] = {}  # post_state -> keys that report it
-        for e in self.log.get(step, ()):
+        for e in self.statements(step, t):
             if e.eid in unknown:
                 continue
             if e.attestation:
@@ -438,7 +499,8 @@ class Swarm:
         lease it knows of ends, which either opens the step for everyone (:meth:`_moved`) or
         happens while another statement on the step is in flight (:meth:`_expired`). While such
         a window is open the node keeps polling: the sweep already in progress would pass it by."""
-        return self.sc.parking and not self._active(self.loop.now) and not self._may_speculate(node)
+        held = node.wait is not None and node.wait.held  # a step it will take once the class wait is over
+        return self.sc.parking and not held and not self._active(self.loop.now) and not self._may_speculate(node)
 
     def _may_speculate(self, node: Node) -> bool:
         """A straggler this node would beat. Such chances only shrink as time passes (the
@@ -510,11 +572,24 @@ class Swarm:
             self.loop.resume_at(node.task, when)
         self._sweep_next()
 
+    def _reporting(self, progress):
+        """The loop's stop test, telling ``progress`` how far the run got about once a wall minute."""
+        last = [time.perf_counter()]
+
+        def stop() -> bool:
+            if self.loop.events % 65536 == 0 and time.perf_counter() - last[0] > 60:
+                last[0] = time.perf_counter()
+                progress(self.loop.now, self.tracker.satisfied)
+            return self.tracker.done
+
+        return stop
+
     # -- run -------------------------------------------------------------------------------------
-    def simulate(self) -> dict:
+    def simulate(self, progress=None) -> dict:
         started = time.perf_counter()
         self.population.start()
-        self.loop.run(until=self.sc.max_seconds, stop=lambda: self.tracker.done)
+        stop = (lambda: self.tracker.done) if progress is None else self._reporting(progress)
+        self.loop.run(until=self.sc.max_seconds, stop=stop)
         in_flight = sum(1 for n in self.nodes if n.replaying is not None)
         agents = [n.agent for n in self.nodes]
         extra = {

@@ -50,19 +50,24 @@ CLAIMS = [Claim.create(s, run=MANIFEST.run_id, step=k, slot=0, issued_at=T0 + st
     st.sampled_from([None, 2, 4]),  # whose view: an observer, or one of the claimants
     st.integers(0, 400),
     st.randoms(use_true_random=False),
+    # attestations that do not count (their signers' keys are flagged or untrusted)
+    st.lists(st.tuples(st.integers(2, len(SIGNERS) - 1), st.integers(0, STEPS - 1)), max_size=8),
 )
-def test_index_equals_coverage_reference(att_ids, claim_ids, redundancy, me_index, end, rnd):
+def test_index_equals_coverage_reference(att_ids, claim_ids, redundancy, me_index, end, rnd, uncounted):
     atts = [ATTS[i] for i in att_ids]
     claims = [CLAIMS[i] for i in claim_ids]
     me = SIGNERS[me_index].public_key if me_index is not None else None
+    uncounted = [(SIGNERS[s].public_key, k) for s, k in uncounted if SIGNERS[s].public_key != me]
     # Deliver in a random order, with time moving forward in random jumps between deliveries.
     index = DeficitIndex(STEPS, redundancy, me=me, now=T0)
-    items = atts + claims
+    items = atts + claims + uncounted
     rnd.shuffle(items)
     times = sorted(rnd.randint(0, end) for _ in items)
     for item, t in zip(items, times):
         index.advance(T0 + t)
-        if isinstance(item, Attestation):
+        if isinstance(item, tuple):
+            index.add_uncounted(item[1], item[0])
+        elif isinstance(item, Attestation):
             index.add_attestation(item.step, item.signer, item.verdict == "match", post_state=item.post_state)
         else:
             index.add_claim(item.step, item.claimant, item.issued_at, item.lease_expiry)
@@ -74,16 +79,19 @@ def test_index_equals_coverage_reference(att_ids, claim_ids, redundancy, me_inde
     for c in claims:
         by_step.setdefault(c.step, []).append(c)
     order = planner.StepOrder(MANIFEST.run_id, me or bytes(32), STEPS)
+    signed: dict[int, set[bytes]] = {}
+    for signer, k in [(a.signer, a.step) for a in atts] + uncounted:
+        signed.setdefault(k, set()).add(signer)
     ref = {c.step: c for c in planner.candidates(cov, me=me, order=order, attested_by_me=set(),
-                                                 claims_by_step=by_step, now=now)}
+                                                 claims_by_step=by_step, now=now, signed_by_step=signed)}
     for k in range(STEPS):
         if k in ref:
             assert index.deficit(k) == ref[k].deficit and index.disputed(k) == ref[k].disputed
-            assert index.attesters(k) == ref[k].attesters
+            assert index.attesters(k) == ref[k].attesters and index.state(k).finished == ref[k].finished
         else:
             assert index.deficit(k) <= 0
     assert sorted(c.step for c in planner.pick(index, order, limit=STEPS)) == sorted(ref)
-    assert index.complete() == cov.complete
+    assert all(len(index.attesters(k)) >= redundancy for k in range(STEPS)) == cov.complete
     mine = {a.step for a in atts if a.signer == me}
     assert index.mine == mine
 

@@ -194,3 +194,68 @@ def test_plan_offers_a_straggler_only_to_a_node_that_would_beat_it():
     assert [(c.step, c.slots, c.speculative) for c in fast] == [(0, 3, True)]
     assert planner.plan(index, order, now=60, estimate_s=12 * 3600) == []  # 60 + 1.5 x 12 h > 18 h
     assert planner.plan(index, order, now=60, estimate_s=3000, tail=False) == []  # the issue-6 rules
+
+
+def test_the_last_slot_of_a_step_one_class_matched_waits_a_while_for_another_class():
+    """docs/protocol.md §10.1, the class wait (r16): while another class about as fast is live, a
+    node does not take the last slot of a step that only its own class matched or replays, for
+    CLASS_WAIT of that class's typical turnarounds (claim to attestation); a node of another
+    class takes it at once, the first replay of a step is never held back, and nobody waits for
+    a much slower class."""
+    gpu, cpu = "cuda/sm_90", "cpu/x86_64"
+    a, b, c = (bytes([i]) * 32 for i in (1, 2, 3))
+    index = DeficitIndex(4, 2, now=0)
+    index.add_claim(0, a, 0, 3600)
+    index.add_claim(1, c, 20, 3600)
+    index.advance(100)
+    index.add_attestation(0, a, True, gpu, 60.0, post_state=b"P" * 32)  # turnaround 100 s: claimed at 0, attested at 100
+    index.add_attestation(1, c, True, cpu, 50.0, post_state=b"P" * 32)  # turnaround 80 s
+    order = planner.StepOrder(b"r" * 32, b"me", 4)
+
+    def steps(device, now):
+        index.advance(now)
+        return sorted(cand.step for cand in planner.plan(index, order, now=now, device=device, estimate_s=60, limit=4))
+
+    assert planner.CLASS_WAIT == 3.0 and planner.TAIL_MARGIN == 1.5
+    assert steps(gpu, 101) == [1, 2, 3]  # step 0's last slot waits 3 x 80 s for the CPU; 2 and 3 want a first replay
+    assert steps(cpu, 101) == [0, 2, 3]  # step 1's waits 3 x 100 s for the GPU (100 <= 1.5 x 80)
+    assert steps(gpu, 100 + 239) == [1, 2, 3]
+    assert steps(gpu, 100 + 240) == [0, 1, 2, 3]  # the wait is over: it never idles the network for good
+    assert steps(cpu, 100 + 299) == [0, 2, 3] and steps(cpu, 100 + 300) == [0, 1, 2, 3]
+    # a replay in flight by a key whose class an attestation told counts as that class's
+    index.add_attestation(2, b, True, gpu, 40.0, post_state=b"P" * 32)
+    index.add_claim(3, b, 400, 4000)
+    assert 3 not in steps(gpu, 400) and 3 in steps(cpu, 400)
+    assert 3 in steps(gpu, 400 + 240)  # the wait runs from the claim's issue
+    index.add_claim(3, c, 700, 4000)  # c's CPU replay too: complete
+    assert 3 not in steps(gpu, 701) and 3 not in steps(cpu, 701)
+    # nobody waits for a class more than TAIL_MARGIN times slower, or with none other live
+    for other in (None, 200.0):
+        alone = DeficitIndex(2, 2, now=0)
+        alone.add_attestation(0, a, True, gpu, 60.0, post_state=b"P" * 32)
+        if other is not None:
+            alone.add_attestation(1, c, True, cpu, other, post_state=b"P" * 32)
+        found = planner.plan(alone, planner.StepOrder(b"r" * 32, b"me", 2), now=1, device=gpu, estimate_s=60)
+        assert 0 in [cand.step for cand in found]
+
+
+def test_before_anything_is_matched_a_second_replay_waits_for_the_first():
+    """The run's first round (nothing matched, no class known): the last slot of a step whose
+    only replay is in flight waits until that replay attests — its class is then known — or its
+    lease ends; steps that want a first replay are offered as ever."""
+    a = bytes([1]) * 32
+    index = DeficitIndex(2, 2, now=0)
+    index.add_claim(0, a, 0, 600)
+    order = planner.StepOrder(b"r" * 32, b"me", 2)
+
+    def steps(now):
+        index.advance(now)
+        return sorted(c.step for c in planner.plan(index, order, now=now, device="cuda/sm_90", estimate_s=60))
+
+    assert steps(10) == [1]
+    assert sorted(c.step for c in planner.plan(index, order, now=10, estimate_s=60)) == [0, 1]  # no class: no wait
+    assert steps(600) == [0, 1]  # the lease ended: the step wants two replays again
+    index.add_claim(0, a, 600, 1200)
+    index.advance(700)
+    index.add_attestation(0, a, True, "cuda/sm_90", 60.0, post_state=b"P" * 32)
+    assert steps(701) == [0, 1]  # one class known and no other live: nothing to wait for

@@ -9,6 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from open1b.node import planner
 from open1b.node.planner_view import PlannerView
 from open1b.protocol import Claim, WitnessReveal
 from open1b.protocol.hashing import blake2b256
@@ -112,3 +113,24 @@ def test_a_flag_removes_a_keys_attestations_and_clearing_it_brings_them_back(tmp
     assert ledger.planner.index(run) is index
     ledger.planner.recount(ledger.counting.set_flagged(run, frozenset()))
     assert index.deficit(0) == 0 and index.disputed(1)
+
+
+def test_an_uncounted_signature_frees_its_claimants_slot(tmp_path):
+    """A key whose attestation does not count (here: untrusted) is finished with the step all the
+    same — a node never attests a step twice — so its live claim holds no slot: the step wants
+    as many attesters as before, and the claimant's slot may be taken at once, not when its
+    lease runs out."""
+    ledger = make_ledger(tmp_path, MANIFEST, identity=ident(ME), clock=FrozenClock(T0), redundancy=2,
+                         trust_policy="allowlist", trusted_peers=tuple(ident(s).peer_id for s in LISTED))
+    run, stranger = MANIFEST.run_id, ident(4).public_key
+    ledger.statements.add_claim(CLAIMS[(4, 0)])
+    index = ledger.planner.index(run)
+    assert index.deficit(0) == 1  # a live claim by a node that has not attested: busy
+    ledger.statements.add_own(ATTS[(4, 0, True, True)])
+    assert index.deficit(0) == 2 and index.attesters(0) == frozenset()
+    cand = next(c for c in planner.pick(index, ledger.planner.order(run), limit=STEPS) if c.step == 0)
+    assert cand.finished == {stranger} and cand.attesters == frozenset()
+    assert planner.free_slot({0: CLAIMS[(4, 0)]}, 1, me=ident(ME).public_key, attesters=cand.done(), now=T0) == 0
+    afresh = PlannerView(ident(ME).public_key, 2, ledger.manifests, ledger.store, ledger.counting, clock=lambda: T0)
+    assert _state(afresh) == _state(ledger.planner)
+    ledger.store.close()

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from open1b.node import planner
 from open1b.sim import Churn, NetworkModel, Scenario, simulate
 from open1b.sim.baselines import RandomBlind
 from open1b.sim.hardware import Hardware
@@ -54,6 +55,105 @@ def test_shared_index_with_lag_and_parking_equals_one_index_per_node(extra, seed
     # ... and the run was eventful enough to mean something
     assert a["complete"] and a["claims_lost"] > 0 and a["lease_renewals"] > 0 and a["aborted_replays"] > 0
     assert fast.parks > 0 and slow.parks == 0
+
+
+class RescanSwarm(Swarm):
+    """The overlay view the obvious way, as the simulator first computed it: at every pick, for
+    every step the node lags on, every statement ever made on that step, whether the node will
+    use the view or not."""
+
+    def __init__(self, sc):
+        self.history: dict[int, list] = {}
+        super().__init__(sc)
+
+    def _event(self, step, *args, **kwargs):
+        e = super()._event(step, *args, **kwargs)
+        self.history.setdefault(step, []).append(e)
+        return e
+
+    def view(self, node):
+        now, t = self.loop.now, self.clock()
+        self.index.advance(t)
+        me = node.idx
+        unknown = {e.eid: e.step for e in self.recent
+                   if e.origin != me and (e.attestation or e.expiry > t) and not self.knows(node, e, now)}
+        unknown.update((e.eid, e.step) for e in self.pending.values()
+                       if e.origin != me and e.expiry > t and e.eid not in node.seen)
+        lagging = set(unknown.values()) | {e.step for e in node.own
+                                           if e.issued <= t < e.expiry and e.step not in node.done}
+        if not lagging:
+            return self.index
+        overrides = {}
+        for step in lagging:
+            known = [e for e in self.history[step] if e.eid not in unknown]
+            attesters = {e.key for e in known if e.attestation}
+            disputed = any(e.attestation and not e.match for e in known)
+            busy = [e.key for e in known if not e.attestation and e.key != node.key and e.issued <= t < e.expiry]
+            overrides[step] = planner.StepState(planner.step_deficit(self.sc.redundancy, disputed, attesters, busy),
+                                                disputed, frozenset(attesters))
+        return RescanView(self.index, overrides)
+
+
+class RescanView:
+    """The overlay's queries the obvious way: every override looked at on every query."""
+
+    def __init__(self, base, overrides):
+        self.base, self.redundancy, self.overrides = base, base.redundancy, overrides
+        self.buckets = {s: planner.bucket_of(st.deficit, st.disputed, base.redundancy) for s, st in overrides.items()}
+
+    def bucket_size(self, bucket):
+        return self.base.bucket_size(bucket) + sum((b == bucket) - (self.base.bucket(s) == bucket)
+                                                   for s, b in self.buckets.items())
+
+    def open_buckets(self):
+        return [b for b in range(planner.bucket_count(self.redundancy) - 1, 0, -1) if self.bucket_size(b) > 0]
+
+    def bucket_members(self, bucket):
+        return [s for s in self.base.bucket_members(bucket) if s not in self.buckets] + [
+            s for s, b in self.buckets.items() if b == bucket]
+
+    def buckets_of(self, steps):
+        ids = self.base.buckets_of(steps)
+        for step, b in self.buckets.items():
+            ids[steps == step] = b
+        return ids
+
+    def state(self, step):
+        return self.overrides.get(step) or self.base.state(step)
+
+    def tail(self):
+        return self.base.tail()
+
+    def stragglers(self, after, exclude, limit):
+        return [s for s in self.base.stragglers(after, exclude, limit) if self.state(s).deficit <= 0]
+
+    def matched_by(self, device):
+        return self.base.matched_by(device)
+
+    def attested_steps(self):
+        return self.base.attested_steps()
+
+    def class_wait(self, device):
+        return self.base.class_wait(device)
+
+
+# More steps than a node's preference prefix (planner.PREFIX), three device classes, no churn:
+# picks scan the prefix through the overlay's buckets_of, and slow nodes decline at the tail.
+WIDE = STORMY.replace(steps=1500, nodes=40, churn=None, mix=(
+    (Hardware("fast", 40.0, device="cuda/sm_90"), 0.5), (Hardware("mid", 90.0, device="cuda/sm_86"), 0.3),
+    (Hardware("slow", 400.0, device="cpu/x86_64"), 0.2)))
+
+
+@pytest.mark.parametrize("sc", [STORMY.replace(seed=5), STORMY.replace(seed=11), WIDE], ids=["stormy-5", "stormy-11", "wide"])
+def test_the_overlay_equals_a_full_rescan_at_every_pick(sc):
+    """The overlay's shortcuts — built only when a pick needs more than the run's tail, each
+    step recomputed from its attestations and unexpired claims alone, sizes and buckets from
+    sorted lookups — decide exactly as recomputing everything at every pick does, with the tail
+    rules and the class preference on."""
+    sc = sc.replace(parking=False)
+    a, b = Swarm(sc).simulate(), RescanSwarm(sc).simulate()
+    assert _outcome(a) == _outcome(b)
+    assert a["complete"] and a["claims_lost"] > 0 and a["speculative_claims"] > 0
 
 
 def test_tail_rules_parking_changes_nothing():
