@@ -29,6 +29,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 import trio
+from google.protobuf.message import DecodeError
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
@@ -56,6 +57,27 @@ from .reachability import interface_ipv4s
 from .relays import Relays, stream_is_relayed
 
 log = logging.getLogger(__name__)
+
+
+class _FramedPubsub(Pubsub):
+    """py-libp2p's pubsub, except that a frame that is not a pubsub RPC ends only its stream, as
+    a malformed message from that peer (``malformed``: one reject). py-libp2p catches stream and
+    varint errors there but not protobuf's ``DecodeError``, which went up through the connection
+    and ended the whole host: a daemon exited on one frame (a loaded devnet's observer, mid-run)."""
+
+    def __init__(self, host, router, *, malformed: Callable[[str], None]) -> None:
+        super().__init__(host, router)
+        self._malformed = malformed
+
+    async def stream_handler(self, stream) -> None:
+        try:
+            await super().stream_handler(stream)
+        except DecodeError:
+            peer_id = stream.muxed_conn.peer_id
+            log.info("peer %s sent a pubsub frame that is not an RPC: its stream is reset", peer_id)
+            self._malformed(str(peer_id))
+            await stream.reset()
+            self._handle_dead_peer(peer_id)
 
 # Publishing waits while any peer's outbound queue (32 slots in py-libp2p) holds this many RPCs.
 PUBLISH_QUEUE_HIGH_WATER = 16
@@ -179,7 +201,7 @@ class P2P:
         # dial from the peerstore, and each such dial waited on a router that dropped it.
         self.networks = local_networks()
         _store_dialable_only(self.host.get_peerstore(), lambda: self.networks)
-        self.pubsub = Pubsub(self.host, self.gossipsub)
+        self.pubsub = _FramedPubsub(self.host, self.gossipsub, malformed=self.penalise)
         self.dht = BoundedKadDHT(self.host, limits=dht_limits, penalise=self.penalise,
                                  banned=lambda peer: peer in self.banned)
         # Peers that stopped answering (a network split leaves their connections open but silent)

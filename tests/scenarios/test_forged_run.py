@@ -23,3 +23,12 @@ def test_unknown_forgery_or_step_is_refused(tmp_path):
         publish_forged_run(tmp_path, ident(0), steps=2, forgeries={0: "rewrite"})
     with pytest.raises(ValueError):
         publish_forged_run(tmp_path, ident(0), steps=2, forgeries={2: "bitflip"})
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_a_forged_op_reaches_the_published_state(tmp_path, step):
+    """Step 4 is the forged-op devnet's at 8 steps (the middle one), step 1 bench/dispute_bench.py's:
+    with the op's lowest bit flipped, the optimizer's rounding absorbed the change at both (no
+    parameter differed), so the forged run replayed as honest and there was nothing to dispute."""
+    publish_forged_run(tmp_path, ident(0), steps=step + 1, seed=0, forgeries={step: "forged-op"})
+    assert not replay(tmp_path, step).match
