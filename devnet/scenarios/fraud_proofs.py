@@ -100,10 +100,20 @@ class ForgedOp(_Dispute):
     def _status(self, net, i: int) -> dict:
         return net.coverage(i)["per_step"][self.step]
 
+    def _cited(self, net) -> set[tuple[str, ...]]:
+        return {tuple(self._status(net, i)["fraud_proofs"]) for i in net.honest()}
+
     def done(self, net):
-        return self.proof is not None and all(self._status(net, i)["fraud_proofs"] for i in net.honest())
+        # Both parties of the dispute build a proof (each its own trace first), and a node keeps the
+        # lower digest of the two (§18.7): done once every honest node cites one and the same proof,
+        # which need not be the one the observer held first.
+        cited = self._cited(net)
+        return self.proof is not None and len(cited) == 1 and len(next(iter(cited))) == 1
 
     def report(self, net):
+        cited = self._status(net, net.observer)["fraud_proofs"]
+        if self.proof is not None and cited and cited[0] != blake2b256(self.proof).hex():
+            self.proof = _fetch_proof(net, net.observer, cited[0])  # the proof the nodes settled on
         verdict = self.verdict()
         digest = blake2b256(self.proof).hex() if verdict else None
         statuses = {net.peer(i): self._status(net, i) for i in net.honest()}
