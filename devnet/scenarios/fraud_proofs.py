@@ -173,7 +173,8 @@ class FalseAccusation(_Dispute):
 class _BadDisputant(_Dispute):
     """The forged-op trainer misbehaves in the dispute the auditor opens (``forger=HOW``), and
     opens none itself (``--no-disputes``): the auditor's dispute must end ``outcome`` (the node's
-    own finding: no proof exists, so the step stays disputed, one dissenter and no quorum)."""
+    own finding): no proof exists, so the step is settled by replays alone — disputed with one
+    dissenter, or refuted where a quorum of auditors replayed it (``--nodes`` 3 and more)."""
 
     how = outcome = ""
 
@@ -205,7 +206,8 @@ class _BadDisputant(_Dispute):
         step = net.coverage(net.observer)["per_step"][self.step]
         return {f"the auditor's dispute with the trainer ended {self.outcome}": self.ended is not None,
                 "no fraud proof": all(not net.get(i, f"/v1/disputes/{net.run}") for i in net.honest()),
-                "the step is disputed, not refuted": step["status"] == "disputed" and not step["fraud_proofs"]}
+                "the step is disputed or refuted by replays, not by a proof":
+                    step["status"] in ("disputed", "refuted") and not step["fraud_proofs"]}
 
     def report(self, net):
         return _result({"what": f"a forged-op trainer that is {self.how} in the dispute of step {self.step}",
