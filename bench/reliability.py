@@ -391,6 +391,15 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   after 489 s against a 480-s deadline. Now a tied disputed step wants one attester more than it
   has (§10), the same forced copier passes in 158 s, and the scenario tests fail a devnet that
   passed its deadline.
+- **The dispute scenarios' sweep under load (2026-12-03) failed checks that were wrong, not the
+  network.** `forged-op` run 2 captured the proof the observer held first (`c92e44…`), while every
+  node settled on the other party's proof, of lower digest (`c560a8…`, §18.7): the scenario now
+  waits until every honest node cites one proof and checks that one. `silent-disputant` and
+  `oversized-disputant` expected the forged step `disputed`; with three auditors two replayed it
+  and a quorum refuted it (2 mismatches, no match, in every failed run kept), which is right: the
+  check now asks that replays alone settle the step, never a proof. The rows above are from
+  before these fixes and were not rerun under load; the combination copier + liar was stopped
+  during its first run (7 min, beside the CI suite and a second devnet) for time.
 - **A flagged or crashed node's live claim still holds its slot.** A claim in the DHT is only
   superseded by one of a later 60-s lease round, so a step claimed by a node that then crashes (or
   is flagged) is retaken only after its lease ends *and* a new round begins (the crash table's
