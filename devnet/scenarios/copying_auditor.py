@@ -7,6 +7,7 @@ from open1b.protocol import MATCH, Attestation, Open1bError, WitnessReveal
 from open1b.protocol.witness import witness_binding, witness_commitment
 
 from .base import HONEST_ROLES, Node, Scenario, _result
+from .fraud_proofs import conviction
 
 
 class CopyingAuditor(Scenario):
@@ -54,6 +55,11 @@ class CopyingAuditor(Scenario):
         proven = _contradiction_proven if copied_a_lie else _copy_proven
         how = "for a contradiction (it copied a false statement)" if copied_a_lie else "by a witness reveal"
         as_what = "for a contradiction" if copied_a_lie else "as a copier"
+        if flag is not None and flag["kind"] == "fraud":  # a dispute convicted it: the proof is the evidence
+            proof = conviction(net, flag, copier)
+            evidence = {"proof": proof.hex()} if proof else {}
+            how = as_what = "by a fraud proof"
+            proven = lambda *_: proof is not None  # noqa: E731
         honest = {net.peer(i) for i in net.indices(*HONEST_ROLES)}
         sent = self._sent(net)
         return _result(
@@ -61,7 +67,7 @@ class CopyingAuditor(Scenario):
             {"what": f"copiers flagged {how}", "count": int(bool(evidence)), "kind": flag["kind"] if flag else None,
              "flagged_at_step": flag["step"] if flag else None, "reveals": len(reveals), "counted_steps": counted},
             0,
-            {f"copier flagged {as_what}": flag is not None and flag["kind"] in ("copier", "contradiction"),
+            {f"copier flagged {as_what}": flag is not None and flag["kind"] in ("copier", "contradiction", "fraud"),
              "evidence re-checks": proven(evidence, net.manifest, flag["step"] if flag else -1, copier),
              "copies not counted": sent > 0 and not counted,
              "no honest node flagged": not honest & {f["signer"] for f in cov["flagged"]}},

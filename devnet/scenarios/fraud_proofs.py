@@ -26,6 +26,7 @@ import urllib.request
 from open1b.node.identity_file import load_identity
 from open1b.protocol.dispute import FraudProof, verify_fraud_proof
 from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import public_key_from_peer_id
 
 from ..forged_op import FORGED_KIND
 from .base import Node, Scenario, _result
@@ -36,6 +37,19 @@ ROUND_S = 3.0  # the devnet's dispute round timeout (--dispute-round-seconds)
 def _fetch_proof(net, i: int, digest: str) -> bytes:
     with urllib.request.urlopen(f"http://{net.api(i)}/v1/disputes/{net.run}/{digest}", timeout=10) as answer:
         return answer.read()
+
+
+def conviction(net, flag: dict, signer: str) -> bytes | None:
+    """The proof a ``fraud`` flag (a conviction, docs/protocol.md §8.3 step 9) cites, as the
+    observer serves it, if it is that proof and the referee convicts ``signer`` with it."""
+    try:
+        proof = _fetch_proof(net, net.observer, flag["statement"])
+    except OSError:
+        return None
+    verdict = verify_fraud_proof(proof)
+    convicted = (blake2b256(proof).hex() == flag["statement"] and verdict.accepted
+                 and public_key_from_peer_id(signer) in verdict.guilty)
+    return proof if convicted else None
 
 
 def _recent(net, i: int, outcome: str) -> list[dict]:

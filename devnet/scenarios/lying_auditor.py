@@ -6,6 +6,11 @@ from __future__ import annotations
 from open1b.protocol import Attestation
 
 from .base import Node, Scenario, _result
+from .fraud_proofs import conviction
+
+# How a liar is caught: two conflicting signed statements settled by replays, or, where a node's
+# dispute with it ended in a fraud proof, a conviction, which replaces any other flag (§8.3).
+CAUGHT = ("contradiction", "fraud")
 
 
 class LyingAuditor(Scenario):
@@ -17,7 +22,7 @@ class LyingAuditor(Scenario):
     min_redundancy = 2  # at redundancy 1 a fast liar alone "covers" every step: nobody replays it
     needs_forgery = True
     ROLES = ("liar", "accuser")
-    waiting = "both liars flagged for a contradiction at the observer"
+    waiting = "both liars flagged for a contradiction or convicted by a fraud proof at the observer"
     LEASE_S = 20  # longer than a replay on a loaded machine, so that leases rarely end mid-replay
 
     def auditor_args(self):
@@ -40,8 +45,9 @@ class LyingAuditor(Scenario):
 
     def done(self, net):
         # A liar's made-up witness bindings may get it flagged a copier first (docs/run-format.md
-        # §5); once a forged step settles, its flag carries the contradiction this scenario checks.
-        flagged = {f["signer"] for f in net.coverage(net.observer)["flagged"] if f["kind"] == "contradiction"}
+        # §5); once a forged step settles, its flag carries the contradiction this scenario checks,
+        # unless a dispute convicted it first.
+        flagged = {f["signer"] for f in net.coverage(net.observer)["flagged"] if f["kind"] in CAUGHT}
         return set(self._liars(net).values()) <= flagged
 
     def report(self, net):
@@ -54,6 +60,11 @@ class LyingAuditor(Scenario):
         for role, liar in liars.items():
             flag = flags.get(liar)
             pair = []
+            if flag is not None and flag["kind"] == "fraud":
+                proof = conviction(net, flag, liar)
+                conflicts[role] = proof is not None
+                evidence[role] = [proof.hex()] if proof else []
+                continue
             if flag is not None:
                 held = {a["digest"]: a for a in net.attestations(net.observer, flag["step"])}
                 pair = [held[d]["encoded"] for d in (flag["statement"], flag["conflicting"]) if d in held]
@@ -65,12 +76,12 @@ class LyingAuditor(Scenario):
         counted = {p for s in cov["per_step"] for p in s["auditors"] + s["dissenters"]}
         return _result(
             {"what": "statements signed without replaying (a match and a false dispute per step)", "count": lies},
-            {"what": "liars flagged with two conflicting signed statements",
+            {"what": "liars flagged with two conflicting signed statements, or convicted by a fraud proof",
              "count": len(set(liars.values()) & set(flags)),
              "flagged_at_steps": {role: flags[p]["step"] for role, p in liars.items() if p in flags}},
             0,
             {"both liars flagged": set(liars.values()) <= set(flags),
-             "evidence: an honest replay conflicts with each": all(conflicts.values()),
+             "evidence: an honest replay conflicts with each, or a proof convicts it": all(conflicts.values()),
              "liars no longer counted": not counted & set(liars.values()),
              "coverage complete without them": cov["complete"]},
             liars=liars, evidence=evidence)

@@ -7,6 +7,9 @@ import pytest
 from open1b.protocol import (
     Attestation,
 )
+from open1b.protocol.dispute import verify_fraud_proof
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import public_key_from_peer_id
 
 from .devnets import devnet, peers
 
@@ -27,7 +30,13 @@ def test_a_copier_among_liars_is_judged_as_coverage_flags_it(tmp_path):
     flag = {f["signer"]: f for f in s["flagged"]}.get(copier)
     [(label, flagged)] = [(k, v) for k, v in report["checks"].items() if k.startswith("copier flagged")]
     assert flagged == (flag is not None), (label, flag)
-    if flag is not None:
+    if flag is not None and flag["kind"] == "fraud":  # a dispute convicted it (§8.3 step 9)
+        assert label == "copier flagged by a fraud proof" and report["checks"]["evidence re-checks"]
+        proof = bytes.fromhex(report["evidence"]["proof"])
+        verdict = verify_fraud_proof(proof)
+        assert verdict.accepted and public_key_from_peer_id(copier) in verdict.guilty
+        assert blake2b256(proof).hex() == flag["statement"]
+    elif flag is not None:
         assert report["detected"]["kind"] == flag["kind"] in ("copier", "contradiction")
         assert label == ("copier flagged as a copier" if flag["kind"] == "copier" else
                          "copier flagged for a contradiction")

@@ -13,6 +13,9 @@ from open1b.protocol import (
     MISMATCH,
     Attestation,
 )
+from open1b.protocol.dispute import verify_fraud_proof
+from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import public_key_from_peer_id
 
 from .devnets import CLI, assert_network_kept_its_promises, devnet, peers
 
@@ -53,8 +56,14 @@ def test_lying_auditors_are_flagged_by_two_conflicting_statements_and_stop_count
     flags = {f["signer"]: f for f in s["flagged"]}
     assert set(liars.values()) <= set(flags)
     for role, liar in liars.items():
-        mine, other = (Attestation.decode(bytes.fromhex(e)) for e in report["evidence"][role])  # verifies
         flag = flags[liar]
+        if flag["kind"] == "fraud":  # a dispute convicted it first (§8.3 step 9): the proof is the evidence
+            [proof] = (bytes.fromhex(e) for e in report["evidence"][role])
+            verdict = verify_fraud_proof(proof)
+            assert verdict.accepted and public_key_from_peer_id(liar) in verdict.guilty
+            assert blake2b256(proof).hex() == flag["statement"]
+            continue
+        mine, other = (Attestation.decode(bytes.fromhex(e)) for e in report["evidence"][role])  # verifies
         assert mine.signer_peer_id == liar and mine.digest.hex() == flag["statement"]
         assert other.digest.hex() == flag["conflicting"] and other.signer_peer_id in peers(s, "auditor", "late")
         assert mine.step == other.step == flag["step"] and mine.pre_state == other.pre_state
