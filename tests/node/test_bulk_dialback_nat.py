@@ -5,14 +5,10 @@ listener, so the fetcher asks it to dial back, and the checkpoint arrives over t
 chunk checked against h_k and the whole file against its address."""
 
 import dataclasses
-import json
 import os
 import pickle
-import select
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +21,8 @@ from open1b.node.chunk_table import compute_table, state_expectation
 from open1b.protocol.hashing import blake2b256
 
 from .bulk_dialback_node import seeded
+from .site_procs import read_line, spawn
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT = 4821
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("iptables"),
@@ -34,19 +30,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or n
 
 
 def _node(site, seed: int, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([*site.prefix, sys.executable, "-m", "tests.node.bulk_dialback_node", "--seed", str(seed),
-                             "--listen", f"{site.address}:{PORT}", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return spawn(site, "tests.node.bulk_dialback_node", seed, "--listen", f"{site.address}:{PORT}", *args)
 
 
-def _line(proc: subprocess.Popen, timeout: float) -> dict:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready:
-        proc.kill()
-        raise AssertionError(f"no answer in {timeout} s; stderr: {proc.communicate(timeout=10)[1][-3000:]}")
-    line = proc.stdout.readline()
-    assert line, f"exited: {proc.communicate(timeout=10)[1][-3000:]}"
-    return json.loads(line)
 
 
 @pytest.mark.integration
@@ -65,11 +51,11 @@ def test_a_provider_behind_nat_dials_the_fetcher_back_and_the_checkpoint_arrives
             fetcher = _node(net.internet, 1, "--fetch", str(tmp_path / "fetcher"), str(tmp_path / "expect"),
                             "--provider", seeded(2).peer_id)
             procs.append(fetcher)
-            fetcher_addr = _line(fetcher, 60)["addr"]
+            fetcher_addr = read_line(fetcher, 60)["addr"]
             provider = _node(net.homes["a"], 2, "--serve", str(tmp_path / "provider"), "--dial", fetcher_addr)
             procs.append(provider)
-            _line(provider, 60)
-            got = _line(fetcher, 120)
+            read_line(provider, 60)
+            got = read_line(fetcher, 120)
             assert got == {"provider": "DialBackPeer", "dialled_back": [seeded(2).peer_id],
                            "bytes_by_peer": {seeded(2).peer_id: got["bytes_by_peer"].get(seeded(2).peer_id, 0)},
                            "address_ok": True}, got

@@ -5,21 +5,17 @@ TCP hole punch from their SO_REUSEPORT listening ports (node/relays.py), and the
 With home B behind ``--random-fully`` the punch cannot predict B's port: the connection stays
 relayed, and the failed attempts are counted too."""
 
-import json
 import os
-import select
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from open1b.devnet.nat_topology import HomeSpec, NatTopology
 
 from .relay_node import seeded
+from .site_procs import read_line, spawn
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT = 4801
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("iptables"),
@@ -27,18 +23,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or n
 
 
 def _node(site, seed: int, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([*site.prefix, sys.executable, "-m", "tests.node.relay_node", "--seed", str(seed), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return spawn(site, "tests.node.relay_node", seed, *args)
 
 
-def _line(proc: subprocess.Popen, timeout: float) -> dict:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready:
-        proc.kill()
-        raise AssertionError(f"no answer in {timeout} s; stderr: {proc.communicate(timeout=10)[1][-3000:]}")
-    line = proc.stdout.readline()
-    assert line, f"exited: {proc.communicate(timeout=10)[1][-3000:]}"
-    return json.loads(line)
 
 
 def _punch(b_nat: str) -> dict[str, dict]:
@@ -48,18 +35,18 @@ def _punch(b_nat: str) -> dict[str, dict]:
         try:
             relay = _node(net.internet, 1, "--listen", f"{net.internet.address}:{PORT}", "--relay")
             procs.append(relay)
-            relay_addr = _line(relay, 60)["addr"]
+            relay_addr = read_line(relay, 60)["addr"]
             a = _node(net.homes["a"], 2, "--listen", f"{net.homes['a'].address}:{PORT}", "--private",
                       "--dial", relay_addr, "--wait-for-peer", seeded(3).peer_id, "--wait", "40")
             procs.append(a)
-            _line(a, 60)
-            circuit = _line(a, 60)["circuit"]
+            read_line(a, 60)
+            circuit = read_line(a, 60)["circuit"]
             assert circuit.startswith(f"{relay_addr}/p2p-circuit/p2p/"), circuit
             b = _node(net.homes["b"], 3, "--listen", f"{net.homes['b'].address}:{PORT}", "--dial", relay_addr,
                       "--target", circuit, "--wait", "40")
             procs.append(b)
-            _line(b, 60)
-            return {"a": _line(a, 90), "b": _line(b, 90)}
+            read_line(b, 60)
+            return {"a": read_line(a, 90), "b": read_line(b, 90)}
         finally:
             for proc in procs:
                 proc.kill()
