@@ -14,6 +14,11 @@ open over a step it published or attested.
   keys), nor a party a stored proof already convicts at that step.
 * **Answering** (:class:`~.disputes.DisputeServer`): for a step of a run it published (it holds
   checkpoint k and the samples) or attested (fetched again, as for a replay); else ``no_trace``.
+  Only a dispute it would have opened itself (:meth:`DisputeAgent.refusal`): from the publisher
+  when our h_{k+1} is not the published one, or from a counted key whose attestation of step k
+  differs from ours, once per (run, step, key); else ``not_disputed``, before any replay (keys
+  are free: any key could otherwise buy a traced replay per step). An opener retries that one
+  as ``busy`` (our attestation may not have reached the peer yet).
 * **Bounds** (a trace is a full replay of the step, in the worker): at most ``max_open`` disputes
   opened at once and :data:`MAX_PENDING` waiting; one dispute with a peer at a time, either way
   (busy, unreachable, or our trace failed: :data:`BUSY_TRIES` tries, a random 2–8 s apart); 4
@@ -60,6 +65,8 @@ log = logging.getLogger("open1b.node.disputes")
 INBOX_SIZE, MAX_PENDING = 256, 64  # attestations waiting to be looked at; disputes waiting to be opened
 BUSY_TRIES, BUSY_RETRY_S, TRACES_KEPT = 3, (2.0, 8.0), 2
 SETTLED = frozenset({"proof", "agree", "records_differ", "ops_differ"})  # outcomes that end a disagreement
+# Refusals worth another try: the peer's bounds, or our attestation has not reached it yet (gossip).
+RETRIED = frozenset({"busy", "not_disputed"})
 
 
 class DisputeInbox:
@@ -95,6 +102,7 @@ class DisputeAgent:
         self._answer_started: dict[str, float] = {}
         self._answering: dict[str, tuple[bytes, int]] = {}  # peer -> the (run, step) its dispute is over
         self._next_answer: dict[str, float] = {}
+        self._answered_over: set[tuple[bytes, int, bytes]] = set()  # (run, step, key) answered with our trace
         self._traces: OrderedDict[tuple[bytes, int], tuple[StepTrace, object]] = OrderedDict()
         self._tracing = trio.Lock()  # one trace computed at a time (the worker takes one anyway)
         self._nursery: trio.Nursery | None = None
@@ -196,7 +204,7 @@ class DisputeAgent:
                 async with self._opening:
                     started = self.clock.now()
                     result = None if peer in self.engaged else await self._dispute(manifest, step, peer)
-                if result is not None and not (result.outcome == "not_held" or result.code == "busy"):
+                if result is not None and not (result.outcome == "not_held" or result.code in RETRIED):
                     break
             if result is not None:
                 self._record("opened", peer, (manifest.run_id, step), result, started)
@@ -243,12 +251,32 @@ class DisputeAgent:
         self._answer_started[peer] = now
         return True
 
-    async def find(self, theirs: TraceCommitment, session: AsyncExitStack) -> Party | None:
-        """Our party for the step of ``theirs`` (module doc), or None."""
+    def refusal(self, manifest: RunManifest, step: int, key: bytes) -> str | None:
+        """Why this node does not answer ``key``'s dispute over ``step`` (the ``error`` code), or
+        None: it answers the run's publisher, or a key it counts whose attestation of that step it
+        holds with another post-state than its own, once per (run, step, key). Anyone else's
+        dispute would cost a traced replay that nothing the node counts asks for (keys are free)."""
+        mine = self.my_post_state(manifest, step)
+        if mine is None:
+            return "no_trace"
+        run = manifest.run_id
+        if (run, step, key) in self._answered_over:
+            return "not_disputed"
+        if key == manifest.publisher:
+            warranted = mine != manifest.state_hashes[step + 1]
+        else:
+            warranted = self.counting.counts(run, key) and any(
+                a.signer == key and a.post_state != mine for a in self.store.attestations(run, step))
+        return None if warranted else "not_disputed"
+
+    async def find(self, theirs: TraceCommitment, session: AsyncExitStack) -> Party | str:
+        """Our party for the step of ``theirs`` (module doc), or the ``error`` code refusing it."""
         manifest = self.runs.get(theirs.run)
-        if manifest is None or theirs.step >= manifest.steps or theirs.pre_state != manifest.state_hashes[theirs.step] \
-                or self.my_post_state(manifest, theirs.step) is None:
-            return None
+        if manifest is None or theirs.step >= manifest.steps or theirs.pre_state != manifest.state_hashes[theirs.step]:
+            return "no_trace"
+        refused = self.refusal(manifest, theirs.step, theirs.tracer)
+        if refused is not None:
+            return refused
         peer = peer_id_from_public_key(theirs.tracer)
         self._answering[peer] = (theirs.run, theirs.step)
         try:
@@ -256,7 +284,8 @@ class DisputeAgent:
             return await self._party(manifest, run_dir, theirs.step)
         except (ReplayFailed, RunFilesError) as exc:
             log.warning("cannot answer %s's dispute over step %d: %s", peer, theirs.step, exc)
-            return None
+            self._answering.pop(peer, None)  # ours failed: the peer may ask again
+            return "no_trace"
 
     async def handle(self, stream: Stream) -> None:
         """Answer the dispute a peer opens on ``stream``."""
@@ -270,9 +299,12 @@ class DisputeAgent:
     def _answered(self, peer: str, result: DisputeResult) -> None:
         now = self.clock.now()
         started = self._answer_started.pop(peer, now)
+        self._next_answer = {p: t for p, t in self._next_answer.items() if t > now}  # one entry per peer paused
         self._next_answer[peer] = now + (now - started)
         over = self._answering.pop(peer, None)
         self._record("answered", peer, over, result, started)
+        if over is not None:
+            self._answered_over.add((*over, public_key_from_peer_id(peer)))
         if result.outcome in SETTLED and over is not None:
             self._seen.add((*over, public_key_from_peer_id(peer)))
             self._settled.add((*over, public_key_from_peer_id(peer)))

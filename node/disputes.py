@@ -66,7 +66,8 @@ class Party:
 class DisputeResult:
     """How a bisection ended. ``outcome``: ``agree``, ``proof`` (``proof`` and ``verdict`` set),
     ``records_differ``, ``ops_differ``, ``peer_silent``, ``peer_malformed``, ``peer_refused``
-    (it answered an ``error``: ``code``), ``no_trace`` (this node had none of the peer's step). ``peer_at_fault``: this node's finding against the peer
+    (it answered an ``error``: ``code``); answering, ``no_trace`` (this node had none of the peer's
+    step) or ``not_disputed`` (nothing it counts warrants it). ``peer_at_fault``: this node's finding against the peer
     (a proof's verdict is the referee's, which anyone can check)."""
 
     outcome: str
@@ -161,24 +162,25 @@ async def bisect(stream: Stream, party: Party, *, round_timeout_s: float = ROUND
     return await _ended(exchange, run())
 
 
-Find = Callable[[TraceCommitment, AsyncExitStack], Awaitable[Party | None]]
+Find = Callable[[TraceCommitment, AsyncExitStack], Awaitable[Party | str]]
 """``find(theirs, session)``: this node's party for the step of the peer's trace (computed on
-demand: a traced replay), or None if this node has none to defend; what the party needs for the
+demand: a traced replay), or the ``error`` code it answers instead (``no_trace``: it has none to
+defend; ``not_disputed``: nothing it counts warrants the replay); what the party needs for the
 rest of the dispute (a run's files held) it enters on ``session``, closed when the dispute ends."""
 
 
 async def answer(stream: Stream, find: Find, session: AsyncExitStack, *,
                  round_timeout_s: float = ROUND_TIMEOUT_S) -> DisputeResult:
     """Answer a dispute the peer opened: ``find`` gives this node's party for the step of the
-    peer's trace (None: this node has no trace of it, and says so)."""
+    peer's trace, or the code of its refusal (sent as an ``error``: the outcome)."""
     exchange = _Exchange(stream, False, round_timeout_s)
 
     async def run() -> DisputeResult:
         theirs = _their_trace(exchange, await exchange.receive("trace"))
         party = await find(theirs, session)
-        if party is None:
-            await exchange.send({"t": "error", "code": "no_trace"})
-            return DisputeResult("no_trace")
+        if isinstance(party, str):
+            await exchange.send({"t": "error", "code": party})
+            return DisputeResult(party)
         await exchange.send({"t": "trace", "trace": party.commitment.encoded})
         return await _after_traces(exchange, party, theirs)
 

@@ -33,7 +33,7 @@ MAX_CHUNK_MESSAGE = TRACE_CHUNK_SIZE + 64
 """Bytes of a chunk message: the chunk (its path is what the descent to it revealed)."""
 ROUND_TIMEOUT_S = 60.0
 """A party that does not answer a round within this loses the dispute on the node that waited."""
-ERRORS = ("busy", "no_trace")
+ERRORS = ("busy", "no_trace", "not_disputed")
 
 class _Checked:
     """A field the caller checks (a record: :func:`.proof.check_record`)."""

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import random
 
+import cbor2
 import trio
 from trio.testing import MockClock
 
 from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
-from open1b.node.dispute_tracer import WorkerTracer
+from open1b.node.dispute_tracer import StepTrace, WorkerTracer
 from open1b.node.disputes import DisputeResult
+from open1b.node.p2p import open_p2p
 from open1b.node.worker import ReplayWorker
-from open1b.protocol.dispute.trace import trace_tree
+from open1b.protocol.codec import encode
+from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
+from open1b.protocol.dispute.trace import TraceCommitment, trace_tree
+from open1b.protocol.hashing import blake2b256
 from tests.protocol.conftest import make_attestation
 
 from .conftest import ident
@@ -25,12 +30,11 @@ from .fakes import FakeGossip, make_ledger
 PUBLISHER, ME, TRUSTED, STRANGER = ident(0), ident(1), ident(2), ident(3)
 
 
-def _agent(tmp_path, manifest, me=ME, run_dir=None) -> DisputeAgent:
+def _agent(tmp_path, manifest, me=ME, run_dir=None, p2p=None) -> DisputeAgent:
     ledger = make_ledger(tmp_path, manifest, identity=me, trusted_peers=(TRUSTED.peer_id,))
     if run_dir is not None:
         ledger.store.add_manifest(manifest, run_dir)
-    gossip = FakeGossip()
-    return DisputeAgent(me, gossip, None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
+    return DisputeAgent(me, p2p or FakeGossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
                         counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish, clock=Clock(),
                         rng=random.Random(0), stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
 
@@ -105,3 +109,62 @@ def test_a_peers_next_dispute_is_answered_no_sooner_than_its_last_answer_took(tm
         assert server.admit("peer")
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+class _CountingTracer:
+    """The worker's place: counts the traced replays asked of it (the CPU a dispute costs) and
+    gives the tiny step's real records, from the run's published h_step."""
+
+    def __init__(self, manifest, records) -> None:
+        self.manifest, self.records, self.traced = manifest, records, []
+
+    async def trace(self, manifest, run_dir, step):
+        self.traced.append(step)
+        return StepTrace(self.records, manifest.state_hashes[step], manifest.state_hashes[step + 1])
+
+    async def op_data(self, manifest, run_dir, step, pos):
+        raise AssertionError("no dispute here reaches an op's data")
+
+
+async def _ask(agent_p2p, identity, manifest, step) -> dict:
+    """``identity`` opens a dispute over ``step`` from a host of its own; the first answer."""
+    async with open_p2p(identity, "127.0.0.1", 0) as host:
+        await host.connect(agent_p2p.addrs[0])
+        stream = await host.open_stream(agent_p2p.peer_id, DISPUTE_PROTOCOL)
+        theirs = TraceCommitment.create(identity, run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step],
+                                        post_state=blake2b256(b"theirs", bytes([step])), ops=1, root=bytes(32))
+        await stream.send(encode({"t": "trace", "trace": theirs.encoded}))
+        return cbor2.loads(bytes(await stream.receive(MAX_MESSAGE)))
+
+
+def test_a_node_answers_only_disputes_a_counted_key_warrants_once_each(tmp_path, manifest):
+    """A trace is a full replay of the step: a node answers a dispute only from the run's
+    publisher or a key it counts whose attestation of that step contradicts its own result, and
+    once per (run, step, key). Before, fresh keys (each free) that opened disputes over distinct
+    steps each got one traced replay: N keys, N replays."""
+    from .dispute_parties import party
+
+    records = party(ident(90)).records
+    sybils = [ident(100 + i) for i in range(3)]
+
+    async def main():
+        with trio.fail_after(120):
+            async with open_p2p(PUBLISHER, "127.0.0.1", 0) as p2p:
+                agent = _agent(tmp_path, manifest, me=PUBLISHER, run_dir=tmp_path / "run", p2p=p2p)
+                agent.tracer = tracer = _CountingTracer(manifest, records)
+                p2p.set_stream_handler(DISPUTE_PROTOCOL, agent.handle)
+                agent.store.add_attestations([make_attestation(sybils[0], manifest, 0, match=False),
+                                              make_attestation(TRUSTED, manifest, 3, match=False),
+                                              make_attestation(TRUSTED, manifest, 4)])
+                flood = [await _ask(p2p, key, manifest, step) for step, key in enumerate(sybils)]
+                assert tracer.traced == []
+                assert flood == [{"t": "error", "code": "not_disputed"}] * 3  # its own attestation does not count
+                assert (await _ask(p2p, TRUSTED, manifest, 4))["code"] == "not_disputed"  # it agrees with us
+                assert (await _ask(p2p, TRUSTED, manifest, 3))["t"] == "trace" and tracer.traced == [3]
+                with trio.fail_after(10):
+                    while TRUSTED.peer_id in agent.engaged or not agent.server.admit(TRUSTED.peer_id):
+                        await trio.sleep(0.05)  # its answer's session ends, and its pause after it
+                assert (await _ask(p2p, TRUSTED, manifest, 3))["code"] == "not_disputed"  # answered once already
+                assert tracer.traced == [3]
+
+    trio.run(main)
