@@ -53,7 +53,7 @@ from open1b.protocol.identity import peer_id_from_public_key, verify_raw
 from .blobs import BlobCache, BlobError
 from .chunk_table import ChunkTableError
 from .dialable import is_circuit
-from .p2p import P2P, NetworkError, Stream
+from .p2p import P2P, FrameTooLarge, NetworkError, Stream
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,13 @@ MAX_AWAITED = 32
 """Dial-backs a fetcher awaits at once (one per provider of the fetches in flight)."""
 MAX_DIALBACKS_PER_PEER = 2
 """Dial-back sessions (dialling or running) a provider holds at once for one fetcher."""
+MAX_DIALBACKS_PER_HOST = 2
+"""Dial-back sessions a provider holds at once to one address, whatever the keys asking (each key
+is free, and a dial-back goes to the asker's address at the port it names)."""
+DIALBACK_PAUSE_S = HANDSHAKE_TIMEOUT_S
+"""After a dial-back that could not connect, that address is not dialled back for this long: a
+fetcher's listener that did not answer will not answer a moment later, and the port an asker
+names is its word (one key scanned its address's ports as fast as it asked)."""
 
 _TRANSCRIPT_TAG = b"open1b/bulk/transcript/v1\x00"
 _SERVER_SIG_TAG = b"open1b/bulk/server/v1\x00"
@@ -393,13 +400,15 @@ class BulkServer:
     caps the upload of all sessions together, dialled back or not."""
 
     def __init__(self, cache: BlobCache, identity: Identity, *, allow: Callable[[str], bool] = lambda peer: True,
-                 rate_bytes_per_s: float | None = None, max_sessions: int = MAX_SESSIONS) -> None:
-        self.cache, self.identity, self.allow = cache, identity, allow
+                 rate_bytes_per_s: float | None = None, max_sessions: int = MAX_SESSIONS,
+                 penalise: Callable[[str], None] = lambda peer: None) -> None:
+        self.cache, self.identity, self.allow, self.penalise = cache, identity, allow, penalise
         self._bucket = TokenBucket(rate_bytes_per_s, burst=MAX_RANGE) if rate_bytes_per_s else None
         self._limiter = trio.CapacityLimiter(max_sessions)
         self._gate = _HandshakeGate(MAX_HANDSHAKES_PER_IP, MAX_HANDSHAKES)
         self._awaited: dict[bytes, trio.MemorySendChannel[trio.SocketStream]] = {}  # token -> its fetch
-        self._dialling: dict[str, int] = {}  # fetcher -> dial-back sessions held for it
+        self._dialling: dict[str, int] = {}  # fetcher's peer ID, and its address -> dial-back sessions held for it
+        self._paused: dict[str, float] = {}  # address -> when it may be dialled back again (a dial there failed)
         self._nursery: trio.Nursery | None = None
         self.port = 0  # once serving
         self.dialled_back = 0  # sessions served over a connection this node dialled (as a provider)
@@ -491,36 +500,52 @@ class BulkServer:
     async def dial_back(self, stream: Stream) -> None:
         """The libp2p handler of :data:`DIALBACK_PROTOCOL`: dial the asker's bulk listener at the
         address its connection comes from (never another: the service cannot be aimed at a third
-        party), on a direct connection only, at most MAX_DIALBACKS_PER_PEER sessions per peer; then
-        serve the session, in which the asker must prove to be the peer that asked."""
+        party), on a direct connection only, at most MAX_DIALBACKS_PER_PEER sessions per peer and
+        MAX_DIALBACKS_PER_HOST per address, none for DIALBACK_PAUSE_S after a dial there failed;
+        then serve the session, in which the asker must prove to be the peer that asked. A
+        malformed request is refused and its sender penalised."""
         peer, host = stream.peer_id, stream.remote_host
-        request = decode(await stream.receive(MAX_DIALBACK_REQUEST), max_size=MAX_DIALBACK_REQUEST)
+        try:
+            request = decode(await stream.receive(MAX_DIALBACK_REQUEST), max_size=MAX_DIALBACK_REQUEST)
+        except (FrameTooLarge, DecodeError):
+            request = None
         port = request.get("port") if type(request) is dict else None
         token = request.get("token") if type(request) is dict else None
-        if stream.relayed:  # the address it comes from is the relay's, and no checkpoint crosses one
-            log.info("refused a bulk dial-back asked by %s over a relayed connection", peer)
-        if (stream.relayed or host is None or type(port) is not int or not 0 < port < 65536
-                or type(token) is not bytes or len(token) != TOKEN_SIZE or not self.allow(peer)
-                or self._dialling.get(peer, 0) >= MAX_DIALBACKS_PER_PEER or self._nursery is None):
+        # [REJECT] a request that is not {"port": 1..65535, "token": TOKEN_SIZE bytes}
+        if type(port) is not int or not 0 < port < 65536 or type(token) is not bytes or len(token) != TOKEN_SIZE:
+            self.penalise(peer)
             self.dialbacks_refused += 1
             await stream.reset()
             return
-        self._dialling[peer] = self._dialling.get(peer, 0) + 1
+        if stream.relayed:  # the address it comes from is the relay's, and no checkpoint crosses one
+            log.info("refused a bulk dial-back asked by %s over a relayed connection", peer)
+        now = trio.current_time()
+        if (stream.relayed or host is None or not self.allow(peer) or self._nursery is None
+                or self._dialling.get(peer, 0) >= MAX_DIALBACKS_PER_PEER
+                or self._dialling.get(host, 0) >= MAX_DIALBACKS_PER_HOST or self._paused.get(host, now) > now):
+            self.dialbacks_refused += 1
+            await stream.reset()
+            return
+        for held in (peer, host):
+            self._dialling[held] = self._dialling.get(held, 0) + 1
         tcp, started = None, False
         try:
             tcp = await _dial(host, port, token)
             if tcp is not None:
-                self._nursery.start_soon(self._serve_dialled, tcp, peer)  # it owns the connection and the count now
+                self._nursery.start_soon(self._serve_dialled, tcp, peer, host)  # it owns the connection and the counts now
                 started = True
+            else:
+                self._paused = {h: t for h, t in self._paused.items() if t > now}  # only the addresses paused now
+                self._paused[host] = trio.current_time() + DIALBACK_PAUSE_S
         finally:
             if not started:
-                self._release(peer)
+                self._release(peer, host)
                 if tcp is not None:
                     await trio.aclose_forcefully(tcp)
         await stream.send(encode({"dialled": started}))
         await stream.close()
 
-    async def _serve_dialled(self, tcp: trio.SocketStream, peer: str) -> None:
+    async def _serve_dialled(self, tcp: trio.SocketStream, peer: str, host: str) -> None:
         channel = None
         try:
             with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
@@ -531,13 +556,14 @@ class BulkServer:
         except (BulkError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             return
         finally:
-            self._release(peer)
+            self._release(peer, host)
             await trio.aclose_forcefully(tcp)
 
-    def _release(self, peer: str) -> None:
-        self._dialling[peer] -= 1
-        if not self._dialling[peer]:
-            del self._dialling[peer]
+    def _release(self, peer: str, host: str) -> None:
+        for held in (peer, host):
+            self._dialling[held] -= 1
+            if not self._dialling[held]:
+                del self._dialling[held]
 
 
 async def _dial(host: str, port: int, token: bytes) -> trio.SocketStream | None:

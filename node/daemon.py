@@ -169,7 +169,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     stats = NodeStats()
     cache = BlobCache(config.data_dir / BLOBS_DIR, config.blob_cache_bytes, reserve_bytes=config.disk_reserve_bytes)
     # Checkpoints travel on the bulk path, beside libp2p (docs/run-format.md §6.6).
-    bulk = BulkServer(cache, identity, allow=lambda peer: peer not in p2p.banned)
+    bulk = BulkServer(cache, identity, allow=lambda peer: peer not in p2p.banned, penalise=p2p.penalise)
     runfiles = RunFiles(config.data_dir, cache, bulk)
     inbox = DisputeInbox()
     ledger = build_ledger(identity, config, store, p2p, clock=clock, stats=stats, listeners=(inbox.stored,) if config.disputes else ())

@@ -1,7 +1,9 @@
 """The bulk session (node/bulk.py) on real loopback TCP: who may talk, what a frame may be."""
 
 import logging
+import socket
 import struct
+from contextlib import AsyncExitStack
 
 import pytest
 import trio
@@ -10,8 +12,10 @@ import trio.testing
 from open1b.node.blobs import BlobCache
 from open1b.node.bulk import (
     ADDRESS_PROTOCOL,
+    DIALBACK_PROTOCOL,
     HANDSHAKE_TIMEOUT_S,
     HELLO_SIZE,
+    MAX_DIALBACKS_PER_HOST,
     MAX_HANDSHAKES_PER_IP,
     MAX_RESPONSE,
     OP_RANGE,
@@ -30,7 +34,8 @@ from open1b.node.bulk import (
     serve_bulk,
     server_handshake,
 )
-from open1b.node.p2p import open_p2p
+from open1b.node.p2p import NetworkError, open_p2p
+from open1b.protocol.codec import decode, encode
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key
 
@@ -298,5 +303,73 @@ def test_a_provider_behind_nat_is_dialled_back_over_a_direct_connection_and_neve
         refusals = [r.getMessage() for r in caplog.records if "no bulk session" in r.getMessage()]
         assert len(refusals) == 2 and "checkpoints never cross one" in refusals[0], refusals
         assert "both behind NAT" in refusals[1], refusals
+
+    trio.run(main)
+
+
+
+async def _ask_dial_back(asker, provider, port: int, request: bytes | None = None):
+    """``asker`` asks ``provider`` to dial it back at ``port`` (or sends ``request``): the answer,
+    or None if the stream was reset (refused)."""
+    stream = await asker.open_stream(provider.peer_id, DIALBACK_PROTOCOL)
+    try:
+        await stream.send(request if request is not None else encode({"port": port, "token": bytes(32)}))
+        return decode(bytes(await stream.receive(64)), max_size=64)
+    except NetworkError:
+        return None
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dial_backs_to_one_address_are_bounded_whatever_the_keys_and_a_failed_one_pauses_it(tmp_path):
+    """A dial-back goes only to the address the asker's connection comes from, but the port is
+    the asker's word: fresh keys from one address made the provider hold connections to a port
+    there (2 per key: N keys, 2N connections, each held for the handshake timeout), and one key
+    scanned that address's ports as fast as it asked (each answered dialled or not). Now one
+    address has MAX_DIALBACKS_PER_HOST at a time whatever the keys, a dial that fails pauses
+    dial-backs to that address for DIALBACK_PAUSE_S, and a malformed request penalises its sender."""
+    keys = [ident(70 + i) for i in range(3)]
+    penalised = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                nursery = await stack.enter_async_context(trio.open_nursery())
+                provider = await stack.enter_async_context(open_p2p(SERVER, "127.0.0.1", 0))
+                server = BulkServer(BlobCache(tmp_path, 1 << 20), SERVER, penalise=penalised.append)
+                await nursery.start(server.serve, "127.0.0.1", 0)
+                provider.set_stream_handler(DIALBACK_PROTOCOL, server.dial_back)
+                askers = [await stack.enter_async_context(open_p2p(k, "127.0.0.1", 0)) for k in keys]
+                for asker in askers:
+                    await asker.connect(provider.addrs[0])
+                held, release = [], trio.Event()
+
+                async def hold(stream):  # the port the askers name: it accepts and never speaks
+                    held.append(stream)
+                    await release.wait()
+
+                port = await fake_server(nursery, hold)
+                answers = []
+
+                async def ask(asker):
+                    answers.append(await _ask_dial_back(asker, provider, port))
+
+                async with trio.open_nursery() as asking:
+                    for asker in askers * 2:  # each key its own bound of 2
+                        asking.start_soon(ask, asker)
+                dialled = [a for a in answers if a is not None and a["dialled"]]
+                assert 1 <= len(dialled) <= MAX_DIALBACKS_PER_HOST and len(held) <= MAX_DIALBACKS_PER_HOST, answers
+                release.set()
+
+                scan = [await _ask_dial_back(askers[0], provider, _closed_port()) for _ in range(4)]
+                assert sum(a is not None for a in scan) <= 1, scan  # was 4 × {"dialled": False}
+                assert await _ask_dial_back(askers[1], provider, 0, b"\xff" * 8) is None  # not CBOR
+                assert await _ask_dial_back(askers[2], provider, 0, encode({"port": port, "token": b"x"})) is None
+                assert penalised == [keys[1].peer_id, keys[2].peer_id]
+                nursery.cancel_scope.cancel()
 
     trio.run(main)
