@@ -210,7 +210,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
                             clock=clock, rng=rng, stats=stats, round_timeout_s=config.dispute_round_s,
                             trace_timeout_s=config.replay_timeout_s)
     shutdown = trio.Event()
-    dialback = DialBackServer()
+    dialback = DialBackServer(penalise=p2p.penalise)
     p2p.set_stream_handler(DIALBACK_PROTOCOL, dialback.handle)
     reachability = ReachabilityMonitor(p2p, lambda: p2p.listen_port, rng, clock.sleep)
     node = Components(identity, config, clock, p2p, ledger, publisher, fetcher, runfiles, stats, worker, shutdown,

@@ -71,3 +71,10 @@ def dialable(addr: Multiaddr | str, networks: Networks) -> bool:
 
 def dialable_only(addrs: Iterable[Multiaddr], networks: Networks) -> list[Multiaddr]:
     return [a for a in addrs if dialable(a, networks)]
+
+
+def interface_ipv4s() -> list[str]:
+    """This machine's IPv4 interface addresses (what a listener on 0.0.0.0 can be reached at),
+    loopback last: it serves only this machine."""
+    found = {str(i.ip) for i in interfaces()}
+    return sorted(found, key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))

@@ -49,11 +49,10 @@ from multiaddr import Multiaddr
 from open1b.protocol import Identity, Open1bError, Outcome
 
 from .dht_store import BoundedKadDHT, DhtLimits
-from .dialable import Networks, dialable_only, local_networks
+from .dialable import Networks, dialable_only, interface_ipv4s, local_networks
 from .discovery import DIAL_TIMEOUT_S, discover
 from .listen_port import socket_inode, strangers
 from .peer_liveness import UNANSWERED_AFTER_S, PeerLiveness, guard_dht_requests, probe_forever
-from .reachability import interface_ipv4s
 from .relays import Relays, stream_is_relayed
 
 log = logging.getLogger(__name__)

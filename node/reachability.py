@@ -22,17 +22,15 @@ import ipaddress
 import logging
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import trio
 
 from open1b.protocol import Open1bError
 from open1b.protocol.codec import decode, encode
+from open1b.protocol.errors import DecodeError
 
-from .dialable import interfaces
-
-if TYPE_CHECKING:
-    from .p2p import P2P, Stream
+from .p2p import P2P, FrameTooLarge, Stream
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +45,7 @@ CHECK_EVERY_S = 600.0  # how often the node checks again once it has a verdict
 RETRY_UNKNOWN_S = 10.0  # and while it has none (too few peers yet): a node behind NAT reserves on relays once it knows
 MAX_REQUEST = 64
 SERVE_PER_PEER_S = 10.0  # a peer gets at most one dial-back this often
+MAX_WAITING = 2  # requests waiting for the one dial; more are refused (keys are free: each waiting holds a stream)
 
 
 @dataclass(frozen=True)
@@ -102,13 +101,6 @@ def _global(host: str) -> bool:
         return ipaddress.ip_address(host).is_global
     except ValueError:
         return False
-
-
-def interface_ipv4s() -> list[str]:
-    """This machine's IPv4 interface addresses (what a listener on 0.0.0.0 can be reached at),
-    loopback last: it serves only this machine."""
-    found = {str(i.ip) for i in interfaces()}
-    return sorted(found, key=lambda ip: (ipaddress.ip_address(ip).is_loopback, ip))
 
 
 # -- the asking side --------------------------------------------------------------------------
@@ -208,27 +200,40 @@ async def dial_back(host: str, port: int, *, timeout_s: float = DIAL_TIMEOUT_S) 
 
 class DialBackServer:
     """The handler of DIALBACK_PROTOCOL: dials the asker's address (as its connection shows it)
-    at the port it names, one dial at a time, at most once per peer per SERVE_PER_PEER_S."""
+    at the port it names, one dial at a time with at most MAX_WAITING requests waiting, at most
+    once per peer per SERVE_PER_PEER_S; a malformed request is refused and its sender penalised."""
 
-    def __init__(self, dial: Callable[[str, int], Awaitable[bool]] = dial_back) -> None:
-        self.dial = dial
+    def __init__(self, dial: Callable[[str, int], Awaitable[bool]] = dial_back, *,
+                 penalise: Callable[[str], None] = lambda peer: None) -> None:
+        self.dial, self.penalise = dial, penalise
         self._last: dict[str, float] = {}
         self._one = trio.Lock()
+        self._held = 0  # requests dialling or waiting to
 
     async def handle(self, stream: Stream) -> None:
         host = stream.remote_host
-        request = decode(await stream.receive(MAX_REQUEST), max_size=MAX_REQUEST)
+        try:
+            request = decode(await stream.receive(MAX_REQUEST), max_size=MAX_REQUEST)
+        except (FrameTooLarge, DecodeError):
+            request = None
         port = request.get("port") if type(request) is dict else None
-        if host is None or type(port) is not int or not 0 < port < 65536:
+        # [REJECT] a request that is not {"port": 1..65535}
+        if type(port) is not int or not 0 < port < 65536:
+            self.penalise(stream.peer_id)
             await stream.reset()
             return
         now = trio.current_time()
-        if now - self._last.get(stream.peer_id, -SERVE_PER_PEER_S) < SERVE_PER_PEER_S:
+        if host is None or self._held > MAX_WAITING or \
+                now - self._last.get(stream.peer_id, -SERVE_PER_PEER_S) < SERVE_PER_PEER_S:
             await stream.reset()
             return
         self._last = {p: t for p, t in self._last.items() if now - t < SERVE_PER_PEER_S}  # stays bounded
         self._last[stream.peer_id] = now
-        async with self._one:
-            reached = await self.dial(host, port)
+        self._held += 1
+        try:
+            async with self._one:
+                reached = await self.dial(host, port)
+        finally:
+            self._held -= 1
         await stream.send(encode({"host": host, "reached": reached}))
         await stream.close()

@@ -1,22 +1,26 @@
 """Reachability by dial-back over a fresh connection (node/reachability.py): the verdict rule, the
 dial-back itself against real listeners, and the request between real hosts on loopback."""
 
+import functools
 import random
 from contextlib import AsyncExitStack
 
+import pytest
 import trio
 from multiaddr import Multiaddr
 
-from open1b.node.p2p import open_p2p, usable_addrs
+from open1b.node.dialable import interface_ipv4s
+from open1b.node.p2p import NetworkError, open_p2p, usable_addrs
 from open1b.node.reachability import (
     DIALBACK_PROTOCOL,
+    MAX_REQUEST,
+    MAX_WAITING,
     DialBack,
     DialBackServer,
     ask,
     ask_peers,
     dht_client,
     dial_back,
-    interface_ipv4s,
     verdict,
 )
 
@@ -114,5 +118,48 @@ def test_only_dialable_addresses_are_announced():
             node.dialled_back_at = {"8.8.4.4"}  # peers' dial-backs reached our listener there
             assert usable_addrs([listening, observed], lambda: node._listening, node.dialled_back_at)[-1] == Multiaddr(f"/ip4/8.8.4.4/tcp/{port}")
             assert observed not in usable_addrs([listening, observed], lambda: node._listening, node.dialled_back_at)
+
+    trio.run(main)
+
+
+def test_dial_back_requests_wait_in_a_bounded_line_and_a_malformed_one_is_penalised():
+    """One dial at a time, once per key per 10 s: fresh keys (each free) asking at once all waited
+    for the one dial, each holding its stream (6 keys at a port that accepts and never greets: 6
+    held, answered one by one). Now at most MAX_WAITING wait; the others are refused at once."""
+    keys = [ident(110 + i) for i in range(6)]
+    penalised = []
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                nursery = await stack.enter_async_context(trio.open_nursery())
+                server = await stack.enter_async_context(open_p2p(ident(109), "127.0.0.1", 0))
+                served = DialBackServer(functools.partial(dial_back, timeout_s=1.0), penalise=penalised.append)
+                server.set_stream_handler(DIALBACK_PROTOCOL, served.handle)
+                askers = [await stack.enter_async_context(open_p2p(k, "127.0.0.1", 0)) for k in keys]
+                for asker in askers:
+                    await asker.connect(server.addrs[0])
+
+                async def silent(stream):
+                    await trio.sleep_forever()
+
+                port = (await nursery.start(trio.serve_tcp, silent, 0))[0].socket.getsockname()[1]
+                answers = []
+
+                async def one(asker):
+                    answers.append(await ask(asker, server.peer_id, port))
+
+                async with trio.open_nursery() as asking:
+                    for asker in askers:
+                        asking.start_soon(one, asker)
+                answered = [a for a in answers if a is not None]
+                assert len(answers) == 6 and 1 <= len(answered) <= 1 + MAX_WAITING, answers
+                assert not any(a.reached for a in answered)
+                bad = await askers[0].open_stream(server.peer_id, DIALBACK_PROTOCOL)
+                await bad.send(b"\xff" * 8)  # not CBOR
+                with pytest.raises(NetworkError):
+                    await bad.receive(MAX_REQUEST)
+                assert penalised == [keys[0].peer_id]
+                nursery.cancel_scope.cancel()
 
     trio.run(main)
