@@ -293,7 +293,8 @@ class DisputeAgent:
             await self.server.handle(stream)
         except ReplayFailed as exc:  # our op data could not be computed: the dispute is not held
             log.warning("dispute from %s not held: %s", stream.peer_id, exc)
-            self._answering.pop(stream.peer_id, None)
+            self._answering.pop(stream.peer_id, None)  # ours failed: the peer may ask again…
+            self._answered(stream.peer_id, DisputeResult("not_held"))  # …after the pause its answer earned
             await stream.reset()  # the opener learns at once, not after its round timeout
 
     def _answered(self, peer: str, result: DisputeResult) -> None:

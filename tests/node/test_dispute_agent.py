@@ -15,9 +15,9 @@ from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
 from open1b.node.dispute_tracer import StepTrace, WorkerTracer
-from open1b.node.disputes import DisputeResult
+from open1b.node.disputes import DisputeResult, Party, bisect
 from open1b.node.p2p import open_p2p
-from open1b.node.worker import ReplayWorker
+from open1b.node.worker import ReplayFailed, ReplayWorker
 from open1b.protocol.codec import encode
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
 from open1b.protocol.dispute.trace import TraceCommitment, trace_tree
@@ -166,5 +166,45 @@ def test_a_node_answers_only_disputes_a_counted_key_warrants_once_each(tmp_path,
                         await trio.sleep(0.05)  # its answer's session ends, and its pause after it
                 assert (await _ask(p2p, TRUSTED, manifest, 3))["code"] == "not_disputed"  # answered once already
                 assert tracer.traced == [3]
+
+    trio.run(main)
+
+
+def test_an_answer_our_worker_could_not_finish_pauses_the_peer_as_any_other(tmp_path, manifest):
+    """A peer's next dispute is answered no sooner than its last answer took — also when the last
+    one ended because our op data could not be computed (the worker failed after replaying): that
+    path skipped the pause, so a counted peer could have the worker replay again at once."""
+    from open1b.devnet.forged_op import ForgingBackend
+
+    from .dispute_parties import party
+
+    honest, forged = party(ident(90)), party(TRUSTED, ForgingBackend)
+    step = 3
+
+    class _FailingOpData(_CountingTracer):
+        async def op_data(self, manifest, run_dir, step, pos):
+            await trio.sleep(2.0)  # the worker replays to the op, then fails
+            raise ReplayFailed("the worker died")
+
+    async def main():
+        with trio.fail_after(120):
+            async with open_p2p(PUBLISHER, "127.0.0.1", 0) as p2p, open_p2p(TRUSTED, "127.0.0.1", 0) as opener:
+                agent = _agent(tmp_path, manifest, me=PUBLISHER, run_dir=tmp_path / "run", p2p=p2p)
+                agent.tracer = _FailingOpData(manifest, honest.records)
+                p2p.set_stream_handler(DISPUTE_PROTOCOL, agent.handle)
+                agent.store.add_attestation(make_attestation(TRUSTED, manifest, step, match=False))
+                theirs = TraceCommitment.create(TRUSTED, run=manifest.run_id, step=step,
+                                                pre_state=manifest.state_hashes[step], post_state=bytes(32),
+                                                ops=forged.commitment.ops, root=forged.commitment.root)
+                await opener.connect(p2p.addrs[0])
+                stream = await opener.open_stream(p2p.peer_id, DISPUTE_PROTOCOL)
+                result = await bisect(stream, Party(theirs, forged.tree, forged.records, forged.op_data))
+                assert result.outcome == "peer_silent" and result.rounds > 0  # reset once our op data failed
+                with trio.fail_after(10):
+                    while (TRUSTED.peer_id, "not_held") not in {(d["peer"], d["outcome"])
+                                                                for d in agent.stats.recent_disputes}:
+                        await trio.sleep(0.05)
+                assert not agent.server.admit(TRUSTED.peer_id)  # paused: the answer took over 2 s
+                assert agent.refusal(manifest, step, TRUSTED.public_key) is None  # ours failed: it may ask again
 
     trio.run(main)
