@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from typing import Callable, Collection, Iterable
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -47,10 +47,17 @@ class DeficitIndex:
     ``me=None`` counts every claim — an omniscient observer's view)."""
 
     def __init__(self, steps: int, redundancy: int, *, me: bytes | None = None, now: int = 0,
-                 listener: BucketListener | None = None) -> None:
+                 listener: BucketListener | None = None, quorum: int = 0, published: Sequence[bytes] = (),
+                 refuted: Collection[int] = ()) -> None:
+        """``quorum`` (the trust policy's) and ``published`` (h_1 … h_steps, the run's post-states):
+        which steps the counted keys refute (docs/protocol.md §8.3); ``refuted``: the steps a stored
+        fraud proof refutes (it convicts the publisher of the published state)."""
         if steps < 1 or not 1 <= redundancy <= 60:
             raise ValueError("steps must be >= 1 and redundancy in [1, 60]")
+        if quorum and len(published) != steps:
+            raise ValueError("a quorum needs the run's published post-states")
         self.steps, self.redundancy, self.me = steps, redundancy, me
+        self.quorum, self.published, self.refuted = quorum, published, frozenset(refuted)
         self.now = now
         self.listener = listener
         # step -> signer -> how many of its attestations of that step are counted: a count, not a
@@ -230,7 +237,7 @@ class DeficitIndex:
                 if c not in finished and any(issued <= now < expiry for issued, expiry in leases)]
 
     def _update(self, step: int) -> None:
-        disputed = step in self._mismatches
+        disputed = self.disputed(step)
         busy = self._busy(step)
         deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), busy,
                                _tied(self._posts.get(step)))
@@ -272,14 +279,23 @@ class DeficitIndex:
         return int(self._deficit[step])
 
     def disputed(self, step: int) -> bool:
-        return step in self._mismatches
+        """A counted key reports a mismatch and the step is not refuted (its status `disputed`,
+        docs/protocol.md §8.3, as :func:`~open1b.node.planner.candidates` reads it): a refuted
+        step is settled and wants R attesters, not one opinion more ahead of every other step."""
+        if step not in self._mismatches or step in self.refuted:
+            return False
+        if not self.quorum:
+            return True
+        tallies = sorted(((len(keys), post) for post, keys in self._posts.get(step, {}).items()), reverse=True)
+        settled = tallies[0][0] >= self.quorum and (len(tallies) == 1 or tallies[1][0] < tallies[0][0])
+        return not settled or tallies[0][1] == self.published[step]
 
     def attesters(self, step: int) -> frozenset[bytes]:
         return frozenset(self._attesters.get(step, ()))
 
     def state(self, step: int) -> StepState:
         attesters = self.attesters(step)
-        return StepState(int(self._deficit[step]), step in self._mismatches, attesters, _tied(self._posts.get(step)),
+        return StepState(int(self._deficit[step]), self.disputed(step), attesters, _tied(self._posts.get(step)),
                          frozenset(self._finished.get(step, ())) - attesters)
 
     # -- the tail (planner.StragglerView) and device classes (planner.DiversityView) -----------
@@ -294,7 +310,7 @@ class DeficitIndex:
         than it wants — with one more (the speculative slot) taken, nobody may add another: the
         bound. None otherwise."""
         attesters = self._attesters.get(step, ())
-        slots = wanted(step in self._mismatches, self.redundancy, len(attesters), _tied(self._posts.get(step)))
+        slots = wanted(self.disputed(step), self.redundancy, len(attesters), _tied(self._posts.get(step)))
         need = slots - len(attesters)
         unfinished = [c for c in busy if c not in attesters]
         if need <= 0 or not need <= len(unfinished) <= slots:

@@ -25,6 +25,7 @@ from open1b.protocol import MATCH, Attestation, Claim, RunManifest
 
 from .counting import Counting, Recount
 from .deficits import DeficitIndex
+from .fraud_proofs import ProvenFraud
 from .planner import StepOrder
 from .store import Store
 
@@ -53,8 +54,12 @@ class PlannerView:
         return self._orders[run]
 
     def _build(self, run: bytes, now: int) -> DeficitIndex:
-        steps = self.manifests[run].steps
-        index = self._indexes[run] = DeficitIndex(steps, self.redundancy, me=self.me, now=now)
+        manifest = self.manifests[run]
+        steps = manifest.steps
+        index = self._indexes[run] = DeficitIndex(
+            steps, self.redundancy, me=self.me, now=now, quorum=self.counting.trust.quorum,
+            published=manifest.state_hashes[1:],
+            refuted={f.step for f in self.store.fraud.of_run(run) if self._refutes(f)})
         self._orders[run] = StepOrder(run, self.me, steps)
         self._counted[run] = set()
         for att in self.store.attestations(run):
@@ -72,6 +77,17 @@ class PlannerView:
         elif isinstance(statement, Claim) and statement.run in self._indexes:
             self._indexes[statement.run].add_claim(statement.step, statement.claimant, statement.issued_at,
                                                    statement.lease_expiry, statement.expected_done)
+        elif isinstance(statement, ProvenFraud) and statement.run in self._indexes and self._refutes(statement):
+            # a step refuted by a proof: rare (one per forged step), so the index is built again,
+            # from the store, on its next read
+            del self._indexes[statement.run]
+
+    def _refutes(self, fraud: ProvenFraud) -> bool:
+        """Whether ``fraud`` refutes its step: it convicts the publisher of the published h_{k+1}
+        (docs/protocol.md §8.3)."""
+        manifest = self.manifests[fraud.run]
+        return any(c.guilty == manifest.publisher and c.post_state == manifest.state_hashes[fraud.step + 1]
+                   for c in fraud.convictions())
 
     def recount(self, change: Recount) -> None:
         """What counts changed: judge again the attestations it touches, in the runs built so far."""

@@ -15,7 +15,7 @@ from open1b.node.clock import Clock
 from open1b.node.fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, ProvenFraud, judge_fraud_proof
 from open1b.node.p2p import MAX_PUBSUB_MESSAGE
 from open1b.node.topics import fraud_proofs_topic, statement_topic
-from open1b.protocol import Outcome
+from open1b.protocol import Outcome, StepStatus
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key
 from tests.protocol.conftest import make_attestation
@@ -212,3 +212,20 @@ def test_a_sync_response_with_too_many_large_frames_is_refused(tmp_path):
 
     trio.run(main)
     assert len(ingested) == MAX_SYNC_FRAUD_PROOFS  # each large frame handed over alone, on arrival
+
+
+def test_a_step_a_proof_refutes_is_no_longer_disputed_in_the_planners_view(tmp_path):
+    """A counted mismatch makes a step disputed: it wants R + 1 attesters and ranks above every
+    other step (§10). A proof convicting the publisher refutes it (§8.3): settled, it wants R like
+    any step, as the planner's reference (candidates over coverage) reads it."""
+    ledger = make_ledger(tmp_path, MANIFEST, identity=OTHER, clock=Clock(wall_at_zero=T0),
+                         trusted_peers=(AUDITOR.peer_id,), redundancy=2)
+    trio.run(ledger.statements.join_known_runs)
+    ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
+    index = ledger.planner.index(MANIFEST.run_id)
+    assert index.disputed(STEP) and index.deficit(STEP) == 2  # R + 1, less the one dissenter
+    assert ledger.statements.ingest_fraud_proof(proof(AUDITOR, PUBLISHER))
+    assert ledger.judge.coverage(MANIFEST.run_id).steps[STEP].status is StepStatus.REFUTED
+    index = ledger.planner.index(MANIFEST.run_id)
+    assert not index.disputed(STEP) and index.deficit(STEP) == 1
+    assert index.bucket(STEP) < index.bucket(STEP + 1)  # an unreplayed step (deficit 2) comes first now
