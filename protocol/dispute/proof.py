@@ -200,13 +200,25 @@ def _tensor_proof_cbor(p: TensorProof) -> dict:
 
 # ---- what an output chunk reads ---------------------------------------------------------------
 
+def _first_difference(a: bytes, b: bytes) -> int:
+    """The first byte at which ``a`` and ``b`` (equal lengths, not equal) differ, by bisection of
+    memcmp-ed slices: a Python loop over a 1 MiB chunk's 2^18 elements took milliseconds."""
+    lo, hi = 0, len(a)  # a[:lo] == b[:lo], and they differ in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def disputed_element(shape: Sequence[int], chunk: int, a: bytes, b: bytes, *, state: bool) -> tuple[int, int]:
-    """(element, row) that a dispute over chunk ``chunk`` of a float32 output of ``shape`` is
-    about (``state``: an output chunked as the state tree is, :func:`.trace.state_output`): the
-    first element at which the two parties' chunk bytes ``a`` and ``b`` differ (they have the
-    same length), and the row holding it. Only that row is re-executed: one wrong element
-    convicts its party, whatever the rest of its chunk holds."""
-    first = next(i for i in range(0, len(a), 4) if a[i:i + 4] != b[i:i + 4]) // 4
+    """(element, row) that a dispute over chunk ``chunk`` of a float32 output of ``shape`` is about
+    (``state``: one chunked as the state is, :func:`.trace.state_output`): the first element at which
+    the parties' chunk bytes ``a`` and ``b`` (equal lengths) differ, and its row. Only that row is
+    re-executed: one wrong element convicts its party, whatever the rest of its chunk holds."""
+    first = _first_difference(a, b) // 4
     element = chunk * (chunk_size(state=state) // 4) + first
     return element, element // rows_of(tuple(shape))[1]
 

@@ -44,8 +44,7 @@ MAX_TRACE_SIZE = 512
 TRACE_CHUNK_CONTEXT = "open1b/trace/chunk/v2"
 """BLAKE3's key-derivation context of a trace chunk's digest: its domain separation."""
 STATE_OUTPUT_KINDS = frozenset({"adamw"})
-"""Op kinds whose outputs are tensors of the state h_{k+1} the step reaches: their roots are the
-state tree's (1 MiB BLAKE2b chunks), the digests h_{k+1} is built from, not the trace's."""
+"""Op kinds whose outputs are tensors of h_{k+1}: their roots are the state tree's (§18.1)."""
 _STATE_CHUNK_TAG = b"open1b/chunk/v2\x00"  # the state tree's (protocol.commitments)
 _OP_TAG = b"open1b/trace/op/v1\x00"
 
@@ -62,7 +61,7 @@ def chunk_digest(index: int, chunk: bytes | memoryview, *, state: bool) -> bytes
 
 
 def state_output(kind: str) -> bool:
-    """Whether op ``kind``'s outputs are chunked and hashed as the state tree's (:data:`STATE_OUTPUT_KINDS`)."""
+    """Whether op ``kind``'s outputs are chunked and hashed as the state's (:data:`STATE_OUTPUT_KINDS`)."""
     return kind in STATE_OUTPUT_KINDS
 
 
