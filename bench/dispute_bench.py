@@ -15,8 +15,8 @@ those bytes, median CPU time of this thread: it decodes, checks both signatures 
 path, re-executes the disputed rows), ``replay_s`` (one ``train_step`` of the preset on the serial
 kernels, this thread's CPU time, compiled beforehand) and ``referee_vs_replay`` = referee_s /
 replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay`` (per
-``--trace-presets`` preset): ``train_step(…, trace=OpTrace())`` against the same step untraced,
-alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
+``--trace-presets`` preset): a replay with ``train_step(…, trace=OpTrace())`` against the same
+replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
 Writes bench/results/dispute.json (a run that measures one part keeps the file's other parts).
@@ -154,14 +154,20 @@ def replay_seconds(preset_name: str) -> float:
 
 
 def trace_overhead(preset_name: str, repeats: int) -> dict:
-    """The trace producer inside train_step (deterministic/op_trace.py) against the same step
+    """A traced replay (deterministic/op_trace.py inside train_step) against the same replay
     untraced, in this run: ``repeats`` alternated pairs on the serial kernels, process CPU time
-    (the witness's background hashing counts in both) and wall time, the median of the pairs'
-    ratios. The state inputs' roots are given, as a replay that verified checkpoint k against
-    h_k has hashed every state tensor already; ``state_roots_s`` is what hashing them again
-    would add. The traced step's bits are checked against the plain step's."""
+    (every thread: the witness's and the state's chunk hashing count) and wall time, the median of
+    the pairs' ratios. A replay is the step and its result h_{k+1}
+    (:func:`~open1b.deterministic.dispute_replay.state_hash_of_chunks`: every chunk of the new
+    state hashed on every core), the traced one taking the update's outputs' chunk digests from
+    its trace (§18.1, r20) as ``trace_step`` does. The state inputs' roots are given, as a replay
+    that verified checkpoint k against h_k has hashed every state tensor already;
+    ``state_roots_s`` is what hashing them again would add. ``step_only`` is the ratio of the
+    steps alone, h_{k+1} left out (the traced step then holds the update's state-tree hashing).
+    The traced replay's bits and h_{k+1} are checked against the plain one's."""
     from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
     from open1b.deterministic.backend import cpu_backend
+    from open1b.deterministic.dispute_replay import state_hash_of_chunks
     from open1b.deterministic.op_trace import OpTrace
     from open1b.protocol.dispute.trace import chunk_tree
 
@@ -171,30 +177,43 @@ def trace_overhead(preset_name: str, repeats: int) -> dict:
     batch = batch_for_step(builtin_dataset(config), 0, 0, config, topology)
     be = cpu_backend(False)
     plain_state, _ = train_step(state, batch, topology, backend=be)  # compiled before timing
+    h_k = bytes(32)  # the link to h_k costs one small hash; both sides use the same
+    plain_post = state_hash_of_chunks(h_k, plain_state, batch, {})
     start = time.process_time()
     roots = {name: chunk_tree(memoryview(a.reshape(-1)).cast("B"), state=True).root
              for name, a in state.tensors().items()}
     state_roots_s = time.process_time() - start
-    cpu, wall, ops = {"plain": [], "traced": []}, {"plain": [], "traced": []}, 0
+    cpu, wall, step_cpu, post_cpu = ({"plain": [], "traced": []} for _ in range(4))
+    ops = 0
     for _ in range(repeats):
         for name in ("plain", "traced"):
             trace = OpTrace(state_roots=roots) if name == "traced" else None
             c0, w0 = time.process_time(), time.perf_counter()
             new_state, report = train_step(state, batch, topology, backend=be, trace=trace)
             report.witness  # the step is done when its witness is
-            cpu[name].append(time.process_time() - c0)
-            wall[name].append(time.perf_counter() - w0)
+            c1 = time.process_time()
+            post = state_hash_of_chunks(h_k, new_state, batch, {} if trace is None else trace.post_chunks)
             if trace is not None:
                 ops = trace.ops
                 trace.tree()  # the root, once per step
+            c2 = time.process_time()
+            cpu[name].append(c2 - c0)
+            wall[name].append(time.perf_counter() - w0)
+            step_cpu[name].append(c1 - c0)
+            post_cpu[name].append(c2 - c1)
+            assert post == plain_post, "tracing changed h_{k+1}"
         same = all(new_state.tensors()[k].tobytes() == t.tobytes() for k, t in plain_state.tensors().items())
         assert same, "tracing changed the step"
-    ratio_cpu = statistics.median(t / p for t, p in zip(cpu["traced"], cpu["plain"]))
-    ratio_wall = statistics.median(t / p for t, p in zip(wall["traced"], wall["plain"]))
+
+    def ratio(times: dict) -> float:
+        return statistics.median(t / p for t, p in zip(times["traced"], times["plain"])) - 1
+
     return {"ops": ops, "pairs": repeats, "plain_cpu_s": statistics.median(cpu["plain"]),
-            "traced_cpu_s": statistics.median(cpu["traced"]), "trace_overhead_vs_replay": ratio_cpu - 1,
-            "trace_overhead_wall": ratio_wall - 1, "state_roots_s": state_roots_s,
-            "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
+            "traced_cpu_s": statistics.median(cpu["traced"]), "trace_overhead_vs_replay": ratio(cpu),
+            "trace_overhead_wall": ratio(wall), "step_only": ratio(step_cpu),
+            "plain_step_cpu_s": statistics.median(step_cpu["plain"]),
+            "post_state_cpu_s": {k: statistics.median(v) for k, v in post_cpu.items()},
+            "state_roots_s": state_roots_s, "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
 
 
 def forged_op(preset_name: str, workdir: Path) -> dict:
@@ -303,8 +322,9 @@ def main() -> int:
         traces = {}
         for p in args.trace_presets:
             traces[p] = trace_overhead(p, 21 if p == "tiny" else max(args.repeats, 5))
-            print(f"{p:9} traced step ({traces[p]['ops']} ops): +{traces[p]['trace_overhead_vs_replay']:.1%} CPU, "
-                  f"+{traces[p]['trace_overhead_wall']:.1%} wall of the same step untraced", flush=True)
+            print(f"{p:9} traced replay ({traces[p]['ops']} ops): +{traces[p]['trace_overhead_vs_replay']:.1%} CPU, "
+                  f"+{traces[p]['trace_overhead_wall']:.1%} wall of the same replay untraced (the steps alone: "
+                  f"+{traces[p]['step_only']:.1%} CPU)", flush=True)
         out.update({"trace": traces, "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
                     "trace_overhead_vs_replay": {p: t["trace_overhead_vs_replay"] for p, t in traces.items()}})
     out.pop("not_measured", None)

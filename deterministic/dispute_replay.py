@@ -14,18 +14,27 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Mapping
+
+import numpy as np
+
 from open1b.protocol import RunManifest, tensor_proof
 from open1b.protocol.codec import encode
+from open1b.protocol.commitments import state_root_of_digests, tensor_digest_of_chunks
 from open1b.protocol.dispute.proof import InputBytes
-from open1b.protocol.dispute.trace import chunk_tree
-from open1b.protocol.merkle import MerkleTree
+from open1b.protocol.merkle import MerkleTree, merkle_root
 
+from .checkpoint_stream import chunk_digests
 from .data import batch_for_step
 from .errors import CheckpointMismatchError
 from .op_trace import OpTrace
 from .provenance import checked_run_samples
 from .replay import check_data_rules
-from .runfile import genesis_hash, load_checkpoint, read_manifest, lr_bits, next_state_hash, state_tensor_bytes, step_batch_digest
+from .runfile import (
+    genesis_hash, hash_of_link, link_of_root, load_checkpoint, lr_bits, read_manifest, state_tensor_bytes,
+    step_batch_digest,
+)  # fmt: skip
+from .state import TrainState
 from .step import train_step
 from .trainer import config_of
 
@@ -41,8 +50,22 @@ class TracedStep:
     post_state: bytes
 
 
+def state_hash_of_chunks(prev: bytes, state: TrainState, batch: np.ndarray | None,
+                         chunks: Mapping[str, list[bytes]]) -> bytes:
+    """:func:`.runfile.next_state_hash` of ``state`` where ``chunks`` gives some tensors' state-tree
+    chunk digests, hashed already (the update's outputs by the trace, §18.1); the others are
+    hashed here, on every core."""
+    arrays, digests = state.tensors(), {}
+    for name, t in state_tensor_bytes(state).items():
+        own = chunks.get(name)
+        digests[name] = tensor_digest_of_chunks(name, t.dtype, t.shape,
+                                                own if own is not None else chunk_digests(arrays[name]))
+    return hash_of_link(prev, link_of_root(state.config, state.step, batch, state_root_of_digests(digests)))
+
+
 class _Step:
-    """Checkpoint k, its batch, and h_k's preimage (for tensor proofs), checked against h_k."""
+    """Checkpoint k, its batch, and h_k's preimage (for tensor proofs), checked against h_k; the
+    state tree's root of each tensor (``roots``), from the chunks that check hashed."""
 
     def __init__(self, run_dir: Path, manifest: RunManifest, step: int) -> None:
         self.config, self.topology = config_of(manifest)
@@ -54,8 +77,10 @@ class _Step:
         else:
             self.prev = manifest.state_hashes[step - 1]
             prev_batch = batch_for_step(dataset, manifest.seed, step - 1, self.config, self.topology)
-        if next_state_hash(self.prev, self.state, prev_batch) != manifest.state_hashes[step]:
+        chunks = {name: chunk_digests(a) for name, a in self.state.tensors().items()}
+        if state_hash_of_chunks(self.prev, self.state, prev_batch, chunks) != manifest.state_hashes[step]:
             raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
+        self.roots = {name: merkle_root(c) for name, c in chunks.items()}
         self.consumed = step_batch_digest(prev_batch) if prev_batch is not None else bytes(32)
         self.lr_bits = lr_bits(self.config) if prev_batch is not None else 0
         self.batch = batch_for_step(dataset, manifest.seed, step, self.config, self.topology)
@@ -66,13 +91,13 @@ class _Step:
 
 
 def trace_step(run_dir: Path, manifest: RunManifest, step: int, *, backend=None) -> TracedStep:
-    """Replay step ``step`` with its op trace; the state inputs' roots come from checkpoint k's
-    tensors (the check against h_k hashed the same chunks)."""
+    """Replay step ``step`` with its op trace; the state inputs' roots are those the check of
+    checkpoint k against h_k computed, and h_{k+1} takes the update's outputs' chunk digests from
+    the trace (each state chunk is hashed once)."""
     s = _Step(Path(run_dir), manifest, step)
-    roots = {name: chunk_tree(t.data, state=True).root for name, t in s.tensors.items()}
-    trace = OpTrace(state_roots=roots)
+    trace = OpTrace(state_roots=s.roots)
     new_state, _ = s.run(trace, backend)
-    post = next_state_hash(manifest.state_hashes[step], new_state, s.batch)
+    post = state_hash_of_chunks(manifest.state_hashes[step], new_state, s.batch, trace.post_chunks)
     return TracedStep(step, trace, trace.tree(), manifest.state_hashes[step], post)
 
 

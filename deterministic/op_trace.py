@@ -14,6 +14,10 @@ reused once its array dies), and a view with the same bytes (a reshape) resolves
 ``.base``. State tensors are registered when the step loads them (``param/<n>``, ``adam_m/<n>``,
 ``adam_v/<n>``, with the state tree's roots).
 
+The update's outputs are tensors of the new state, so the trace commits them by the state tree's
+roots (§18.1, r20): their chunk digests are hashed on every core and kept in
+:attr:`OpTrace.post_chunks`, from which the replay builds h_{k+1} without hashing them again.
+
 The activation recompute (:func:`.gpt.forward_backward`) calls a block's forward kernels a
 second time on the same inputs: an op whose kind, attributes and inputs equal an earlier
 record's is that op, so its outputs take the earlier op's place and are neither hashed nor
@@ -37,8 +41,9 @@ import numpy as np
 
 from open1b.protocol.dispute.ops import KINDS
 from open1b.protocol.dispute.trace import chunk_tree, op_leaf
-from open1b.protocol.merkle import MerkleTree
+from open1b.protocol.merkle import MerkleTree, merkle_root
 
+from .checkpoint_stream import chunk_digests
 from .errors import TraceError
 from .optimizer import AdamWScalars
 
@@ -70,13 +75,16 @@ class OpTrace:
     (a replay that verified its checkpoint did hash every tensor); a missing one is hashed when
     the step loads the state. ``keep`` names positions whose inputs and outputs are kept as
     arrays in :attr:`kept` (copies: those few ops only): what a party needs to build a
-    fraud proof at the op a bisection found (§18.3)."""
+    fraud proof at the op a bisection found (§18.3). ``post_chunks`` receives the state tree's
+    chunk digests of the update's outputs under their names in the new state (``param/<n>``, …):
+    the part of h_{k+1} the trace has hashed (:func:`.dispute_replay.post_state_hash`)."""
 
     state_roots: Mapping[str, bytes] = field(default_factory=dict)
     keep: frozenset[int] = frozenset()
     records: list[dict] = field(default_factory=list)
     leaves: list[bytes] = field(default_factory=list)
     kept: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = field(default_factory=dict)
+    post_chunks: dict[str, list[bytes]] = field(default_factory=dict)
 
     @property
     def ops(self) -> int:
@@ -137,9 +145,10 @@ class TracingBackend:
         return entry
 
     def _op(self, kind: str, attrs: dict, inputs: list, outputs: list[np.ndarray],
-            inputs_before: list[np.ndarray] | None = None) -> list[dict]:
+            inputs_before: list[np.ndarray] | None = None, roots: list[bytes] | None = None) -> list[dict]:
         """Record op ``kind`` (``inputs`` are entries or arrays) with its ``outputs`` and register
-        them; an op equal to an earlier one is that one (module doc). Returns the outputs' entries."""
+        them; an op equal to an earlier one is that one (module doc). ``roots``: the outputs'
+        roots, hashed by the caller (the update's, as the state tree's). Returns the outputs' entries."""
         entries = [i if isinstance(i, dict) else self._input(i, kind) for i in inputs]
         key = None
         if entries:  # an entry's op and output (or state name) and shape say which bytes it is
@@ -151,7 +160,8 @@ class TracingBackend:
                     self._refs.put(a, entry)
                 return earlier
         pos = self.trace.ops
-        tensors = [{"dtype": _dtype(a), "shape": list(a.shape), "root": chunk_tree(_raw(a)).root} for a in outputs]
+        roots = roots or [chunk_tree(_raw(a)).root for a in outputs]
+        tensors = [{"dtype": _dtype(a), "shape": list(a.shape), "root": r} for a, r in zip(outputs, roots)]
         self.trace.append({"pos": pos, "kind": kind, "attrs": attrs, "inputs": entries, "outputs": tensors})
         if pos in self.trace.keep:  # copies: a later op may overwrite them (scatter_add)
             self.trace.kept[pos] = ([np.array(a) for a in inputs_before or inputs], [np.array(a) for a in outputs])
@@ -285,6 +295,11 @@ class TracingBackend:
         for name in params:
             s: AdamWScalars = replace(scalars[name], coef=clip[1])
             attrs = dict(zip(KINDS["adamw"].attrs, map(_bits, s.args())))
-            self._op("adamw", attrs, [params[name], grads[name], m[name], v[name]],
-                     [updated[0][name], updated[1][name], updated[2][name]])
+            outputs = [updated[0][name], updated[1][name], updated[2][name]]
+            roots = []
+            for prefix, a in zip(("param", "adam_m", "adam_v"), outputs):  # the state tree's chunks (§18.1)
+                digests = chunk_digests(a)
+                self.trace.post_chunks[f"{prefix}/{name}"] = digests
+                roots.append(merkle_root(digests))
+            self._op("adamw", attrs, [params[name], grads[name], m[name], v[name]], outputs, roots=roots)
         return updated

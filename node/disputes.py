@@ -37,7 +37,7 @@ from open1b.protocol.codec import encode
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE, ROUND_TIMEOUT_S, Descent, decode_message
 from open1b.protocol.dispute.proof import InputBytes, Opening, check_record, fraud_proof_at
 from open1b.protocol.dispute.referee import FraudVerdict, verify_fraud_proof
-from open1b.protocol.dispute.trace import TRACE_CHUNK_SIZE, TraceCommitment, chunk_digest, chunk_tree, op_leaf
+from open1b.protocol.dispute.trace import TraceCommitment, chunk_digest, chunk_size, chunk_tree, op_leaf, state_output
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.identity import public_key_from_peer_id
 from open1b.protocol.merkle import MerkleTree, leaf_hash
@@ -224,16 +224,18 @@ async def _after_traces(exchange: _Exchange, party: Party, theirs: TraceCommitme
     output = next(i for i, (a, b) in enumerate(zip(my_record["outputs"], their_record["outputs"])) if a != b)
     inputs, outputs = await party.op_data(pos)
     data = memoryview(outputs[output]).cast("B")
-    tree = chunk_tree(data)
+    state = state_output(my_record["kind"])  # the update's outputs are chunked as the state tree is (§18.1)
+    tree = chunk_tree(data, state=state)
     if tree.root != my_record["outputs"][output]["root"]:
         raise RuntimeError(f"op {pos}'s data is not what this party's trace committed")  # our bug, not the peer's
     chunks = Descent(tree, their_record["outputs"][output]["root"])
     await _descend(exchange, chunks)
     c = chunks.position
-    mine_chunk = bytes(data[c * TRACE_CHUNK_SIZE:(c + 1) * TRACE_CHUNK_SIZE])
+    size = chunk_size(state=state)
+    mine_chunk = bytes(data[c * size:(c + 1) * size])
     reply = await exchange({"t": "chunk", "data": mine_chunk}, "chunk")
     if len(reply["data"]) != len(mine_chunk) or \
-            leaf_hash(chunk_digest(c, reply["data"], state=False)) != chunks.peer_hash:
+            leaf_hash(chunk_digest(c, reply["data"], state=state)) != chunks.peer_hash:
         raise _PeerFault("peer_malformed", f"its chunk is not the leaf {c} it revealed")
     proof = fraud_proof_at((mine, theirs), (tuple(party.tree.proof(pos)), descent.peer_path()),
                            (my_record, their_record), inputs, output,

@@ -22,14 +22,16 @@ from ..errors import ProtocolError, WrongTypeError
 from ..merkle import MerkleTree, node_hash
 from ..messages import HASH_SIZE
 from ..schema import Bytes, Enum, check_map
-from .trace import MAX_TRACE_SIZE, TRACE_CHUNK_SIZE
+from .trace import MAX_TRACE_SIZE, STATE_CHUNK_SIZE, TRACE_CHUNK_SIZE
 
 DISPUTE_PROTOCOL = "/open1b/dispute/1.0.0"
 MAX_ROUND_MESSAGE = 256
 """Bytes of a round (two hashes) and of the small messages (``agree``, ``error``)."""
 MAX_RECORD_MESSAGE = 16384
 """Bytes of a record message: a ``clip`` record names one input per parameter (gpt-1b: 112)."""
-MAX_CHUNK_MESSAGE = TRACE_CHUNK_SIZE + 64
+MAX_CHUNK = max(TRACE_CHUNK_SIZE, STATE_CHUNK_SIZE)
+"""Bytes of the largest chunk: an output of the update is chunked as the state tree is (§18.1)."""
+MAX_CHUNK_MESSAGE = MAX_CHUNK + 64
 """Bytes of a chunk message: the chunk (its path is what the descent to it revealed)."""
 ROUND_TIMEOUT_S = 60.0
 """A party that does not answer a round within this loses the dispute on the node that waited."""
@@ -48,7 +50,7 @@ _SCHEMAS: dict[str, tuple[int, dict]] = {
     "trace": (MAX_TRACE_SIZE + 64, {"trace": Bytes(max_size=MAX_TRACE_SIZE)}),
     "children": (MAX_ROUND_MESSAGE, {"left": _HASH, "right": _HASH}),
     "record": (MAX_RECORD_MESSAGE, {"record": _Checked()}),
-    "chunk": (MAX_CHUNK_MESSAGE, {"data": Bytes(max_size=TRACE_CHUNK_SIZE)}),
+    "chunk": (MAX_CHUNK_MESSAGE, {"data": Bytes(max_size=MAX_CHUNK)}),
     "error": (MAX_ROUND_MESSAGE, {"code": Enum(frozenset(ERRORS))}),
 }  # fmt: skip
 MAX_MESSAGE = max(bound for bound, _ in _SCHEMAS.values())

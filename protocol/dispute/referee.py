@@ -19,7 +19,7 @@ from ..identity import peer_id_from_public_key
 from ..merkle import MerkleTree, verify_merkle_proof
 from .ops import KINDS, output_shapes, rows_of
 from .proof import FraudProof, disputed_element, needed_chunks
-from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf
+from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf, state_output
 
 
 MAX_OP_TENSOR_BYTES = 1 << 33
@@ -130,19 +130,20 @@ def _judge(proof: FraudProof) -> FraudVerdict:
     if proof.output >= len(want_shapes):
         raise _reject("no such output", "output")
     total = nbytes("float32", want_shapes[proof.output])
+    out_state = state_output(kind.name)  # the update's outputs are chunked as the state tree is (§18.1)
     root_a, root_b = (r["outputs"][proof.output]["root"] for r in proof.records)
-    if root_a == root_b or not proof.chunk < chunk_count(total, state=False):
+    if root_a == root_b or not proof.chunk < chunk_count(total, state=out_state):
         raise _reject("the parties agree on that output, or the chunk does not exist", "output")
     # [REJECT] each claimed chunk is chunk `chunk` of its party's output, and they differ
     for opening, root in zip(proof.claimed, (root_a, root_b)):
-        if opening.index != proof.chunk or not _opens(opening, root, total, state=False):
+        if opening.index != proof.chunk or not _opens(opening, root, total, state=out_state):
             raise _reject("a claimed chunk does not open its party's output", "claimed_chunk")
     if proof.claimed[0].data == proof.claimed[1].data:
         raise _reject("the claimed chunks are equal", "claimed_chunk")
     # [REJECT] exactly the input chunks the disputed row reads, each opening its input's root
     # (a state input's root proven against pre_state, h_step)
     element, row = disputed_element(want_shapes[proof.output], proof.chunk, proof.claimed[0].data,
-                                    proof.claimed[1].data)
+                                    proof.claimed[1].data, state=out_state)
     if len(proof.reads) != len(inputs):
         raise _reject("one list of chunks per input", "reads")
     for entry, how, openings, state_proof in zip(inputs, kind.reads(proof.output, attrs, len(inputs)), proof.reads, proof.state):
@@ -184,7 +185,7 @@ def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_sha
         value = np.float32(matmul_element(arrays, attrs, row, element - row * width))
     else:
         value = compute_rows(kind, arrays, attrs, proof.output, row, row + 1)[element - row * width]
-    at = (element - proof.chunk * (chunk_size(state=False) // 4)) * 4
+    at = (element - proof.chunk * (chunk_size(state=state_output(kind)) // 4)) * 4
     expected = value.astype("<f4").tobytes()
     return tuple(t.tracer for t, o in zip(proof.traces, proof.claimed) if o.data[at:at + 4] != expected)
 

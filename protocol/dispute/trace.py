@@ -11,7 +11,9 @@ committed by its *record*, a canonical CBOR map::
 An op output's ``root`` is the Merkle root (§6.2) over its raw bytes cut into
 :data:`TRACE_CHUNK_SIZE` chunks, chunk i's digest ``BLAKE3-derive_key(TRACE_CHUNK_CONTEXT, chunk ‖
 u64le(i))`` (BLAKE3: a trace hashes every op output of a step, §18.6). A state input's root is the
-state tree's tensor root (1 MiB BLAKE2b chunks), so it is proven against h_k as it is.
+state tree's tensor root (1 MiB BLAKE2b chunks), so it is proven against h_k as it is; so is an
+output of a kind in :data:`STATE_OUTPUT_KINDS` (the update's p, m and v are tensors of h_{k+1}: a
+replay hashes them for h_{k+1} anyway, and the trace reuses those roots, r20).
 
     leaf(pos)   = B2("open1b/trace/op/v1\\0" ‖ canonical(record))
     trace root  = MTH([leaf(0), …, leaf(ops - 1)])
@@ -41,6 +43,8 @@ MAX_TRACE_OPS = 1 << 24
 MAX_TRACE_SIZE = 512
 TRACE_CHUNK_CONTEXT = "open1b/trace/chunk/v2"
 """BLAKE3's key-derivation context of a trace chunk's digest: its domain separation."""
+STATE_OUTPUT_KINDS = frozenset({"adamw"})
+"""Op kinds whose outputs are tensors of h_{k+1}: their roots are the state tree's (§18.1)."""
 _STATE_CHUNK_TAG = b"open1b/chunk/v2\x00"  # the state tree's (protocol.commitments)
 _OP_TAG = b"open1b/trace/op/v1\x00"
 
@@ -54,6 +58,11 @@ def chunk_digest(index: int, chunk: bytes | memoryview, *, state: bool) -> bytes
     h = blake3.blake3(chunk, derive_key_context=TRACE_CHUNK_CONTEXT)
     h.update(struct.pack("<Q", index))
     return h.digest()
+
+
+def state_output(kind: str) -> bool:
+    """Whether op ``kind``'s outputs are chunked and hashed as the state's (:data:`STATE_OUTPUT_KINDS`)."""
+    return kind in STATE_OUTPUT_KINDS
 
 
 def chunk_size(*, state: bool) -> int:

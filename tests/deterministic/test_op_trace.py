@@ -9,11 +9,13 @@ import pytest
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.backend import cpu_backend
+from open1b.deterministic.dispute_replay import state_hash_of_chunks
 from open1b.deterministic.errors import TraceError
 from open1b.deterministic.op_trace import OpTrace, TracingBackend
+from open1b.deterministic.runfile import next_state_hash
 from open1b.protocol.dispute.ops import rows_of
 from open1b.protocol.dispute.reference import compute_rows
-from open1b.protocol.dispute.trace import chunk_tree
+from open1b.protocol.dispute.trace import chunk_tree, state_output
 
 PRESET = PRESETS["tiny"]
 CONFIG, TOPOLOGY = PRESET.config, PRESET.topology
@@ -82,7 +84,8 @@ def test_every_record_is_its_op_on_the_outputs_it_names(step_inputs):
     for record in trace.records:
         pos, kind = record["pos"], record["kind"]
         inputs, outputs = trace.kept[pos]
-        assert [o["root"] for o in record["outputs"]] == [chunk_tree(memoryview(a).cast("B")).root for a in outputs]
+        assert [o["root"] for o in record["outputs"]] == [
+            chunk_tree(memoryview(a).cast("B"), state=state_output(kind)).root for a in outputs]
         for entry, value in zip(record["inputs"], inputs):
             if "state" in entry:
                 assert tensors[entry["state"]].tobytes() == value.tobytes()
@@ -102,6 +105,25 @@ def test_every_record_is_its_op_on_the_outputs_it_names(step_inputs):
     assert seen == {"add", "plus_zero", "gelu", "gelu_backward", "adamw", "rmsnorm", "rmsnorm_backward",
                     "causal_softmax", "causal_softmax_backward", "sum_rows", "embed", "scatter_add", "split_heads",
                     "merge_heads", "merge_qkv", "zeros", "sumsq", "clip", "matmul", "cross_entropy"}
+
+
+def test_the_updates_outputs_are_committed_by_the_new_states_roots(step_inputs):
+    """§18.1 (r20): adamw's p, m and v are committed by the state tree's roots of the tensors of
+    h_{k+1} they become, and the chunk digests the trace keeps give h_{k+1} as a replay hashes it."""
+    state, batch = step_inputs
+    trace, new_state, _ = _traced(step_inputs)
+    tensors = new_state.tensors()
+    updates = [r for r in trace.records if r["kind"] == "adamw"]
+    assert len(updates) == len(CONFIG.param_shapes())
+    for record, name in zip(updates, CONFIG.param_shapes()):
+        names = [f"{prefix}/{name}" for prefix in ("param", "adam_m", "adam_v")]
+        assert [o["root"] for o in record["outputs"]] == [
+            chunk_tree(memoryview(tensors[n]).cast("B"), state=True).root for n in names]
+    assert sorted(trace.post_chunks) == sorted(n for n in tensors if not n.startswith("adam/"))
+    prev = b"\x07" * 32
+    assert state_hash_of_chunks(prev, new_state, batch, trace.post_chunks) == next_state_hash(prev, new_state, batch)
+    wrong = {**trace.post_chunks, "param/wte": trace.post_chunks["adam_m/wte"]}
+    assert state_hash_of_chunks(prev, new_state, batch, wrong) != next_state_hash(prev, new_state, batch)
 
 
 def test_a_device_backend_is_refused():

@@ -241,17 +241,19 @@ def _judge(data: bytes):
     if bad:
         return "accept", "output_shape", [peer_id(k) for k in bad]
     o, c = p["output"], p["chunk"]
+    out_state = ra["kind"] == "adamw"  # §18.1: the update's outputs are chunked as the state tree is
+    out_chunk = STATE_CHUNK if out_state else TRACE_CHUNK
     if o >= len(want) or ra["outputs"][o]["root"] == rb["outputs"][o]["root"] or \
-            c >= max(1, -(-size("float32", want[o]) // TRACE_CHUNK)):
+            c >= max(1, -(-size("float32", want[o]) // out_chunk)):
         raise Refused("output")
     for opening, r in zip(p["claimed"], (ra, rb)):
-        if opening[0] != c or not opens(opening, r["outputs"][o]["root"], size("float32", want[o]), False):
+        if opening[0] != c or not opens(opening, r["outputs"][o]["root"], size("float32", want[o]), out_state):
             raise Refused("claimed_chunk")
     ca, cb = p["claimed"][0][1], p["claimed"][1][1]
     if ca == cb:
         raise Refused("claimed_chunk")
     first = next(i for i in range(0, len(ca), 4) if ca[i:i + 4] != cb[i:i + 4])
-    element = c * (TRACE_CHUNK // 4) + first // 4
+    element = c * (out_chunk // 4) + first // 4
     row = element // rows(want[o])[1]
     for i, (e, openings, proof) in enumerate(zip(inputs, p["reads"], p["state"])):
         state = "state" in e

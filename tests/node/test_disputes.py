@@ -5,15 +5,19 @@ message ends it with the sender at fault and penalised; a second dispute from on
 
 from contextlib import AsyncExitStack
 
+import numpy as np
 import pytest
 import trio
 
+from open1b.deterministic.backend import cpu_backend
 from open1b.devnet.forged_op import ForgingBackend
 from open1b.node.disputes import DisputeServer, bisect
 from open1b.node.p2p import open_p2p
 from open1b.protocol.codec import encode
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
+from open1b.protocol.dispute.proof import FraudProof
 from open1b.protocol.dispute.referee import verify_fraud_proof
+from open1b.protocol.dispute.trace import chunk_tree
 
 from .conftest import ident
 from .dispute_parties import party
@@ -76,6 +80,53 @@ def test_a_forged_op_ends_in_a_proof_that_convicts_the_forger_whoever_opens(part
     assert result.peer_at_fault == (opener == "honest")
     # ⌈log2 ops⌉ rounds down the trace tree at most, then the output's chunk tree (one chunk here)
     assert 0 < result.rounds <= (len(honest.records) - 1).bit_length()
+
+
+class _UpdateForger:
+    """The serial CPU backend, except that the update's new value of the last parameter has one
+    bit flipped: a forged op whose outputs are chunked as the state tree is (§18.1, r20)."""
+
+    fused = False
+
+    def __init__(self) -> None:
+        self._inner = cpu_backend(False)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def adamw_all(self, params, grads, m, v, scalars, clip):
+        updated = self._inner.adamw_all(params, grads, m, v, scalars, clip)
+        name = list(params)[-1]
+        forged = updated[0][name].copy()  # the kernel's output is read-only
+        forged.reshape(-1).view(np.uint32)[3] ^= np.uint32(1 << 16)
+        updated[0][name] = forged
+        return updated
+
+
+def test_a_forged_update_is_bisected_into_its_state_chunks_and_convicted(parties):
+    honest, _ = parties
+    forged = party(FORGER, _UpdateForger)
+    forged_pos = next(i for i, (x, y) in enumerate(zip(honest.records, forged.records)) if x != y)
+    assert honest.records[forged_pos]["kind"] == "adamw"
+
+    async def main():
+        with trio.fail_after(120):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)
+                served = _Served(b, forged)
+                result = await bisect(await a.open_stream(b.peer_id, DISPUTE_PROTOCOL), honest)
+                await served.done.wait()
+                return result, served.results[0][1]
+
+    result, answered = trio.run(main)
+    for side in (result, answered):
+        assert side.outcome == "proof" and side.position == forged_pos
+        verdict = verify_fraud_proof(side.proof)
+        assert verdict.accepted and verdict.guilty == (FORGER.public_key,) and verdict.op == "adamw"
+        # the claimed chunk is the state tree's: its digest opens the record's root as a state chunk
+        proof = FraudProof.decode(side.proof)
+        record = proof.records[0]["outputs"][proof.output]
+        assert chunk_tree(proof.claimed[0].data, state=True).root == record["root"]
 
 
 def test_equal_traces_agree_in_one_exchange(parties):

@@ -14,7 +14,7 @@ from open1b.deterministic.attention import attention_scale
 from open1b.protocol import TensorBytes, state_hash, tensor_proof
 from open1b.protocol.dispute.ops import KINDS
 from open1b.protocol.dispute.proof import InputBytes, make_fraud_proof
-from open1b.protocol.dispute.trace import TraceCommitment, tensor, trace_tree
+from open1b.protocol.dispute.trace import TraceCommitment, state_output, tensor, trace_tree
 from open1b.protocol.hashing import blake2b256
 
 F = np.float32
@@ -169,7 +169,7 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
     traces, trees, op_records, out_bytes, plain = [], [], [], [], []
     for party, (signer, outs) in enumerate(zip(signers, (outputs, forged))):
         record = {"pos": pos, "kind": kind, "attrs": dict(attrs), "inputs": entries,
-                  "outputs": [tensor("float32", o.shape, _raw(o)) for o in outs]}
+                  "outputs": [tensor("float32", o.shape, _raw(o), state=state_output(kind)) for o in outs]}
         plain.append(record)
         record = record if edit is None else edit(record, party)
         tail = {"pos": pos + 1, "kind": "source", "attrs": {}, "inputs": [], "outputs": []}

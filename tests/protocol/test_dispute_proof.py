@@ -9,7 +9,7 @@ import pytest
 
 from open1b.protocol import Outcome, encode
 from open1b.protocol.dispute.ops import KINDS
-from open1b.protocol.dispute.proof import MAX_FRAUD_PROOF_SIZE, FraudProof, Opening
+from open1b.protocol.dispute.proof import MAX_FRAUD_PROOF_SIZE, FraudProof, Opening, disputed_element
 from open1b.protocol.dispute.referee import verify_fraud_proof
 from open1b.protocol.dispute.trace import TraceCommitment
 
@@ -38,6 +38,22 @@ def test_the_forger_is_convicted_for_every_op_kind(kind):
                 assert verdict.accepted and verdict.code == "guilty", verdict
                 assert verdict.guilty == (guilty.public_key,) and verdict.op == kind
                 assert verdict.position == proof.position and verdict.step == 3
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_the_disputed_element_is_the_first_float_that_differs(state):
+    """Any differing bytes of a float32, anywhere in a chunk of either size (a state-chunked
+    output's are 1 MiB): the element is the first whose four bytes differ, in the output's
+    numbering (chunk · chunk size / 4 + its index in the chunk)."""
+    rng = np.random.default_rng(7)
+    size = (1 << 20) if state else (1 << 16)
+    a = rng.integers(0, 256, size, dtype=np.uint8)
+    for at in (0, 1, 3, 4, 1234, size // 2 + 2, size - 1):
+        b = a.copy()
+        b[at] ^= 0x10
+        b[min(size - 1, at + 9)] ^= 0x01  # a later difference does not move it
+        element, row = disputed_element((3, size), 2, a.tobytes(), b.tobytes(), state=state)
+        assert element == 2 * size // 4 + at // 4 and row == element // size
 
 
 def test_a_state_input_is_proven_against_pre_state():

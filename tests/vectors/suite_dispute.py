@@ -22,8 +22,8 @@ from open1b.protocol.dispute.ops import KINDS
 from open1b.protocol.dispute.proof import Opening
 from open1b.protocol.dispute.referee import verify_fraud_proof
 from open1b.protocol.dispute.trace import TraceCommitment
-from open1b.deterministic import activation, attention, loss
-from tests.protocol.dispute_cases import bits, kernel_case, traces_around
+from open1b.deterministic import activation, attention, loss, optimizer
+from tests.protocol.dispute_cases import adamw_scalars, bits, kernel_case, traces_around
 
 from .common import hx, ident, unhex
 
@@ -131,6 +131,17 @@ def cases() -> dict[str, dict]:
         "a piece of input row b·T + t = 204, in the second chunk only",
         traces_around("split_heads", [x], {"col0": 32, "width": 32, "seq_len": 16, "n_heads": 2}, [split],
                       (HONEST, FORGER), forge_element=412 * 16 + 3))
+    p, g, m = (rng.standard_normal((165, 100)).astype(np.float32) for _ in range(3))  # 66,000 bytes each
+    v = np.abs(rng.standard_normal((165, 100)) * 0.01).astype(np.float32)
+    s = adamw_scalars()
+    update = traces_around("adamw", [p, g, m, v], dict(zip(KINDS["adamw"].attrs, map(bits, s.args()))),
+                           list(optimizer.KERNELS[False](p, g, m, v, *s.args())), (HONEST, FORGER),
+                           forge_element=16450)
+    out["update-trace-chunk"] = _case(
+        "adamw's output p (66,000 bytes) is one state-tree chunk (§18.1: the update's outputs are chunked as the "
+        "state is), so its element 16,450 is in chunk 0; this proof names it chunk 1 as if the output were cut "
+        "into 64 KiB trace chunks: no such chunk",
+        dataclasses.replace(update, chunk=1, claimed=tuple(dataclasses.replace(o, index=1) for o in update.claimed)))
     return out
 
 
