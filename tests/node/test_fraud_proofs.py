@@ -188,6 +188,35 @@ def test_sync_serves_a_proof_to_a_node_that_missed_its_gossip(tmp_path):
     trio.run(main)
 
 
+def test_a_late_joiner_learns_the_run_then_its_proof_through_sync_and_refutes_the_step(tmp_path):
+    """Two real libp2p hosts: a node that knew neither the run nor the dispute (it joins after
+    both) learns the manifest (the runs sync protocol), then the proof (the run's sync), and its
+    coverage refutes the step citing that proof, with no attestation and no quorum."""
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import Syncer
+
+    data = proof(AUDITOR, PUBLISHER)
+
+    async def main():
+        with trio.fail_after(60):
+            async with open_p2p(ident(5), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(6), "127.0.0.1", 0) as joiner_p2p:
+                holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
+                assert holder.statements.ingest_fraud_proof(data)
+                joiner = make_ledger(tmp_path / "joiner", clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
+                assert joiner.statements.manifests == {}
+                Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
+                       rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
+                syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
+                                rng=random.Random(1), stats=joiner.statements.stats)
+                peer = await joiner_p2p.connect(holder_p2p.addrs[0])
+                assert await syncer.sync_with(peer) == 2  # the manifest, then the proof
+        cov = joiner.judge.coverage(MANIFEST.run_id)
+        assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(data),)
+        assert joiner.store.attestations(MANIFEST.run_id) == []
+
+    trio.run(main)
+
+
 def test_a_sync_response_with_too_many_large_frames_is_refused(tmp_path):
     from open1b.node.p2p import open_p2p
     from open1b.node.sync import MAX_SYNC_FRAUD_PROOFS, SYNC_PROTOCOL, pull_attestations
