@@ -4,8 +4,9 @@ serves once the referee (:func:`open1b.protocol.dispute.verify_fraud_proof`) con
 :func:`judge_fraud_proof` is the gossip rule over the referee's verdict, in order:
 
 - ``[REJECT]`` larger than :data:`MAX_GOSSIP_FRAUD_PROOF` (a gossip message, less the pubsub
-  envelope) — ``oversize``, before a byte is decoded; a larger proof is judged offline
-  (``open1b-node dispute verify``), not gossiped;
+  envelope) — ``oversize``, before a byte is decoded; a larger proof travels as a reference and
+  its body is fetched by digest (node/fraud_proof_refs.py, node/fraud_proof_fetch.py), then judged
+  here with the referee's own bound, ``MAX_FRAUD_PROOF_SIZE``;
 - the referee's rules (§18.4): its ``[REJECT]`` and ``[IGNORE]`` codes as they are;
 - ``[IGNORE]`` a run this node does not know — ``unknown_run``;
 - ``[REJECT]`` a step outside the run, or traces that do not start from the run's published h_k
@@ -87,11 +88,13 @@ def _verdict(outcome: Outcome, code: str, reason: str) -> Verdict:
 
 
 def judge_fraud_proof(data: bytes, manifest_of: Callable[[bytes], RunManifest | None],
-                      attested: Callable[[bytes, int, bytes], bool]) -> Verdict[ProvenFraud]:
+                      attested: Callable[[bytes, int, bytes], bool], *,
+                      max_size: int = MAX_GOSSIP_FRAUD_PROOF) -> Verdict[ProvenFraud]:
     """The gossip verdict on the encoded proof ``data`` (module doc). ``attested(run, step, key)``:
-    whether this node stores an attestation of that step by that key."""
-    if len(data) > MAX_GOSSIP_FRAUD_PROOF:
-        return _verdict(Outcome.REJECT, "oversize", f"{len(data)} bytes, more than {MAX_GOSSIP_FRAUD_PROOF}")
+    whether this node stores an attestation of that step by that key. ``max_size``: the gossip
+    bound, or ``MAX_FRAUD_PROOF_SIZE`` for a body fetched by digest and for the node's own proofs."""
+    if len(data) > max_size:
+        return _verdict(Outcome.REJECT, "oversize", f"{len(data)} bytes, more than {max_size}")
     verdict = verify_fraud_proof(data)
     if not verdict.accepted:
         return _verdict(verdict.outcome, verdict.code, verdict.reason)

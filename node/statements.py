@@ -2,8 +2,11 @@
 then stored; every one stored (ours included) is then told to the listeners given at wiring time.
 
 * gossip validators (one per kind: manifest, attestation, claim, reveal, eval, spot check, fraud
-  proof) answer the protocol's accept / reject / ignore (:mod:`open1b.protocol.validation`) and
-  count every refusal in :attr:`Statements.validation`;
+  proof, fraud proof reference) answer the protocol's accept / reject / ignore
+  (:mod:`open1b.protocol.validation`) and count every refusal in :attr:`Statements.validation`;
+* a fraud proof over the gossip bound arrives as a reference (gossip or sync), handed to
+  :attr:`Statements.proof_refs` (the daemon's :mod:`.fraud_proof_fetch`), which judges it, fetches
+  the body and stores it with :meth:`Statements.add_own` once the referee convicted;
 * ``ingest_*`` store what a validator accepted, or what a sync response carried (a provably
   invalid statement from sync counts against its sender, as on gossip);
 * :meth:`Statements.add_own` stores what this node signed (the outbox's first half,
@@ -39,12 +42,21 @@ from open1b.protocol.validation import Verdict, validate_eval, validate_reveal, 
 from open1b.protocol.witness import WitnessReveal
 
 from .clock import Clock
+from .fraud_proof_refs import FraudProofRef, ProofRefs, is_large
 from .fraud_proofs import ProvenFraud, judge_fraud_proof
 from .metrics import NodeStats
 from .p2p import GossipHandler, GossipValidator
 from .runs import why_not_auditable
 from .store import Store
-from .topics import attestations_topic, claims_topic, evals_topic, fraud_proofs_topic, reveals_topic, spotchecks_topic
+from .topics import (
+    attestations_topic,
+    claims_topic,
+    evals_topic,
+    fraud_proof_refs_topic,
+    fraud_proofs_topic,
+    reveals_topic,
+    spotchecks_topic,
+)
 
 log = logging.getLogger("open1b.node.statements")
 
@@ -76,6 +88,9 @@ class Statements:
         self.runs_synced = 0  # manifests learned through the runs sync protocol
         self.validation: Counter[str] = Counter()  # "<kind>/<outcome>/<code>" of every statement refused
         self._topics: set[str] = set()
+        # references to fraud proofs over the gossip bound: judged, fetched and stored by the
+        # daemon's ProofFetcher (node/fraud_proof_fetch.py), which sets itself here; none, ignored
+        self.proof_refs: ProofRefs | None = None
         # kind -> (the protocol's validation, how the store keeps one): the per-run statements
         self._kinds: dict[str, tuple[Callable, Callable[[object], bool]]] = {
             Attestation.KIND: (validate_attestation, store.add_attestation),
@@ -111,6 +126,8 @@ class Statements:
             (evals_topic(run), self.validator(EvalStatement.KIND), self.ingest_eval),
             (spotchecks_topic(run), self.validator(SpotCheck.KIND), self.ingest_spotcheck),
             (fraud_proofs_topic(run), self.validator(ProvenFraud.KIND), self.ingest_fraud_proof),
+            (fraud_proof_refs_topic(run), lambda author, data: self.proof_refs.gossiped(author, data)
+             if self.proof_refs else Outcome.IGNORE, _nothing_to_do),
         ):
             if topic in self._topics:
                 continue
@@ -260,6 +277,8 @@ class Statements:
                 kind = None
             if kind in (WitnessReveal.KIND, SpotCheck.KIND, ProvenFraud.KIND):
                 new += self._ingest(kind, data, source)
+            elif kind == FraudProofRef.KIND and self.proof_refs:  # counted new once its body is stored
+                self.proof_refs.synced(data, source)
             else:
                 attestations.append(data)
         return new + self.ingest_attestations(attestations, source=source)
@@ -276,11 +295,17 @@ class Statements:
             self._told(statement)
         return added
 
-    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | ProvenFraud] | None:
+    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | ProvenFraud
+                                                      | FraudProofRef] | None:
+        """What a sync response carries: a proof over the gossip bound as its reference."""
         if run not in self.manifests:
             return None
         return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run),
-                *self.store.fraud.of_run(run)]
+                *(FraudProofRef.of(f) if is_large(f) else f for f in self.store.fraud.of_run(run))]
+
+
+async def _nothing_to_do(author: str, data: bytes) -> None:
+    """The references' topic delivers only this node's own (its validator accepts no other)."""
 
 
 def _handler(ingest: Callable[[bytes], object]) -> GossipHandler:
