@@ -4,7 +4,8 @@ reveals, spot checks and fraud proofs) of one run.
 Frames are varint-length-prefixed. Request: one frame, canonical CBOR ``{"run": <32 bytes>}``
 (≤ 256 bytes). Response: up to :data:`MAX_SYNC_STATEMENTS` frames, each one encoded attestation,
 witness reveal or spot check (≤ MAX_ATTESTATION_SIZE) or fraud proof (≤ MAX_GOSSIP_FRAUD_PROOF, at
-most :data:`MAX_SYNC_FRAUD_PROOFS` of them), then an empty frame. The puller validates every frame exactly like a
+most :data:`MAX_SYNC_FRAUD_PROOFS` of them; a larger one as its reference, whose body the puller
+fetches from this peer, node/fraud_proof_fetch.py), then an empty frame. The puller validates every frame exactly like a
 gossiped one, so a lying peer can waste our time but never put anything unchecked in the store.
 
 A second protocol, ``/open1b/sync/runs/1.0.0`` (below), lets a node learn the run manifests it
