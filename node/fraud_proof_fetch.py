@@ -105,7 +105,8 @@ class ProofFetcher:
         self._wanted: set[bytes] = set()  # digests queued or being fetched
         self._per_peer: Counter[str] = Counter()
         self._serving: set[str] = set()
-        self.fetched: Counter[str] = Counter()  # outcome -> count: stored, refused (by the referee), held, empty, failed, rejected
+        # outcome -> count: stored, refused (by the referee), held, empty, failed, rejected (NodeStats.proof_fetches)
+        self.fetched: Counter[str] = statements.stats.proof_fetches
         statements.proof_refs = self
         p2p.set_stream_handler(FRAUD_PROOF_PROTOCOL, self._serve)
 
