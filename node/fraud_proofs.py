@@ -22,6 +22,7 @@ conviction adds nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, ClassVar
 
 from open1b.protocol import Conviction, Outcome, RunManifest
@@ -52,8 +53,8 @@ class ProvenFraud:
     pre_state: bytes
     post_states: tuple[bytes, ...]  # each guilty key's trace's post_state, in the order of ``guilty``
 
-    @property
-    def digest(self) -> bytes:
+    @cached_property
+    def digest(self) -> bytes:  # once: a proof fetched by reference may be 128 MiB (~0.5 s of hashing)
         return blake2b256(self.encoded)
 
     def convictions(self) -> list[Conviction]:
