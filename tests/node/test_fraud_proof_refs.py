@@ -267,6 +267,7 @@ def test_a_large_proof_reaches_a_node_two_hops_away_that_never_saw_the_dispute(t
                 assert await la.outbox.publish(_fraud(la))
                 await stored_b.wait()
                 await stored_c.wait()
+                assert c.peer_id not in a.connected_peers()  # so c fetched the body from b, which announced it
                 nursery.cancel_scope.cancel()
         assert (fb.fetched["stored"], fc.fetched["stored"]) == (1, 1)
         for ledger in (lb, lc):
