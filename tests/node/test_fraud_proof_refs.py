@@ -224,15 +224,15 @@ def test_a_large_proof_is_gossiped_and_synced_as_its_reference(tmp_path):
     assert fraud_proofs_topic(MANIFEST.run_id) != fraud_proof_refs_topic(MANIFEST.run_id)
 
 
-async def _line_of_nodes(stack: AsyncExitStack, nursery, tmp_path, names):
-    """Nodes with real libp2p hosts, each with its ledger and proof fetcher running, each connected
-    to the one before it only."""
+async def _line_of_nodes(stack: AsyncExitStack, nursery, tmp_path, names, manifests=(MANIFEST,)):
+    """Nodes with real libp2p hosts, each with its ledger (knowing ``manifests``) and proof fetcher
+    running, each connected to the one before it only."""
     from open1b.node.p2p import open_p2p
 
     nodes = []
     for i, name in enumerate(names):
         p2p = await stack.enter_async_context(open_p2p(ident(40 + i), "127.0.0.1", 0, heartbeat_s=0.2))
-        ledger = make_ledger(tmp_path / name, MANIFEST, identity=ident(40 + i), clock=Clock(wall_at_zero=T0),
+        ledger = make_ledger(tmp_path / name, *manifests, identity=ident(40 + i), clock=Clock(wall_at_zero=T0),
                              gossip=p2p)
         fetcher = ProofFetcher(p2p, ledger.statements, ledger.outbox.regossip)
         await nursery.start(fetcher.serve_fetcher)
@@ -280,8 +280,9 @@ def test_a_large_proof_reaches_a_node_two_hops_away_that_never_saw_the_dispute(t
 
 
 def test_a_late_joiner_learns_a_large_proof_through_sync_and_refutes_the_step(tmp_path):
-    """A node that joins after the dispute: the holder's sync response carries the proof's
-    reference, the joiner fetches the body from the holder, and its coverage cites the proof."""
+    """A node that joins after the dispute, knowing neither the run nor the proof: it learns the
+    manifest (the runs sync), the holder's sync response carries the proof's reference, the joiner
+    fetches the body from the holder, and its coverage cites the proof."""
     from open1b.node.sync import Syncer
 
     async def main():
@@ -290,14 +291,15 @@ def test_a_late_joiner_learns_a_large_proof_through_sync_and_refutes_the_step(tm
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 (holder_p2p, holder, _), = await _line_of_nodes(stack, nursery, tmp_path, ["holder"])
                 assert holder.statements.add_own(_fraud(holder))
-                (joiner_p2p, joiner, fetcher), = await _line_of_nodes(stack, nursery, tmp_path, ["joiner"])
+                (joiner_p2p, joiner, fetcher), = await _line_of_nodes(stack, nursery, tmp_path, ["joiner"], ())
+                assert joiner.statements.manifests == {}
                 stored = _stored_event(joiner)
                 Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
                        rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
                 syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
                                 rng=random.Random(1), stats=joiner.statements.stats)
                 peer = await joiner_p2p.connect(holder_p2p.addrs[0])
-                assert await syncer.sync_with(peer) == 0  # a reference, not a statement: the body comes next
+                assert await syncer.sync_with(peer) == 1  # the manifest; then a reference: the body comes next
                 await stored.wait()
                 nursery.cancel_scope.cancel()
         assert fetcher.fetched == {"stored": 1}
