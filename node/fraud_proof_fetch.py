@@ -21,7 +21,8 @@ node keeps none of that digest; then the stream is closed.
   is fetched at a time (up to 128 MiB in memory), within :data:`FETCH_TIMEOUT_S`. The frame is read
   with the reference's ``size`` as its bound, so no more is ever read than announced; then size
   and digest are checked, and the body is judged by :func:`~.fraud_proofs.judge_fraud_proof`
-  exactly as a gossiped proof is (with the referee's bound, ``MAX_FRAUD_PROOF_SIZE``); it must
+  exactly as a gossiped proof is (with the referee's bound, ``MAX_FRAUD_PROOF_SIZE``; the referee
+  in a worker thread, :mod:`.referee_worker`); it must
   convict whom the reference says (``ref_mismatch``). A proof so judged is stored like the node's
   own (:meth:`~.statements.Statements.add_own`: judged already).
 - **Blame.** A frame over the announced size, a body whose size or digest is not the reference's,
@@ -50,7 +51,7 @@ from open1b.protocol.schema import Bytes, check_map
 from open1b.protocol.validation import Verdict
 
 from .fraud_proof_refs import FraudProofRef, body_matches, judge_fraud_proof_ref
-from .fraud_proofs import ProvenFraud, judge_fraud_proof
+from .fraud_proofs import ProvenFraud
 from .p2p import P2P, FrameTooLarge, NetworkError, Stream
 from .statements import Statements
 
@@ -185,8 +186,7 @@ class ProofFetcher:
         if body is None:
             self.fetched["empty"] += 1
             return
-        verdict = judge_fraud_proof(body, self.statements.manifests.get, self.statements.store.has_attestation,
-                                    max_size=MAX_FRAUD_PROOF_SIZE)
+        verdict = await self.statements.referee.judge(body, max_size=MAX_FRAUD_PROOF_SIZE)  # the referee off the loop
         if verdict.accepted and not ref.describes(verdict.message):
             verdict = Verdict(Outcome.REJECT, "the proof convicts others than announced", code="ref_mismatch")
         if not verdict.accepted:
