@@ -130,10 +130,11 @@ def test_a_gossip_peer_has_at_most_its_bound_of_proofs_judged_and_others_still_w
 
     async def main():
         async with trio.open_nursery() as nursery:
-            for i in range(MAX_JUDGING_PER_PEER):
-                nursery.start_soon(judge, b"p%d" % i, "p")
+            nursery.start_soon(judge, b"p0", "p")
             await held.entered()
-            await trio.testing.wait_all_tasks_blocked()
+            for i in range(1, MAX_JUDGING_PER_PEER):  # one by one: trio runs tasks started together in any order
+                nursery.start_soon(judge, b"p%d" % i, "p")
+                await trio.testing.wait_all_tasks_blocked()
             await judge(b"p-more", "p")  # at once: not waiting behind the others
             assert verdicts == {b"p-more": "referee_busy"}
             nursery.start_soon(judge, b"q0", "q")  # another peer's waits its turn
@@ -194,6 +195,7 @@ def test_a_judgment_cancelled_while_waiting_leaves_its_bytes_to_the_next_caller(
             nursery.start_soon(judge, b"first")
             await held.entered()
             scope = await nursery.start(cancellable, b"second")
+            await trio.testing.wait_all_tasks_blocked()  # it waits for the referee, owning b"second"
             nursery.start_soon(judge, b"second")  # the same bytes: waits on the first caller's judgment
             await trio.testing.wait_all_tasks_blocked()
             scope.cancel()
