@@ -110,7 +110,7 @@ class Components:
             "spot_checks": {"signed": {f"{v}/{c}": n for (v, c), n in sorted(s.spot_checks.items())},
                             "failed_to_run": s.spot_failures, "challenges_answered": s.challenges_answered},
             "disputes": {"outcomes": {f"{role}/{outcome}": n for (role, outcome), n in sorted(s.disputes.items())},
-                         "recent": list(s.recent_disputes)},
+                         "recent": list(s.recent_disputes), "proof_fetches": dict(sorted(s.proof_fetches.items()))},
         }
 
     def blob_status(self) -> dict:

@@ -16,6 +16,8 @@ and serves it in one nursery; the data path runs through the components in one d
 * :mod:`.dispute_agent` — disputes over the steps whose results differ from ours, opened and
   answered on the dispute stream (:mod:`.disputes`), traced in the worker (:mod:`.dispute_tracer`);
 * :mod:`.sync` — bootstrap, then periodic pulls from peers, and answers to theirs;
+* :mod:`.fraud_proof_fetch` — the bodies of fraud proofs over the gossip bound, fetched by digest
+  from the peer that announced them, and served to peers;
 * :mod:`.evaluator` — its runs' evaluation results published, others' checked, the leaderboard;
 * :mod:`.api_routes` — the local API and web page (:mod:`.api`, :mod:`.web`), and Prometheus
   metrics when configured.
@@ -60,6 +62,7 @@ from .dispute_tracer import Tracer, WorkerTracer
 from .evaluator import Evaluator
 from .fetcher import Fetcher
 from .files import write_atomic
+from .fraud_proof_fetch import ProofFetcher
 from .identity_file import load_or_create_identity
 from .ledger import Ledger, build_ledger
 from .metrics import NodeStats
@@ -178,6 +181,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         if store.run_dir(run) is not None and why_not_auditable(manifest) is None:
             runfiles.pin(manifest)  # runs we published: served for as long as we run
     syncer = Syncer(p2p, statements, config, clock=clock, rng=rng, stats=stats)
+    proofs = ProofFetcher(p2p, statements, ledger.outbox.regossip)  # fraud proofs over the gossip bound, by digest
     claims = ClaimAgent(identity, DhtClaimBoard(p2p), lease_s=config.lease_s, clock=clock.wall, sleep=clock.sleep,
                         seen=statements.add_claim, heard=store.slot_claims, rng=rng)
     p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())
@@ -218,6 +222,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.serve_fetcher)
+        await nursery.start(proofs.serve_fetcher)
         await nursery.start(ledger.outbox.serve_outbox)
         await nursery.start(publisher.serve_publisher)
         await nursery.start(auditor.serve_auditor)

@@ -24,9 +24,10 @@ open over a step it published or attested.
   (busy, unreachable, or our trace failed: :data:`BUSY_TRIES` tries, a random 2–8 s apart); 4
   answered at once; a peer's next dispute answered no sooner than its last answer took (one peer
   gets at most half the worker); the last :data:`TRACES_KEPT` traces kept (no replay again).
-* **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py:
-  within the gossip bound, a key that vouched for the step) is stored and gossiped through the
-  outbox, whichever side found it; coverage counts it (§8.3). A peer at fault in a malformed way
+* **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py: up
+  to the referee's bound, a key that vouched for the step) is stored and gossiped through the
+  outbox, whichever side found it (over the gossip bound, as a reference whose body peers fetch,
+  node/fraud_proof_refs.py); coverage counts it (§8.3). A peer at fault in a malformed way
   is penalised (in :mod:`.disputes`); a silent one loses on this node (``peer_silent``: counted in
   ``status.disputes``, proves nothing to others).
 """
@@ -43,6 +44,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping
 import trio
 
 from open1b.protocol import Attestation, Identity, Outcome, RunManifest
+from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL
 from open1b.protocol.dispute.trace import TraceCommitment, trace_tree
 from open1b.protocol.identity import peer_id_from_public_key, public_key_from_peer_id
@@ -325,7 +327,7 @@ class DisputeAgent:
         log.info("dispute with %s (%s): %s after %d rounds, %.2f s", peer, role, result.outcome, result.rounds, seconds)
 
     async def _publish(self, proof: bytes) -> None:
-        verdict = judge_fraud_proof(proof, self.runs.get, self.store.has_attestation)
+        verdict = judge_fraud_proof(proof, self.runs.get, self.store.has_attestation, max_size=MAX_FRAUD_PROOF_SIZE)
         if verdict.outcome is not Outcome.ACCEPT:
             log.warning("our dispute's proof is not carried (%s: %s): judge it offline", verdict.code, verdict.reason)
             return

@@ -71,6 +71,8 @@ class NodeStats:
     challenges_answered: int = 0  # answers this node gave to others' challenges (node/spot_answers.py)
     disputes: Counter[tuple[str, str]] = field(default_factory=Counter)  # ("opened" | "answered", outcome) -> count
     recent_disputes: deque[dict] = field(default_factory=lambda: deque(maxlen=16))  # node/dispute_agent.py
+    # outcome -> fetches of fraud proofs' bodies by reference (node/fraud_proof_fetch.py)
+    proof_fetches: Counter[str] = field(default_factory=Counter)
     # (kind, "gossiped" | "retried" | "failed") -> own statements (node/outbox.py)
     own_statements: Counter[tuple[str, str]] = field(default_factory=Counter)
 

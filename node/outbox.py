@@ -2,9 +2,14 @@
 
 Every producer hands its signed statement to :meth:`Outbox.publish`: the auditor's attestations,
 the spot checker's spot checks, the replay proof's reveals, the evaluator's results and checks,
-and the API's reveals, submitted evaluations and submitted fraud proofs. A statement kind is publishable once
-:func:`~.topics.statement_topic` names its topic and :meth:`~.statements.Statements.add_own`
-knows how the store keeps it (fraud proofs: a proof submitted through the API, node/fraud_proofs.py).
+the dispute agent's fraud proofs (node/dispute_agent.py: the proof a dispute of this node's ended
+in, judged first as a gossiped one is), and the API's reveals and submitted evaluations. A fraud
+proof over the gossip bound is gossiped as its reference (node/fraud_proof_refs.py); one fetched
+by reference is stored by the proof fetcher (node/fraud_proof_fetch.py), which announces it with
+:meth:`Outbox.regossip`. The API takes no fraud proof: it lists and serves those the node holds.
+A statement kind is publishable once :func:`~.topics.statement_topic` names its topic and
+:meth:`~.statements.Statements.add_own` knows how the store keeps it (fraud proofs: one row per
+conviction, node/store.py, node/fraud_proofs.py).
 
 Stored first: the store is what sync serves, so a statement whose gossip fails still reaches
 peers on their next sync round, and the node's own judgements (coverage, the planner, earned
@@ -24,6 +29,7 @@ import trio
 from open1b.protocol import Attestation, EvalStatement, SpotCheck, WitnessReveal
 
 from .clock import Clock
+from .fraud_proof_refs import FraudProofRef, is_large
 from .fraud_proofs import ProvenFraud
 from .metrics import NodeStats
 from .p2p import NetworkError
@@ -72,8 +78,11 @@ class Outbox:
 
     async def _gossip(self, statement: OwnStatement, tries: int) -> None:
         kind = statement.KIND
+        message: OwnStatement | FraudProofRef = statement
+        if isinstance(statement, ProvenFraud) and is_large(statement):
+            message = FraudProofRef.of(statement)  # peers fetch the body by its digest (§18.7)
         try:
-            await self.gossip.publish(statement_topic(kind, statement.run), statement.encoded)
+            await self.gossip.publish(statement_topic(message.KIND, statement.run), message.encoded)
         except NetworkError as exc:
             tries += 1
             if tries >= TRIES:

@@ -21,6 +21,7 @@ that the rest of the node sees a small, safe surface:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import socket
@@ -88,6 +89,7 @@ MAX_PUBSUB_MESSAGE = 1 << 20
 DHT_OP_TIMEOUT_S = 30.0
 
 GossipValidator = Callable[[str, bytes], Outcome]  # (author peer ID, data) -> outcome
+AsyncGossipValidator = Callable[[str, str, bytes], Awaitable[Outcome]]  # (forwarding peer, author, data)
 GossipHandler = Callable[[str, bytes], Awaitable[None]]
 StreamHandler = Callable[["Stream"], Awaitable[None]]
 
@@ -278,9 +280,17 @@ class P2P:
         return await discover(self, max_peers)
 
     # -- gossip ----------------------------------------------------------------------------
-    def set_validator(self, topic: str, validator: GossipValidator) -> None:
+    def set_validator(self, topic: str, validator: GossipValidator | AsyncGossipValidator) -> None:
         """Install ``validator``; libp2p only knows accept/drop, so IGNORE drops without blame
-        and REJECT drops and counts against the author."""
+        and REJECT drops and counts against the forwarding peer. A coroutine function (the fraud
+        proofs', which awaits the referee's worker thread) is given the forwarding peer besides;
+        py-libp2p runs it in the message's own task, at most 10 at once node-wide, and drops a
+        message whose validation outlasts its ``validation_timeout`` (5 s) as it drops an IGNORE."""
+
+        def passes(sender: str, outcome: Outcome) -> bool:
+            if outcome is Outcome.REJECT and sender != self.peer_id:
+                self.penalise(sender)
+            return outcome is Outcome.ACCEPT
 
         def wrapped(forwarder: ID, msg) -> bool:
             sender = forwarder.to_base58()
@@ -292,11 +302,24 @@ class P2P:
             except Exception as exc:  # our bug, whatever the message: IGNORE, never a penalty
                 self._validator_failed(topic, exc)
                 return False
-            if outcome is Outcome.REJECT and sender != self.peer_id:
-                self.penalise(sender)
-            return outcome is Outcome.ACCEPT
+            return passes(sender, outcome)
 
-        self.pubsub.set_topic_validator(topic, wrapped, is_async_validator=False)
+        async def awaited(forwarder: ID, msg) -> bool:
+            sender = forwarder.to_base58()
+            if sender in self.banned:
+                return False
+            author = ID(msg.from_id).to_base58() if msg.from_id else sender
+            try:
+                outcome = await validator(sender, author, bytes(msg.data))
+            except Exception as exc:  # our bug, as above
+                self._validator_failed(topic, exc)
+                return False
+            return passes(sender, outcome)
+
+        if inspect.iscoroutinefunction(validator):
+            self.pubsub.set_topic_validator(topic, awaited, is_async_validator=True)
+        else:
+            self.pubsub.set_topic_validator(topic, wrapped, is_async_validator=False)
 
     def _validator_failed(self, topic: str, exc: Exception) -> None:
         """Count a raise of our own validator; its traceback is logged once per place it came from

@@ -2,8 +2,13 @@
 then stored; every one stored (ours included) is then told to the listeners given at wiring time.
 
 * gossip validators (one per kind: manifest, attestation, claim, reveal, eval, spot check, fraud
-  proof) answer the protocol's accept / reject / ignore (:mod:`open1b.protocol.validation`) and
-  count every refusal in :attr:`Statements.validation`;
+  proof, fraud proof reference) answer the protocol's accept / reject / ignore
+  (:mod:`open1b.protocol.validation`) and count every refusal in :attr:`Statements.validation`;
+  the fraud proofs' validator, and their ingest from gossip and sync, await the referee in a
+  worker thread (:attr:`Statements.referee`, :mod:`.referee_worker`);
+* a fraud proof over the gossip bound arrives as a reference (gossip or sync), handed to
+  :attr:`Statements.proof_refs` (the daemon's :mod:`.fraud_proof_fetch`), which judges it, fetches
+  the body and stores it with :meth:`Statements.add_own` once the referee convicted;
 * ``ingest_*`` store what a validator accepted, or what a sync response carried (a provably
   invalid statement from sync counts against its sender, as on gossip);
 * :meth:`Statements.add_own` stores what this node signed (the outbox's first half,
@@ -39,12 +44,22 @@ from open1b.protocol.validation import Verdict, validate_eval, validate_reveal, 
 from open1b.protocol.witness import WitnessReveal
 
 from .clock import Clock
-from .fraud_proofs import ProvenFraud, judge_fraud_proof
+from .fraud_proof_refs import FraudProofRef, ProofRefs, is_large
+from .fraud_proofs import ProvenFraud
 from .metrics import NodeStats
-from .p2p import GossipHandler, GossipValidator
+from .p2p import AsyncGossipValidator, GossipHandler, GossipValidator
+from .referee_worker import RefereeWorker
 from .runs import why_not_auditable
 from .store import Store
-from .topics import attestations_topic, claims_topic, evals_topic, fraud_proofs_topic, reveals_topic, spotchecks_topic
+from .topics import (
+    attestations_topic,
+    claims_topic,
+    evals_topic,
+    fraud_proof_refs_topic,
+    fraud_proofs_topic,
+    reveals_topic,
+    spotchecks_topic,
+)
 
 log = logging.getLogger("open1b.node.statements")
 
@@ -57,7 +72,7 @@ Listener = Callable[[Statement], None]
 class Gossip(Protocol):
     """What statements need of the network (:class:`~.p2p.P2P` in a daemon, a fake in tests)."""
 
-    def set_validator(self, topic: str, validator: GossipValidator) -> None: ...
+    def set_validator(self, topic: str, validator: GossipValidator | AsyncGossipValidator) -> None: ...
 
     async def subscribe(self, topic: str, handler: GossipHandler) -> None: ...
 
@@ -76,6 +91,9 @@ class Statements:
         self.runs_synced = 0  # manifests learned through the runs sync protocol
         self.validation: Counter[str] = Counter()  # "<kind>/<outcome>/<code>" of every statement refused
         self._topics: set[str] = set()
+        # references to fraud proofs over the gossip bound: judged, fetched and stored by the
+        # daemon's ProofFetcher (node/fraud_proof_fetch.py), which sets itself here; none, ignored
+        self.proof_refs: ProofRefs | None = None
         # kind -> (the protocol's validation, how the store keeps one): the per-run statements
         self._kinds: dict[str, tuple[Callable, Callable[[object], bool]]] = {
             Attestation.KIND: (validate_attestation, store.add_attestation),
@@ -83,10 +101,9 @@ class Statements:
             SpotCheck.KIND: (validate_spotcheck, store.add_spotcheck),
             EvalStatement.KIND: (validate_eval, store.add_eval),
             Claim.KIND: (validate_claim, store.add_claim),
-            # the referee's verdict and the node's relevance rules (node/fraud_proofs.py)
-            ProvenFraud.KIND: (lambda data, manifest_of, now: judge_fraud_proof(data, manifest_of, store.has_attestation),
-                               store.fraud.add),
         }
+        # fraud proofs are judged apart: the referee in a worker thread, the node's rules after it
+        self.referee = RefereeWorker(manifests.get, store.has_attestation)
 
     def _told(self, statement: Statement) -> None:
         for listener in self.listeners:
@@ -105,18 +122,22 @@ class Statements:
 
     async def _join_run_topics(self, run: bytes) -> None:
         for topic, validator, handler in (
-            (attestations_topic(run), self.validate_gossip_attestation, self._on_attestation),
-            (claims_topic(run), self.validator(Claim.KIND), functools.partial(self._ingest, Claim.KIND, source=None)),
-            (reveals_topic(run), self.validator(WitnessReveal.KIND), self.ingest_reveal),
-            (evals_topic(run), self.validator(EvalStatement.KIND), self.ingest_eval),
-            (spotchecks_topic(run), self.validator(SpotCheck.KIND), self.ingest_spotcheck),
-            (fraud_proofs_topic(run), self.validator(ProvenFraud.KIND), self.ingest_fraud_proof),
+            (attestations_topic(run), self.validate_gossip_attestation, _handler(self._on_attestation)),
+            (claims_topic(run), self.validator(Claim.KIND),
+             _handler(functools.partial(self._ingest, Claim.KIND, source=None))),
+            (reveals_topic(run), self.validator(WitnessReveal.KIND), _handler(self.ingest_reveal)),
+            (evals_topic(run), self.validator(EvalStatement.KIND), _handler(self.ingest_eval)),
+            (spotchecks_topic(run), self.validator(SpotCheck.KIND), _handler(self.ingest_spotcheck)),
+            (fraud_proofs_topic(run), self.validator(ProvenFraud.KIND),
+             lambda author, data: self.ingest_fraud_proof(data)),
+            (fraud_proof_refs_topic(run), lambda author, data: self.proof_refs.gossiped(author, data)
+             if self.proof_refs else Outcome.IGNORE, _nothing_to_do),
         ):
             if topic in self._topics:
                 continue
             self._topics.add(topic)
             self.gossip.set_validator(topic, validator)
-            await self.gossip.subscribe(topic, _handler(handler))
+            await self.gossip.subscribe(topic, handler)
 
     def judge_manifest(self, data: bytes) -> Verdict:
         verdict = validate_manifest(data, self.clock.wall())
@@ -165,8 +186,13 @@ class Statements:
                 log.info("gossip %s from %s: %s (%s)", kind, author, verdict.outcome.value, verdict.reason)
         return verdict.outcome
 
-    def validator(self, kind: str) -> GossipValidator:
-        """The gossip validator of a per-run statement ``kind`` (refusals counted, not logged)."""
+    def validator(self, kind: str) -> GossipValidator | AsyncGossipValidator:
+        """The gossip validator of a per-run statement ``kind`` (refusals counted, not logged);
+        the fraud proofs' awaits the referee's worker thread, counted against the forwarding peer."""
+        if kind == ProvenFraud.KIND:
+            async def judged(forwarder: str, author: str, data: bytes) -> Outcome:
+                return self._judged(kind, await self.referee.judge(data, peer=forwarder))
+            return judged
         validate = self._kinds[kind][0]
 
         def validator(author: str, data: bytes) -> Outcome:
@@ -242,12 +268,16 @@ class Statements:
         coverage, never as a replay."""
         return self._ingest(SpotCheck.KIND, data, source)
 
-    def ingest_fraud_proof(self, data: bytes, source: str | None = None) -> bool:
+    async def ingest_fraud_proof(self, data: bytes, source: str | None = None) -> bool:
         """Validate (the referee, then node/fraud_proofs.py's rules) and store one fraud proof;
         True if it holds a conviction not stored yet."""
-        return self._ingest(ProvenFraud.KIND, data, source)
+        verdict = await self.referee.judge(data)
+        if not verdict.accepted:
+            self._refused_in_sync(verdict, source)
+            return False
+        return self.add_own(verdict.message)
 
-    def ingest_synced(self, frames: list[bytes], source: str) -> int:
+    async def ingest_synced(self, frames: list[bytes], source: str) -> int:
         """A sync response: attestations, witness reveals, spot checks and fraud proofs, told apart by their kind; the
         attestations are stored in one transaction (the order does not matter: what is judged
         is a function of the set). How many were new."""
@@ -258,8 +288,12 @@ class Statements:
                 kind = value.get("kind") if type(value) is dict else None
             except Open1bError:
                 kind = None
-            if kind in (WitnessReveal.KIND, SpotCheck.KIND, ProvenFraud.KIND):
+            if kind in (WitnessReveal.KIND, SpotCheck.KIND):
                 new += self._ingest(kind, data, source)
+            elif kind == ProvenFraud.KIND:
+                new += await self.ingest_fraud_proof(data, source)
+            elif kind == FraudProofRef.KIND and self.proof_refs:  # counted new once its body is stored
+                self.proof_refs.synced(data, source)
             else:
                 attestations.append(data)
         return new + self.ingest_attestations(attestations, source=source)
@@ -271,16 +305,23 @@ class Statements:
 
     def add_own(self, statement: Attestation | WitnessReveal | SpotCheck | EvalStatement | ProvenFraud) -> bool:
         """Store a statement this node signed or checked already (:mod:`.outbox`); True if new."""
-        added = self._kinds[statement.KIND][1](statement)
+        add = self.store.fraud.add if isinstance(statement, ProvenFraud) else self._kinds[statement.KIND][1]
+        added = add(statement)
         if added:
             self._told(statement)
         return added
 
-    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | ProvenFraud] | None:
+    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | ProvenFraud
+                                                      | FraudProofRef] | None:
+        """What a sync response carries: a proof over the gossip bound as its reference."""
         if run not in self.manifests:
             return None
         return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run),
-                *self.store.fraud.of_run(run)]
+                *(FraudProofRef.of(f) if is_large(f) else f for f in self.store.fraud.of_run(run))]
+
+
+async def _nothing_to_do(author: str, data: bytes) -> None:
+    """The references' topic delivers only this node's own (its validator accepts no other)."""
 
 
 def _handler(ingest: Callable[[bytes], object]) -> GossipHandler:

@@ -249,6 +249,22 @@ class FraudProofs:
                     changed = True
         return changed
 
+    def holds(self, run_id: bytes, step: int, guilty: tuple[bytes, ...], digest: bytes) -> bool:
+        """Whether, for each key of ``guilty``, the store keeps a proof of (run, step, key) with a
+        digest no higher than ``digest``: the proof so named would replace nothing (:meth:`add`)."""
+        for key in guilty:
+            row = self._db.execute("SELECT encoded FROM fraud_proofs WHERE run_id = ? AND step = ? AND guilty = ?",
+                                   (run_id, step, key)).fetchone()
+            if row is None or blake2b256(row[0]) > digest:
+                return False
+        return True
+
+    def body(self, run_id: bytes, digest: bytes) -> bytes | None:
+        """The stored proof of ``run_id`` whose digest is ``digest`` (what a peer fetches by it,
+        node/fraud_proof_fetch.py), or None."""
+        rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ?", (run_id,))
+        return next((r[0] for r in rows if blake2b256(r[0]) == digest), None)  # one row in memory at a time
+
     def of_run(self, run_id: bytes) -> list[ProvenFraud]:
         """A run's fraud proofs, each re-judged by the referee as it is read back (module doc)."""
         rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ? ORDER BY step, encoded",

@@ -4,7 +4,8 @@ reveals, spot checks and fraud proofs) of one run.
 Frames are varint-length-prefixed. Request: one frame, canonical CBOR ``{"run": <32 bytes>}``
 (≤ 256 bytes). Response: up to :data:`MAX_SYNC_STATEMENTS` frames, each one encoded attestation,
 witness reveal or spot check (≤ MAX_ATTESTATION_SIZE) or fraud proof (≤ MAX_GOSSIP_FRAUD_PROOF, at
-most :data:`MAX_SYNC_FRAUD_PROOFS` of them), then an empty frame. The puller validates every frame exactly like a
+most :data:`MAX_SYNC_FRAUD_PROOFS` of them; a larger one as its reference, whose body the puller
+fetches from this peer, node/fraud_proof_fetch.py), then an empty frame. The puller validates every frame exactly like a
 gossiped one, so a lying peer can waste our time but never put anything unchecked in the store.
 
 A second protocol, ``/open1b/sync/runs/1.0.0`` (below), lets a node learn the run manifests it
@@ -67,7 +68,8 @@ async def serve_sync(stream: Stream, attestations_of: Callable[[bytes], list[Sig
     await stream.close()
 
 
-async def pull_attestations(p2p: P2P, peer_id: str, run: bytes, ingest: Callable[[list[bytes]], int]) -> int:
+async def pull_attestations(p2p: P2P, peer_id: str, run: bytes,
+                            ingest: Callable[[list[bytes]], Awaitable[int]]) -> int:
     """Ask ``peer_id`` for its statements of ``run``; returns how many ``ingest`` found new. A frame
     may hold either kind (a reveal is smaller than MAX_ATTESTATION_SIZE): ``ingest`` tells them apart.
     Frames are handed over SYNC_BATCH at a time, so that ingest stores each batch in one
@@ -86,15 +88,15 @@ async def pull_attestations(p2p: P2P, peer_id: str, run: bytes, ingest: Callable
                 large += 1
                 if large > MAX_SYNC_FRAUD_PROOFS:
                     raise WrongTypeError(f"more than {MAX_SYNC_FRAUD_PROOFS} frames over {MAX_ATTESTATION_SIZE} bytes")
-                new += ingest([frame])
+                new += await ingest([frame])
                 continue
             frames.append(frame)
             if len(frames) == SYNC_BATCH:
-                new += ingest(frames)
+                new += await ingest(frames)
                 frames = []
     finally:
         await stream.close()
-    return new + ingest(frames)
+    return new + await ingest(frames)
 
 
 # -- manifests ---------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ class _Dispute(Scenario):
 
 class ForgedOp(_Dispute):
     name = "forged-op"
+    waiting = "a fraud proof convicting the trainer at the observer, and every honest node citing one and the same proof"
 
     def forgeries(self):
         return {self.step: "forged-op"}
@@ -149,6 +150,7 @@ class ForgedOp(_Dispute):
 
 class FalseAccusation(_Dispute):
     name = "false-accusation"
+    waiting = "a fraud proof convicting the accuser at the observer, and the accuser flagged for fraud at every honest node"
 
     def nodes(self):
         return [Node("accuser", audit=False, args=("--behaviour", "lie=mismatch"))]
@@ -236,6 +238,7 @@ class SilentDisputant(_BadDisputant):
     dispute ends ``peer_silent`` once a round goes unanswered for the round timeout."""
 
     name, how, outcome = "silent-disputant", "silent", "peer_silent"
+    waiting = "an auditor's dispute with the trainer to end peer_silent (a round unanswered for the round timeout)"
 
     def checks(self, net):
         return {**super().checks(net),
@@ -247,6 +250,7 @@ class OversizedDisputant(_BadDisputant):
     bound: the auditor's dispute ends ``peer_malformed`` at once and the trainer is penalised."""
 
     name, how, outcome = "oversized-disputant", "oversized", "peer_malformed"
+    waiting = "an auditor's dispute with the trainer to end peer_malformed (a frame over the bound)"
 
     def checks(self, net):
         return {**super().checks(net), "the trainer is penalised": bool(self.ended and self.ended["penalties"] >= 1)}

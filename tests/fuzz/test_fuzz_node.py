@@ -130,7 +130,7 @@ def test_reveal_gossip_and_sync_frames_store_only_valid_reveals(daemon, messages
         before = {r.digest for r in daemon.store.reveals(RUN.run_id)}
         outcome = daemon.statements.validator("reveal")("fuzz-peer", raw)
         assert isinstance(outcome, Outcome)
-        added = daemon.statements.ingest_synced([raw], source="fuzz-peer")  # either kind, told apart by its own bytes
+        added = trio.run(daemon.statements.ingest_synced, [raw], "fuzz-peer")  # either kind, told apart by its own bytes
         after = {r.digest for r in daemon.store.reveals(RUN.run_id)}
         assert after == (before | {blake2b256(raw)} if added and outcome is Outcome.ACCEPT else before)
     for reveal in daemon.store.reveals(RUN.run_id):
@@ -164,9 +164,12 @@ class FakeP2P:
 @given(st.lists(any_attestation_bytes, max_size=10))
 def test_sync_client_validates_every_frame(daemon, frames):
     stream = FakeStream(frames + [b""])
+
+    async def ingest(frames):
+        return daemon.statements.ingest_attestations(frames)
+
     try:
-        new = trio.run(pull_attestations, FakeP2P(stream), "fuzz-peer", RUN.run_id,
-                       lambda frames: daemon.statements.ingest_attestations(frames))
+        new = trio.run(pull_attestations, FakeP2P(stream), "fuzz-peer", RUN.run_id, ingest)
     except (TooLong, StreamClosed):
         new = 0
     assert 0 <= new <= len(frames)

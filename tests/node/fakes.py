@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -206,6 +207,7 @@ class FakeNode:
         self.validator_errors = 0
         self.max_rejects_per_peer = 20
         self.validators: dict[str, object] = {}
+        self.async_validators: dict[str, object] = {}  # validated in the message's own task, as libp2p does
         self.handlers: dict[str, object] = {}  # topic -> gossip handler
         self.stream_handlers: dict[str, object] = {}
         self.provided: list[str] = []
@@ -242,7 +244,10 @@ class FakeNode:
     # -- gossip: delivered to every subscribed node connected to the author, and to the author itself
     #    (libp2p's pubsub does too), each through the receiver's own validator ----------------------
     def set_validator(self, topic: str, validator) -> None:
-        self.validators[topic] = validator
+        if inspect.iscoroutinefunction(validator):  # given the forwarder besides, as node/p2p.py's
+            self.async_validators[topic] = validator
+        else:
+            self.validators[topic] = validator
 
     async def subscribe(self, topic: str, handler) -> None:
         self.handlers[topic] = handler
@@ -260,20 +265,38 @@ class FakeNode:
         handler = self.handlers.get(topic)
         if handler is None or author in self.banned:
             return
+        assert self._nursery is not None
+        if topic in self.async_validators:
+            self._nursery.start_soon(self._validate_then_handle, author, topic, data)
+            return
         validator = self.validators.get(topic)
         if validator is not None:
             try:
                 outcome = validator(author, data)
-            except Exception:  # our bug: ignored, nobody penalised (p2p.py)
-                self.validator_errors += 1
-                logging.getLogger("tests.fake_network").exception("validator for %s raised", topic)
+            except Exception:
+                self._validator_raised(topic)
                 return
-            if outcome is Outcome.REJECT and author != self.peer_id:
-                self.penalise(author)
-            if outcome is not Outcome.ACCEPT:
+            if not self._passes(author, outcome):
                 return
-        assert self._nursery is not None
         self._nursery.start_soon(handler, author, data)
+
+    async def _validate_then_handle(self, author: str, topic: str, data: bytes) -> None:
+        try:
+            outcome = await self.async_validators[topic](author, author, data)  # the author delivers its own
+        except Exception:
+            self._validator_raised(topic)
+            return
+        if self._passes(author, outcome):
+            await self.handlers[topic](author, data)
+
+    def _validator_raised(self, topic: str) -> None:  # our bug: ignored, nobody penalised (p2p.py)
+        self.validator_errors += 1
+        logging.getLogger("tests.fake_network").exception("validator for %s raised", topic)
+
+    def _passes(self, author: str, outcome: Outcome) -> bool:
+        if outcome is Outcome.REJECT and author != self.peer_id:
+            self.penalise(author)
+        return outcome is Outcome.ACCEPT
 
     # -- DHT -------------------------------------------------------------------------------------
     def register_record_validator(self, namespace: str, validator) -> None:

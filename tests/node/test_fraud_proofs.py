@@ -82,12 +82,12 @@ def test_the_gossip_rules_in_order(tmp_path):
     ]
     for data, outcome, counted in cases:
         before = ledger.statements.validation.copy()
-        assert validate("peer", data) is outcome, counted
+        assert trio.run(validate, "peer", "peer", data) is outcome, counted
         before.update([counted] if counted else [])
         assert ledger.statements.validation == before, counted  # the refusal counted under its code
     # once the auditor has attested the step, a proof convicting it bears on coverage
     ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
-    assert validate("peer", proof(PUBLISHER, AUDITOR)) is Outcome.ACCEPT
+    assert trio.run(validate, "peer", "peer", proof(PUBLISHER, AUDITOR)) is Outcome.ACCEPT
 
 
 def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
@@ -95,12 +95,13 @@ def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
     told = []
     ledger.statements.listeners.append(told.append)
     data, other = sorted([proof(AUDITOR, PUBLISHER), proof(OTHER, PUBLISHER)], key=blake2b256)
-    assert ledger.statements.ingest_fraud_proof(data, source="peer")
-    assert not ledger.statements.ingest_fraud_proof(data, source="peer")  # held already
+    ingest = ledger.statements.ingest_fraud_proof
+    assert trio.run(ingest, data, "peer")
+    assert not trio.run(ingest, data, "peer")  # held already
     # another proof of the same conviction (another honest party) with a higher digest adds nothing
-    assert not ledger.statements.ingest_fraud_proof(other, source="peer")
+    assert not trio.run(ingest, other, "peer")
     # a refused proof from sync counts against its sender, as on gossip
-    assert not ledger.statements.ingest_fraud_proof(proof(AUDITOR, PUBLISHER, forged=True), source="liar")
+    assert not trio.run(ingest, proof(AUDITOR, PUBLISHER, forged=True), "liar")
     assert ledger.store.fraud.of_run(b"\x22" * 32) == []
     [stored] = ledger.store.fraud.of_run(MANIFEST.run_id)
     assert [type(s) for s in told] == [ProvenFraud] and told[0] == stored
@@ -116,7 +117,7 @@ def test_of_two_proofs_of_one_conviction_every_node_keeps_the_lower_digest(tmp_p
     low, high = sorted([proof(AUDITOR, PUBLISHER), proof(OTHER, PUBLISHER)], key=blake2b256)
     for name, order in (("a", (low, high)), ("b", (high, low))):
         ledger = _ledger(tmp_path / name)
-        assert [ledger.statements.ingest_fraud_proof(d, source="peer") for d in order] == \
+        assert [trio.run(ledger.statements.ingest_fraud_proof, d, "peer") for d in order] == \
             ([True, False] if order[0] == low else [True, True])
         assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [low]
         assert ledger.judge.coverage(MANIFEST.run_id).steps[STEP].fraud_proofs == (blake2b256(low),)
@@ -147,7 +148,7 @@ def test_coverage_cites_a_stored_proof_refuting_the_publishers_step_and_flagging
     ledger = _ledger(tmp_path)
     assert ledger.judge.coverage(MANIFEST.run_id).refuted_steps == []
     data = proof(AUDITOR, PUBLISHER)
-    assert ledger.statements.ingest_fraud_proof(data)
+    assert trio.run(ledger.statements.ingest_fraud_proof, data)
     cov = ledger.judge.coverage(MANIFEST.run_id)  # the default policy has no quorum: the proof alone
     assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(data),)
     assert [(f.signer, f.kind, f.statement) for f in cov.flagged] == [
@@ -155,7 +156,7 @@ def test_coverage_cites_a_stored_proof_refuting_the_publishers_step_and_flagging
     # an auditor that attested a mismatch and signed a losing trace is flagged by its proof
     ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
     against = proof(PUBLISHER, AUDITOR)
-    assert ledger.statements.ingest_fraud_proof(against)
+    assert trio.run(ledger.statements.ingest_fraud_proof, against)
     assert ledger.judge.refresh()  # the judge re-judged the run and set the flags in the counting
     cov = ledger.judge.coverage(MANIFEST.run_id)
     assert {f.signer: f.statement for f in cov.flagged}[peer_id_from_public_key(AUDITOR.public_key)] == \
@@ -175,7 +176,7 @@ def test_sync_serves_a_proof_to_a_node_that_missed_its_gossip(tmp_path):
         with trio.fail_after(60):
             async with open_p2p(ident(5), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(6), "127.0.0.1", 0) as joiner_p2p:
                 holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
-                assert holder.statements.ingest_fraud_proof(data)
+                assert await holder.statements.ingest_fraud_proof(data)
                 joiner = make_ledger(tmp_path / "joiner", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
                 Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
                        rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
@@ -188,6 +189,35 @@ def test_sync_serves_a_proof_to_a_node_that_missed_its_gossip(tmp_path):
     trio.run(main)
 
 
+def test_a_late_joiner_learns_the_run_then_its_proof_through_sync_and_refutes_the_step(tmp_path):
+    """Two real libp2p hosts: a node that knew neither the run nor the dispute (it joins after
+    both) learns the manifest (the runs sync protocol), then the proof (the run's sync), and its
+    coverage refutes the step citing that proof, with no attestation and no quorum."""
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import Syncer
+
+    data = proof(AUDITOR, PUBLISHER)
+
+    async def main():
+        with trio.fail_after(60):
+            async with open_p2p(ident(5), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(6), "127.0.0.1", 0) as joiner_p2p:
+                holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
+                assert await holder.statements.ingest_fraud_proof(data)
+                joiner = make_ledger(tmp_path / "joiner", clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
+                assert joiner.statements.manifests == {}
+                Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
+                       rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
+                syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
+                                rng=random.Random(1), stats=joiner.statements.stats)
+                peer = await joiner_p2p.connect(holder_p2p.addrs[0])
+                assert await syncer.sync_with(peer) == 2  # the manifest, then the proof
+        cov = joiner.judge.coverage(MANIFEST.run_id)
+        assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(data),)
+        assert joiner.store.attestations(MANIFEST.run_id) == []
+
+    trio.run(main)
+
+
 def test_a_sync_response_with_too_many_large_frames_is_refused(tmp_path):
     from open1b.node.p2p import open_p2p
     from open1b.node.sync import MAX_SYNC_FRAUD_PROOFS, SYNC_PROTOCOL, pull_attestations
@@ -195,6 +225,10 @@ def test_a_sync_response_with_too_many_large_frames_is_refused(tmp_path):
     from open1b.protocol.messages import MAX_ATTESTATION_SIZE
 
     ingested = []
+
+    async def ingest(frames):
+        ingested.extend(frames)
+        return 0
 
     async def flood(stream):
         await stream.receive(256)
@@ -208,7 +242,7 @@ def test_a_sync_response_with_too_many_large_frames_is_refused(tmp_path):
                 server.set_stream_handler(SYNC_PROTOCOL, flood)
                 peer = await client.connect(server.addrs[0])
                 with pytest.raises(WrongTypeError):
-                    await pull_attestations(client, peer, MANIFEST.run_id, lambda frames: ingested.extend(frames) or 0)
+                    await pull_attestations(client, peer, MANIFEST.run_id, ingest)
 
     trio.run(main)
     assert len(ingested) == MAX_SYNC_FRAUD_PROOFS  # each large frame handed over alone, on arrival

@@ -176,3 +176,39 @@ def test_a_stream_to_a_peer_the_peerstore_never_heard_of_is_a_network_error():
                     await node.open_stream(ident(98).peer_id, "/open1b/test/1.0.0")
 
     trio.run(main)
+
+
+def test_an_async_validator_is_awaited_with_the_forwarder_and_judged_as_a_plain_one():
+    """The fraud proofs' validator awaits the referee's thread: libp2p runs it in the message's
+    own task; its REJECT counts against the forwarding peer, its raise against no one."""
+    seen, received = [], []
+
+    async def validator(forwarder, author, data):
+        seen.append((forwarder, author, data))
+        await trio.sleep(0)  # it awaits
+        if data == b"bug":
+            raise TypeError("a bug of ours")
+        return {b"ok": Outcome.ACCEPT, b"bad": Outcome.REJECT}.get(data, Outcome.IGNORE)
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                a, c = [await stack.enter_async_context(open_p2p(ident(32 + i), "127.0.0.1", 0)) for i in range(2)]
+                await c.connect(a.addrs[0])
+                a.set_validator(TOPIC, validator)
+                c.set_validator(TOPIC, lambda author, data: Outcome.ACCEPT)  # c sends anything
+
+                async def handler(author, data):
+                    received.append(data)
+
+                await a.subscribe(TOPIC, handler)
+                await c.subscribe(TOPIC, lambda author, data: trio.sleep(0))
+                await c.pubsub.wait_for_mesh(a.host.get_id(), TOPIC, timeout=10)
+                for payload in (b"bug", b"meh", b"bad", b"ok"):
+                    await c.publish(TOPIC, payload)
+                while not (received and a.rejected and a.validator_errors and len(seen) == 4):
+                    await trio.sleep(0.02)
+                assert received == [b"ok"] and a.rejected == {c.peer_id: 1} and a.validator_errors == 1
+                assert sorted(seen) == sorted((c.peer_id, c.peer_id, p) for p in (b"bug", b"meh", b"bad", b"ok"))
+
+    trio.run(main)

@@ -172,7 +172,11 @@ def test_sync_serves_reveals_beside_attestations(manifest):
             return stream
 
     got: list[bytes] = []
-    new = trio.run(pull_attestations, _P2P(), "peer", manifest.run_id, lambda frames: got.extend(frames) or len(frames))
+    async def ingest(frames):
+        got.extend(frames)
+        return len(frames)
+
+    new = trio.run(pull_attestations, _P2P(), "peer", manifest.run_id, ingest)
     assert new == 2 and got == [att.encoded, reveal.encoded]
     assert witness_binding(manifest.run_id, 0, att.signer, reveal.witness) == att.witness
 
@@ -194,7 +198,7 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
     node.proof.replayed(manifest, 1, manifest.state_hashes[2], witness_of(1))  # as after our own replay
     honest = _att(manifest, HONEST, 1)
     copied = _copy(honest, COPIER)
-    assert node.statements.ingest_synced([honest.encoded, copied.encoded], source="peer") == 2
+    assert trio.run(node.statements.ingest_synced, [honest.encoded, copied.encoded], "peer") == 2
     async def publish_due_reveals():
         for due in node.proof.due(NOW + 60):
             await node.outbox.publish(due)
@@ -217,7 +221,7 @@ def test_daemon_reveals_a_copy_and_its_coverage_flags_the_copier(tmp_path, manif
 
     # a reveal arriving by sync is judged like one on gossip: a wrong witness is the sender's fault
     bad = WitnessReveal.create(ident(HONEST), run=manifest.run_id, step=2, witness=witness_of(3), issued_at=NOW)
-    assert node.statements.ingest_synced([bad.encoded], source="liar") == 0 and gossip.penalised == ["liar"]
+    assert trio.run(node.statements.ingest_synced, [bad.encoded], "liar") == 0 and gossip.penalised == ["liar"]
     assert node.statements.validation["sync/reject/witness"] == 1
     assert node.statements.validator("reveal")("someone", data).value == "accept"
     assert node.statements.statements_for_sync(manifest.run_id)[-1].encoded == data  # served to late joiners

@@ -140,9 +140,12 @@ def test_a_peer_syncing_without_pause_is_served_once_a_second(tmp_path, manifest
                 for peer in (greedy, other):
                     await peer.connect(server.addrs[0])
 
+                async def nothing(frames) -> int:
+                    return 0
+
                 async def statements(node) -> bool:
                     try:
-                        await pull_attestations(node, server.peer_id, manifest.run_id, lambda frames: 0)
+                        await pull_attestations(node, server.peer_id, manifest.run_id, nothing)
                         return True
                     except NetworkError:
                         return False
