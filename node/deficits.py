@@ -82,6 +82,7 @@ class DeficitIndex:
         self._turnaround: dict[str, Pace] = {}  # per device class
         self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
         self._expected: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its claim's expected_done
+        self._claimed_as: dict[tuple[int, bytes], str] = {}  # (step, claimant) -> the device class its claim named
         # Steps that wait on live claims alone (_straggling_after), latest first: (-when, step);
         # an entry is stale unless _straggler still maps its step to that time.
         self._straggler: dict[int, int] = {}
@@ -178,7 +179,10 @@ class DeficitIndex:
             self._update(step)
 
     def add_claim(self, step: int, claimant: bytes, issued_at: int, lease_expiry: int,
-                  expected_done: int | None = None) -> None:
+                  expected_done: int | None = None, device: str | None = None) -> None:
+        """``expected_done`` and ``device``: what the claim says of when its claimant expects to
+        attest and of the class it replays on (docs/protocol.md §10.1), for the tail rules and the
+        class wait."""
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
         first = self._first_claim.get((step, claimant))
@@ -188,6 +192,8 @@ class DeficitIndex:
             return  # our own claims never make a step busy for us; a lease already over never will
         if expected_done is not None:
             self._expected[(step, claimant)] = expected_done
+        if device is not None:
+            self._claimed_as[(step, claimant)] = device
         leases = self._claims.setdefault(step, {}).setdefault(claimant, set())
         if (issued_at, lease_expiry) in leases:
             return
@@ -220,6 +226,7 @@ class DeficitIndex:
             else:
                 del by_claimant[claimant]
                 self._expected.pop((step, claimant), None)
+                self._claimed_as.pop((step, claimant), None)
         if not by_claimant:
             del self._claims[step]
 
@@ -327,8 +334,9 @@ class DeficitIndex:
 
     def class_wait(self, device: str) -> ClassWait:
         """The steps a node of class ``device`` leaves, for now, to another class (docs/protocol.md
-        §10.1, the class wait): those whose matches and in-flight replays (live claims by keys
-        whose class an attestation told) are all of class ``device``, while another class that
+        §10.1, the class wait): those whose matches and in-flight replays (live claims, of the
+        class the claim names, else the one the claimant's latest attestation named, else
+        ``device``'s) are all of class ``device``, while another class that
         is about as fast (its median turnaround, claim to attestation, at most TAIL_MARGIN times
         this class's) matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median
         turnaround after the step's latest attester arrived or its in-flight claim was issued.
@@ -354,24 +362,22 @@ class ClassWait:
 
     def __contains__(self, step: object) -> bool:
         index = self.index
-        if self.blind:
-            # Nothing matched yet (the run's first round): no class is known, so a second replay
-            # would be of a class drawn blind. It waits while the step's only replays are in
-            # flight — until one attests (its class is then known) or its lease ends.
-            if step in index._attesters or not index._busy(step):
-                return False
-            self.held = True
-            return True
-        if not self.wait_s:
+        if not (self.blind or self.wait_s):
             return False
+        attesters = index._attesters.get(step, ())
+        if self.blind and attesters:
+            return False
+        # Nothing matched yet (the run's first round, blind): the classes in flight are all a node
+        # can know, and one that is its own waits until it attests or its lease ends. Else the
+        # step's matches and replays in flight, for a while (wait_s).
         classes = {d for d, steps in index._matched_by.items() if step in steps}
-        since = max((index._arrival[(step, s)] for s in index._attesters.get(step, ())), default=None)
-        for claimant in index._busy(step):  # in flight: its class, if an attestation told it
-            if claimant not in index._attesters.get(step, ()):
-                classes.add(index._class_of.get(claimant, self.device))
+        since = max((index._arrival[(step, s)] for s in attesters), default=None)
+        for claimant in index._busy(step):
+            if claimant not in attesters:  # in flight: the class its claim names, else the one an attestation told
+                classes.add(index._claimed_as.get((step, claimant)) or index._class_of.get(claimant, self.device))
                 issued = min(i for i, e in index._claims[step][claimant] if i <= index.now < e)
                 since = issued if since is None else max(since, issued)
-        if classes != {self.device} or index.now >= since + self.wait_s:
+        if classes != {self.device} or (not self.blind and index.now >= since + self.wait_s):
             return False
         self.held = True
         return True

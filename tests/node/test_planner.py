@@ -239,6 +239,48 @@ def test_the_last_slot_of_a_step_one_class_matched_waits_a_while_for_another_cla
         assert 0 in [cand.step for cand in found]
 
 
+def test_a_claim_that_names_its_device_class_tells_the_class_wait_what_is_in_flight():
+    """docs/protocol.md §10.1 (r21): the class of a replay in flight is the one its claim names,
+    so a node of another class takes the step's last slot at once and a node of the same class
+    waits — even when the claimant has attested nothing yet. A claim that names no class falls
+    back to the claimant's latest attestation, and with none counts as the planning node's own
+    (both classes wait: the race the named class ends)."""
+    gpu, cpu = "cuda/sm_90", "cpu/x86_64"
+    a, c, new_gpu, new_cpu, old = (bytes([i]) * 32 for i in (1, 3, 4, 5, 6))
+    index = DeficitIndex(4, 2, now=0)
+    index.add_claim(0, a, 0, 3600)
+    index.add_claim(1, c, 20, 3600)
+    index.advance(100)
+    index.add_attestation(0, a, True, gpu, 60.0, post_state=b"P" * 32)  # both classes live, about as fast
+    index.add_attestation(1, c, True, cpu, 50.0, post_state=b"P" * 32)
+    index.add_claim(2, new_gpu, 100, 3700, device=gpu)  # keys that attested nothing yet
+    index.add_claim(3, new_cpu, 100, 3700, device=cpu)
+    order = planner.StepOrder(b"r" * 32, b"me", 4)
+
+    def steps(device, now):
+        index.advance(now)
+        return {cand.step for cand in planner.plan(index, order, now=now, device=device, estimate_s=60, limit=4)}
+
+    assert {2, 3} & steps(cpu, 101) == {2} and {2, 3} & steps(gpu, 101) == {3}
+    # without the class in its claim, a key no attestation told the class of counts as either planner's own
+    blind = DeficitIndex(4, 2, now=0)
+    for step, key, device in ((0, a, gpu), (1, c, cpu)):
+        blind.add_claim(step, key, step * 20, 3600)
+        blind.advance(100)
+        blind.add_attestation(step, key, True, device, 60.0 - 10 * step, post_state=b"P" * 32)
+    blind.add_claim(2, old, 100, 3700)
+    for device in (gpu, cpu):
+        assert 2 not in {cand.step for cand in planner.plan(blind, order, now=101, device=device, estimate_s=60)}
+    # the run's first round, nothing matched: a replay in flight whose claim names another class is no reason to wait
+    first = DeficitIndex(2, 2, now=0)
+    first.add_claim(0, a, 0, 600, device=gpu)
+    first.add_claim(1, c, 0, 600)
+    first.advance(10)
+    assert sorted(cand.step for cand in planner.plan(first, planner.StepOrder(b"r" * 32, b"me", 2), now=10,
+                                                     device=cpu, estimate_s=60)) == [0]
+    assert planner.plan(first, planner.StepOrder(b"r" * 32, b"me", 2), now=10, device=gpu, estimate_s=60) == []
+
+
 def test_before_anything_is_matched_a_second_replay_waits_for_the_first():
     """The run's first round (nothing matched, no class known): the last slot of a step whose
     only replay is in flight waits until that replay attests — its class is then known — or its
