@@ -78,8 +78,10 @@ class DeficitIndex:
         self._open_replays = steps * redundancy  # sum of the positive deficits
         self._pace = Pace()  # when each counted attester arrived, and the replay time it reported
         # ... and its turnaround: from its earliest claim on the step (ours included) to its
-        # attestation, at least its replay time — fetching and loading included (the class wait)
-        self._turnaround: dict[str, Pace] = {}  # per device class
+        # attestation, at least its replay time — fetching and loading included (the class wait);
+        # per device class, a key's first counted attestation (cold: it carries the run's one-time
+        # costs, fetching its shared files and starting a worker) apart from its later ones (warm)
+        self._turnaround: dict[str, tuple[Pace, Pace]] = {}  # class -> (cold, warm)
         self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
         self._expected: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its claim's expected_done
         self._claimed_as: dict[tuple[int, bytes], str] = {}  # (step, claimant) -> the device class its claim named
@@ -107,7 +109,8 @@ class DeficitIndex:
             first = self._first_claim.pop((step, signer), None)
             took = elapsed_s if first is None else max(arrived - first, elapsed_s or 0)
             if device is not None:
-                self._turnaround.setdefault(device, Pace()).arrived((step, signer), arrived, took)
+                cold, warm = self._turnaround.setdefault(device, (Pace(), Pace()))
+                (warm if signer in self._class_of else cold).arrived((step, signer), arrived, took)
         if device is not None:
             self._class_of[signer] = device
         if match and device is not None:
@@ -160,8 +163,9 @@ class DeficitIndex:
             del attesters[signer]
             del self._arrival[(step, signer)]
             self._pace.left((step, signer))
-            for pace in self._turnaround.values():
-                pace.left((step, signer))
+            for paces in self._turnaround.values():
+                for pace in paces:
+                    pace.left((step, signer))
             if not attesters:
                 del self._attesters[step]
         changed |= stopped
@@ -336,17 +340,21 @@ class DeficitIndex:
         """The steps a node of class ``device`` leaves, for now, to another class (docs/protocol.md
         §10.1, the class wait): those whose matches and in-flight replays (live claims, of the
         class the claim names, else the one the claimant's latest attestation named, else
-        ``device``'s) are all of class ``device``, while another class that
-        is about as fast (its median turnaround, claim to attestation, at most TAIL_MARGIN times
-        this class's) matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median
-        turnaround after the step's latest attester arrived or its in-flight claim was issued.
+        ``device``'s) are all of class ``device``, while another class that is about as fast
+        matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median turnaround
+        (claim to attestation) after the step's latest attester arrived or its in-flight claim
+        was issued. About as fast: its median warm turnaround at most TAIL_MARGIN times this
+        class's, or either has no warm one yet — cold ones (a key's first replay of the run) say
+        more of the run's start than of a class's speed, and one class may have only cold ones
+        while the other has warm (a devnet under load: 40 s against 16 s, for the same CPU).
         :func:`~open1b.node.planner.pick` asks only about a step's last slot."""
-        typical = {d: pace.at(self.now)[1] for d, pace in self._turnaround.items()}
-        own = typical.get(device)
+        typical = {d: (cold.at(self.now)[1], warm.at(self.now)[1]) for d, (cold, warm) in self._turnaround.items()}
+        own = typical.get(device, (None, None))[1]
         # the other classes worth waiting for: live, and about as fast as this one (so the wait
         # costs about a replay of ours at most) — a slower class would take the step later
-        others = [t for d, t in typical.items() if d != device and t and self._class_seen.get(d, -PACE_WINDOW_S)
-                  > self.now - PACE_WINDOW_S and (own is None or t <= TAIL_MARGIN * own)]
+        others = [warm or cold for d, (cold, warm) in typical.items()
+                  if d != device and (warm or cold) and self._class_seen.get(d, -PACE_WINDOW_S) > self.now - PACE_WINDOW_S
+                  and (own is None or warm is None or warm <= TAIL_MARGIN * own)]
         return ClassWait(self, device, CLASS_WAIT * min(others) if others else 0.0, blind=not self._class_seen)
 
 
