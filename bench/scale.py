@@ -127,7 +127,7 @@ def flagship(args) -> None:
     capacity = base.describe()["class_capacity"]
     diverse = sum(1 for share in capacity.values() if share >= 0.2) >= 2
     summary = {
-        "issue": 6, "issues": [6, 30],
+        "issue": 30, "issues": [6, 30],  # issue 30's row (the tail rules), issue 6's beside it (open1b-plain)
         "nodes": base.nodes, "steps": base.steps, "redundancy": base.redundancy,
         "replays": ours["replays"], "ideal_replays": ours["ideal_replays"], "replay_ratio": ours["replay_ratio"],
         "time_to_full_h": ours["time_to_full_h"], "central_time_to_full_h": table["central"]["time_to_full_h"],

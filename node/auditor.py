@@ -137,7 +137,8 @@ class Auditor:
         for manifest, cand in self.next_candidates()[:CLAIM_TRIES]:
             try:
                 claim = await self.claims.try_claim(manifest.run_id, cand, estimate_s=self.estimate.seconds,
-                                                    waits=self._class_wait(manifest.run_id))
+                                                    waits=self._class_wait(manifest.run_id),
+                                                    device=self.device or self.replayer.device_class())
             except NetworkError as exc:  # the DHT did not take the claim: as good as lost, try the next
                 log.info("claiming step %d of run %s failed: %s", cand.step, manifest.run_id.hex()[:12], exc)
                 continue

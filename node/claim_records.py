@@ -102,9 +102,10 @@ class ClaimAgent:
         return candidates[select_claim(candidates)] if candidates else None
 
     async def try_claim(self, run: bytes, cand: planner.Candidate, *, estimate_s: float | None = None,
-                        waits: Callable[[int], bool] | None = None) -> Claim | None:
+                        waits: Callable[[int], bool] | None = None, device: str | None = None) -> Claim | None:
         """Claim a free redundancy slot of ``cand.step``; returns our claim if the network shows it.
-        With ``estimate_s`` (the node's replay-time estimate) the claim carries ``expected_done``.
+        With ``estimate_s`` (the node's replay-time estimate) the claim carries ``expected_done``,
+        and with ``device`` (the class the node replays on) its device class (docs/protocol.md §10.1).
         A speculative candidate (:func:`~open1b.node.planner.speculative_candidate`) has one slot
         more than the step wants, so the same rule lets it take that slot only while all others are
         held or attested. ``waits``: whether the class wait (docs/protocol.md §10.1) holds the
@@ -130,7 +131,7 @@ class ClaimAgent:
             return held
         expected_done = None if estimate_s is None else now + math.ceil(estimate_s)
         mine = Claim.create(self.identity, run=run, step=step, slot=slot, issued_at=now, lease_expiry=now + self.lease_s,
-                            expected_done=expected_done)
+                            expected_done=expected_done, device=device)
         self.seen(mine)
         key = claim_key(run, step, slot)
         if not await self.board.write(key, mine.encoded):
@@ -153,7 +154,7 @@ class ClaimAgent:
         order prefers (someone retook it — we keep replaying; at worst that is a duplicate)."""
         now = self.clock()
         fresh = Claim.create(self.identity, run=claim.run, step=claim.step, slot=claim.slot, issued_at=now,
-                             lease_expiry=now + self.lease_s, expected_done=claim.expected_done)
+                             lease_expiry=now + self.lease_s, expected_done=claim.expected_done, device=claim.device)
         self.seen(fresh)
         if not await self.board.write(claim_key(claim.run, claim.step, claim.slot), fresh.encoded):
             return None

@@ -85,10 +85,13 @@ class DeficitIndex:
         self._open_replays = steps * redundancy  # sum of the positive deficits
         self._pace = Pace()  # when each counted attester arrived, and the replay time it reported
         # ... and its turnaround: from its earliest claim on the step (ours included) to its
-        # attestation, at least its replay time — fetching and loading included (the class wait)
-        self._turnaround: dict[str, Pace] = {}  # per device class
+        # attestation, at least its replay time — fetching and loading included (the class wait);
+        # per device class, a key's first counted attestation (cold: it carries the run's one-time
+        # costs, fetching its shared files and starting a worker) apart from its later ones (warm)
+        self._turnaround: dict[str, tuple[Pace, Pace]] = {}  # class -> (cold, warm)
         self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
         self._expected: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its claim's expected_done
+        self._claimed_as: dict[tuple[int, bytes], str] = {}  # (step, claimant) -> the device class its claim named
         # Steps that wait on live claims alone (_straggling_after), latest first: (-when, step);
         # an entry is stale unless _straggler still maps its step to that time.
         self._straggler: dict[int, int] = {}
@@ -113,7 +116,8 @@ class DeficitIndex:
             first = self._first_claim.pop((step, signer), None)
             took = elapsed_s if first is None else max(arrived - first, elapsed_s or 0)
             if device is not None:
-                self._turnaround.setdefault(device, Pace()).arrived((step, signer), arrived, took)
+                cold, warm = self._turnaround.setdefault(device, (Pace(), Pace()))
+                (warm if signer in self._class_of else cold).arrived((step, signer), arrived, took)
         if device is not None:
             self._class_of[signer] = device
         if match and device is not None:
@@ -166,8 +170,9 @@ class DeficitIndex:
             del attesters[signer]
             del self._arrival[(step, signer)]
             self._pace.left((step, signer))
-            for pace in self._turnaround.values():
-                pace.left((step, signer))
+            for paces in self._turnaround.values():
+                for pace in paces:
+                    pace.left((step, signer))
             if not attesters:
                 del self._attesters[step]
         changed |= stopped
@@ -185,7 +190,10 @@ class DeficitIndex:
             self._update(step)
 
     def add_claim(self, step: int, claimant: bytes, issued_at: int, lease_expiry: int,
-                  expected_done: int | None = None) -> None:
+                  expected_done: int | None = None, device: str | None = None) -> None:
+        """``expected_done`` and ``device``: what the claim says of when its claimant expects to
+        attest and of the class it replays on (docs/protocol.md §10.1), for the tail rules and the
+        class wait."""
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
         first = self._first_claim.get((step, claimant))
@@ -195,6 +203,8 @@ class DeficitIndex:
             return  # our own claims never make a step busy for us; a lease already over never will
         if expected_done is not None:
             self._expected[(step, claimant)] = expected_done
+        if device is not None:
+            self._claimed_as[(step, claimant)] = device
         leases = self._claims.setdefault(step, {}).setdefault(claimant, set())
         if (issued_at, lease_expiry) in leases:
             return
@@ -227,6 +237,7 @@ class DeficitIndex:
             else:
                 del by_claimant[claimant]
                 self._expected.pop((step, claimant), None)
+                self._claimed_as.pop((step, claimant), None)
         if not by_claimant:
             del self._claims[step]
 
@@ -343,18 +354,23 @@ class DeficitIndex:
 
     def class_wait(self, device: str) -> ClassWait:
         """The steps a node of class ``device`` leaves, for now, to another class (docs/protocol.md
-        §10.1, the class wait): those whose matches and in-flight replays (live claims by keys
-        whose class an attestation told) are all of class ``device``, while another class that
-        is about as fast (its median turnaround, claim to attestation, at most TAIL_MARGIN times
-        this class's) matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median
-        turnaround after the step's latest attester arrived or its in-flight claim was issued.
+        §10.1, the class wait): those whose matches and in-flight replays (live claims, of the
+        class the claim names, else the one the claimant's latest attestation named, else
+        ``device``'s) are all of class ``device``, while another class that is about as fast
+        matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median turnaround
+        (claim to attestation) after the step's latest attester arrived or its in-flight claim
+        was issued. About as fast: its median warm turnaround at most TAIL_MARGIN times this
+        class's, or either has no warm one yet — cold ones (a key's first replay of the run) say
+        more of the run's start than of a class's speed, and one class may have only cold ones
+        while the other has warm (a devnet under load: 40 s against 16 s, for the same CPU).
         :func:`~open1b.node.planner.pick` asks only about a step's last slot."""
-        typical = {d: pace.at(self.now)[1] for d, pace in self._turnaround.items()}
-        own = typical.get(device)
+        typical = {d: (cold.at(self.now)[1], warm.at(self.now)[1]) for d, (cold, warm) in self._turnaround.items()}
+        own = typical.get(device, (None, None))[1]
         # the other classes worth waiting for: live, and about as fast as this one (so the wait
         # costs about a replay of ours at most) — a slower class would take the step later
-        others = [t for d, t in typical.items() if d != device and t and self._class_seen.get(d, -PACE_WINDOW_S)
-                  > self.now - PACE_WINDOW_S and (own is None or t <= TAIL_MARGIN * own)]
+        others = [warm or cold for d, (cold, warm) in typical.items()
+                  if d != device and (warm or cold) and self._class_seen.get(d, -PACE_WINDOW_S) > self.now - PACE_WINDOW_S
+                  and (own is None or warm is None or warm <= TAIL_MARGIN * own)]
         return ClassWait(self, device, CLASS_WAIT * min(others) if others else 0.0, blind=not self._class_seen)
 
 
@@ -370,24 +386,22 @@ class ClassWait:
 
     def __contains__(self, step: object) -> bool:
         index = self.index
-        if self.blind:
-            # Nothing matched yet (the run's first round): no class is known, so a second replay
-            # would be of a class drawn blind. It waits while the step's only replays are in
-            # flight — until one attests (its class is then known) or its lease ends.
-            if step in index._attesters or not index._busy(step):
-                return False
-            self.held = True
-            return True
-        if not self.wait_s:
+        if not (self.blind or self.wait_s):
             return False
+        attesters = index._attesters.get(step, ())
+        if self.blind and attesters:
+            return False
+        # Nothing matched yet (the run's first round, blind): the classes in flight are all a node
+        # can know, and one that is its own waits until it attests or its lease ends. Else the
+        # step's matches and replays in flight, for a while (wait_s).
         classes = {d for d, steps in index._matched_by.items() if step in steps}
-        since = max((index._arrival[(step, s)] for s in index._attesters.get(step, ())), default=None)
-        for claimant in index._busy(step):  # in flight: its class, if an attestation told it
-            if claimant not in index._attesters.get(step, ()):
-                classes.add(index._class_of.get(claimant, self.device))
+        since = max((index._arrival[(step, s)] for s in attesters), default=None)
+        for claimant in index._busy(step):
+            if claimant not in attesters:  # in flight: the class its claim names, else the one an attestation told
+                classes.add(index._claimed_as.get((step, claimant)) or index._class_of.get(claimant, self.device))
                 issued = min(i for i, e in index._claims[step][claimant] if i <= index.now < e)
                 since = issued if since is None else max(since, issued)
-        if classes != {self.device} or index.now >= since + self.wait_s:
+        if classes != {self.device} or (not self.blind and index.now >= since + self.wait_s):
             return False
         self.held = True
         return True

@@ -367,8 +367,11 @@ PACE_WINDOW_S = 3600
 TAIL_MARGIN = 1.5
 # The class wait (docs/protocol.md §10.1, r16): the last slot of a step that only one class
 # matched waits for another class at most this many typical turnarounds (claim to attestation)
-# — long enough for a node of the other class that is busy now to finish and come round.
-CLASS_WAIT = 3.0
+# — long enough for nodes of the other class that are busy now to finish and come round, also
+# when they have a backlog of such steps or a loaded machine stretches their cycle: 3 was too
+# short in the device-classes devnet under load (a class's backlog of 6 steps on 3 nodes, 55 s
+# against a median turnaround of 16 s; one node's cycle 27 s against 8 s), r21.
+CLASS_WAIT = 6.0
 
 
 class ReplayEstimate:

@@ -65,7 +65,8 @@ class PlannerView:
         for att in self.store.attestations(run):
             self._judge(att)
         for claim in self.store.claims(run, live_at=now):
-            index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done)
+            index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done,
+                            claim.device)
         return index
 
     # -- told -------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ class PlannerView:
             self._judge(statement)
         elif isinstance(statement, Claim) and statement.run in self._indexes:
             self._indexes[statement.run].add_claim(statement.step, statement.claimant, statement.issued_at,
-                                                   statement.lease_expiry, statement.expected_done)
+                                                   statement.lease_expiry, statement.expected_done, statement.device)
         elif isinstance(statement, ProvenFraud) and statement.run in self._indexes and self._refutes(statement):
             # a step refuted by a proof: rare (one per forged step), so the index is built again,
             # from the store, on its next read

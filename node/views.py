@@ -54,6 +54,7 @@ def claim_json(claim: Claim, now: int) -> dict:
         "claimant": peer_id_from_public_key(claim.claimant), "issued_at": claim.issued_at,
         "lease_expiry": claim.lease_expiry, "expires_in_s": claim.lease_expiry - now,
         "expected_done": claim.expected_done,  # when the claimant expects to attest (docs/protocol.md §10.1)
+        "device": claim.device,  # the device class it replays on, if it said (docs/protocol.md §10.1)
     }
 
 

@@ -220,6 +220,7 @@ class Claim(SignedMessage):
         "issued_at": UInt(),
         "lease_expiry": UInt(),
         "expected_done": Optional(UInt()),
+        "device": Optional(Text(max_length=MAX_DEVICE_CLASS)),
     }
 
     run: bytes
@@ -231,10 +232,15 @@ class Claim(SignedMessage):
     # When the claimant expects to attest (unix seconds): its replay's start plus its own
     # replay-time estimate (docs/protocol.md §10.1). A hint for others' planning, like the claim.
     expected_done: int | None = None
+    # The device class the claimant replays on (r21): so that a planner knows which class a step's
+    # replay in flight is of before it attests (docs/protocol.md §10.1, the class wait). A hint too.
+    device: str | None = None
 
     def _check_semantics(self) -> None:
         if self.lease_expiry <= self.issued_at:
             raise WrongTypeError("claim: lease_expiry must be after issued_at", code="lease_order")
+        if self.device is not None and not DEVICE_CLASS.fullmatch(self.device):
+            raise WrongTypeError(f"claim: {self.device!r} is not a device class", code="device")
 
 
 @dataclass(frozen=True)

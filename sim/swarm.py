@@ -65,7 +65,7 @@ class Event:
                  post=None):
         self.eid, self.step, self.origin, self.attestation, self.key = eid, step, origin, attestation, key
         self.issued, self.expiry, self.match = issued, expiry, match
-        # a claim's expected_done; an attestation's replay seconds and device class
+        # a claim's expected_done and device class; an attestation's replay seconds and device class
         self.expected, self.device = expected, device
         self.post = post  # an attestation's post_state (the tie rule, planner.wanted)
         self.announced: float | None = None  # when gossip began; None while only in the DHT
@@ -198,7 +198,8 @@ class Node:
         if event is not None:
             self.seen.add(event.eid)
             if self.index is not None:
-                self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done)
+                self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done,
+                                     claim.device)
 
     async def audit(self) -> None:
         """``Daemon._audit_loop``, on simulated time and network."""
@@ -212,7 +213,8 @@ class Node:
             claim = None
             waits = self.waits if sc.diversity else None
             for cand in cands:
-                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds, waits=waits)
+                claim = await self.agent.try_claim(run, cand, estimate_s=self.estimate.seconds, waits=waits,
+                                                   device=self.hardware.device if sc.diversity else None)
                 if claim is not None:
                     sw.speculative += cand.speculative
                     break
@@ -332,10 +334,11 @@ class Swarm:
         e = self.by_digest.get(claim.digest)
         if e is None:
             e = self._event(claim.step, origin.idx, False, claim.claimant, claim.issued_at, claim.lease_expiry,
-                            expected=claim.expected_done)
+                            expected=claim.expected_done, device=claim.device)
             self.by_digest[claim.digest] = e
             self.index.advance(self.clock())
-            self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done)
+            self.index.add_claim(claim.step, claim.claimant, claim.issued_at, claim.lease_expiry, claim.expected_done,
+                                 claim.device)
             fresh = (claim.step, claim.claimant) not in self._claimants
             self._claimants.add((claim.step, claim.claimant))
             if fresh and claim.expected_done is not None and self.sc.tail and self.open_steps == 0:
@@ -399,7 +402,7 @@ class Swarm:
         if e.attestation:
             node.index.add_attestation(e.step, e.key, e.match, e.device, e.expected, post_state=e.post)
         else:
-            node.index.add_claim(e.step, e.key, e.issued, e.expiry, e.expected)
+            node.index.add_claim(e.step, e.key, e.issued, e.expiry, e.expected, e.device)
 
     def _expired(self, e: Event) -> None:
         now, t = self.loop.now, self.clock()

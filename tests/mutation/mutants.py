@@ -112,6 +112,14 @@ MUTANTS = [
        ("[a-z0-9_]{1,32}(-", "[a-z0-9_]{1,64}(-")),
     _m("device-prefix-match", "§5.2", "a device class matches up to the end of the line",
        ('not DEVICE.fullmatch(m["device"])', 'not re.match(DEVICE.pattern + "$", m["device"])')),
+    _m("claim-device-unchecked", "§5.2", "a claim's device is free text (only attestations name a class)",
+       ('    if kind == "claim" and "device" in m and DEVICE.fullmatch(m["device"]) is None:\n        raise Refused(code="device")',
+        '    if False:\n        raise Refused(code="device")')),
+    _m("claim-device-before-lease-order", "§5.2", "a claim's device is checked before its lease order",
+       ('    if kind == "claim" and not m["lease_expiry"] > m["issued_at"]:\n        raise Refused("lease_order")\n'
+        '    if kind == "claim" and "device" in m and DEVICE.fullmatch(m["device"]) is None:\n        raise Refused(code="device")',
+        '    if kind == "claim" and "device" in m and DEVICE.fullmatch(m["device"]) is None:\n        raise Refused(code="device")\n'
+        '    if kind == "claim" and not m["lease_expiry"] > m["issued_at"]:\n        raise Refused("lease_order")')),
     _m("device-wrong-type", "§5.2", "a device outside the grammar is a wrong_type",
        ('raise Refused("device")', 'raise Refused("wrong_type")')),
     _m("checkpoints-first", "§5.2 / run format", "checkpoints are checked before state hashes",

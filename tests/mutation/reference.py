@@ -247,6 +247,8 @@ def cross_field_rules(kind: str, m: dict) -> None:
         raise Refused("state_hashes")
     if kind == "claim" and not m["lease_expiry"] > m["issued_at"]:
         raise Refused("lease_order")
+    if kind == "claim" and "device" in m and DEVICE.fullmatch(m["device"]) is None:
+        raise Refused(code="device")  # optional (r21): checked when present
     if kind == "eval" and (m["verdict"] == "mismatch") == (m["loss"] == m["claimed"]):
         raise Refused("eval_verdict")
     if kind in ("attestation", "eval") and not DEVICE.fullmatch(m["device"]):

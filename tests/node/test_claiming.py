@@ -217,12 +217,13 @@ def test_speculative_slot_bounds_unfinished_claims_to_one_beyond_the_target(mani
         assert {first.slot, second.slot} == {0, 1}
         assert first.expected_done == first.issued_at + 18 * 3600
         assert await other.try_claim(manifest.run_id, cand(5, slots=2)) is None  # the target is held
-        mine = await fast.try_claim(manifest.run_id, spec, estimate_s=3000)
+        mine = await fast.try_claim(manifest.run_id, spec, estimate_s=3000, device="cuda/sm_90")
         assert mine is not None and mine.slot == 2 and mine.expected_done == mine.issued_at + 3000
+        assert mine.device == "cuda/sm_90" and first.device is None  # the class it replays on, if it says (r21)
         assert await faster.try_claim(manifest.run_id, spec, estimate_s=2000) is None  # the bound
         await clock.sleep(LEASE_ROUND_SECONDS)  # a renewal wins only in a later lease round
         renewed = await fast.renew(mine)
-        assert renewed.expected_done == mine.expected_done  # a renewal repeats it
+        assert renewed.expected_done == mine.expected_done and renewed.device == mine.device  # a renewal repeats them
         # fast attested: its slot is free again for a speculative claim, never a fourth live one
         done = Candidate(5, 0, False, 0, 3, frozenset({fast.me}), speculative=True)
         await clock.sleep(LEASE_ROUND_SECONDS)  # over a finished claim of this round, the next round's wins

@@ -216,27 +216,109 @@ def test_the_last_slot_of_a_step_one_class_matched_waits_a_while_for_another_cla
         index.advance(now)
         return sorted(cand.step for cand in planner.plan(index, order, now=now, device=device, estimate_s=60, limit=4))
 
-    assert planner.CLASS_WAIT == 3.0 and planner.TAIL_MARGIN == 1.5
-    assert steps(gpu, 101) == [1, 2, 3]  # step 0's last slot waits 3 x 80 s for the CPU; 2 and 3 want a first replay
-    assert steps(cpu, 101) == [0, 2, 3]  # step 1's waits 3 x 100 s for the GPU (100 <= 1.5 x 80)
-    assert steps(gpu, 100 + 239) == [1, 2, 3]
-    assert steps(gpu, 100 + 240) == [0, 1, 2, 3]  # the wait is over: it never idles the network for good
-    assert steps(cpu, 100 + 299) == [0, 2, 3] and steps(cpu, 100 + 300) == [0, 1, 2, 3]
+    assert planner.CLASS_WAIT == 6.0 and planner.TAIL_MARGIN == 1.5
+    assert steps(gpu, 101) == [1, 2, 3]  # step 0's last slot waits 6 x 80 s for the CPU; 2 and 3 want a first replay
+    assert steps(cpu, 101) == [0, 2, 3]  # step 1's waits 6 x 100 s for the GPU (100 <= 1.5 x 80)
+    assert steps(gpu, 100 + 479) == [1, 2, 3]
+    assert steps(gpu, 100 + 480) == [0, 1, 2, 3]  # the wait is over: it never idles the network for good
+    assert steps(cpu, 100 + 599) == [0, 2, 3] and steps(cpu, 100 + 600) == [0, 1, 2, 3]
     # a replay in flight by a key whose class an attestation told counts as that class's
     index.add_attestation(2, b, True, gpu, 40.0, post_state=b"P" * 32)
-    index.add_claim(3, b, 400, 4000)
-    assert 3 not in steps(gpu, 400) and 3 in steps(cpu, 400)
-    assert 3 in steps(gpu, 400 + 240)  # the wait runs from the claim's issue
-    index.add_claim(3, c, 700, 4000)  # c's CPU replay too: complete
-    assert 3 not in steps(gpu, 701) and 3 not in steps(cpu, 701)
-    # nobody waits for a class more than TAIL_MARGIN times slower, or with none other live
+    index.add_claim(3, b, 700, 4000)
+    assert 3 not in steps(gpu, 700) and 3 in steps(cpu, 700)
+    assert 3 in steps(gpu, 700 + 480)  # the wait runs from the claim's issue
+    index.add_claim(3, c, 1200, 4000)  # c's CPU replay too: complete
+    assert 3 not in steps(gpu, 1201) and 3 not in steps(cpu, 1201)
+    # nobody waits for a class whose warm turnarounds (a key's later replays: its first carries the
+    # run's one-time costs) are more than TAIL_MARGIN times slower, or with none other live
     for other in (None, 200.0):
-        alone = DeficitIndex(2, 2, now=0)
+        alone = DeficitIndex(4, 2, now=0)
+        alone.add_attestation(1, a, True, gpu, 60.0, post_state=b"P" * 32)  # a's first: cold
         alone.add_attestation(0, a, True, gpu, 60.0, post_state=b"P" * 32)
         if other is not None:
-            alone.add_attestation(1, c, True, cpu, other, post_state=b"P" * 32)
-        found = planner.plan(alone, planner.StepOrder(b"r" * 32, b"me", 2), now=1, device=gpu, estimate_s=60)
+            alone.add_attestation(2, c, True, cpu, other, post_state=b"P" * 32)
+            alone.add_attestation(3, c, True, cpu, other, post_state=b"P" * 32)
+        found = planner.plan(alone, planner.StepOrder(b"r" * 32, b"me", 4), now=1, device=gpu, estimate_s=60)
         assert 0 in [cand.step for cand in found]
+        if other is not None:  # measured cold alone, the same class is presumed about as fast: the step waits
+            cold = DeficitIndex(4, 2, now=0)
+            cold.add_attestation(1, a, True, gpu, 60.0, post_state=b"P" * 32)
+            cold.add_attestation(0, a, True, gpu, 60.0, post_state=b"P" * 32)
+            cold.add_attestation(2, c, True, cpu, other, post_state=b"P" * 32)
+            assert 0 not in [cand.step for cand in planner.plan(cold, planner.StepOrder(b"r" * 32, b"me", 4), now=1,
+                                                                device=gpu, estimate_s=60)]
+
+
+def test_a_class_measured_only_on_first_replays_is_waited_for_until_a_warm_one_says_it_is_slower():
+    """docs/protocol.md §10.1 (r21), the devnet under load that failed the class wait: the CPU class
+    had warm turnarounds of about 16 s, the other class only the first replays of its keys (40 s:
+    fetching the run's files and starting a worker beside everyone else's); the CPU node judged it
+    2.5 times slower and took last slots only the CPU had matched. A first replay is cold: the
+    class is about as fast until its warm turnarounds say otherwise, and the wait runs on its cold
+    median meanwhile."""
+    gpu, cpu = "cuda/sm_90", "cpu/x86_64"
+    c1, c2, g1, g2 = (bytes([i]) * 32 for i in (1, 2, 3, 4))
+    index = DeficitIndex(8, 2, now=0)
+    for step, key, issued, done in ((0, c1, 0, 16), (1, c1, 16, 32), (2, c2, 0, 16), (3, c2, 16, 31),
+                                    (4, g1, 0, 40), (5, g2, 0, 40)):
+        index.add_claim(step, key, issued, issued + 600)
+        index.advance(done)
+        index.add_attestation(step, key, True, cpu if key in (c1, c2) else gpu, 1.0, post_state=b"P" * 32)
+    order = planner.StepOrder(b"r" * 32, b"me", 8)
+
+    def held(device, step, now):
+        index.advance(now)
+        return step not in {cand.step for cand in planner.plan(index, order, now=now, device=device, estimate_s=1,
+                                                               limit=8)}
+
+    assert held(cpu, 1, 41) and held(cpu, 3, 41)  # only the CPU matched steps 1 and 3: 6 x 40 s for the other class
+    assert not held(cpu, 1, 32 + 240)
+    index.add_claim(6, g1, 40, 640)
+    index.advance(152)
+    index.add_attestation(6, g1, True, gpu, 1.0, post_state=b"P" * 32)  # warm, and much slower: 112 s
+    assert not held(cpu, 3, 153)  # 112 > 1.5 x 16: the CPU does not wait for it any more
+
+
+def test_a_claim_that_names_its_device_class_tells_the_class_wait_what_is_in_flight():
+    """docs/protocol.md §10.1 (r21): the class of a replay in flight is the one its claim names,
+    so a node of another class takes the step's last slot at once and a node of the same class
+    waits — even when the claimant has attested nothing yet. A claim that names no class falls
+    back to the claimant's latest attestation, and with none counts as the planning node's own
+    (both classes wait: the race the named class ends)."""
+    gpu, cpu = "cuda/sm_90", "cpu/x86_64"
+    a, c, new_gpu, new_cpu, old = (bytes([i]) * 32 for i in (1, 3, 4, 5, 6))
+    index = DeficitIndex(4, 2, now=0)
+    index.add_claim(0, a, 0, 3600)
+    index.add_claim(1, c, 20, 3600)
+    index.advance(100)
+    index.add_attestation(0, a, True, gpu, 60.0, post_state=b"P" * 32)  # both classes live, about as fast
+    index.add_attestation(1, c, True, cpu, 50.0, post_state=b"P" * 32)
+    index.add_claim(2, new_gpu, 100, 3700, device=gpu)  # keys that attested nothing yet
+    index.add_claim(3, new_cpu, 100, 3700, device=cpu)
+    order = planner.StepOrder(b"r" * 32, b"me", 4)
+
+    def steps(device, now):
+        index.advance(now)
+        return {cand.step for cand in planner.plan(index, order, now=now, device=device, estimate_s=60, limit=4)}
+
+    assert {2, 3} & steps(cpu, 101) == {2} and {2, 3} & steps(gpu, 101) == {3}
+    # without the class in its claim, a key no attestation told the class of counts as either planner's own
+    blind = DeficitIndex(4, 2, now=0)
+    for step, key, device in ((0, a, gpu), (1, c, cpu)):
+        blind.add_claim(step, key, step * 20, 3600)
+        blind.advance(100)
+        blind.add_attestation(step, key, True, device, 60.0 - 10 * step, post_state=b"P" * 32)
+    blind.add_claim(2, old, 100, 3700)
+    for device in (gpu, cpu):
+        assert 2 not in {cand.step for cand in planner.plan(blind, order, now=101, device=device, estimate_s=60)}
+    # the run's first round, nothing matched: a replay in flight whose claim names another class is no reason to wait
+    first = DeficitIndex(2, 2, now=0)
+    first.add_claim(0, a, 0, 600, device=gpu)
+    first.add_claim(1, c, 0, 600)
+    first.advance(10)
+    assert sorted(cand.step for cand in planner.plan(first, planner.StepOrder(b"r" * 32, b"me", 2), now=10,
+                                                     device=cpu, estimate_s=60)) == [0]
+    assert planner.plan(first, planner.StepOrder(b"r" * 32, b"me", 2), now=10, device=gpu, estimate_s=60) == []
 
 
 def test_before_anything_is_matched_a_second_replay_waits_for_the_first():

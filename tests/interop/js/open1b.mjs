@@ -196,7 +196,7 @@ const SCALARS = (n) => ['scalars', n]
 export const SCHEMAS = {
   manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { format: ['uint', 255n], engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), seed: UINT, steps: ['uint', 8192n], state_hashes: ['hashes', 8193], checkpoints: ['hashes', 8193], witnesses: ['hashes', 8192], samples_root: HASH, samples: UINT, samples_blob: HASH, samples_size: UINT, publisher: KEY, created_at: UINT } },
   external_manifest: { signer: 'publisher', maxSize: 1 << 20, fields: { engine: text(64), engine_version: text(64), model: SCALARS(64), data: SCALARS(16), steps: ['uint', 1n << 20n], first_step: UINT, trajectory_format: ['enum', ['jsonl']], trajectory_uri: text(256), trajectory_size: ['uint', 64n << 20n], trajectory_digest: HASH, trajectory_root: HASH, publisher: KEY, created_at: UINT } },
-  claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT, expected_done: UINT }, optional: ['expected_done'] },
+  claim: { signer: 'claimant', maxSize: 512, fields: { run: HASH, step: UINT, slot: ['uint', 255n], claimant: KEY, issued_at: UINT, lease_expiry: UINT, expected_done: UINT, device: text(70) }, optional: ['expected_done', 'device'] },
   attestation: { signer: 'signer', maxSize: 1024, fields: { run: HASH, step: UINT, pre_state: HASH, post_state: HASH, verdict: ['enum', ['match', 'mismatch']], engine: text(64), engine_version: text(64), hardware: text(128), device: text(70), elapsed_ms: UINT, witness: HASH, signer: KEY, issued_at: UINT } },
   reveal: { signer: 'revealer', maxSize: 512, fields: { run: HASH, step: UINT, witness: HASH, revealer: KEY, issued_at: UINT } },
   eval: { signer: 'signer', maxSize: 512, fields: { run: HASH, state: UINT, loss: ['uint', 2n ** 32n - 1n], claimed: ['uint', 2n ** 32n - 1n], verdict: ['enum', ['result', 'match', 'mismatch']], engine: text(64), engine_version: text(64), device: text(70), signer: KEY, issued_at: UINT } },
@@ -260,6 +260,7 @@ export function decodeMessage (data, kinds = Object.keys(SCHEMAS)) {
   }
   if (kind === 'external_manifest' && value.get('steps') < 1n) throw new ProtocolError('state_hashes', 'steps >= 1')
   if (kind === 'claim' && value.get('lease_expiry') <= value.get('issued_at')) throw new ProtocolError('lease_order', 'lease_expiry after issued_at')
+  if (kind === 'claim' && value.has('device') && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class') // optional (r21)
   if (kind === 'eval' && (value.get('verdict') === 'mismatch') === (value.get('loss') === value.get('claimed'))) throw new ProtocolError('eval_verdict', 'loss = claimed unless a mismatch')
   if (kind === 'spotcheck' && (value.get('verdict') === 'pass') !== (value.get('caught') === 'none')) throw new ProtocolError('spot_verdict', 'a pass catches nothing, a fail names the link')
   if ((kind === 'attestation' || kind === 'eval' || kind === 'spotcheck') && !DEVICE_CLASS.test(value.get('device'))) throw new ProtocolError('device', 'not a device class')
