@@ -258,7 +258,7 @@ def test_a_step_a_proof_refutes_is_no_longer_disputed_in_the_planners_view(tmp_p
     ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
     index = ledger.planner.index(MANIFEST.run_id)
     assert index.disputed(STEP) and index.deficit(STEP) == 2  # R + 1, less the one dissenter
-    assert ledger.statements.ingest_fraud_proof(proof(AUDITOR, PUBLISHER))
+    assert trio.run(ledger.statements.ingest_fraud_proof, proof(AUDITOR, PUBLISHER))
     assert ledger.judge.coverage(MANIFEST.run_id).steps[STEP].status is StepStatus.REFUTED
     index = ledger.planner.index(MANIFEST.run_id)
     assert not index.disputed(STEP) and index.deficit(STEP) == 1
