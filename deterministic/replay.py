@@ -111,15 +111,9 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
         raise ValueError("replay writes the replayed state (out) on the CPU only")
     started = time.perf_counter()
     dataset = checked_run_samples(run_dir, manifest)
-    if step == 0:
-        prev, prev_batch = genesis_hash(manifest.body()), None
-    else:
-        prev, prev_batch = manifest.state_hashes[step - 1], batch_for_step(dataset, manifest.seed, step - 1, config,
-                                                                           topology)  # fmt: skip
+    prev, prev_batch = before_step(manifest, dataset, step, config, topology)
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
-    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step])
-    recomputed = hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root()))
-    _check_pre_state(recomputed, manifest, step)
+    scan = scan_published(run_dir, manifest, step, config, prev, prev_batch)  # h_k recomputed and checked
     if isinstance(backend, CpuBackend):
         post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule)
     else:  # the device holds the whole state; the host reads the moments once, to upload them
@@ -127,14 +121,28 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
                                        recompute=recompute, witness_rule=rule)
         post = next_state_hash(manifest.state_hashes[step], new_state, batch)
     return ReplayResult(
-        run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
+        run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step], post_state=post,
         expected=manifest.state_hashes[step + 1], loss=report.loss, witness=report.witness, elapsed_s=time.perf_counter() - started,
     )
 
 
-def _check_pre_state(recomputed: bytes, manifest: RunManifest, step: int) -> None:
-    if recomputed != manifest.state_hashes[step]:
+def before_step(manifest: RunManifest, dataset, step: int, config, topology) -> tuple[bytes, np.ndarray | None]:
+    """(h_{k-1} or the genesis hash, the batch step k - 1 consumed or None): what h_k chains from."""
+    if step == 0:
+        return genesis_hash(manifest.body()), None
+    return manifest.state_hashes[step - 1], batch_for_step(dataset, manifest.seed, step - 1, config, topology)
+
+
+def scan_published(run_dir: Path, manifest: RunManifest, step: int, config, prev: bytes, prev_batch: np.ndarray | None,
+                   *, keep: str | None = "param/") -> Scan:
+    """Checkpoint ``step`` of the run read once in pieces (:func:`.checkpoint_stream.scan_checkpoint`:
+    its address checked, the tensors named ``keep`` kept), accepted only when its recomputed h_k,
+    from ``prev`` (h_{k-1} or the genesis hash) and ``prev_batch`` (the batch that step consumed;
+    None at step 0), is the published one: never the file whole in memory."""
+    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step], keep=keep)
+    if hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root())) != manifest.state_hashes[step]:
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
+    return scan
 
 
 def _replay_streamed(scan: Scan, step: int, manifest: RunManifest, config, topology, backend, batch,

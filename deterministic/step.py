@@ -362,10 +362,12 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
     # the update lets each gradient go as it uses it, so the witness must have read them all: a
     # witness still hashing would keep every gradient alive beside the new parameters
     done.witness.result()
-    old, params = state.params, {}
+    # the backend's view of the state (a tracing backend registers each moment as it is read);
+    # on the CPU, the state's own mappings
+    (old, m_of, v_of), params = be.load_state(state), {}
     for name in order:
-        p, m, v = be.adamw(old.pop(name) if name in old else reread[name], grads.pop(name), state.m[name],
-                           state.v[name], replace(scalars[name], coef=done.clip_coef))
+        p, m, v = be.adamw(old.pop(name) if name in old else reread[name], grads.pop(name), m_of[name], v_of[name],
+                           replace(scalars[name], coef=done.clip_coef))
         sink(f"adam_m/{name}", m)
         sink(f"adam_v/{name}", v)
         p.flags.writeable = False
