@@ -184,16 +184,23 @@ arrays) as the step computes them, before they are summed; the fingerprints (:mo
 
 def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
                observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True,
-               into: _GroupedTree | None = None, release: Callable | None = None) -> dict | None:
+               into: _GroupedTree | None = None, release: Callable | None = None,
+               park: SpillFile | None = None) -> dict | None:
     """Rank ``rank``'s term: its micro-batches folded from +0.0. With ``into`` (and no ``observe``,
     which sees whole gradients), the term goes into that tree a key at a time instead, each
     gradient of the last micro-batch folded and added as soon as its backward makes it final, and
     None is returned: the same additions in the same order, without a second whole gradient.
+    ``park`` (streamed only) does the same for the earlier micro-batches, whose fold waits in that
+    file between them: the rank holds no whole gradient until its last backward. Without it the
+    earlier micro-batches are folded whole, after each backward, which is the order of the op
+    trace (run-format §11.2; a traced step never parks: a read-back array is not the op's output).
     ``release`` (streamed only) goes to the last micro-batch's :func:`.gpt.forward_backward`."""
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
     streamed = into is not None and observe is None
     for index, mb in enumerate(micros):
         if streamed and index == len(micros) - 1:
+            micro.park = None  # the last micro-batch's sums go on into the rank sum at once
+
             def fold_and_add(name: str, grad) -> None:
                 micro.push_key(name, grad)  # the fold is one group: its sum is the group's accumulator
                 into.push_key(name, micro.acc.pop(name))
@@ -203,6 +210,12 @@ def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig,
             fold_and_add(LOSS_KEY, loss)
             into.end_term()
             return None
+        if streamed and park is not None:  # each gradient folded as it is final, the fold parked
+            micro.park = park
+            loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=micro.push_key)
+            micro.push_key(LOSS_KEY, loss)
+            micro.end_term()
+            continue
         loss, grads = forward_backward(params, mb, inv_n, config, be, recompute=recompute)
         if observe is not None:
             observe(rank, index, loss, grads)
@@ -265,8 +278,8 @@ def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
     again from where they were checked: every rank's partial sums but the last's wait in that file
     as they come (each read back when the next rank's gradient is added to it), and the last
     backward lets go of each parameter after its last use (it leaves ``state.params``), so the
-    parameters and the gradient sum are never both whole in memory (a rank's earlier micro-batches
-    still fold whole gradients). The same bits."""
+    parameters and the gradient sum are never both whole in memory; a rank's earlier micro-batches
+    fold each gradient as it is final into a sum that waits in that file too. The same bits."""
     config = state.config
     inv_n = _inv_tokens(config, topology)
     params, _, _ = be.load_state(state)
@@ -279,7 +292,7 @@ def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
     for rank in range(topology.ranks):
         tree.park = spill if rank < last else None  # each sum waits on disk as it comes, but the last
         term = _rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute, into=tree,
-                          release=release if rank == last else None)
+                          release=release if rank == last else None, park=spill)
         if term is not None:  # observed: the term came whole
             tree.push(term)
     loss, summed = _reduced(tree)

@@ -81,16 +81,19 @@ def test_spilled_sums_and_released_parameters_keep_the_bits(ranks, micro_batches
     assert left == {}  # the last backward let go of every parameter
 
 
-def test_spilling_holds_the_parameters_or_the_gradient_sum_never_both():
+@pytest.mark.parametrize("ranks, micro_batches", [(2, 1), (1, 3), (2, 2)])
+def test_spilling_holds_the_parameters_or_the_gradient_sum_never_both(ranks, micro_batches):
     """Peak memory of the parameters and the step's gradients (numpy reports its arrays to
     tracemalloc; the parameters are copied inside the measurement, so their release counts):
     without ``spill`` both are whole at the end of the last backward (about twice the
-    parameters' bytes); with it, rank 0's sums wait on disk and each parameter goes as its
-    gradient comes (about once)."""
+    parameters' bytes; more where a rank folds whole micro-batches); with it, the earlier ranks'
+    sums and a rank's fold of its earlier micro-batches wait on disk and each parameter goes as
+    its gradient comes (about once)."""
     config = dataclasses.replace(PRESETS["small"].config, n_layers=6, seq_len=16)
-    topology = Topology(ranks=2, micro_batches=1, micro_batch_size=1)
+    topology = Topology(ranks=ranks, micro_batches=micro_batches, micro_batch_size=1)
     state, be = init_state(config, seed=1), default_backend(config)
-    batch = np.random.default_rng(0).integers(0, config.vocab_size, (2, 1, 1, config.seq_len + 1), dtype=np.int32)
+    batch = np.random.default_rng(0).integers(0, config.vocab_size, (ranks, micro_batches, 1, config.seq_len + 1),
+                                              dtype=np.int32)  # fmt: skip
     step_gradients(state, batch, topology, be)  # kernels loaded outside the measurement
     peaks, bits = {}, {}
     for spilling in (False, True):
