@@ -93,12 +93,14 @@ def backend_on(device: DeviceChoice | None, config):
 
 
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
-           device: DeviceChoice | None = None, out: Path | None = None, recompute: bool = True) -> ReplayResult:
+           device: DeviceChoice | None = None, out: Path | None = None, recompute: bool = True,
+           spill_dir: Path | None = None) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step`` on ``device``
     (:func:`.device.select_device`, whose self-checks it trusts; default: the CPU, checked here).
     ``out``: write the replayed state ``step + 1`` there as a checkpoint file (CPU only).
     ``recompute=False`` keeps every activation instead (:func:`.gpt.forward_backward`): more
-    memory, less time, the same bits."""
+    memory, less time, the same bits. ``spill_dir``: where the CPU step's spill file lies
+    (:mod:`.spill`; default ``run_dir``, beside the checkpoint it reads)."""
     run_dir = Path(run_dir)
     manifest = manifest or read_manifest(run_dir)
     check_engine(manifest)
@@ -115,7 +117,8 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
     scan = scan_published(run_dir, manifest, step, config, prev, prev_batch)  # h_k recomputed and checked
     if isinstance(backend, CpuBackend):
-        post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule)
+        post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule,
+                                        run_dir if spill_dir is None else Path(spill_dir))
     else:  # the device holds the whole state; the host reads the moments once, to upload them
         new_state, report = train_step(scanned_state(scan, config, step), batch, topology, backend=backend,
                                        recompute=recompute, witness_rule=rule)
@@ -146,7 +149,7 @@ def scan_published(run_dir: Path, manifest: RunManifest, step: int, config, prev
 
 
 def _replay_streamed(scan: Scan, step: int, manifest: RunManifest, config, topology, backend, batch,
-                     out: Path | None, recompute: bool, rule: str):
+                     out: Path | None, recompute: bool, rule: str, spill_dir: Path):
     """(h_{step+1} replayed, report) from checkpoint ``step``'s ``scan``, the state never whole in memory."""
     writer = CheckpointWriter(Path(out), config, step + 1) if out is not None else None
     try:
@@ -156,7 +159,8 @@ def _replay_streamed(scan: Scan, step: int, manifest: RunManifest, config, topol
         reread = FileMoments(scan.path, "param", scan.slots, scan.digests, list(config.param_shapes()))
         params, report, beta1_pow, beta2_pow = train_step_streamed(scanned_state(scan, config, step), batch, topology,
                                                                    sink.add, backend=backend, recompute=recompute,
-                                                                   witness_rule=rule, reread=reread)
+                                                                   witness_rule=rule, reread=reread,
+                                                                   spill_dir=spill_dir)
         add_params_and_powers(sink, params, beta1_pow, beta2_pow)
         if writer is not None:
             writer.finish()

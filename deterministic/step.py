@@ -26,6 +26,7 @@ payloads are not portable, so such a state could never be verified.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
@@ -391,20 +392,21 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
 def train_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink: MomentSink, *, backend=None,
                         observe: MicroObserver | None = None, recompute: bool = True,
                         witness_rule: str = WITNESS_TREE, reread: Mapping[str, np.ndarray] | None = None,
-                        spill_dir: str | None = None) -> tuple[dict, StepReport, np.float32, np.float32]:
+                        spill_dir: str | os.PathLike | None = None) -> tuple[dict, StepReport, np.float32, np.float32]:
     """:func:`train_step` with :func:`finish_step_streamed` in place of :func:`finish_step`: the
     same bits, ``state`` consumed, the new moments handed to ``sink`` (see there).
 
     ``reread`` (no ``observe``): ``state``'s parameters read back from the checkpoint they were
     checked in (:class:`.checkpoint_stream.FileMoments` of ``param``). With it, the earlier ranks'
-    gradient sums wait in a temporary file (in ``spill_dir``, default the system's temporary
-    directory) and each parameter is let go after its last use in the last backward and read
+    gradient sums wait in a temporary file in ``spill_dir`` (required then: :mod:`.spill`) and each parameter is let go after its last use in the last backward and read
     back for its update (:func:`step_gradients`' ``spill``): the parameters and the gradient sum
     are never both whole in memory."""
     check_batch(batch, state.config, topology)
     be = backend or default_backend(state.config)
     if reread is None or observe is not None:
         loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
+    elif spill_dir is None:
+        raise ValueError("a step that reads its parameters back needs spill_dir, the directory of its spill file")
     else:
         with SpillFile(spill_dir) as spill:
             loss, grads = step_gradients(state, batch, topology, be, recompute=recompute, spill=spill)

@@ -456,7 +456,7 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
         update(0, f"choosing the device ({args.device}) and running its self-checks")
         device = _device(args.device)
         update(0, f"on {device.device_class}: loading, checking the checkpoint, replaying")
-        result = replay(run_dir, args.step, device=device, out=args.out)
+        result = replay(run_dir, args.step, device=device, out=args.out, spill_dir=args.spill_dir)
         update(1, "done")
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
@@ -717,6 +717,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--step", type=int, required=True)
     r.add_argument("--device", default="auto", help=DEVICE_HELP)
     r.add_argument("--out", type=Path, help="also write the replayed state K+1 to this checkpoint file (CPU only)")
+    r.add_argument("--spill-dir", type=Path, help="directory of the CPU step's spill file, where gradient sums wait "
+                                                  "on disk (default: the run directory; not a tmpfs)")
     r.set_defaults(func=cmd_replay)
 
     rv = sub.add_parser("reveal", parents=[client],

@@ -3,6 +3,7 @@
 whole gradient less alive at the peak."""
 
 import dataclasses
+import os
 import tracemalloc
 
 import numpy as np
@@ -11,8 +12,13 @@ import pytest
 from open1b.deterministic import PRESETS, init_state
 from open1b.deterministic.backend import default_backend
 from open1b.deterministic.config import Topology
+from open1b.deterministic import step as step_module
+from open1b.deterministic.replay import replay
 from open1b.deterministic.spill import SpillFile, held
 from open1b.deterministic.step import step_gradients
+from open1b.deterministic.trainer import publish_run
+from open1b.protocol import Identity
+from open1b.protocol.hashing import blake2b256
 
 TOPOLOGIES = [(1, 1, 2), (2, 1, 1), (2, 3, 1), (3, 2, 2), (9, 1, 1)]  # 9 ranks: past one RANK_GROUP
 
@@ -82,7 +88,7 @@ def test_spilled_sums_and_released_parameters_keep_the_bits(ranks, micro_batches
 
 
 @pytest.mark.parametrize("ranks, micro_batches", [(2, 1), (1, 3), (2, 2)])
-def test_spilling_holds_the_parameters_or_the_gradient_sum_never_both(ranks, micro_batches):
+def test_spilling_holds_the_parameters_or_the_gradient_sum_never_both(ranks, micro_batches, tmp_path):
     """Peak memory of the parameters and the step's gradients (numpy reports its arrays to
     tracemalloc; the parameters are copied inside the measurement, so their release counts):
     without ``spill`` both are whole at the end of the last backward (about twice the
@@ -100,7 +106,7 @@ def test_spilling_holds_the_parameters_or_the_gradient_sum_never_both(ranks, mic
         tracemalloc.start()
         try:
             copy = dataclasses.replace(state, params={n: a.copy() for n, a in state.params.items()})
-            with SpillFile() as spill:
+            with SpillFile(tmp_path) as spill:
                 loss, grads = step_gradients(copy, batch, topology, be, spill=spill if spilling else None)
             peaks[spilling] = tracemalloc.get_traced_memory()[1] / (4 * config.n_params())
             del copy
@@ -126,3 +132,34 @@ def test_a_spill_file_gives_back_what_was_put_once_and_reuses_its_place(tmp_path
 
 def rand_f32(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_the_spill_file_has_no_name_in_its_directory_so_no_exit_leaves_it_behind(tmp_path):
+    """The file lies in the directory it is given (not the system's temporary directory, often a
+    tmpfs) but has no entry there: a kill leaves nothing; an error inside closes it."""
+    with pytest.raises(RuntimeError), SpillFile(tmp_path) as spill:
+        spill.put(np.ones(4, np.float32))
+        where = os.readlink(f"/proc/self/fd/{spill._fd}")
+        assert where.startswith(str(tmp_path)) and os.listdir(tmp_path) == []
+        raise RuntimeError("a step that fails")
+    assert spill._file.closed and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_a_replay_spills_beside_its_run_or_where_it_is_told(given, tmp_path, monkeypatch):
+    assert PRESETS["tiny"].topology.ranks > 1  # rank 0's sums are spilled
+    run_dir = tmp_path / "run"
+    manifest = publish_run(run_dir, Identity(blake2b256(b"tests/spill")), steps=1, seed=2, fingerprints=False)
+    used = []
+
+    class Recorded(SpillFile):
+        def __init__(self, directory):
+            used.append(directory)
+            super().__init__(directory)
+
+    monkeypatch.setattr(step_module, "SpillFile", Recorded)
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    result = replay(run_dir, 0, manifest, spill_dir=spill_dir if given else None)
+    assert result.match
+    assert used == [spill_dir if given else run_dir]
