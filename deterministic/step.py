@@ -182,11 +182,15 @@ MicroObserver = Callable[[int, int, object, dict], None]
 """``observe(rank, micro_batch, loss, grads)``: sees each micro-batch's loss and gradients (backend
 arrays) as the step computes them, before they are summed; the fingerprints (:mod:`.fingerprint`)."""
 
+LossObserver = Callable[[int, int, object], None]
+"""``losses(rank, micro_batch, loss)``: sees each micro-batch's loss alone (a trainer's fingerprints
+need no gradient), so, unlike a :data:`MicroObserver`, it leaves the streamed sums streamed."""
+
 
 def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
                observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True,
                into: _GroupedTree | None = None, release: Callable | None = None,
-               park: SpillFile | None = None) -> dict | None:
+               park: SpillFile | None = None, losses: LossObserver | None = None) -> dict | None:
     """Rank ``rank``'s term: its micro-batches folded from +0.0. With ``into`` (and no ``observe``,
     which sees whole gradients), the term goes into that tree a key at a time instead, each
     gradient of the last micro-batch folded and added as soon as its backward makes it final, and
@@ -195,7 +199,9 @@ def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig,
     file between them: the rank holds no whole gradient until its last backward. Without it the
     earlier micro-batches are folded whole, after each backward, which is the order of the op
     trace (run-format §11.2; a traced step never parks: a read-back array is not the op's output).
-    ``release`` (streamed only) goes to the last micro-batch's :func:`.gpt.forward_backward`."""
+    ``release`` (streamed only) goes to the last micro-batch's :func:`.gpt.forward_backward`.
+    ``losses`` sees each micro-batch's loss as its forward computes it."""
+    see = (lambda index, loss: losses(rank, index, loss)) if losses is not None else (lambda index, loss: None)
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
     streamed = into is not None and observe is None
     for index, mb in enumerate(micros):
@@ -208,16 +214,19 @@ def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig,
 
             loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=fold_and_add,
                                        release=release)
+            see(index, loss)
             fold_and_add(LOSS_KEY, loss)
             into.end_term()
             return None
         if streamed and park is not None:  # each gradient folded as it is final, the fold parked
             micro.park = park
             loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=micro.push_key)
+            see(index, loss)
             micro.push_key(LOSS_KEY, loss)
             micro.end_term()
             continue
         loss, grads = forward_backward(params, mb, inv_n, config, be, recompute=recompute)
+        see(index, loss)
         if observe is not None:
             observe(rank, index, loss, grads)
         grads[LOSS_KEY] = loss
@@ -268,11 +277,12 @@ def _reduced(tree: _GroupedTree) -> tuple[object, dict]:
 
 def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
                    observe: MicroObserver | None = None, *, recompute: bool = True,
-                   spill: SpillFile | None = None) -> tuple[object, dict]:
+                   spill: SpillFile | None = None, losses: LossObserver | None = None) -> tuple[object, dict]:
     """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
     every rank's term computed here, one after the other, and reduced as they come. The batch
     goes to the backend once (:meth:`micro_batches`), the parameters not at all when they are
-    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way.
+    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way, ``losses``
+    every micro-batch's loss (:data:`LossObserver`).
     ``recompute`` (:func:`.gpt.forward_backward`) changes the memory and time, never the bits.
 
     ``spill`` (host arrays only, and no ``observe``) is for a state whose parameters can be read
@@ -293,7 +303,7 @@ def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
     for rank in range(topology.ranks):
         tree.park = spill if rank < last else None  # each sum waits on disk as it comes, but the last
         term = _rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute, into=tree,
-                          release=release if rank == last else None, park=spill)
+                          release=release if rank == last else None, park=spill, losses=losses)
         if term is not None:  # observed: the term came whole
             tree.push(term)
     loss, summed = _reduced(tree)
@@ -390,8 +400,9 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
 
 
 def train_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink: MomentSink, *, backend=None,
-                        observe: MicroObserver | None = None, recompute: bool = True,
-                        witness_rule: str = WITNESS_TREE, reread: Mapping[str, np.ndarray] | None = None,
+                        observe: MicroObserver | None = None, losses: LossObserver | None = None,
+                        recompute: bool = True, witness_rule: str = WITNESS_TREE,
+                        reread: Mapping[str, np.ndarray] | None = None,
                         spill_dir: str | os.PathLike | None = None) -> tuple[dict, StepReport, np.float32, np.float32]:
     """:func:`train_step` with :func:`finish_step_streamed` in place of :func:`finish_step`: the
     same bits, ``state`` consumed, the new moments handed to ``sink`` (see there).
@@ -400,16 +411,17 @@ def train_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology
     checked in (:class:`.checkpoint_stream.FileMoments` of ``param``). With it, the earlier ranks'
     gradient sums wait in a temporary file in ``spill_dir`` (required then: :mod:`.spill`) and each parameter is let go after its last use in the last backward and read
     back for its update (:func:`step_gradients`' ``spill``): the parameters and the gradient sum
-    are never both whole in memory."""
+    are never both whole in memory. ``losses`` (:data:`LossObserver`) sees every micro-batch's loss
+    on either path."""
     check_batch(batch, state.config, topology)
     be = backend or default_backend(state.config)
     if reread is None or observe is not None:
-        loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
+        loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute, losses=losses)
     elif spill_dir is None:
         raise ValueError("a step that reads its parameters back needs spill_dir, the directory of its spill file")
     else:
         with SpillFile(spill_dir) as spill:
-            loss, grads = step_gradients(state, batch, topology, be, recompute=recompute, spill=spill)
+            loss, grads = step_gradients(state, batch, topology, be, recompute=recompute, spill=spill, losses=losses)
     return finish_step_streamed(state, loss, grads, be, sink, witness_rule=witness_rule, reread=reread)
 
 

@@ -581,7 +581,8 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
         manifest = publish_run(out_dir, load_identity(data_dir), steps=args.steps, seed=args.seed,
                                tamper_step=args.tamper_step, ranks=args.ranks, device=device,
                                eval_documents=args.eval_documents, eval_every=args.eval_every,
-                               fingerprints=args.fingerprints, progress=lambda done, total: update(done, ""), **options)
+                               fingerprints=args.fingerprints, spill_dir=args.spill_dir,
+                               progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"], "device": device.device_class if device else "cpu (one process a rank)",
@@ -762,6 +763,8 @@ def parser() -> argparse.ArgumentParser:
                    help="data-parallel ranks: W > 1 trains in W processes (torch.distributed, gloo); "
                         "default: the preset's topology, in one process")
     t.add_argument("--device", default="auto", help=DEVICE_HELP)
+    t.add_argument("--spill-dir", type=Path, help="directory of the one-process CPU trainer's spill file, where "
+                                                  "gradient sums wait on disk (default: --out; not a tmpfs)")
     t.add_argument("--eval-documents", type=int, default=0, metavar="H",
                    help="hold out the corpus's last H documents as a committed evaluation set (docs/run-format.md §9)")
     t.add_argument("--eval-every", type=_at_least_one, default=1, metavar="V", help="evaluate every V-th state")

@@ -11,7 +11,11 @@ import pytest
 
 from open1b.deterministic import PRESETS, init_state
 from open1b.deterministic.backend import default_backend
+from open1b.deterministic.checkpoint_stream import (
+    CheckpointWriter, FileMoments, StateSink, add_params_and_powers, file_state,
+)  # fmt: skip
 from open1b.deterministic.config import Topology
+from open1b.deterministic.fingerprint import fingerprinted_step, fingerprinted_step_streamed
 from open1b.deterministic import step as step_module
 from open1b.deterministic.replay import replay
 from open1b.deterministic.spill import SpillFile, held
@@ -163,3 +167,54 @@ def test_a_replay_spills_beside_its_run_or_where_it_is_told(given, tmp_path, mon
     result = replay(run_dir, 0, manifest, spill_dir=spill_dir if given else None)
     assert result.match
     assert used == [spill_dir if given else run_dir]
+
+
+def _written_state(state, path):
+    """``state`` as the trainer holds it after writing its checkpoint: the parameters in memory
+    (copies), the moments in the file; and the parameters' read-back from that file."""
+    config = state.config
+    out = CheckpointWriter(path, config, state.step)
+    sink = StateSink(config, out)
+    for name in config.param_shapes():
+        sink.add(f"adam_m/{name}", state.m[name])
+        sink.add(f"adam_v/{name}", state.v[name])
+    add_params_and_powers(sink, state.params, state.beta1_pow, state.beta2_pow)
+    out.finish()
+    params = {n: a.copy() for n, a in state.params.items()}
+    return (file_state(config, state.step, path, out.slots, sink.digests, params),
+            FileMoments(path, "param", out.slots, sink.digests, list(config.param_shapes())))
+
+
+def test_the_trainers_fingerprinted_step_spills_and_releases_as_a_replay_does(tmp_path):
+    """The trainer's step (fingerprints recorded, parameters read back from the checkpoint it
+    starts from) has fingerprinted_step's bits, and its peak of parameters and gradients
+    (tracemalloc, the parameters copied inside the measurement) is about one parameters' bytes,
+    where the same step without the read-back holds the parameters, the earlier ranks' sum and a
+    rank's fold whole (as the trainer did before, its fingerprint's observer seeing whole gradients)."""
+    config = dataclasses.replace(PRESETS["small"].config, n_layers=6, seq_len=16)
+    topology = Topology(ranks=2, micro_batches=2, micro_batch_size=1)
+    state, be = init_state(config, seed=1), default_backend(config)
+    batch = np.random.default_rng(0).integers(0, config.vocab_size, (2, 2, 1, config.seq_len + 1), dtype=np.int32)
+    whole_state, report, fingerprint = fingerprinted_step(state, batch, topology, backend=be)
+    peaks, moments = {}, []
+
+    def sink(name, a):  # each new moment compared as it comes, not kept (the trainer writes them)
+        group = whole_state.m if name.startswith("adam_m/") else whole_state.v
+        moments.append(np.array_equal(a.view(np.uint32), group[name.split("/", 1)[1]].view(np.uint32)))
+
+    for reading_back in (False, True):
+        moments.clear()
+        tracemalloc.start()
+        try:
+            streamed, reread = _written_state(state, tmp_path / f"c{int(reading_back)}")
+            params, got, *_, fp = fingerprinted_step_streamed(
+                streamed, batch, topology, sink, backend=be,
+                reread=reread if reading_back else None, spill_dir=tmp_path)
+            peaks[reading_back] = tracemalloc.get_traced_memory()[1] / (4 * config.n_params())
+        finally:
+            tracemalloc.stop()
+        assert fp == fingerprint and got == report
+        assert {n: a.tobytes() for n, a in params.items()} == {n: a.tobytes() for n, a in whole_state.params.items()}
+        assert len(moments) == 2 * len(config.param_shapes()) and all(moments)
+        del params, streamed, reread
+    assert peaks[False] > 2.5 and peaks[True] < 1.6, peaks  # in parameters' bytes (3.25 and 1.44 when written)
