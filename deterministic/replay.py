@@ -15,8 +15,9 @@ read) when its update runs, and the new state is hashed a tensor at a time and w
 ``out`` asks for it. The parameters and the gradient sum are never both whole either: the earlier
 ranks' partial sums wait in a temporary file, and the last backward lets go of each parameter
 after its last use, to be read back (and checked) for its update. A device backend runs
-:func:`.step.train_step` on the same scan (its state lives on the device: the moments are read
-back from the file, checked, to be uploaded). Both give the same bits.
+:func:`.step.train_step` on the same scan (its state lives on the device: each moment is read
+back from the file, checked, and uploaded a tensor at a time, and the new state is downloaded and
+hashed a tensor at a time: the host holds the parameters and one tensor). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import checked_run_samples
 from .runfile import (
     ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, checkpoint_path, genesis_hash, hash_of_link, link_of_root,
-    next_state_hash, read_manifest,
+    read_manifest,
 )  # fmt: skip
 from .selfcheck import require_deterministic_machine
 from .step import train_step, train_step_streamed
@@ -119,14 +120,28 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
     if isinstance(backend, CpuBackend):
         post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule,
                                         run_dir if spill_dir is None else Path(spill_dir))
-    else:  # the device holds the whole state; the host reads the moments once, to upload them
+    else:  # the device holds the whole state: uploaded and hashed a tensor at a time
         new_state, report = train_step(scanned_state(scan, config, step), batch, topology, backend=backend,
                                        recompute=recompute, witness_rule=rule)
-        post = next_state_hash(manifest.state_hashes[step], new_state, batch)
+        post = hash_of_link(manifest.state_hashes[step], link_of_root(config, step + 1, batch,
+                                                                       _root_by_tensor(new_state)))
     return ReplayResult(
         run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step], post_state=post,
         expected=manifest.state_hashes[step + 1], loss=report.loss, witness=report.witness, elapsed_s=time.perf_counter() - started,
     )
+
+
+def _root_by_tensor(state) -> tuple[int, bytes]:
+    """The state root of a device backend's new state, each tensor downloaded alone (its groups'
+    ``one``, :class:`.cuda.DeviceTensors`) and hashed as it comes: the host never holds the state
+    whole (:func:`.runfile.next_state_hash` would download it in one piece)."""
+    sink = StateSink(state.config)
+    for prefix, group in (("param", state.params), ("adam_m", state.m), ("adam_v", state.v)):
+        for name in state.config.param_shapes():
+            sink.add(f"{prefix}/{name}", group.one(name) if hasattr(group, "one") else group[name])
+    sink.add("adam/beta1_pow", np.array([state.beta1_pow], np.float32))
+    sink.add("adam/beta2_pow", np.array([state.beta2_pow], np.float32))
+    return sink.root()
 
 
 def before_step(manifest: RunManifest, dataset, step: int, config, topology) -> tuple[bytes, np.ndarray | None]:
