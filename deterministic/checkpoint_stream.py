@@ -376,10 +376,12 @@ class StateSink:
         self.writer = writer
         self.digests: dict[str, list[bytes]] = {}
 
-    def add(self, name: str, array: np.ndarray) -> None:
+    def add(self, name: str, array: np.ndarray, digests: list[bytes] | None = None) -> None:
+        """``digests``: the tensor's chunk digests where the caller hashed them already (a traced
+        update, r20), else they are computed here."""
         if name in self.digests or tuple(array.shape) != self.shapes.get(name) or array.dtype != _F32:
             raise ValueError(f"{name}: not a float32 {self.shapes.get(name)} tensor of the state, or added twice")
-        self.digests[name] = chunk_digests(array)
+        self.digests[name] = chunk_digests(array) if digests is None else digests
         if self.writer is not None:
             self.writer.write(name, array)
 

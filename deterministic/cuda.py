@@ -544,6 +544,11 @@ class CudaBackend:
         out.copy_to_device(a)
         return out
 
+    def upload_into(self, out, a: np.ndarray) -> None:
+        """Host array ``a`` copied into the device array ``out`` (a part of a larger buffer): one
+        transfer, as :meth:`upload` makes, into a place already allocated."""
+        out.copy_to_device(np.ascontiguousarray(a, np.float32))
+
     def download(self, a) -> np.ndarray:
         return a.copy_to_host()
 
@@ -833,7 +838,7 @@ class CudaBackend:
 class StateArena:
     """A state's parameters and moments in one device buffer (all parameters, then all first
     moments, then all second moments, each in parameter order), immutable once written. Its host
-    copy is made on first request, in one transfer."""
+    copy is made on first request, in one transfer; :meth:`host_tensor` copies one tensor alone."""
 
     def __init__(self, backend: CudaBackend, shapes: dict, flat) -> None:
         self.backend, self.shapes, self.flat = backend, shapes, flat
@@ -841,10 +846,15 @@ class StateArena:
 
     @classmethod
     def upload(cls, backend: CudaBackend, state: TrainState) -> StateArena:
+        """``state`` uploaded a tensor at a time into its place in the arena: the host holds one
+        tensor beyond the state's own (a replay's moments are read from its checkpoint as they are
+        asked for, :class:`.checkpoint_stream.FileMoments`), never a packed copy of the state."""
         shapes = {name: tuple(a.shape) for name, a in state.params.items()}
-        host = np.concatenate([np.asarray(group[name], np.float32).reshape(-1)
-                               for group in (state.params, state.m, state.v) for name in shapes])  # fmt: skip
-        return cls(backend, shapes, backend.upload(host))
+        arena = cls(backend, shapes, backend.empty((3 * sum(math.prod(s) for s in shapes.values()),)))
+        for group, views in zip((state.params, state.m, state.v), arena.device_views()):
+            for name in shapes:
+                backend.upload_into(views[name], group[name])
+        return arena
 
     def _split(self, flat) -> tuple[dict, dict, dict]:
         groups, offset = ({}, {}, {}), 0
@@ -857,6 +867,13 @@ class StateArena:
 
     def device_views(self) -> tuple[dict, dict, dict]:
         return self._split(self.flat)
+
+    def host_tensor(self, group: int, name: str) -> np.ndarray:
+        """Tensor ``name`` of ``group`` (0 params, 1 m, 2 v) downloaded alone: the whole host copy
+        if it was made, else a transfer of that tensor only, not kept."""
+        if self._host is not None:
+            return self._host[group][name]
+        return self.backend.download(self.device_views()[group][name])
 
     def host_views(self) -> tuple[dict, dict, dict]:
         if self._host is None:
@@ -875,6 +892,11 @@ class DeviceTensors(Mapping):
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arena.host_views()[self.group][name]
+
+    def one(self, name: str) -> np.ndarray:
+        """Tensor ``name`` alone (:meth:`StateArena.host_tensor`): what hashing the state a tensor
+        at a time reads, without the whole arena on the host."""
+        return self.arena.host_tensor(self.group, name)
 
     def __iter__(self):
         return iter(self.arena.shapes)

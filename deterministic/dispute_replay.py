@@ -2,10 +2,18 @@
 with its op trace, and the data of one op of it, which a fraud proof carries; and the files the
 node's worker writes of them (:func:`write_dispute_file`, read by node/dispute_tracer.py).
 
-Both are :func:`.step.train_step` on checkpoint k and the committed batch, traced
-(:class:`.op_trace.OpTrace`); ``backend`` is the party's (a test's or a forger's may differ from
-the default, which is how a forged op is made). Checkpoint k must hash to the published h_k: a
-trace always starts from the published state.
+Both are the step traced (:class:`.op_trace.OpTrace`) on checkpoint k and the committed batch;
+``backend`` is the party's (a test's or a forger's may differ from the default, which is how a
+forged op is made). Checkpoint k must hash to the published h_k: a trace always starts from the
+published state.
+
+As a replay (:mod:`.replay`), the party never holds the checkpoint whole: it is read once in
+pieces (:func:`.replay.scan_published`), whose chunk digests give the state tensors' roots and
+tensor proofs; the parameters are kept, each moment is read back (chunk-checked) when its update
+runs, and the new state is hashed a tensor at a time (:func:`.step.train_step_streamed`, the same
+ops in the same order, so the same trace), the update's outputs from the chunk digests the trace
+hashed them by (§18.1, r20: each state chunk is hashed once). The gradient sum is not parked on disk here: a traced
+op's inputs are found by identity, and an array read back from a spill file is a new one.
 """
 
 from __future__ import annotations
@@ -13,29 +21,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Mapping
 
 import numpy as np
 
-from open1b.protocol import RunManifest, tensor_proof
+from open1b.protocol import RunManifest
 from open1b.protocol.codec import encode
-from open1b.protocol.commitments import state_root_of_digests, tensor_digest_of_chunks
+from open1b.protocol.commitments import state_root_of_digests, tensor_digest_of_chunks, tensor_proof_of_digests
 from open1b.protocol.dispute.proof import InputBytes
-from open1b.protocol.merkle import MerkleTree, merkle_root
+from open1b.protocol.merkle import MerkleTree
 
-from .checkpoint_stream import chunk_digests
+from .backend import default_backend
+from .checkpoint_stream import StateSink, add_params_and_powers, chunk_digests, scanned_state
 from .data import batch_for_step
-from .errors import CheckpointMismatchError
-from .op_trace import OpTrace
+from .op_trace import OpTrace, TracingBackend
 from .provenance import checked_run_samples
-from .replay import check_data_rules
-from .runfile import (
-    genesis_hash, hash_of_link, link_of_root, load_checkpoint, lr_bits, read_manifest, state_tensor_bytes,
-    step_batch_digest,
-)  # fmt: skip
+from .replay import before_step, check_data_rules, scan_published
+from .runfile import hash_of_link, link_of_root, lr_bits, read_manifest, state_tensor_bytes, step_batch_digest
 from .state import TrainState
-from .step import train_step
+from .step import train_step_streamed
 from .trainer import config_of
 
 
@@ -63,41 +67,58 @@ def state_hash_of_chunks(prev: bytes, state: TrainState, batch: np.ndarray | Non
     return hash_of_link(prev, link_of_root(state.config, state.step, batch, state_root_of_digests(digests)))
 
 
+class _TracedSink:
+    """The new state, a tensor at a time (:class:`.checkpoint_stream.StateSink`), taking the
+    update's outputs' chunk digests from the trace, which hashed them by the state tree's chunks."""
+
+    def __init__(self, sink: StateSink, trace: OpTrace) -> None:
+        self._sink, self._trace = sink, trace
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        self._sink.add(name, array, digests=self._trace.post_chunks.get(name))
+
+    def root(self):
+        return self._sink.root()
+
+
 class _Step:
-    """Checkpoint k, its batch, and h_k's preimage (for tensor proofs), checked against h_k; the
-    state tree's root of each tensor (``roots``), from the chunks that check hashed."""
+    """Checkpoint k (scanned, checked against h_k), its batch, and h_k's preimage (for tensor
+    proofs); :meth:`run` once."""
 
     def __init__(self, run_dir: Path, manifest: RunManifest, step: int) -> None:
         self.config, self.topology = config_of(manifest)
         self.rule = check_data_rules(manifest)
+        self.step, self.h_k = step, manifest.state_hashes[step]
         dataset = checked_run_samples(run_dir, manifest)
-        self.state = load_checkpoint(run_dir, step, self.config, manifest.checkpoints[step])
-        if step == 0:
-            self.prev, prev_batch = genesis_hash(manifest.body()), None
-        else:
-            self.prev = manifest.state_hashes[step - 1]
-            prev_batch = batch_for_step(dataset, manifest.seed, step - 1, self.config, self.topology)
-        chunks = {name: chunk_digests(a) for name, a in self.state.tensors().items()}
-        if state_hash_of_chunks(self.prev, self.state, prev_batch, chunks) != manifest.state_hashes[step]:
-            raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
-        self.roots = {name: merkle_root(c) for name, c in chunks.items()}
+        self.prev, prev_batch = before_step(manifest, dataset, step, self.config, self.topology)
+        self.scan = scan_published(run_dir, manifest, step, self.config, self.prev, prev_batch)
         self.consumed = step_batch_digest(prev_batch) if prev_batch is not None else bytes(32)
         self.lr_bits = lr_bits(self.config) if prev_batch is not None else 0
         self.batch = batch_for_step(dataset, manifest.seed, step, self.config, self.topology)
-        self.tensors = state_tensor_bytes(self.state)
+        # each state tensor's digest and chunk-tree root, from the scan's chunk digests (what
+        # hashing its bytes gives)
+        self.digests = {name: tensor_digest_of_chunks(name, "float32", slot.shape, self.scan.digests[name])
+                        for name, slot in self.scan.slots.items()}  # fmt: skip
+        self.roots = {name: MerkleTree(chunks).root for name, chunks in self.scan.digests.items()}
 
-    def run(self, trace: OpTrace, backend):
-        return train_step(self.state, self.batch, self.topology, backend=backend, trace=trace, witness_rule=self.rule)
+    def run(self, trace: OpTrace, backend) -> bytes:
+        """The step traced into ``trace``: the h_{k+1} it reaches."""
+        be = TracingBackend(backend or default_backend(self.config), trace)
+        sink = _TracedSink(StateSink(self.config), trace)
+        params, _, beta1_pow, beta2_pow = train_step_streamed(scanned_state(self.scan, self.config, self.step),
+                                                              self.batch, self.topology, sink.add, backend=be,
+                                                              witness_rule=self.rule)  # fmt: skip
+        add_params_and_powers(sink, params, beta1_pow, beta2_pow)
+        return hash_of_link(self.h_k, link_of_root(self.config, self.step + 1, self.batch, sink.root()))
 
 
 def trace_step(run_dir: Path, manifest: RunManifest, step: int, *, backend=None) -> TracedStep:
-    """Replay step ``step`` with its op trace; the state inputs' roots are those the check of
-    checkpoint k against h_k computed, and h_{k+1} takes the update's outputs' chunk digests from
-    the trace (each state chunk is hashed once)."""
+    """Replay step ``step`` with its op trace; the state inputs' roots come from checkpoint k's
+    chunk digests (the check against h_k hashed the same chunks), and h_{k+1} takes the update's
+    outputs' chunk digests from the trace (each state chunk is hashed once)."""
     s = _Step(Path(run_dir), manifest, step)
     trace = OpTrace(state_roots=s.roots)
-    new_state, _ = s.run(trace, backend)
-    post = state_hash_of_chunks(manifest.state_hashes[step], new_state, s.batch, trace.post_chunks)
+    post = s.run(trace, backend)
     return TracedStep(step, trace, trace.tree(), manifest.state_hashes[step], post)
 
 
@@ -106,11 +127,12 @@ def op_data(run_dir: Path, manifest: RunManifest, step: int, pos: int, *, backen
     """Op ``pos`` of step ``step`` as this party computes it: its inputs' bytes (a state input with
     its tensor proof against h_k) and its outputs' bytes."""
     s = _Step(Path(run_dir), manifest, step)
-    trace = OpTrace(keep=frozenset({pos}))
+    trace = OpTrace(state_roots=s.roots, keep=frozenset({pos}))
     s.run(trace, backend)
     inputs, outputs = trace.kept[pos]
-    given = [InputBytes(a.tobytes(), tensor_proof(s.prev, step, s.tensors, s.consumed, e["state"], lr_bits=s.lr_bits)
-                        if "state" in e else None) for a, e in zip(inputs, trace.records[pos]["inputs"])]
+    given = [InputBytes(a.tobytes(), tensor_proof_of_digests(s.prev, step, s.digests, s.consumed, e["state"],
+                                                             lr_bits=s.lr_bits) if "state" in e else None)
+             for a, e in zip(inputs, trace.records[pos]["inputs"])]  # fmt: skip
     return given, [a.tobytes() for a in outputs]
 
 

@@ -138,11 +138,14 @@ class _Recorder:
         self.kept: dict[int, dict[int, np.ndarray]] = {}
 
     def __call__(self, rank: int, micro: int, loss, grads: dict) -> None:
-        slot = rank * self.per_rank + micro
-        self.losses[slot] = f32_bits(self.be.download(loss))
+        self.loss(rank, micro, loss)
         if self.keep:
             gradient = _Gradient(grads, self.config, self.be)
-            self.kept[slot] = {c: gradient.chunk(c) for c in self.keep}
+            self.kept[rank * self.per_rank + micro] = {c: gradient.chunk(c) for c in self.keep}
+
+    def loss(self, rank: int, micro: int, loss) -> None:
+        """A micro-batch's loss alone (:data:`.step.LossObserver`): all a fingerprint records."""
+        self.losses[rank * self.per_rank + micro] = f32_bits(self.be.download(loss))
 
     def slot_losses(self) -> tuple[int, ...]:
         return tuple(self.losses[s] for s in range(len(self.losses)))
@@ -159,15 +162,19 @@ def fingerprinted_step(state: TrainState, batch: np.ndarray, topology: Topology,
     return new_state, report, fingerprint
 
 
-def fingerprinted_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink, *, backend=None
+def fingerprinted_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink, *, backend=None,
+                                reread: Mapping[str, np.ndarray] | None = None, spill_dir=None
                                 ) -> tuple[dict, StepReport, np.float32, np.float32, StepFingerprint]:
-    """:func:`.step.train_step_streamed` (``state`` consumed, new moments to ``sink``) and the
-    step's :class:`StepFingerprint`: :func:`fingerprinted_step` for a state held a tensor at a time."""
+    """:func:`.step.train_step_streamed` (``state`` consumed, new moments to ``sink``; ``reread``
+    and ``spill_dir`` as there) and the step's :class:`StepFingerprint`: :func:`fingerprinted_step`
+    for a state held a tensor at a time. The fingerprint needs the losses only, so the gradients
+    stay streamed."""
     be = backend or default_backend(state.config)
     recorder = _Recorder(state.config, topology, be)
     step = state.step
     params, report, beta1_pow, beta2_pow = train_step_streamed(state, batch, topology, sink, backend=be,
-                                                               observe=recorder)  # fmt: skip
+                                                               losses=recorder.loss, reread=reread,
+                                                               spill_dir=spill_dir)  # fmt: skip
     fingerprint = StepFingerprint(step, recorder.slot_losses(), f32_bits(report.loss), f32_bits(report.grad_norm),
                                   f32_bits(report.clip_coef))
     return params, report, beta1_pow, beta2_pow, fingerprint

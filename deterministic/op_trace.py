@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class OpTrace:
     arrays in :attr:`kept` (copies: those few ops only): what a party needs to build a
     fraud proof at the op a bisection found (§18.3). ``post_chunks`` receives the state tree's
     chunk digests of the update's outputs under their names in the new state (``param/<n>``, …):
-    the part of h_{k+1} the trace has hashed (:func:`.dispute_replay.post_state_hash`)."""
+    the part of h_{k+1} the trace has hashed (:func:`.dispute_replay.state_hash_of_chunks`)."""
 
     state_roots: Mapping[str, bytes] = field(default_factory=dict)
     keep: frozenset[int] = frozenset()
@@ -174,15 +174,26 @@ class TracingBackend:
 
     # ---- the state -----------------------------------------------------------------------
     def load_state(self, state):
-        params, m, v = self._inner.load_state(state)
-        for prefix, group in (("param", params), ("adam_m", m), ("adam_v", v)):
-            for name, a in group.items():
-                full = f"{prefix}/{name}"
-                root = self.trace.state_roots.get(full)
-                if root is None:
-                    root = chunk_tree(_raw(a), state=True).root
-                self._refs.put(a, {"dtype": _dtype(a), "shape": list(a.shape), "root": root, "state": full})
-        return params, m, v
+        """The inner backend's groups, every array registered as its state tensor: a dict's now, a
+        group read from its checkpoint when asked (:class:`.checkpoint_stream.FileMoments`, whose
+        arrays are new at each read) as each is read (:class:`_StateGroup`)."""
+        groups = self._inner.load_state(state)
+        out = []
+        for prefix, group in zip(("param", "adam_m", "adam_v"), groups):
+            if isinstance(group, dict):
+                for name, a in group.items():
+                    self._register_state(f"{prefix}/{name}", a)
+            else:
+                group = _StateGroup(self, prefix, group)
+            out.append(group)
+        return tuple(out)
+
+    def _register_state(self, full: str, a: np.ndarray) -> np.ndarray:
+        root = self.trace.state_roots.get(full)
+        if root is None:
+            root = chunk_tree(_raw(a), state=True).root
+        self._refs.put(a, {"dtype": _dtype(a), "shape": list(a.shape), "root": root, "state": full})
+        return a
 
     # ---- the ops of run-format §11.2 ---------------------------------------------------
     def embed(self, wte, wpe, tokens):
@@ -293,13 +304,43 @@ class TracingBackend:
     def adamw_all(self, params: dict, grads: dict, m: dict, v: dict, scalars: dict, clip):
         updated = self._inner.adamw_all(params, grads, m, v, scalars, clip)
         for name in params:
-            s: AdamWScalars = replace(scalars[name], coef=clip[1])
-            attrs = dict(zip(KINDS["adamw"].attrs, map(_bits, s.args())))
-            outputs = [updated[0][name], updated[1][name], updated[2][name]]
-            roots = []
-            for prefix, a in zip(("param", "adam_m", "adam_v"), outputs):  # the state tree's chunks (§18.1)
-                digests = chunk_digests(a)
-                self.trace.post_chunks[f"{prefix}/{name}"] = digests
-                roots.append(merkle_root(digests))
-            self._op("adamw", attrs, [params[name], grads[name], m[name], v[name]], outputs, roots=roots)
+            self._record_adamw(replace(scalars[name], coef=clip[1]), [params[name], grads[name], m[name], v[name]],
+                               [updated[0][name], updated[1][name], updated[2][name]])
         return updated
+
+    def adamw(self, p, g, m, v, scalars: AdamWScalars):
+        """One parameter's update (:func:`.step.finish_step_streamed`): the record :meth:`adamw_all`
+        makes of it, at the same position (the parameters are updated in the same order)."""
+        out = self._inner.adamw(p, g, m, v, scalars)
+        self._record_adamw(scalars, [p, g, m, v], list(out))
+        return out
+
+    def _record_adamw(self, s: AdamWScalars, inputs: list, outputs: list) -> None:
+        """The update's outputs are committed by the state tree's chunks (§18.1), kept under their
+        names in the new state: the parameter's, from the state entry of its old value."""
+        old = self._input(inputs[0], "adamw")
+        name = old["state"].split("/", 1)[1]
+        roots = []
+        for prefix, a in zip(("param", "adam_m", "adam_v"), outputs):
+            digests = chunk_digests(a)
+            self.trace.post_chunks[f"{prefix}/{name}"] = digests
+            roots.append(merkle_root(digests))
+        self._op("adamw", dict(zip(KINDS["adamw"].attrs, map(_bits, s.args()))), [old, *inputs[1:]], outputs,
+                 inputs_before=inputs, roots=roots)
+
+
+class _StateGroup(Mapping):
+    """A state group read when asked (``group``), each array registered as state tensor
+    ``prefix/<name>`` by ``backend`` as it is read: the update finds its moments in the trace."""
+
+    def __init__(self, backend: TracingBackend, prefix: str, group: Mapping) -> None:
+        self._backend, self._prefix, self._group = backend, prefix, group
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._backend._register_state(f"{self._prefix}/{name}", self._group[name])
+
+    def __iter__(self):
+        return iter(self._group)
+
+    def __len__(self) -> int:
+        return len(self._group)

@@ -15,8 +15,9 @@ read) when its update runs, and the new state is hashed a tensor at a time and w
 ``out`` asks for it. The parameters and the gradient sum are never both whole either: the earlier
 ranks' partial sums wait in a temporary file, and the last backward lets go of each parameter
 after its last use, to be read back (and checked) for its update. A device backend runs
-:func:`.step.train_step` on the same scan (its state lives on the device: the moments are read
-back from the file, checked, to be uploaded). Both give the same bits.
+:func:`.step.train_step` on the same scan (its state lives on the device: each moment is read
+back from the file, checked, and uploaded a tensor at a time, and the new state is downloaded and
+hashed a tensor at a time: the host holds the parameters and one tensor). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .errors import CheckpointMismatchError, EngineMismatchError, RunFormatError
 from .provenance import checked_run_samples
 from .runfile import (
     ENGINE, REPLAYABLE_ENGINE_VERSIONS, SCHEDULE, checkpoint_path, genesis_hash, hash_of_link, link_of_root,
-    next_state_hash, read_manifest,
+    read_manifest,
 )  # fmt: skip
 from .selfcheck import require_deterministic_machine
 from .step import train_step, train_step_streamed
@@ -93,12 +94,14 @@ def backend_on(device: DeviceChoice | None, config):
 
 
 def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
-           device: DeviceChoice | None = None, out: Path | None = None, recompute: bool = True) -> ReplayResult:
+           device: DeviceChoice | None = None, out: Path | None = None, recompute: bool = True,
+           spill_dir: Path | None = None) -> ReplayResult:
     """Recompute step ``step`` of the run in ``run_dir`` from checkpoint ``step`` on ``device``
     (:func:`.device.select_device`, whose self-checks it trusts; default: the CPU, checked here).
     ``out``: write the replayed state ``step + 1`` there as a checkpoint file (CPU only).
     ``recompute=False`` keeps every activation instead (:func:`.gpt.forward_backward`): more
-    memory, less time, the same bits."""
+    memory, less time, the same bits. ``spill_dir``: where the CPU step's spill file lies
+    (:mod:`.spill`; default ``run_dir``, beside the checkpoint it reads)."""
     run_dir = Path(run_dir)
     manifest = manifest or read_manifest(run_dir)
     check_engine(manifest)
@@ -111,34 +114,57 @@ def replay(run_dir: Path, step: int, manifest: RunManifest | None = None, *,
         raise ValueError("replay writes the replayed state (out) on the CPU only")
     started = time.perf_counter()
     dataset = checked_run_samples(run_dir, manifest)
-    if step == 0:
-        prev, prev_batch = genesis_hash(manifest.body()), None
-    else:
-        prev, prev_batch = manifest.state_hashes[step - 1], batch_for_step(dataset, manifest.seed, step - 1, config,
-                                                                           topology)  # fmt: skip
+    prev, prev_batch = before_step(manifest, dataset, step, config, topology)
     batch = batch_for_step(dataset, manifest.seed, step, config, topology)
-    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step])
-    recomputed = hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root()))
-    _check_pre_state(recomputed, manifest, step)
+    scan = scan_published(run_dir, manifest, step, config, prev, prev_batch)  # h_k recomputed and checked
     if isinstance(backend, CpuBackend):
-        post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule)
-    else:  # the device holds the whole state; the host reads the moments once, to upload them
+        post, report = _replay_streamed(scan, step, manifest, config, topology, backend, batch, out, recompute, rule,
+                                        run_dir if spill_dir is None else Path(spill_dir))
+    else:  # the device holds the whole state: uploaded and hashed a tensor at a time
         new_state, report = train_step(scanned_state(scan, config, step), batch, topology, backend=backend,
                                        recompute=recompute, witness_rule=rule)
-        post = next_state_hash(manifest.state_hashes[step], new_state, batch)
+        post = hash_of_link(manifest.state_hashes[step], link_of_root(config, step + 1, batch,
+                                                                       _root_by_tensor(new_state)))
     return ReplayResult(
-        run=manifest.run_id, step=step, pre_state=recomputed, post_state=post,
+        run=manifest.run_id, step=step, pre_state=manifest.state_hashes[step], post_state=post,
         expected=manifest.state_hashes[step + 1], loss=report.loss, witness=report.witness, elapsed_s=time.perf_counter() - started,
     )
 
 
-def _check_pre_state(recomputed: bytes, manifest: RunManifest, step: int) -> None:
-    if recomputed != manifest.state_hashes[step]:
+def _root_by_tensor(state) -> tuple[int, bytes]:
+    """The state root of a device backend's new state, each tensor downloaded alone (its groups'
+    ``one``, :class:`.cuda.DeviceTensors`) and hashed as it comes: the host never holds the state
+    whole (:func:`.runfile.next_state_hash` would download it in one piece)."""
+    sink = StateSink(state.config)
+    for prefix, group in (("param", state.params), ("adam_m", state.m), ("adam_v", state.v)):
+        for name in state.config.param_shapes():
+            sink.add(f"{prefix}/{name}", group.one(name) if hasattr(group, "one") else group[name])
+    sink.add("adam/beta1_pow", np.array([state.beta1_pow], np.float32))
+    sink.add("adam/beta2_pow", np.array([state.beta2_pow], np.float32))
+    return sink.root()
+
+
+def before_step(manifest: RunManifest, dataset, step: int, config, topology) -> tuple[bytes, np.ndarray | None]:
+    """(h_{k-1} or the genesis hash, the batch step k - 1 consumed or None): what h_k chains from."""
+    if step == 0:
+        return genesis_hash(manifest.body()), None
+    return manifest.state_hashes[step - 1], batch_for_step(dataset, manifest.seed, step - 1, config, topology)
+
+
+def scan_published(run_dir: Path, manifest: RunManifest, step: int, config, prev: bytes, prev_batch: np.ndarray | None,
+                   *, keep: str | None = "param/") -> Scan:
+    """Checkpoint ``step`` of the run read once in pieces (:func:`.checkpoint_stream.scan_checkpoint`:
+    its address checked, the tensors named ``keep`` kept), accepted only when its recomputed h_k,
+    from ``prev`` (h_{k-1} or the genesis hash) and ``prev_batch`` (the batch that step consumed;
+    None at step 0), is the published one: never the file whole in memory."""
+    scan = scan_checkpoint(checkpoint_path(run_dir, step), config, step, manifest.checkpoints[step], keep=keep)
+    if hash_of_link(prev, link_of_root(config, step, prev_batch, scan.state_root())) != manifest.state_hashes[step]:
         raise CheckpointMismatchError(f"checkpoint {step} does not hash to the published h_{step}")
+    return scan
 
 
 def _replay_streamed(scan: Scan, step: int, manifest: RunManifest, config, topology, backend, batch,
-                     out: Path | None, recompute: bool, rule: str):
+                     out: Path | None, recompute: bool, rule: str, spill_dir: Path):
     """(h_{step+1} replayed, report) from checkpoint ``step``'s ``scan``, the state never whole in memory."""
     writer = CheckpointWriter(Path(out), config, step + 1) if out is not None else None
     try:
@@ -148,7 +174,8 @@ def _replay_streamed(scan: Scan, step: int, manifest: RunManifest, config, topol
         reread = FileMoments(scan.path, "param", scan.slots, scan.digests, list(config.param_shapes()))
         params, report, beta1_pow, beta2_pow = train_step_streamed(scanned_state(scan, config, step), batch, topology,
                                                                    sink.add, backend=backend, recompute=recompute,
-                                                                   witness_rule=rule, reread=reread)
+                                                                   witness_rule=rule, reread=reread,
+                                                                   spill_dir=spill_dir)
         add_params_and_powers(sink, params, beta1_pow, beta2_pow)
         if writer is not None:
             writer.finish()

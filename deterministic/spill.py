@@ -6,6 +6,12 @@ and the sum of the ranks' gradients (as large again) from the end of rank 0's ba
 here between ranks, the sum costs disk (the page cache, which the kernel may drop) instead of the
 process's memory; each gradient comes back when the last rank's backward adds to it. The bytes
 read back are the bytes written, so nothing about the sum changes.
+
+The file lies in a directory the caller names, beside the data it works on (a replay's run
+directory, a trainer's output directory, a node's data directory), never the system's temporary
+directory by default: that is often a tmpfs, whose pages are the memory the file is there to
+save. It has no name there (``O_TMPFILE``, or unlinked as it is created), so it is gone however
+the process ends, an error or a kill included: there is nothing to clean up.
 """
 
 from __future__ import annotations
@@ -33,12 +39,12 @@ class Spilled:
 
 
 class SpillFile:
-    """An unnamed temporary file (in ``directory``, default the system's temporary directory) that
-    holds arrays until they are taken back. A taken array's place is reused by the next array of
-    its size, so the file stays as large as what is parked at once."""
+    """An unnamed temporary file in ``directory`` (module doc) that holds arrays until they are
+    taken back. A taken array's place is reused by the next array of its size, so the file stays
+    as large as what is parked at once."""
 
-    def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self._file = tempfile.TemporaryFile(dir=directory)
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self._file = tempfile.TemporaryFile(dir=os.fspath(directory))
         self._fd = self._file.fileno()
         self._end = 0
         self._free: dict[int, list[int]] = {}  # byte size -> offsets of taken arrays of that size

@@ -26,6 +26,7 @@ payloads are not portable, so such a state could never be verified.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
@@ -181,29 +182,51 @@ MicroObserver = Callable[[int, int, object, dict], None]
 """``observe(rank, micro_batch, loss, grads)``: sees each micro-batch's loss and gradients (backend
 arrays) as the step computes them, before they are summed; the fingerprints (:mod:`.fingerprint`)."""
 
+LossObserver = Callable[[int, int, object], None]
+"""``losses(rank, micro_batch, loss)``: sees each micro-batch's loss alone (a trainer's fingerprints
+need no gradient), so, unlike a :data:`MicroObserver`, it leaves the streamed sums streamed."""
+
 
 def _rank_term(params: dict, micros: list, inv_n: np.float32, config: GPTConfig, be,
                observe: MicroObserver | None = None, rank: int = 0, recompute: bool = True,
-               into: _GroupedTree | None = None, release: Callable | None = None) -> dict | None:
+               into: _GroupedTree | None = None, release: Callable | None = None,
+               park: SpillFile | None = None, losses: LossObserver | None = None) -> dict | None:
     """Rank ``rank``'s term: its micro-batches folded from +0.0. With ``into`` (and no ``observe``,
     which sees whole gradients), the term goes into that tree a key at a time instead, each
     gradient of the last micro-batch folded and added as soon as its backward makes it final, and
     None is returned: the same additions in the same order, without a second whole gradient.
-    ``release`` (streamed only) goes to the last micro-batch's :func:`.gpt.forward_backward`."""
+    ``park`` (streamed only) does the same for the earlier micro-batches, whose fold waits in that
+    file between them: the rank holds no whole gradient until its last backward. Without it the
+    earlier micro-batches are folded whole, after each backward, which is the order of the op
+    trace (run-format §11.2; a traced step never parks: a read-back array is not the op's output).
+    ``release`` (streamed only) goes to the last micro-batch's :func:`.gpt.forward_backward`.
+    ``losses`` sees each micro-batch's loss as its forward computes it."""
+    see = (lambda index, loss: losses(rank, index, loss)) if losses is not None else (lambda index, loss: None)
     micro = _GroupedTree(len(micros), be.add, be.plus_zero)  # one group: a plain fold from +0.0
     streamed = into is not None and observe is None
     for index, mb in enumerate(micros):
         if streamed and index == len(micros) - 1:
+            micro.park = None  # the last micro-batch's sums go on into the rank sum at once
+
             def fold_and_add(name: str, grad) -> None:
                 micro.push_key(name, grad)  # the fold is one group: its sum is the group's accumulator
                 into.push_key(name, micro.acc.pop(name))
 
             loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=fold_and_add,
                                        release=release)
+            see(index, loss)
             fold_and_add(LOSS_KEY, loss)
             into.end_term()
             return None
+        if streamed and park is not None:  # each gradient folded as it is final, the fold parked
+            micro.park = park
+            loss, _ = forward_backward(params, mb, inv_n, config, be, recompute=recompute, on_grad=micro.push_key)
+            see(index, loss)
+            micro.push_key(LOSS_KEY, loss)
+            micro.end_term()
+            continue
         loss, grads = forward_backward(params, mb, inv_n, config, be, recompute=recompute)
+        see(index, loss)
         if observe is not None:
             observe(rank, index, loss, grads)
         grads[LOSS_KEY] = loss
@@ -254,19 +277,20 @@ def _reduced(tree: _GroupedTree) -> tuple[object, dict]:
 
 def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
                    observe: MicroObserver | None = None, *, recompute: bool = True,
-                   spill: SpillFile | None = None) -> tuple[object, dict]:
+                   spill: SpillFile | None = None, losses: LossObserver | None = None) -> tuple[object, dict]:
     """The step's mean loss and summed gradients (backend arrays), in the order of the module doc:
     every rank's term computed here, one after the other, and reduced as they come. The batch
     goes to the backend once (:meth:`micro_batches`), the parameters not at all when they are
-    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way.
+    already there (:meth:`load_state`). ``observe`` sees every micro-batch on the way, ``losses``
+    every micro-batch's loss (:data:`LossObserver`).
     ``recompute`` (:func:`.gpt.forward_backward`) changes the memory and time, never the bits.
 
     ``spill`` (host arrays only, and no ``observe``) is for a state whose parameters can be read
     again from where they were checked: every rank's partial sums but the last's wait in that file
     as they come (each read back when the next rank's gradient is added to it), and the last
     backward lets go of each parameter after its last use (it leaves ``state.params``), so the
-    parameters and the gradient sum are never both whole in memory (a rank's earlier micro-batches
-    still fold whole gradients). The same bits."""
+    parameters and the gradient sum are never both whole in memory; a rank's earlier micro-batches
+    fold each gradient as it is final into a sum that waits in that file too. The same bits."""
     config = state.config
     inv_n = _inv_tokens(config, topology)
     params, _, _ = be.load_state(state)
@@ -279,7 +303,7 @@ def step_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be,
     for rank in range(topology.ranks):
         tree.park = spill if rank < last else None  # each sum waits on disk as it comes, but the last
         term = _rank_term(params, micros[rank], inv_n, config, be, observe, rank, recompute, into=tree,
-                          release=release if rank == last else None)
+                          release=release if rank == last else None, park=spill, losses=losses)
         if term is not None:  # observed: the term came whole
             tree.push(term)
     loss, summed = _reduced(tree)
@@ -362,10 +386,12 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
     # the update lets each gradient go as it uses it, so the witness must have read them all: a
     # witness still hashing would keep every gradient alive beside the new parameters
     done.witness.result()
-    old, params = state.params, {}
+    # the backend's view of the state (a tracing backend registers each moment as it is read);
+    # on the CPU, the state's own mappings
+    (old, m_of, v_of), params = be.load_state(state), {}
     for name in order:
-        p, m, v = be.adamw(old.pop(name) if name in old else reread[name], grads.pop(name), state.m[name],
-                           state.v[name], replace(scalars[name], coef=done.clip_coef))
+        p, m, v = be.adamw(old.pop(name) if name in old else reread[name], grads.pop(name), m_of[name], v_of[name],
+                           replace(scalars[name], coef=done.clip_coef))
         sink(f"adam_m/{name}", m)
         sink(f"adam_v/{name}", v)
         p.flags.writeable = False
@@ -374,25 +400,28 @@ def finish_step_streamed(state: TrainState, loss, grads: dict, be, sink: MomentS
 
 
 def train_step_streamed(state: TrainState, batch: np.ndarray, topology: Topology, sink: MomentSink, *, backend=None,
-                        observe: MicroObserver | None = None, recompute: bool = True,
-                        witness_rule: str = WITNESS_TREE, reread: Mapping[str, np.ndarray] | None = None,
-                        spill_dir: str | None = None) -> tuple[dict, StepReport, np.float32, np.float32]:
+                        observe: MicroObserver | None = None, losses: LossObserver | None = None,
+                        recompute: bool = True, witness_rule: str = WITNESS_TREE,
+                        reread: Mapping[str, np.ndarray] | None = None,
+                        spill_dir: str | os.PathLike | None = None) -> tuple[dict, StepReport, np.float32, np.float32]:
     """:func:`train_step` with :func:`finish_step_streamed` in place of :func:`finish_step`: the
     same bits, ``state`` consumed, the new moments handed to ``sink`` (see there).
 
     ``reread`` (no ``observe``): ``state``'s parameters read back from the checkpoint they were
     checked in (:class:`.checkpoint_stream.FileMoments` of ``param``). With it, the earlier ranks'
-    gradient sums wait in a temporary file (in ``spill_dir``, default the system's temporary
-    directory) and each parameter is let go after its last use in the last backward and read
+    gradient sums wait in a temporary file in ``spill_dir`` (required then: :mod:`.spill`) and each parameter is let go after its last use in the last backward and read
     back for its update (:func:`step_gradients`' ``spill``): the parameters and the gradient sum
-    are never both whole in memory."""
+    are never both whole in memory. ``losses`` (:data:`LossObserver`) sees every micro-batch's loss
+    on either path."""
     check_batch(batch, state.config, topology)
     be = backend or default_backend(state.config)
     if reread is None or observe is not None:
-        loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute)
+        loss, grads = step_gradients(state, batch, topology, be, observe, recompute=recompute, losses=losses)
+    elif spill_dir is None:
+        raise ValueError("a step that reads its parameters back needs spill_dir, the directory of its spill file")
     else:
         with SpillFile(spill_dir) as spill:
-            loss, grads = step_gradients(state, batch, topology, be, recompute=recompute, spill=spill)
+            loss, grads = step_gradients(state, batch, topology, be, recompute=recompute, spill=spill, losses=losses)
     return finish_step_streamed(state, loss, grads, be, sink, witness_rule=witness_rule, reread=reread)
 
 

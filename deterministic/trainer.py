@@ -5,8 +5,11 @@ manifest last, once the whole hash chain is known. The manifest's ``model`` map 
 preset name, the full :class:`.config.GPTConfig` and the :class:`.config.Topology`.
 One process on the CPU (the default) trains with the state a tensor at a time
 (:mod:`.checkpoint_stream`): the parameters in memory, the moments in the last checkpoint written,
-read back for each tensor's update, the new state hashed and written tensor by tensor. So a run's
-memory is its parameters, its gradients and one micro-batch's activations, as a replay's is.
+read back for each tensor's update, the new state hashed and written tensor by tensor. The
+parameters, too, are in that checkpoint (written and hashed before the step), so the step lets
+go of each after its last use and reads it back, chunk-checked, for its update, and the gradient
+sums wait in a spill file (:mod:`.spill`, in the run directory or ``spill_dir``): a run's memory is
+its parameters or its gradients, and one micro-batch's activations, as a replay's is.
 Data-parallel ranks and device backends hold whole states; all give the same bits.
 
 ``tamper_step`` exists for tests and the devnet: it forges the state after that step (one
@@ -34,7 +37,7 @@ from .data import (
 )
 from .documents import KEY_EVAL_DOCUMENTS, Documents
 from .backend import CpuBackend, default_backend
-from .checkpoint_stream import CheckpointWriter, StateSink, add_params_and_powers, file_state
+from .checkpoint_stream import CheckpointWriter, FileMoments, StateSink, add_params_and_powers, file_state
 from .device import DeviceChoice
 from .distributed import launched_rank, run_steps
 from .fingerprint import StepFingerprint, fingerprinted_step_streamed
@@ -96,6 +99,7 @@ def publish_run(
     eval_documents: int = 0,
     eval_every: int = 0,
     fingerprints: bool = True,
+    spill_dir: Path | None = None,
 ) -> RunManifest:
     """Train ``steps`` steps of ``preset`` (its model and topology) and write the run directory
     ``out_dir``; returns the signed manifest.
@@ -112,7 +116,8 @@ def publish_run(
 
     ``fingerprints`` records every step's fingerprint (docs/run-format.md §10.1) into
     ``RUN/fingerprints.cbor`` and commits to it in the manifest's ``data``; the states are the
-    same bits either way."""
+    same bits either way. ``spill_dir``: where the one-process CPU trainer's spill file lies
+    (:mod:`.spill`; default ``out_dir``)."""
     if steps < 1:
         raise ValueError("a run needs at least one step")
     if tamper_step is not None and not 0 <= tamper_step < steps:
@@ -132,7 +137,7 @@ def publish_run(
     backend = device.backend_for(config) if device is not None else None
     if (ranks or 1) == 1 and launched_rank() is None and isinstance(backend or default_backend(config), CpuBackend):
         trained = _streamed_steps(Path(out_dir), writer, config, seed, topology, dataset, steps, tamper_step,
-                                  fingerprints, backend)  # fmt: skip
+                                  fingerprints, backend, Path(spill_dir or out_dir))  # fmt: skip
     else:
         trained = _whole_state_steps(writer, config, seed, topology, dataset, steps, tamper_step, fingerprints,
                                      ranks, backend)  # fmt: skip
@@ -163,10 +168,12 @@ def _whole_state_steps(writer: RunWriter, config: GPTConfig, seed: int, topology
 
 
 def _streamed_steps(run_dir: Path, writer: RunWriter, config: GPTConfig, seed: int, topology: Topology, dataset,
-                    steps: int, tamper_step: int | None, fingerprints: bool, backend):
+                    steps: int, tamper_step: int | None, fingerprints: bool, backend, spill_dir: Path):
     """The run's states, each recorded in ``writer``, with the state a tensor at a time (module
     doc): checkpoint 0 is written as it is drawn, and each step reads its moments from the last
-    checkpoint and writes the next one (the forgery, if any, before its parameters are written)."""
+    checkpoint and writes the next one (the forgery, if any, before its parameters are written).
+    Each step reads its parameters back from the checkpoint it starts from (chunk-checked against
+    the digests hashed as it was written) and spills its sums into ``spill_dir``."""
     path = checkpoint_path(run_dir, 0)
     out, params = CheckpointWriter(path, config, 0), {}
     sink = StateSink(config, out)
@@ -177,20 +184,22 @@ def _streamed_steps(run_dir: Path, writer: RunWriter, config: GPTConfig, seed: i
         sink.add(f"adam_v/{name}", zeros)
     add_params_and_powers(sink, params, np.float32(1.0), np.float32(1.0))
     writer.start_written(link_of_root(config, 0, None, sink.root()), out.finish())
-    state = file_state(config, 0, path, out.slots, sink.digests, params)
+    state, state_path = file_state(config, 0, path, out.slots, sink.digests, params), path
     for _ in range(steps):
         k = state.step
         batch = batch_for_step(dataset, seed, k, config, topology)
         path = checkpoint_path(run_dir, k + 1)
+        reread = FileMoments(state_path, "param", out.slots, sink.digests, list(config.param_shapes()))
         out = CheckpointWriter(path, config, k + 1)
         sink = StateSink(config, out)
         try:
             if fingerprints:
                 params, report, beta1_pow, beta2_pow, fingerprint = fingerprinted_step_streamed(
-                    state, batch, topology, sink.add, backend=backend)
+                    state, batch, topology, sink.add, backend=backend, reread=reread, spill_dir=spill_dir)
             else:
                 params, report, beta1_pow, beta2_pow = train_step_streamed(state, batch, topology, sink.add,
-                                                                           backend=backend)  # fmt: skip
+                                                                           backend=backend, reread=reread,
+                                                                           spill_dir=spill_dir)  # fmt: skip
             if k == tamper_step:
                 params["wte"] = _flipped(params["wte"])
             add_params_and_powers(sink, params, beta1_pow, beta2_pow)
@@ -200,7 +209,7 @@ def _streamed_steps(run_dir: Path, writer: RunWriter, config: GPTConfig, seed: i
             raise
         writer.record_written(link_of_root(config, k + 1, batch, sink.root()), address, report.witness,
                               fingerprint.value() if fingerprints else None)
-        state = file_state(config, k + 1, path, out.slots, sink.digests, params)
+        state, state_path = file_state(config, k + 1, path, out.slots, sink.digests, params), path
         yield state
 
 

@@ -41,6 +41,7 @@ from typing import Mapping
 import numpy as np
 
 from open1b.deterministic.backend import default_backend
+from open1b.deterministic.checkpoint_stream import scanned_state
 from open1b.deterministic.config import PRESETS, Topology
 from open1b.deterministic.data import batch_for_step, builtin_dataset
 from open1b.deterministic.fingerprint import (
@@ -53,7 +54,8 @@ from open1b.deterministic.fingerprint import (
     flat_gradient,
 )
 from open1b.deterministic.provenance import load_run_samples, write_run_samples
-from open1b.deterministic.runfile import RunWriter, load_checkpoint, read_manifest
+from open1b.deterministic.replay import before_step, scan_published
+from open1b.deterministic.runfile import RunWriter, read_manifest
 from open1b.deterministic.spot_run import answer_from_run, encode_answer
 from open1b.deterministic.state import TrainState, init_state
 from open1b.deterministic.step import finish_step, step_gradients
@@ -122,7 +124,18 @@ def _forged_micro_step(state: TrainState, batch: np.ndarray, topology: Topology)
     """Step ``state.step`` with slot :func:`forged_slot`'s gradient doubled before the sum: the new
     state, report and fingerprint that follow from it, and every slot's flat gradient and the sum
     (what the forger opens in its answers)."""
-    config, be = state.config, default_backend(state.config)
+    be = default_backend(state.config)
+    loss, grads, losses, (flats, summed) = _forged_micro_gradients(state, batch, topology, be)
+    new_state, report = finish_step(state, loss, grads, be)
+    fp = StepFingerprint(state.step, tuple(losses), f32_bits(report.loss), f32_bits(report.grad_norm),
+                         f32_bits(report.clip_coef))
+    return new_state, report, fp, (flats, summed)
+
+
+def _forged_micro_gradients(state: TrainState, batch: np.ndarray, topology: Topology, be):
+    """The gradients of :func:`_forged_micro_step`: the step's loss and summed gradients (backend
+    arrays), every slot's loss bits, and every slot's flat gradient and the sum."""
+    config = state.config
     slots = topology.ranks * topology.micro_batches
     target = forged_slot(state.step, slots)
     losses, flats = [0] * slots, [np.empty(0, np.float32)] * slots
@@ -135,11 +148,7 @@ def _forged_micro_step(state: TrainState, batch: np.ndarray, topology: Topology)
         losses[slot], flats[slot] = f32_bits(be.download(loss)), flat_gradient(grads, config, be)
 
     loss, grads = step_gradients(state, batch, topology, be, observe)
-    summed = flat_gradient(grads, config, be)
-    new_state, report = finish_step(state, loss, grads, be)
-    fp = StepFingerprint(state.step, tuple(losses), f32_bits(report.loss), f32_bits(report.grad_norm),
-                         f32_bits(report.clip_coef))
-    return new_state, report, fp, (flats, summed)
+    return loss, grads, losses, (flats, flat_gradient(grads, config, be))
 
 
 def forgery_of(run_dir: Path, step: int) -> str | None:
@@ -157,8 +166,12 @@ def forged_answer(run_dir: Path, step: int, challenge: bytes) -> bytes:
         return answer_from_run(run_dir, step, challenge)
     manifest = read_manifest(Path(run_dir))
     config, topology = config_of(manifest)
-    state = load_checkpoint(Path(run_dir), step, config, manifest.checkpoints[step])
-    batch = batch_for_step(load_run_samples(Path(run_dir), manifest), manifest.seed, step, config, topology)
-    *_, (flats, summed) = _forged_micro_step(state, batch, topology)
+    dataset = load_run_samples(Path(run_dir), manifest)
+    batch = batch_for_step(dataset, manifest.seed, step, config, topology)
+    # checkpoint k read in pieces, as a replay reads it: the parameters kept, the moments left in the
+    # file (the answer needs the gradients only, not the update)
+    scan = scan_published(Path(run_dir), manifest, step, config, *before_step(manifest, dataset, step, config, topology))
+    state = scanned_state(scan, config, step)
+    *_, (flats, summed) = _forged_micro_gradients(state, batch, topology, default_backend(config))
     return encode_answer(step, tuple(ChunkOpening(c, tuple(chunk(f, c) for f in flats), chunk(summed, c))
                                      for c in derive_chunks(challenge, chunk_count(config))))

@@ -456,7 +456,7 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
         update(0, f"choosing the device ({args.device}) and running its self-checks")
         device = _device(args.device)
         update(0, f"on {device.device_class}: loading, checking the checkpoint, replaying")
-        result = replay(run_dir, args.step, device=device, out=args.out)
+        result = replay(run_dir, args.step, device=device, out=args.out, spill_dir=args.spill_dir)
         update(1, "done")
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
@@ -581,7 +581,8 @@ def cmd_train(args: argparse.Namespace) -> CommandResult:
         manifest = publish_run(out_dir, load_identity(data_dir), steps=args.steps, seed=args.seed,
                                tamper_step=args.tamper_step, ranks=args.ranks, device=device,
                                eval_documents=args.eval_documents, eval_every=args.eval_every,
-                               fingerprints=args.fingerprints, progress=lambda done, total: update(done, ""), **options)
+                               fingerprints=args.fingerprints, spill_dir=args.spill_dir,
+                               progress=lambda done, total: update(done, ""), **options)
     out = {"run": manifest.run_id.hex(), "steps": manifest.steps, "out": str(Path(args.out).resolve()),
            "publisher": manifest.signer_peer_id, "engine": f"{manifest.engine} {manifest.engine_version}",
            "ranks": manifest.model["ranks"], "device": device.device_class if device else "cpu (one process a rank)",
@@ -717,6 +718,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--step", type=int, required=True)
     r.add_argument("--device", default="auto", help=DEVICE_HELP)
     r.add_argument("--out", type=Path, help="also write the replayed state K+1 to this checkpoint file (CPU only)")
+    r.add_argument("--spill-dir", type=Path, help="directory of the CPU step's spill file, where gradient sums wait "
+                                                  "on disk (default: the run directory; not a tmpfs)")
     r.set_defaults(func=cmd_replay)
 
     rv = sub.add_parser("reveal", parents=[client],
@@ -760,6 +763,8 @@ def parser() -> argparse.ArgumentParser:
                    help="data-parallel ranks: W > 1 trains in W processes (torch.distributed, gloo); "
                         "default: the preset's topology, in one process")
     t.add_argument("--device", default="auto", help=DEVICE_HELP)
+    t.add_argument("--spill-dir", type=Path, help="directory of the one-process CPU trainer's spill file, where "
+                                                  "gradient sums wait on disk (default: --out; not a tmpfs)")
     t.add_argument("--eval-documents", type=int, default=0, metavar="H",
                    help="hold out the corpus's last H documents as a committed evaluation set (docs/run-format.md §9)")
     t.add_argument("--eval-every", type=_at_least_one, default=1, metavar="V", help="evaluate every V-th state")

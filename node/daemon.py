@@ -84,6 +84,7 @@ API_ADDR_FILE = "api.addr"
 P2P_ADDR_FILE = "p2p.addr"
 BLOBS_DIR = "blobs"
 SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the worker)
+SPILL_DIR = "spill"  # the replay worker's spill files (unnamed: the directory stays empty)
 
 # What opens a node's p2p side: called as ``open_p2p`` is (identity, host, port, heartbeat_s=,
 # max_rejects_per_peer=) and yields a P2P for the block.
@@ -143,7 +144,7 @@ async def open_daemon(config: NodeConfig, *, clock: Clock, rng: random.Random,
     identity = load_or_create_identity(config.data_dir)
     with DaemonLock(config.data_dir):
         store = Store(config.data_dir / STORE_FILE, now_ms=clock.wall_ms)
-        worker = ReplayWorker(config.device)
+        worker = ReplayWorker(config.device, spill_dir=config.data_dir / SPILL_DIR)
         # A publisher's answers get their own worker process (started on the first challenge): an
         # answer is owed within ANSWER_SECONDS, and a replay of a real step can take that long, so
         # an honest trainer that also audits would otherwise miss its deadlines behind its replays.

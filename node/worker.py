@@ -2,6 +2,10 @@
 stays responsive, numeric code is imported and compiled once, and a crash or hang costs one
 replay (the process is killed and restarted), never the node.
 
+A CPU replay parks gradient sums in an unnamed spill file (open1b.deterministic.spill) in
+``--spill-dir`` (the daemon gives its data directory's ``spill``; default: the run's directory),
+never in the system's temporary directory, often a tmpfs whose pages are memory.
+
 The worker is where the device lives: it is started with ``--device auto|cpu|cuda[:N]``
 (config ``device``), chooses and self-checks the device (:func:`open1b.deterministic.device.select_device`:
 probes run by the device's own kernels and the known-answer step, whose hash must be the CPU's
@@ -93,8 +97,9 @@ class SpotOutcome:
 class ReplayWorker:
     """A handle on the worker process, started on first use and restarted after a failure."""
 
-    def __init__(self, device: str = "auto") -> None:
+    def __init__(self, device: str = "auto", spill_dir: Path | None = None) -> None:
         self.device_spec = device  # what the operator asked for (``--device``)
+        self.spill_dir = spill_dir  # where a CPU replay's spill file lies (module doc)
         self.device: str | None = None  # the class of the running worker's device, from its hello
         self.device_reason = ""
         self._proc: trio.Process | None = None
@@ -120,9 +125,10 @@ class ReplayWorker:
 
     async def _start_locked(self) -> trio.Process:
         if self._proc is None or self._proc.returncode is not None:
+            spill = [] if self.spill_dir is None else ["--spill-dir", str(self.spill_dir)]
             self._proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec, "--parent", str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                [sys.executable, "-m", "open1b.node.worker", "--device", self.device_spec, "--parent", str(os.getpid()),
+                 *spill], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._buffer = b""
             self.restarts += 1
             hello = json.loads(await self._read_line(self._proc))
@@ -258,7 +264,7 @@ def _send(reply: dict) -> None:
         os._exit(0)
 
 
-def _serve(device_spec: str) -> int:
+def _serve(device_spec: str, spill_dir: Path | None = None) -> int:
     from open1b.deterministic.allocator import return_freed_arrays_promptly
     from open1b.deterministic.device import select_device_or_cpu
 
@@ -274,7 +280,7 @@ def _serve(device_spec: str) -> int:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reply = _handle(request, choice)
+            reply = _handle(request, choice, spill_dir)
         except (Open1bError, ValueError, KeyError, TypeError, OSError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
             if isinstance(exc, OSError):  # the daemon tells a full disk from a broken step by it
@@ -283,13 +289,13 @@ def _serve(device_spec: str) -> int:
     return 0
 
 
-def _handle(request: dict, choice) -> dict:
+def _handle(request: dict, choice, spill_dir: Path | None = None) -> dict:
     from open1b.deterministic.replay import replay
     from open1b.deterministic.spot_run import answer_from_run, check_spot
 
     op, run_dir, step = request.get("op", "replay"), Path(request["run_dir"]), int(request["step"])
     if op == "replay":
-        result = replay(run_dir, step, device=choice)
+        result = replay(run_dir, step, device=choice, spill_dir=spill_dir)
         return {"pre_state": result.pre_state.hex(), "post_state": result.post_state.hex(),
                 "witness": result.witness.hex(), "elapsed_ms": int(result.elapsed_s * 1000)}
     if op in ("trace", "op_data"):
@@ -320,6 +326,9 @@ if __name__ == "__main__":
     cli = argparse.ArgumentParser(prog="python -m open1b.node.worker")
     cli.add_argument("--device", default="auto")
     cli.add_argument("--parent", type=int, default=os.getppid(), help="the daemon's pid (default: our parent)")
+    cli.add_argument("--spill-dir", type=Path, help="where a replay's spill file lies (default: the run's directory)")
     options = cli.parse_args()
     _die_with_parent(options.parent)  # before the numeric stack is imported, which takes seconds
-    sys.exit(_serve(options.device))
+    if options.spill_dir is not None:
+        options.spill_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sys.exit(_serve(options.device, options.spill_dir))

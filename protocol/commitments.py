@@ -221,6 +221,14 @@ def tensor_proof(prev: bytes, step: int, tensors: Mapping[str, TensorBytes], bat
     return _proof(_tree(tensors, workers), prev, step, lr_bits, batch_digest, name)
 
 
+def tensor_proof_of_digests(prev: bytes, step: int, digests: Mapping[str, bytes], batch_digest: bytes, name: str, *,
+                            lr_bits: int) -> TensorProof:
+    """:func:`tensor_proof` from every tensor's digest (:func:`tensor_digest_of_chunks`) instead of
+    the tensors' bytes: what a replayer that hashed its checkpoint a chunk at a time holds."""
+    names = sorted(digests, key=lambda n: n.encode())
+    return _proof(_Tree(names, [], [digests[n] for n in names]), prev, step, lr_bits, batch_digest, name)
+
+
 def _proof(tree: _Tree, prev: bytes, step: int, lr_bits: int, batch_digest: bytes, name: str) -> TensorProof:
     if name not in tree.names:
         raise KeyError(f"no tensor {name!r} in the state")

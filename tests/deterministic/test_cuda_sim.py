@@ -125,17 +125,20 @@ def step_fingerprint(be) -> list:
     """Two two-rank steps of the micro model (the cross-rank sum included) through ``be``, the
     second from the state the first returned: each state's fingerprint and report's bits (the
     first step's witness by rule v2, the second's by v1), the host transfers each step made
-    (``be.upload``/``be.download`` calls) and the device allocations it made (``be.allocations``;
-    0 on the CPU)."""
-    transfers = {"upload": 0, "download": 0}
-    for kind in transfers:
-        method = getattr(be, kind)
+    (``be.upload``/``be.upload_into`` and ``be.download`` calls) and the device allocations it made
+    (``be.allocations``; 0 on the CPU)."""
+    transfers, wrapped = {"upload": 0, "download": 0}, []
+    for kind, name in (("upload", "upload"), ("upload", "upload_into"), ("download", "download")):
+        method = getattr(be, name, None)
+        if method is None:  # the CPU has no place to upload into
+            continue
+        wrapped.append(name)
 
-        def counted(a, _method=method, _kind=kind):
+        def counted(*args, _method=method, _kind=kind):
             transfers[_kind] += 1
-            return _method(a)
+            return _method(*args)
 
-        setattr(be, kind, counted)
+        setattr(be, name, counted)
     out, state = [], init_state(MICRO, 5)
     try:
         for step in range(2):
@@ -148,8 +151,8 @@ def step_fingerprint(be) -> list:
                                                           np.float32(report.clip_coef)), report.witness.hex(), moved,
                         getattr(be, "allocations", 0) - allocated])  # fmt: skip
     finally:
-        for kind in transfers:
-            delattr(be, kind)
+        for name in wrapped:
+            delattr(be, name)
     return out
 
 
@@ -195,8 +198,9 @@ def test_cuda_simulator_matches_cpu_bit_for_bit():
     (first, second), (plain_first, plain_second) = [s[4] for s in sim["step"]], [s[4] for s in unpooled]
     assert first > 0 and second == 0
     assert plain_first >= plain_second > first
-    # On the device: step 1 uploads the host state, the batch and (once per model) the norm's
-    # chunk bounds, step 2 only its batch (the state stayed on the device); neither downloads
-    # anything but the witness's one pinned copy (not through download) — the state comes back
-    # when it is read.
-    assert [s[3] for s in sim["step"]] == [{"upload": 3, "download": 0}, {"upload": 1, "download": 0}]
+    # On the device: step 1 uploads the host state (a tensor at a time: the host never packs it
+    # whole), the batch and (once per model) the norm's chunk bounds, step 2 only its batch (the
+    # state stayed on the device); neither downloads anything but the witness's one pinned copy
+    # (not through download) — the state comes back when it is read.
+    tensors = 3 * len(MICRO.param_shapes())
+    assert [s[3] for s in sim["step"]] == [{"upload": 2 + tensors, "download": 0}, {"upload": 1, "download": 0}]

@@ -102,3 +102,21 @@ def test_worker_answers_a_challenge_and_spot_checks_with_it(tampered_run, tmp_pa
             await worker.aclose()
 
     trio.run(main)
+
+
+def test_worker_spills_into_the_directory_it_is_given(tampered_run, tmp_path):
+    """The daemon gives its data directory's ``spill``: the worker makes it (its own) and replays
+    with its spill file there, which has no name, so the directory stays empty."""
+    run_dir, manifest = tampered_run
+    spill = tmp_path / "data" / "spill"
+
+    async def main():
+        worker = ReplayWorker("cpu", spill_dir=spill)
+        try:
+            ok = await worker.replay(run_dir, 1, timeout_s=120)
+            assert ok.post_state == manifest.state_hashes[2]
+        finally:
+            await worker.aclose()
+
+    trio.run(main)
+    assert spill.is_dir() and spill.stat().st_mode & 0o777 == 0o700 and list(spill.iterdir()) == []
