@@ -397,9 +397,18 @@ What these runs showed beyond pass/fail, and what is not protected yet:
   waits until every honest node cites one proof and checks that one. `silent-disputant` and
   `oversized-disputant` expected the forged step `disputed`; with three auditors two replayed it
   and a quorum refuted it (2 mismatches, no match, in every failed run kept), which is right: the
-  check now asks that replays alone settle the step, never a proof. The rows above are from
-  before these fixes and were not rerun under load; the combination copier + liar was stopped
-  during its first run (7 min, beside the CI suite and a second devnet) for time.
+  check now asks that replays alone settle the step, never a proof. Sweep 6 reran them with the
+  fixes: `forged-op`, `silent-disputant`, `oversized-disputant` and `lying-auditor` 3/3 each.
+- **Honest nodes sent a slow reader frames that were not RPCs, and it banned them** (found in
+  sweep 6, copier + liar run 2, and fixed 2026-12-03). One auditor, started late at load 20, read
+  a malformed pubsub frame from every peer, 523 times in three minutes; at 20 rejects a peer each
+  was banned, the publisher included, so it fetched nothing, audited nothing and missed one
+  attestation (`lost 1`, coverage not converged). Gossipsub writes to a peer's stream from many
+  tasks, and py-libp2p's yamux takes its write lock per chunk: a write that runs out of send
+  window (a reader that lags) waits with the lock released, and another write's chunks go in
+  between. The node now writes one RPC at a time to a stream (a test of four 600 KB RPCs written
+  at once to a slow reader over real yamux fails before). Before last stop's fix of malformed
+  frames this ended the daemon instead.
 - **A flagged or crashed node's live claim still holds its slot.** A claim in the DHT is only
   superseded by one of a later 60-s lease round, so a step claimed by a node that then crashes (or
   is flagged) is retaken only after its lease ends *and* a new round begins (the crash table's

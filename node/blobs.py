@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import stat
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -87,6 +88,13 @@ def file_digest(path: Path) -> bytes:
     return h.digest()
 
 
+def _links(path: Path) -> int:
+    try:
+        return path.stat().st_nlink
+    except FileNotFoundError:
+        return 0
+
+
 def _stamp(st: os.stat_result) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
@@ -120,6 +128,7 @@ class BlobCache:
         self._table_locks: dict[bytes, trio.Lock] = {}
         self._verified: dict[bytes, tuple[int, int]] = {}  # digest -> (size, mtime_ns) when last hashed
         self._used: dict[bytes, int] = {}  # digest -> use counter (LRU order within this process)
+        self.held: Counter[bytes] = Counter()  # digest -> users between its fetch and their link to it
         self._uses = 0
 
     def path(self, digest: bytes) -> Path:
@@ -181,7 +190,7 @@ class BlobCache:
             self.adopt(staged, digest)
         if pin:
             self.pinned.add(digest)
-        self.evict()
+        self.evict(keep=digest)
         return digest
 
     def stage(self, source: Path, digest: bytes, *, max_size: int = MAX_BLOB_SIZE,
@@ -325,9 +334,13 @@ class BlobCache:
     def used_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
 
-    def evict(self) -> list[bytes]:
-        """Remove least recently used, unpinned blobs until the cache fits its limit (blobs not
-        used by this process first, oldest first)."""
+    def evict(self, keep: bytes | None = None) -> list[bytes]:
+        """Remove least recently used blobs until the cache fits its limit (blobs not used by this
+        process first, oldest first), never one in use: pinned, held (:meth:`hold`), linked into a
+        working directory (a replay, spot check, evaluation or dispute reads it there: a second
+        link), or ``keep``, the blob its caller has just adopted and is about to return. So one
+        blob larger than the whole limit (a 1B model's 11 GB checkpoint against the default
+        8 GiB) is kept while it is used and goes at the first eviction after."""
         files = sorted((p for p in self.dir.iterdir() if p.is_file() and len(p.name) == 2 * DIGEST_SIZE),
                        key=lambda p: (self._used.get(bytes.fromhex(p.name), 0), p.stat().st_mtime))
         total = self.used_bytes()
@@ -336,11 +349,21 @@ class BlobCache:
             if total <= self.max_bytes:
                 break
             digest = bytes.fromhex(path.name)
-            if digest in self.pinned:
+            if digest in self.pinned or digest == keep or self.held[digest] > 0 or _links(path) > 1:
                 continue
             total -= self._remove(digest)
             evicted.append(digest)
         return evicted
+
+    def hold(self, digest: bytes) -> None:
+        """Keep ``digest`` from eviction until :meth:`unhold`: between its fetch and its user
+        linking it into a working directory (whose link then keeps it), other fetches finish and
+        evict."""
+        self.held[digest] += 1
+
+    def unhold(self, digest: bytes) -> None:
+        if self.held[digest] > 0:
+            self.held[digest] -= 1
 
     def _remove(self, digest: bytes) -> int:
         """Delete a blob and its chunk table; the bytes freed."""
@@ -474,6 +497,6 @@ class BlobCache:
             partial.unlink(missing_ok=True)
             raise BlobMismatch(f"bytes from {peer} do not hash to {digest.hex()[:16]}", peer, resumed)
         target = self.adopt(partial, digest)
-        self.evict()
+        self.evict(keep=digest)
         self.delivered_by[digest] = (peer, stream.relayed)  # read back (and dropped) by the caller, runs.py
         return target

@@ -67,6 +67,12 @@ session would be the bound: ~1.4 ms per MiB for hashing and writing)."""
 ADDRESS_HOLD_BYTES = 64 << 20
 """Verified chunks kept in memory until the whole-file hash reaches them (beyond: read back)."""
 CHUNK_TIMEOUT_S = 30.0
+TABLE_HASH_BYTES_PER_S = 100e6
+"""The slowest rate at which a provider is expected to hash a checkpoint for its chunk table: it
+may compute the table on the first request (a publisher warms them in the background, but a 1B
+model's 11 GB checkpoint takes minutes on a loaded 2-core machine). The header-and-table answer
+gets CHUNK_TIMEOUT_S plus that long; with 30 s flat, a 1B devnet's auditor gave up on the bulk
+path and fetched the checkpoint over libp2p at a tenth of the speed."""
 RECORD_MAGIC = b"open1b/pieces/v1"
 
 
@@ -412,13 +418,16 @@ class _Sessions:
                 nursery.start_soon(dial, peer)
         self.open = [channels[p.peer_id] for p in peers if p.peer_id in channels]
         self.report.dialled_back = sorted(c.peer_id for c in self.open if c.dialled_back)
+        table_timeout_s = timeout_s + self.expect.max_size / TABLE_HASH_BYTES_PER_S
         for channel in list(self.open):
             first = None
             try:
-                first = await _header_and_table(channel, self.expect, timeout_s)
+                first = await _header_and_table(channel, self.expect, table_timeout_s)
             except _Blame as exc:
                 self.blame(channel.peer_id, str(exc))
-            except (_Unproven, BulkError, trio.TooSlowError) as exc:
+            except trio.TooSlowError:
+                self.errors.append(f"{channel.peer_id}: no header and table in {table_timeout_s:.0f} s")
+            except (_Unproven, BulkError) as exc:
                 self.errors.append(f"{channel.peer_id}: {exc}")
             if first is not None:
                 self.header_peer = channel.peer_id
@@ -505,7 +514,7 @@ async def _fetch_once(cache: BlobCache, identity: Identity, peers: Sequence[Bulk
             cache.store_table(expect.address, table)
         except OSError as exc:  # the checkpoint is verified and kept; only its table for serving is not
             log.warning("checkpoint %d: chunk table not kept for serving: %s", expect.step, _storage_full(exc, expect.address))
-        cache.evict()
+        cache.evict(keep=expect.address)
     finally:
         await sessions.aclose()
     report.size = layout.size

@@ -26,6 +26,7 @@ import logging
 import math
 import socket
 import traceback
+import weakref
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
@@ -60,14 +61,27 @@ log = logging.getLogger(__name__)
 
 
 class _FramedPubsub(Pubsub):
-    """py-libp2p's pubsub, except that a frame that is not a pubsub RPC ends only its stream, as
-    a malformed message from that peer (``malformed``: one reject). py-libp2p catches stream and
-    varint errors there but not protobuf's ``DecodeError``, which went up through the connection
-    and ended the whole host: a daemon exited on one frame (a loaded devnet's observer, mid-run)."""
+    """py-libp2p's pubsub, except that:
+
+    * a frame that is not a pubsub RPC ends only its stream, as a malformed message from that peer
+      (``malformed``: one reject). py-libp2p catches stream and varint errors there but not
+      protobuf's ``DecodeError``, which went up through the connection and ended the whole host: a
+      daemon exited on one frame (a loaded devnet's observer, mid-run);
+    * one RPC at a time is written to a stream. Gossipsub writes to a peer's stream from many
+      tasks (each forward, each control message), and py-libp2p's yamux takes its write lock per
+      chunk: a write that runs out of send window waits with the lock released, and another
+      write's chunks go in between. To a peer that reads slowly (a loaded machine), honest nodes
+      then sent frames that are not RPCs, and it banned them for it (an under-load devnet)."""
 
     def __init__(self, host, router, *, malformed: Callable[[str], None]) -> None:
         super().__init__(host, router)
         self._malformed = malformed
+        self._writing: weakref.WeakKeyDictionary[object, trio.Lock] = weakref.WeakKeyDictionary()
+
+    async def write_msg(self, stream, rpc_msg) -> bool:
+        lock = self._writing.setdefault(stream, trio.Lock())
+        async with lock:
+            return await super().write_msg(stream, rpc_msg)
 
     async def stream_handler(self, stream) -> None:
         try:

@@ -344,10 +344,12 @@ class RunFiles:
         """``blob`` in the cache, fetched from peers if needed, verified against its address.
         With ``bulk`` (checkpoints), the bulk path is tried first. A fetched blob is then provided:
         by ``provide(key)`` (which should not block the replay waiting for it, e.g. by starting a
-        task) or, without it, before returning."""
+        task) or, without it, before returning. The blob is held in the cache until :meth:`assemble`
+        links it into a working directory: other fetches may finish and evict meanwhile."""
         lock = self._locks.setdefault(blob.digest, trio.Lock())  # one download per blob at a time
         try:
             path, fetched = await self._fetch_locked(p2p, blob, on_bad_peer, lock, bulk)
+            self.cache.hold(blob.digest)  # until assemble links it (the link keeps it after)
             if fetched:
                 key = provider_key(blob.digest)
                 if provide is not None:
@@ -368,6 +370,9 @@ class RunFiles:
                 self.stats.cached += 1
                 return path, False
             started = time.monotonic()
+            if blob.size is not None and blob.size > self.cache.max_bytes:
+                log.warning("%s is %d bytes, more than the blob cache's %d (blob_cache_bytes): kept while in use, "
+                            "then evicted and fetched again when needed", blob.name, blob.size, self.cache.max_bytes)
 
             def bad(peer: str) -> None:
                 self.stats.bad_providers += 1
@@ -561,10 +566,15 @@ class RunFiles:
             # A disk remounted read-only, a quota, an I/O error: the node's disk, not a verdict on
             # the run and no peer's fault; retried later like a full disk.
             raise RunFilesError(f"{name}: cannot write it to {work}: {exc.strerror or exc}") from None
+        finally:
+            for blob in blobs:  # linked (the link keeps it), or failed (nothing will use it)
+                self.cache.unhold(blob.digest)
         return work
 
     def release(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> None:
-        """Drop the working directory's links (the cache keeps, or evicts, the blobs)."""
+        """Drop the working directory's links; the blobs are evicted if the cache is over its
+        limit (a blob larger than the limit was kept only while linked)."""
         work = self.work_dir(manifest.run_id, purpose)
         for blob in blobs:
             (work / blob.relpath).unlink(missing_ok=True)
+        self.cache.evict()
