@@ -9,9 +9,11 @@ import pytest
 
 from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_state, train_step
 from open1b.deterministic.backend import cpu_backend
+from open1b.deterministic.config import Topology
 from open1b.deterministic.dispute_replay import state_hash_of_chunks
 from open1b.deterministic.errors import TraceError
 from open1b.deterministic.op_trace import OpTrace, TracingBackend
+from open1b.deterministic.reduction import RANK_GROUP
 from open1b.deterministic.runfile import next_state_hash
 from open1b.protocol.dispute.ops import rows_of
 from open1b.protocol.dispute.reference import compute_rows
@@ -72,6 +74,111 @@ def test_the_op_count_is_run_format_11_2s(step_inputs):
     folds = (params + 1) * (micro + t.ranks)
     assert trace.ops == micro * per_micro + folds + params + 1 + params
     assert [r["pos"] for r in trace.records] == list(range(trace.ops))
+
+
+# §11.2's op lists, kind by kind (the attributes aside)
+_LAYER = ("ln1", "attn_qkv", "attn_out", "ln2", "mlp_fc", "mlp_proj")
+_LAYER_FORWARD = ("rmsnorm", "matmul", "split_heads", "split_heads", "split_heads", "matmul", "causal_softmax",
+                  "matmul", "merge_heads", "matmul", "add", "rmsnorm", "matmul", "gelu", "matmul", "add")
+_HEAD = ("rmsnorm", "matmul", "tokens", "cross_entropy", "matmul", "matmul", "zeros", "rmsnorm_backward", "sum_rows")
+_LAYER_BACKWARD = ("matmul", "matmul", "gelu_backward", "matmul", "matmul", "rmsnorm_backward", "sum_rows", "matmul",
+                   "matmul", "split_heads", "matmul", "matmul", "causal_softmax_backward", "matmul", "matmul",
+                   "merge_qkv", "matmul", "matmul", "rmsnorm_backward", "sum_rows")
+
+
+def _ops_of_the_text(config, ranks: int, micro_batches: int) -> list[tuple[str, str | None]]:
+    """Run-format §11.2 items 1-4 read as written, independently of the engine: each op's kind
+    and, for the sums of gradients (the micro-batch fold and the rank sum), sumsq and adamw, the
+    name it acts on (None for every other op)."""
+    layers, order = config.n_layers, list(config.param_shapes())
+    names = [[f"h{layer}.{p}" for p in _LAYER] for layer in range(layers)]
+    grad_order = ["ln_f", *(n for layer in reversed(range(layers)) for n in names[layer]), "wte", "wpe", "loss"]
+    ops: list[tuple[str, str | None]] = []
+
+    def plain(kinds):
+        ops.extend((kind, None) for kind in kinds)
+
+    for r in range(ranks):
+        def pair(name):  # the last micro-batch's fold op, then the push of the rank's term
+            ops.append(("plus_zero" if micro_batches == 1 else "add", name))
+            ops.append(("plus_zero" if r % RANK_GROUP == 0 else "add", name))
+
+        for mu in range(micro_batches):
+            last = mu == micro_batches - 1
+            plain(("tokens", "embed", *_LAYER_FORWARD * layers, *_HEAD))
+            if last:
+                pair("ln_f")
+            for layer in reversed(range(layers)):
+                plain(_LAYER_BACKWARD)
+                if last:
+                    for name in names[layer]:
+                        pair(name)
+            plain(("scatter_add", "sum_rows"))
+            if last:
+                for name in ("wte", "wpe", "loss"):
+                    pair(name)
+            else:
+                ops.extend(("plus_zero" if mu == 0 else "add", name) for name in [*order, "loss"])
+        if r % RANK_GROUP == RANK_GROUP - 1 or r == ranks - 1:  # the group is complete: its push
+            c, level = r // RANK_GROUP, 0
+            while (c >> level) & 1:
+                ops.extend(("add", name) for name in grad_order)
+                level += 1
+    pushed = -(-ranks // RANK_GROUP)  # the final total: one add a name per waiting block but the lowest
+    for _ in range(bin(pushed).count("1") - 1):
+        ops.extend(("add", name) for name in grad_order)
+    ops.extend(("sumsq", name) for name in order)
+    ops.append(("clip", None))
+    ops.extend(("adamw", name) for name in order)
+    return ops
+
+
+def _ops_of_the_trace(trace: OpTrace) -> list[tuple[str, str | None]]:
+    """The trace's kinds, each sum of gradients, sumsq and adamw named by the tensor it acts on as
+    the records' entries say: adamw by its parameter's state entry, then back through the `add`s
+    and `plus_zero`s its gradient input comes from; the loss's sums forward from cross_entropy's
+    loss output; a sumsq by its input's name."""
+    records = trace.records
+    name: dict[int, str] = {}
+    for record in records:
+        sources = [e for e in record["inputs"] if "op" in e]
+        if record["kind"] in ("add", "plus_zero") and sources and all(
+                name.get(e["op"]) == "loss" or (records[e["op"]]["kind"] == "cross_entropy" and e["out"] == 0)
+                for e in sources):
+            name[record["pos"]] = "loss"
+        elif record["kind"] == "adamw":
+            param = record["inputs"][0]["state"].split("/", 1)[1]
+            name[record["pos"]], todo = param, [record["inputs"][1]["op"]]
+            while todo:
+                pos = todo.pop()
+                if records[pos]["kind"] in ("add", "plus_zero"):
+                    name[pos] = param
+                    todo.extend(e["op"] for e in records[pos]["inputs"])
+    for record in records:  # the sumsqs come before the adamws that name their inputs
+        if record["kind"] == "sumsq":
+            name[record["pos"]] = name.get(record["inputs"][0]["op"])
+    return [(r["kind"], name.get(r["pos"]) if r["kind"] in ("add", "plus_zero", "sumsq", "adamw") else None)
+            for r in records]
+
+
+@pytest.mark.parametrize("ranks, micro_batches", [(1, 1), (1, 3), (3, 2), (RANK_GROUP + 1, 1), (2 * RANK_GROUP + 1, 1)])
+def test_the_trace_is_run_format_11_2s_list_in_order(ranks, micro_batches):
+    """Every op where §11.2 puts it, the sums of gradients (folded in the last micro-batch as each
+    gradient is final, the rank sum's pushes and its tree) on the names the text says; more than
+    RANK_GROUP ranks for the tree's adds, twice that and one for a push that merges."""
+    topology = Topology(ranks=ranks, micro_batches=micro_batches, micro_batch_size=1)
+    trace = OpTrace()
+    train_step(init_state(CONFIG, 0), batch_for_step(builtin_dataset(CONFIG), 0, 0, CONFIG, topology), topology,
+               trace=trace)
+    assert _ops_of_the_trace(trace) == _ops_of_the_text(CONFIG, ranks, micro_batches)
+
+
+def test_tinys_trace_is_run_format_11_2s_list_in_order(step_inputs):
+    """The preset's 2 ranks × 2 micro-batches. r23's text (every fold after its backward, the rank
+    sum's adds after the rank's last micro-batch, names in P order) gives as many ops of the same
+    kinds at other positions, which the op count above does not see and this does."""
+    assert _ops_of_the_trace(_traced(step_inputs)[0]) == _ops_of_the_text(
+        CONFIG, TOPOLOGY.ranks, TOPOLOGY.micro_batches)
 
 
 def test_every_record_is_its_op_on_the_outputs_it_names(step_inputs):
