@@ -35,9 +35,9 @@ from .claims import (
     validate_claim_record,
 )
 from .codec import decode, encode
+from .chain_inputs import batch_digest, genesis
 from .commitments import (
-    CHUNK_SIZE, ZERO_HASH, TensorBytes, TensorProof, batch_digest, genesis, state_hash, tensor_digest, tensor_proof,
-    verify_tensor_proof,
+    CHUNK_SIZE, ZERO_HASH, TensorBytes, TensorProof, state_hash, tensor_digest, tensor_proof, verify_tensor_proof,
 )
 from .convictions import Conviction
 from .coverage import Contradiction, Coverage, StepCoverage, StepStatus, TrustPolicy, coverage

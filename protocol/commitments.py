@@ -22,10 +22,9 @@ import os
 import struct
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from .codec import encode
-from .hashing import DIGEST_SIZE, blake2b256, hasher
+from .hashing import DIGEST_SIZE, blake2b256
 from .merkle import merkle_proof, merkle_root, verify_merkle_proof
 
 ZERO_HASH = bytes(DIGEST_SIZE)
@@ -34,8 +33,6 @@ CHUNK_SIZE = 1 << 20
 _CHUNK_TAG = b"open1b/chunk/v2\x00"
 _TENSOR_TAG = b"open1b/tensor/v2\x00"
 _STATE_TAG = b"open1b/state/v2\x00"
-_GENESIS_TAG = b"open1b/genesis/v1\x00"  # its bytes did not change in format 2
-_BATCH_TAG = b"open1b/batch/v2\x00"  # v2: it is built from v2 tensor digests
 
 ITEMSIZE = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1}
 DTYPES = frozenset(ITEMSIZE)
@@ -291,17 +288,3 @@ def verify_chunk_proof(name: str, chunk: int, data: bytes | memoryview, proof: C
                                    expected_hash))
     except (ValueError, TypeError):
         return False
-
-
-def genesis(parameters: Mapping[str, Any]) -> bytes:
-    """The ``prev`` of h_0: binds the run's engine, model config, data and seed into the chain."""
-    return blake2b256(_GENESIS_TAG, encode(dict(parameters)))
-
-
-def batch_digest(rank_batches: Sequence[TensorBytes]) -> bytes:
-    """Digest of exactly the token batches a step consumed, one per data-parallel rank, in rank order."""
-    h = hasher()
-    h.update(_BATCH_TAG + struct.pack("<I", len(rank_batches)))
-    for rank, batch in enumerate(rank_batches):
-        h.update(tensor_digest(f"rank/{rank}", batch))
-    return h.digest()
