@@ -362,8 +362,10 @@ class BlobCache:
         self.held[digest] += 1
 
     def unhold(self, digest: bytes) -> None:
-        if self.held[digest] > 0:
+        if self.held[digest] > 1:
             self.held[digest] -= 1
+        else:  # no entry left behind for every blob ever fetched
+            self.held.pop(digest, None)
 
     def _remove(self, digest: bytes) -> int:
         """Delete a blob and its chunk table; the bytes freed."""
