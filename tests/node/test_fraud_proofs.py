@@ -164,24 +164,31 @@ def test_coverage_cites_a_stored_proof_refuting_the_publishers_step_and_flagging
     assert AUDITOR.public_key in ledger.counting.flagged[MANIFEST.run_id]
 
 
+async def _holder_and_joiner(tmp_path, holder_p2p, joiner_p2p, data: bytes, *joiner_knows):
+    """A holder that stored the proof ``data`` and answers sync, and a joiner that knows the runs
+    ``joiner_knows``: the joiner's ledger and its syncer."""
+    from open1b.node.sync import Syncer
+
+    holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
+    assert await holder.statements.ingest_fraud_proof(data)
+    joiner = make_ledger(tmp_path / "joiner", *joiner_knows, clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
+    Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
+           rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
+    return joiner, Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
+                          rng=random.Random(1), stats=joiner.statements.stats)
+
+
 def test_sync_serves_a_proof_to_a_node_that_missed_its_gossip(tmp_path):
     """Two real libp2p hosts: the holder stored a proof, the joiner knows the run but heard no
     gossip; one sync round brings it the proof, judged and stored as from gossip."""
     from open1b.node.p2p import open_p2p
-    from open1b.node.sync import Syncer
 
     data = proof(AUDITOR, PUBLISHER)
 
     async def main():
         with trio.fail_after(60):
             async with open_p2p(ident(5), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(6), "127.0.0.1", 0) as joiner_p2p:
-                holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
-                assert await holder.statements.ingest_fraud_proof(data)
-                joiner = make_ledger(tmp_path / "joiner", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
-                Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
-                       rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
-                syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
-                                rng=random.Random(1), stats=joiner.statements.stats)
+                joiner, syncer = await _holder_and_joiner(tmp_path, holder_p2p, joiner_p2p, data, MANIFEST)
                 peer = await joiner_p2p.connect(holder_p2p.addrs[0])
                 assert await syncer.sync_with(peer) == 1
                 assert [f.encoded for f in joiner.store.fraud.of_run(MANIFEST.run_id)] == [data]
@@ -194,21 +201,14 @@ def test_a_late_joiner_learns_the_run_then_its_proof_through_sync_and_refutes_th
     both) learns the manifest (the runs sync protocol), then the proof (the run's sync), and its
     coverage refutes the step citing that proof, with no attestation and no quorum."""
     from open1b.node.p2p import open_p2p
-    from open1b.node.sync import Syncer
 
     data = proof(AUDITOR, PUBLISHER)
 
     async def main():
         with trio.fail_after(60):
             async with open_p2p(ident(5), "127.0.0.1", 0) as holder_p2p, open_p2p(ident(6), "127.0.0.1", 0) as joiner_p2p:
-                holder = make_ledger(tmp_path / "holder", MANIFEST, clock=Clock(wall_at_zero=T0), gossip=holder_p2p)
-                assert await holder.statements.ingest_fraud_proof(data)
-                joiner = make_ledger(tmp_path / "joiner", clock=Clock(wall_at_zero=T0), gossip=joiner_p2p)
+                joiner, syncer = await _holder_and_joiner(tmp_path, holder_p2p, joiner_p2p, data)
                 assert joiner.statements.manifests == {}
-                Syncer(holder_p2p, holder.statements, holder.config, clock=holder.statements.clock,
-                       rng=random.Random(1), stats=holder.statements.stats)  # its handlers answer
-                syncer = Syncer(joiner_p2p, joiner.statements, joiner.config, clock=joiner.statements.clock,
-                                rng=random.Random(1), stats=joiner.statements.stats)
                 peer = await joiner_p2p.connect(holder_p2p.addrs[0])
                 assert await syncer.sync_with(peer) == 2  # the manifest, then the proof
         cov = joiner.judge.coverage(MANIFEST.run_id)
