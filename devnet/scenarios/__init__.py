@@ -229,7 +229,7 @@ def _waiting_for(net: Net, chosen: list[Scenario]) -> list[str]:
                            f"steps verified, disputed {cov['disputed_steps']}, refuted {cov['refuted_steps']})")
         for s in chosen:
             if not s.done(net):
-                waiting.append(f"{s.name}: {s.waiting}")
+                waiting.append(f"{s.name}: {s.still_waiting(net)}")
     except ApiUnavailable as exc:
         waiting.append(f"the observer's API ({exc})")
     return waiting
@@ -280,6 +280,8 @@ def render(summary: dict) -> str:
         lines.append(f"  injected  {r['injected'].get('count')} {r['injected'].get('what', '')}")
         lines.append(f"  detected  {r['detected'].get('count')} {r['detected'].get('what', '')}")
         lines.append(f"  lost      {r['lost']}")
+        if r.get("missing"):  # what a failed check lacked, where the scenario can name it
+            lines.append(f"  missing   {'; '.join(r['missing'])}")
         for check, passed in r["checks"].items():
             lines.append(f"  [{'x' if passed else ' '}] {check}")
     return "\n".join(lines)

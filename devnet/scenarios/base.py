@@ -130,6 +130,11 @@ class Scenario:
     def done(self, net: Net) -> bool:
         return True
 
+    def still_waiting(self, net: Net) -> str:
+        """What a run that reached its deadline still lacked, :attr:`waiting` by default: a scenario
+        that knows which step, node or condition is missing names it."""
+        return self.waiting
+
     def after(self, net: Net) -> None:
         """Called once the run is covered."""
 

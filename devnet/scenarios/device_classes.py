@@ -33,4 +33,6 @@ class DeviceClasses(Scenario):
             {"the run's classes are two": len({d for ds in classes.values() for d in ds}) == 2,
              "every step covered at redundancy 2": all(len(s["auditors"]) >= 2 for s in cov["per_step"]),
              "every step matched by both classes": len(both) == len(classes)},
-            every_step_both=len(both) == len(classes), classes={str(k): v for k, v in classes.items()})
+            every_step_both=len(both) == len(classes), classes={str(k): v for k, v in classes.items()},
+            missing=[f"step {k}: matched by {', '.join(d) or 'no class'}" for k, d in classes.items() if k not in both]
+            + [f"step {s['step']}: {len(s['auditors'])} auditor(s)" for s in cov["per_step"] if len(s["auditors"]) < 2])

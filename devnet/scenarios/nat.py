@@ -29,6 +29,7 @@ class Nat(Scenario):
     name = "nat"
     min_auditors = 3
     min_redundancy = 3  # every auditor replays every step: each site must fetch and attest, or coverage stalls
+    waiting = "every home node holding a relay reservation, and homes A and B having talked (through a relay)"
 
     def __init__(self, opts):
         super().__init__(opts)
@@ -36,22 +37,33 @@ class Nat(Scenario):
         self.talked: set[frozenset[str]] = set()  # peer pairs seen connected at some poll
         self._polled_at = -POLL_CONNECTIONS_S
         self.homes_reserved = self.homes_met = False
+        self.unreserved: list[str] | None = None  # the home nodes without a reservation at the last poll
 
     def tick(self, net) -> None:
         if net.poll_at - self._polled_at < POLL_CONNECTIONS_S:
             return
         self._polled_at = net.poll_at
         site_of = {net.peer(i): self.site(n).name for i, n in enumerate(net.nodes)}
-        statuses = self._statuses(net).values()
-        for status in statuses:
+        statuses = self._statuses(net)
+        for status in statuses.values():
             self.talked |= {frozenset((status["peer_id"], peer)) for peer in status["network"]["peers"]}
-        self.homes_reserved = all(s["network"]["reserved_on"] for s in statuses if site_of[s["peer_id"]] != "internet")
+        self.unreserved = [f"{net.nodes[i].role} {i} (home {site_of[s['peer_id']]})" for i, s in statuses.items()
+                           if site_of[s["peer_id"]] != "internet" and not s["network"]["reserved_on"]]
+        self.homes_reserved = not self.unreserved
         self.homes_met = any({site_of.get(p) for p in pair} == {"a", "b"} for pair in self.talked)
 
     def done(self, net) -> bool:
         """Once every home node holds a relay reservation and homes A and B have talked (through a
         relay: nothing else joins them): a tiny run is covered before that, over the internet nodes."""
         return self.homes_reserved and self.homes_met
+
+    def still_waiting(self, net) -> str:
+        if self.unreserved is None:
+            return f"{self.waiting}: no node's connections read yet"
+        missing = [f"a relay reservation on {', '.join(self.unreserved)}"] if self.unreserved else []
+        if not self.homes_met:
+            missing.append(f"homes A and B to talk (no connection between them in {len(self.talked)} pairs seen)")
+        return "; ".join(missing)
 
     @staticmethod
     def _statuses(net) -> dict[int, dict]:

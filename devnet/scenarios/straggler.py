@@ -14,6 +14,7 @@ class Straggler(Scenario):
     name = "straggler"
     min_redundancy = 2
     min_auditors = 3  # fast ones: besides the straggler, enough for two per step and a third to speculate
+    waiting = "the straggler's own attestation, at the observer, of a step it claimed"
 
     def __init__(self, opts):
         super().__init__(opts)
@@ -22,8 +23,12 @@ class Straggler(Scenario):
     def nodes(self):
         return [Node("auditor", audit=True, args=("--behaviour", f"straggler={STRAGGLE_S}"))]
 
+    @staticmethod
+    def _index(net) -> int:
+        return next(i for i, n in enumerate(net.nodes) if f"straggler={STRAGGLE_S}" in n.args)
+
     def _straggler(self, net) -> str:
-        return net.peer(next(i for i, n in enumerate(net.nodes) if f"straggler={STRAGGLE_S}" in n.args))
+        return net.peer(self._index(net))
 
     def tick(self, net):
         # Every live claim the observer holds, while it is live (a claim stays live until its lease ends).
@@ -38,6 +43,13 @@ class Straggler(Scenario):
         # Until the straggler's own replay of a step it held arrived: that it counts once is the point.
         me = self._straggler(net)
         return any(a["signer"] == me for k in self._held(net) for a in net.attestations(net.observer, k))
+
+    def still_waiting(self, net) -> str:
+        i = self._index(net)
+        held = sorted(self._held(net))
+        if not held:
+            return f"the straggler (node {i}) to claim a step: the observer has shown none of its claims"
+        return f"the straggler's (node {i}) own attestation, at the observer, of a step it claimed: {held}"
 
     def report(self, net):
         me, r = self._straggler(net), net.get(net.observer, f"/v1/coverage/{net.run}")["redundancy"]
