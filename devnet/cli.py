@@ -11,6 +11,8 @@ from pathlib import Path
 from open1b.node.cli import DEVICE_HELP, run_command
 from open1b.node.results import CommandResult
 
+from .options import SCENARIOS
+
 PROG = "open1b-devnet"
 
 
@@ -43,11 +45,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     n.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
     n.add_argument("--scenario", action="append", default=[], metavar="NAME",
-                   help="inject a fault or an adversary and check the network copes (repeatable): tampered-step,"
-                        " lying-auditor, copying-auditor, forged-and-malformed, sybil, crash, partition, late-joiner,"
-                         " forged-data, skipped-update, forged-microbatch, refusing-trainer, nat, forged-op,"
-                         " false-accusation, silent-disputant, straggler, oversized-disputant, device-classes"
-                        " (docs/reliability.md)")
+                   help="inject a fault or an adversary and check the network copes (repeatable): "
+                        f"{', '.join(SCENARIOS)} (docs/reliability.md)")
     n.add_argument("--device", default="auto", help=DEVICE_HELP + " (the trainer's and every daemon's)")
     return n
 
