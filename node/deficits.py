@@ -20,31 +20,22 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Collection, Iterator, Sequence
 
-import numpy as np
-
-from .pace import Pace
-from .planner import (
-    CLASS_WAIT,
-    PACE_WINDOW_S,
-    TAIL_MARGIN,
-    StepState,
-    Tail,
-    bucket_count,
-    bucket_of,
-    step_deficit,
-    tied,
-    wanted,
-)
-
-# Called with (step, old bucket, new bucket) whenever a step changes bucket.
-BucketListener = Callable[[int, int, int], None]
+from .device_classes import ClassWait, DeviceClasses
+from .planner import StepState, Tail, step_deficit, tied, wanted
+from .step_buckets import BucketListener, StepBuckets
+from .stragglers import Stragglers
 
 
-class DeficitIndex:
+class DeficitIndex(StepBuckets):
     """Deficits of one run's steps as seen by ``me`` (whose own claims never count as busy;
-    ``me=None`` counts every claim — an omniscient observer's view)."""
+    ``me=None`` counts every claim — an omniscient observer's view).
+
+    It keeps what counts for each step (attesters, their results, live claims) and places the
+    step in its bucket (:class:`~.step_buckets.StepBuckets`); it tells the tail rules'
+    :class:`~.stragglers.Stragglers` and the :class:`~.device_classes.DeviceClasses` what they
+    keep of the same statements, and answers the planner's questions about both."""
 
     def __init__(self, steps: int, redundancy: int, *, me: bytes | None = None, now: int = 0,
                  listener: BucketListener | None = None, quorum: int = 0, published: Sequence[bytes] = (),
@@ -56,10 +47,10 @@ class DeficitIndex:
             raise ValueError("steps must be >= 1 and redundancy in [1, 60]")
         if quorum and len(published) != steps:
             raise ValueError("a quorum needs the run's published post-states")
-        self.steps, self.redundancy, self.me = steps, redundancy, me
+        super().__init__(steps, redundancy, listener)
+        self.steps, self.me = steps, me
         self.quorum, self.published, self.refuted = quorum, published, frozenset(refuted)
         self.now = now
-        self.listener = listener
         # step -> signer -> how many of its attestations of that step are counted: a count, not a
         # set, so that one of them stops counting (remove_attestation) without losing the others
         self._attesters: dict[int, Counter[bytes]] = {}
@@ -69,33 +60,12 @@ class DeficitIndex:
         # step -> claimant -> {(issued_at, lease_expiry)}; only leases not yet over
         self._claims: dict[int, dict[bytes, set[tuple[int, int]]]] = {}
         self._timeline: list[tuple[int, int]] = []  # (time a lease starts or ends, step)
-        start = bucket_of(redundancy, False, redundancy)
-        self._bucket = np.full(steps, start, dtype=np.int8)
-        self._deficit = np.full(steps, redundancy, dtype=np.int16)
-        self._members: list[set[int]] = [set() for _ in range(bucket_count(redundancy))]
-        self._members[start] = set(range(steps))
         self.mine: set[int] = set()  # steps ``me`` attested
         # step -> keys that signed an attestation of it that does not count here (flagged,
         # untrusted, disproved): they will not replay the step again, so their claims hold no slot
         self._finished: dict[int, set[bytes]] = {}
-        self._matched_by: dict[str, set[int]] = {}  # device class -> steps it matched
-        self._class_seen: dict[str, int] = {}  # device class -> when its latest counted match arrived
-        self._class_of: dict[bytes, str] = {}  # key -> the device class its latest counted attestation named
-        self._arrival: dict[tuple[int, bytes], int] = {}  # (step, counted attester) -> when it arrived
-        self._open_replays = steps * redundancy  # sum of the positive deficits
-        self._pace = Pace()  # when each counted attester arrived, and the replay time it reported
-        # ... and its turnaround: from its earliest claim on the step (ours included) to its
-        # attestation, at least its replay time — fetching and loading included (the class wait);
-        # per device class, a key's first counted attestation (cold: it carries the run's one-time
-        # costs, fetching its shared files and starting a worker) apart from its later ones (warm)
-        self._turnaround: dict[str, tuple[Pace, Pace]] = {}  # class -> (cold, warm)
-        self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
-        self._expected: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its claim's expected_done
-        self._claimed_as: dict[tuple[int, bytes], str] = {}  # (step, claimant) -> the device class its claim named
-        # Steps that wait on live claims alone (_straggling_after), latest first: (-when, step);
-        # an entry is stale unless _straggler still maps its step to that time.
-        self._straggler: dict[int, int] = {}
-        self._late: list[tuple[int, int]] = []
+        self._stragglers = Stragglers()
+        self._classes = DeviceClasses()
 
     # -- ingest ------------------------------------------------------------------------------
     def add_attestation(self, step: int, signer: bytes, match: bool, device: str | None = None,
@@ -111,18 +81,8 @@ class DeficitIndex:
         attesters[signer] += 1
         arrived = self.now if at is None else min(at, self.now)
         if changed:
-            self._pace.arrived((step, signer), arrived, elapsed_s)
-            self._arrival[(step, signer)] = arrived
-            first = self._first_claim.pop((step, signer), None)
-            took = elapsed_s if first is None else max(arrived - first, elapsed_s or 0)
-            if device is not None:
-                cold, warm = self._turnaround.setdefault(device, (Pace(), Pace()))
-                (warm if signer in self._class_of else cold).arrived((step, signer), arrived, took)
-        if device is not None:
-            self._class_of[signer] = device
-        if match and device is not None:
-            self._matched_by.setdefault(device, Counter())[step] += 1
-            self._class_seen[device] = max(self._class_seen.get(device, arrived), arrived)
+            self._stragglers.arrived(step, signer, arrived, elapsed_s)
+        self._classes.attested(step, signer, match, device, arrived, elapsed_s, first=changed)
         if not match:
             changed |= not self._mismatches[step]
             self._mismatches[step] += 1
@@ -168,19 +128,11 @@ class DeficitIndex:
         changed = not attesters[signer]
         if changed:
             del attesters[signer]
-            del self._arrival[(step, signer)]
-            self._pace.left((step, signer))
-            for paces in self._turnaround.values():
-                for pace in paces:
-                    pace.left((step, signer))
+            self._stragglers.left(step, signer)
             if not attesters:
                 del self._attesters[step]
+        self._classes.unattested(step, signer, match, device, last=changed)
         changed |= stopped
-        if match and device is not None:
-            matched = self._matched_by[device]
-            matched[step] -= 1
-            if not matched[step]:
-                del matched[step]
         if not match:
             self._mismatches[step] -= 1
             if not self._mismatches[step]:
@@ -196,15 +148,13 @@ class DeficitIndex:
         class wait."""
         if not 0 <= step < self.steps:
             raise ValueError(f"step {step} outside the run's {self.steps} steps")
-        first = self._first_claim.get((step, claimant))
-        if first is None or issued_at < first:  # our own too: the turnaround of our attestation
-            self._first_claim[(step, claimant)] = issued_at
+        self._classes.claimed(step, claimant, issued_at)  # our own too: the turnaround of our attestation
         if claimant == self.me or lease_expiry <= self.now or lease_expiry <= issued_at:
             return  # our own claims never make a step busy for us; a lease already over never will
         if expected_done is not None:
-            self._expected[(step, claimant)] = expected_done
+            self._stragglers.expect(step, claimant, expected_done)
         if device is not None:
-            self._claimed_as[(step, claimant)] = device
+            self._classes.claimed_as(step, claimant, device)
         leases = self._claims.setdefault(step, {}).setdefault(claimant, set())
         if (issued_at, lease_expiry) in leases:
             return
@@ -236,8 +186,8 @@ class DeficitIndex:
                 by_claimant[claimant] = leases
             else:
                 del by_claimant[claimant]
-                self._expected.pop((step, claimant), None)
-                self._claimed_as.pop((step, claimant), None)
+                self._stragglers.lease_over(step, claimant)
+                self._classes.lease_over(step, claimant)
         if not by_claimant:
             del self._claims[step]
 
@@ -250,45 +200,13 @@ class DeficitIndex:
     def _update(self, step: int) -> None:
         disputed = self.disputed(step)
         busy = self._busy(step)
-        deficit = step_deficit(self.redundancy, disputed, self._attesters.get(step, ()), busy,
-                               _tied(self._posts.get(step)))
-        when = self._straggling_after(step, busy)
-        if when != self._straggler.get(step):
-            if when is None:
-                del self._straggler[step]
-            else:
-                self._straggler[step] = when
-                heapq.heappush(self._late, (-when, step))
-        self._open_replays += max(deficit, 0) - max(int(self._deficit[step]), 0)
-        self._deficit[step] = deficit
-        new = bucket_of(deficit, disputed, self.redundancy)
-        old = int(self._bucket[step])
-        if new != old:
-            self._bucket[step] = new
-            self._members[old].discard(step)
-            self._members[new].add(step)
-            if self.listener is not None:
-                self.listener(step, old, new)
+        attesters = self._attesters.get(step, ())
+        ties = _tied(self._posts.get(step))
+        slots = wanted(disputed, self.redundancy, len(attesters), ties)
+        self._stragglers.track(step, slots - len(attesters), slots, [c for c in busy if c not in attesters])
+        self.place(step, step_deficit(self.redundancy, disputed, attesters, busy, ties), disputed)
 
-    # -- queries (claims.DeficitView) --------------------------------------------------------
-    def open_buckets(self) -> list[int]:
-        return [b for b in range(len(self._members) - 1, 0, -1) if self._members[b]]
-
-    def bucket_size(self, bucket: int) -> int:
-        return len(self._members[bucket])
-
-    def bucket_members(self, bucket: int) -> Iterable[int]:
-        return self._members[bucket]
-
-    def buckets_of(self, steps: np.ndarray) -> np.ndarray:
-        return self._bucket[steps]
-
-    def bucket(self, step: int) -> int:
-        return int(self._bucket[step])
-
-    def deficit(self, step: int) -> int:
-        return int(self._deficit[step])
-
+    # -- queries (planner.DeficitView, with the buckets) ---------------------------------------
     def disputed(self, step: int) -> bool:
         """A counted key reports a mismatch and the step is not refuted (its status `disputed`,
         docs/protocol.md §8.3, as :func:`~open1b.node.planner.candidates` reads it): a refuted
@@ -306,105 +224,38 @@ class DeficitIndex:
 
     def state(self, step: int) -> StepState:
         attesters = self.attesters(step)
-        return StepState(int(self._deficit[step]), self.disputed(step), attesters, _tied(self._posts.get(step)),
+        return StepState(self.deficit(step), self.disputed(step), attesters, _tied(self._posts.get(step)),
                          frozenset(self._finished.get(step, ())) - attesters)
+
+    def in_flight(self, step: int) -> Iterator[tuple[bytes, int]]:
+        """(claimant, when its live claim was issued) for each live claimant that has not attested
+        ``step`` (the class wait's replays in flight)."""
+        attesters = self._attesters.get(step, ())
+        for claimant in self._busy(step):
+            if claimant not in attesters:
+                yield claimant, min(i for i, e in self._claims[step][claimant] if i <= self.now < e)
 
     # -- the tail (planner.StragglerView) and device classes (planner.DiversityView) -----------
     def tail(self) -> Tail:
-        pace, typical = self._pace.at(self.now)
-        return Tail(self._open_replays, pace, typical)
-
-    def _straggling_after(self, step: int, busy: list[bytes]) -> int | None:
-        """When ``step`` would be complete by its live claims' ``expected_done``, if it waits on
-        them alone: every attester it still wants is a live claim by a node that has not attested
-        (a claim without ``expected_done`` counts as done now), and no more such claims are live
-        than it wants — with one more (the speculative slot) taken, nobody may add another: the
-        bound. None otherwise."""
-        attesters = self._attesters.get(step, ())
-        slots = wanted(self.disputed(step), self.redundancy, len(attesters), _tied(self._posts.get(step)))
-        need = slots - len(attesters)
-        unfinished = [c for c in busy if c not in attesters]
-        if need <= 0 or not need <= len(unfinished) <= slots:
-            return None
-        return sorted(self._expected.get((step, c), 0) for c in unfinished)[need - 1]
+        return self._stragglers.tail(self.open_replays, self.now)
 
     def stragglers(self, after: int, exclude: Collection[int], limit: int) -> list[int]:
-        out: list[int] = []
-        kept = []
-        while len(out) < limit and self._late and -self._late[0][0] > after:
-            neg, step = heapq.heappop(self._late)
-            if self._straggler.get(step) != -neg:
-                continue  # stale: the step's claims changed since
-            kept.append((neg, step))
-            if step not in exclude:
-                out.append(step)
-        for item in kept:
-            heapq.heappush(self._late, item)
-        return out
+        return self._stragglers.stragglers(after, exclude, limit)
 
     def straggling(self, step: int) -> int | None:
         """When ``step`` would be complete by its live claims, if it waits on them alone."""
-        return self._straggler.get(step)
+        return self._stragglers.straggling(step)
 
     def matched_by(self, device: str) -> Collection[int]:
-        return self._matched_by.get(device, set())
+        return self._classes.matched_by(device)
 
     def attested_steps(self) -> Collection[int]:
         return self._attesters.keys()
 
     def class_wait(self, device: str) -> ClassWait:
-        """The steps a node of class ``device`` leaves, for now, to another class (docs/protocol.md
-        §10.1, the class wait): those whose matches and in-flight replays (live claims, of the
-        class the claim names, else the one the claimant's latest attestation named, else
-        ``device``'s) are all of class ``device``, while another class that is about as fast
-        matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median turnaround
-        (claim to attestation) after the step's latest attester arrived or its in-flight claim
-        was issued. About as fast: its median warm turnaround at most TAIL_MARGIN times this
-        class's, or either has no warm one yet — cold ones (a key's first replay of the run) say
-        more of the run's start than of a class's speed, and one class may have only cold ones
-        while the other has warm (a devnet under load: 40 s against 16 s, for the same CPU).
-        :func:`~open1b.node.planner.pick` asks only about a step's last slot."""
-        typical = {d: (cold.at(self.now)[1], warm.at(self.now)[1]) for d, (cold, warm) in self._turnaround.items()}
-        own = typical.get(device, (None, None))[1]
-        # the other classes worth waiting for: live, and about as fast as this one (so the wait
-        # costs about a replay of ours at most) — a slower class would take the step later
-        others = [warm or cold for d, (cold, warm) in typical.items()
-                  if d != device and (warm or cold) and self._class_seen.get(d, -PACE_WINDOW_S) > self.now - PACE_WINDOW_S
-                  and (own is None or warm is None or warm <= TAIL_MARGIN * own)]
-        return ClassWait(self, device, CLASS_WAIT * min(others) if others else 0.0, blind=not self._class_seen)
-
-
-class ClassWait:
-    """Membership: a step the class wait holds back from ``device`` now. ``held`` tells whether
-    any step asked about was held back (a node that found nothing only because of the wait will
-    find it once the wait is over: the simulator does not park such a node)."""
-
-    __slots__ = ("index", "device", "wait_s", "blind", "held")
-
-    def __init__(self, index: DeficitIndex, device: str, wait_s: float, blind: bool = False) -> None:
-        self.index, self.device, self.wait_s, self.blind, self.held = index, device, wait_s, blind, False
-
-    def __contains__(self, step: object) -> bool:
-        index = self.index
-        if not (self.blind or self.wait_s):
-            return False
-        attesters = index._attesters.get(step, ())
-        if self.blind and attesters:
-            return False
-        # Nothing matched yet (the run's first round, blind): the classes in flight are all a node
-        # can know, and one that is its own waits until it attests or its lease ends. Else the
-        # step's matches and replays in flight, for a while (wait_s).
-        classes = {d for d, steps in index._matched_by.items() if step in steps}
-        since = max((index._arrival[(step, s)] for s in attesters), default=None)
-        for claimant in index._busy(step):
-            if claimant not in attesters:  # in flight: the class its claim names, else the one an attestation told
-                classes.add(index._claimed_as.get((step, claimant)) or index._class_of.get(claimant, self.device))
-                issued = min(i for i, e in index._claims[step][claimant] if i <= index.now < e)
-                since = issued if since is None else max(since, issued)
-        if classes != {self.device} or (not self.blind and index.now >= since + self.wait_s):
-            return False
-        self.held = True
-        return True
+        """The steps the class wait holds back from a node of class ``device`` now
+        (:meth:`~.device_classes.DeviceClasses.wait`)."""
+        return self._classes.wait(self, device)
 
 
 def _tied(posts: dict[bytes, Counter[bytes]] | None) -> bool:

@@ -1,6 +1,6 @@
 """How fast the network attests, over a sliding window: :class:`Pace`, which the planner's
-:class:`~.deficits.DeficitIndex` keeps for the whole run (the tail rules, docs/protocol.md §10.1)
-and per device class (the class wait's turnarounds)."""
+:class:`~.stragglers.Stragglers` keeps for the whole run (the tail rules, docs/protocol.md §10.1)
+and :class:`~.device_classes.DeviceClasses` per device class (the class wait's turnarounds)."""
 
 from __future__ import annotations
 
