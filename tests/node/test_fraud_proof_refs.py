@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Iterable
 
 import numpy as np
 import pytest
@@ -157,11 +158,30 @@ def test_a_reference_passes_its_rules_in_order_and_a_good_one_is_wanted_not_forw
                                  lambda r: False).message == good
 
 
+@asynccontextmanager
+async def _body_server(bodies: Iterable[bytes], requests: list[bytes] | None = None):
+    """Two real libp2p hosts: a server that answers each fetch of a proof body with the next of
+    ``bodies`` (each request kept in ``requests``), and a client, ``ident(51)``, connected to it.
+    Yields (the client, the server's peer id)."""
+    from open1b.node.p2p import open_p2p
+
+    answers = iter(bodies)
+
+    async def serve(stream):
+        request = await stream.receive(128)
+        if requests is not None:
+            requests.append(request)
+        await stream.send(next(answers))
+        await stream.close()
+
+    async with open_p2p(ident(50), "127.0.0.1", 0) as server, open_p2p(ident(51), "127.0.0.1", 0) as client:
+        server.set_stream_handler(FRAUD_PROOF_PROTOCOL, serve)
+        yield client, await client.connect(server.addrs[0])
+
+
 def test_a_fetched_body_is_judged_as_gossip_and_must_convict_whom_its_reference_says(tmp_path):
     """Real libp2p hosts: a server answers each fetch with the next body; the fetcher judges
     each, penalises the provably bad, stores the good one."""
-    from open1b.node.p2p import open_p2p
-
     forged = big_proof(AUDITOR, PUBLISHER, forged=True)
     good = FraudProofRef(MANIFEST.run_id, STEP, blake2b256(BIG), len(BIG), (PUBLISHER.public_key,))
     cases = [  # (reference, body served, the fetch's outcome, the refusal counted)
@@ -175,18 +195,10 @@ def test_a_fetched_body_is_judged_as_gossip_and_must_convict_whom_its_reference_
         (good, BIG, "stored", None),
         (good, BIG, "held", None),  # stored already (the fetch is not even tried)
     ]
-    bodies = iter([body for _, body, _, _ in cases])
-
-    async def serve(stream):
-        await stream.receive(128)
-        await stream.send(next(bodies))
-        await stream.close()
 
     async def main():
         with trio.fail_after(60):
-            async with open_p2p(ident(50), "127.0.0.1", 0) as server, open_p2p(ident(51), "127.0.0.1", 0) as client:
-                server.set_stream_handler(FRAUD_PROOF_PROTOCOL, serve)
-                peer = await client.connect(server.addrs[0])
+            async with _body_server([body for _, body, _, _ in cases]) as (client, peer):
                 ledger = make_ledger(tmp_path, MANIFEST, identity=ident(51), clock=Clock(wall_at_zero=T0),
                                      gossip=client)
                 regossiped = []
@@ -310,22 +322,12 @@ def test_a_late_joiner_learns_a_large_proof_through_sync_and_refutes_the_step(tm
 
 
 def test_fetch_reads_no_more_than_announced_and_takes_only_the_bytes_named(tmp_path):
-    from open1b.node.p2p import open_p2p
-
     ref = FraudProofRef(MANIFEST.run_id, STEP, blake2b256(BIG), len(BIG), (PUBLISHER.public_key,))
-    answers = iter([BIG[:-1] + b"\0", BIG + b"\0", b"", BIG])
     requests = []
-
-    async def serve(stream):
-        requests.append(await stream.receive(128))
-        await stream.send(next(answers))
-        await stream.close()
 
     async def main():
         with trio.fail_after(60):
-            async with open_p2p(ident(52), "127.0.0.1", 0) as server, open_p2p(ident(53), "127.0.0.1", 0) as client:
-                server.set_stream_handler(FRAUD_PROOF_PROTOCOL, serve)
-                peer = await client.connect(server.addrs[0])
+            async with _body_server([BIG[:-1] + b"\0", BIG + b"\0", b"", BIG], requests) as (client, peer):
                 for _ in range(2):  # the same size, another digest; one byte over the size
                     with pytest.raises(InvalidStatementError) as raised:
                         await fetch_fraud_proof(client, peer, ref)
