@@ -12,6 +12,7 @@ from open1b.node.p2p import DHT_OP_TIMEOUT_S, P2P, NetworkError, open_p2p
 from open1b.protocol import Claim, Outcome, claim_key, select_claim
 
 from .conftest import ident
+from .loopback_hosts import connected_pair, gossip_from
 
 TOPIC = "/open1b/test"
 NOW = 1_800_000_000
@@ -107,18 +108,10 @@ def test_a_validator_of_ours_that_raises_ignores_the_message_and_blames_no_one(c
     async def main():
         with trio.fail_after(60):
             async with AsyncExitStack() as stack:
-                a, c = [await stack.enter_async_context(open_p2p(ident(30 + i), "127.0.0.1", 0, max_rejects_per_peer=2))
-                        for i in range(2)]
-                await c.connect(a.addrs[0])
+                a, c = await connected_pair(stack, 30, max_rejects_per_peer=2)
                 a.set_validator(TOPIC, buggy)
                 c.set_validator(TOPIC, lambda author, data: Outcome.ACCEPT)
-
-                async def handler(author, data):
-                    received.append(data)
-
-                await a.subscribe(TOPIC, handler)
-                await c.subscribe(TOPIC, lambda author, data: trio.sleep(0))
-                await c.pubsub.wait_for_mesh(a.host.get_id(), TOPIC, timeout=10)
+                await gossip_from(c, a, TOPIC, received)
                 for i in range(5):  # past max_rejects_per_peer, had they counted against c
                     await c.publish(TOPIC, b"bug-%d" % i)
                 await c.publish(TOPIC, b"fine")
@@ -193,17 +186,10 @@ def test_an_async_validator_is_awaited_with_the_forwarder_and_judged_as_a_plain_
     async def main():
         with trio.fail_after(60):
             async with AsyncExitStack() as stack:
-                a, c = [await stack.enter_async_context(open_p2p(ident(32 + i), "127.0.0.1", 0)) for i in range(2)]
-                await c.connect(a.addrs[0])
+                a, c = await connected_pair(stack, 32)
                 a.set_validator(TOPIC, validator)
                 c.set_validator(TOPIC, lambda author, data: Outcome.ACCEPT)  # c sends anything
-
-                async def handler(author, data):
-                    received.append(data)
-
-                await a.subscribe(TOPIC, handler)
-                await c.subscribe(TOPIC, lambda author, data: trio.sleep(0))
-                await c.pubsub.wait_for_mesh(a.host.get_id(), TOPIC, timeout=10)
+                await gossip_from(c, a, TOPIC, received)
                 for payload in (b"bug", b"meh", b"bad", b"ok"):
                     await c.publish(TOPIC, payload)
                 while not (received and a.rejected and a.validator_errors and len(seen) == 4):

@@ -9,10 +9,9 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import decode_uvarint, encode_uvarint, encode_varint_prefixed
 
-from open1b.node.p2p import open_p2p
 from open1b.protocol import Outcome
 
-from .conftest import ident
+from .loopback_hosts import connected_pair, gossip_from
 
 TOPIC = "/open1b/test"
 SLOW_PROTOCOL = TProtocol("/open1b/test-slow-reader/1.0.0")
@@ -24,8 +23,7 @@ def test_a_frame_that_is_not_an_rpc_is_a_reject_and_the_node_keeps_running():
     async def main():
         with trio.fail_after(60):
             async with AsyncExitStack() as stack:
-                a, c = [await stack.enter_async_context(open_p2p(ident(40 + i), "127.0.0.1", 0)) for i in range(2)]
-                await c.connect(a.addrs[0])
+                a, c = await connected_pair(stack, 40)
                 stream = await c.host.new_stream(a.host.get_id(), [PROTOCOL_ID_V11])
                 await stream.write(encode_varint_prefixed(b"\\xff" * 8))  # field 31, wire type 7: no such type
                 while a.rejected.get(c.peer_id) != 1:
@@ -33,13 +31,7 @@ def test_a_frame_that_is_not_an_rpc_is_a_reject_and_the_node_keeps_running():
                 # a still gossips with c: its host did not end
                 for node in (a, c):
                     node.set_validator(TOPIC, lambda author, data: Outcome.ACCEPT)
-
-                async def handler(author, data):
-                    received.append(data)
-
-                await a.subscribe(TOPIC, handler)
-                await c.subscribe(TOPIC, lambda author, data: trio.sleep(0))
-                await c.pubsub.wait_for_mesh(a.host.get_id(), TOPIC, timeout=20)
+                await gossip_from(c, a, TOPIC, received)
                 await c.publish(TOPIC, b"fine")
                 while not received:
                     await trio.sleep(0.02)
@@ -80,8 +72,7 @@ def test_concurrent_writes_to_a_slow_reader_stay_whole_frames():
     async def main():
         with trio.fail_after(120):
             async with AsyncExitStack() as stack:
-                a, c = [await stack.enter_async_context(open_p2p(ident(44 + i), "127.0.0.1", 0)) for i in range(2)]
-                await c.connect(a.addrs[0])
+                a, c = await connected_pair(stack, 44)
                 a.host.set_stream_handler(SLOW_PROTOCOL, slow_reader)
                 stream = await c.host.new_stream(a.host.get_id(), [SLOW_PROTOCOL])
                 async with trio.open_nursery() as nursery:
