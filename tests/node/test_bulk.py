@@ -40,14 +40,9 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import peer_id_from_public_key
 
 from .conftest import ident
+from .loopback_hosts import at_once, connected_to, tcp_listener
 
 SERVER, CLIENT, OTHER = ident(60), ident(61), ident(62)
-
-
-async def fake_server(nursery, behaviour) -> int:
-    """A TCP listener that runs ``behaviour(stream)`` for each connection; returns its port."""
-    listeners = await nursery.start(trio.serve_tcp, behaviour, 0)
-    return listeners[0].socket.getsockname()[1]
 
 
 def test_session_moves_ranges_and_names_both_peers(tmp_path):
@@ -91,7 +86,7 @@ def test_handshake_refuses_wrong_peer_and_bad_signatures(tmp_path):
                 with pytest.raises(HandshakeError, match="not " + OTHER.peer_id):
                     await open_channel(BulkPeer(OTHER.peer_id, "127.0.0.1", port), CLIENT)
                 # a server that cannot sign for the key it names
-                liar_port = await fake_server(nursery, wrong_signature)
+                liar_port = await tcp_listener(nursery, wrong_signature)
                 liar_id = peer_id_from_public_key(bytes(31) + b"\x09")
                 with pytest.raises(HandshakeError, match="does not verify"):
                     await open_channel(BulkPeer(liar_id, "127.0.0.1", liar_port), CLIENT)
@@ -150,7 +145,7 @@ def test_oversize_and_mistagged_frames_are_refused():
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
                 for behaviour, message in ((oversize, "announced a frame of"), (mistagged, "wrong tag")):
-                    port = await fake_server(nursery, behaviour)
+                    port = await tcp_listener(nursery, behaviour)
                     channel = await open_channel(BulkPeer(SERVER.peer_id, "127.0.0.1", port), CLIENT)
                     await request(channel, OP_RANGE, bytes(32), 0, 1 << 20)
                     with pytest.raises(BulkError, match=message):
@@ -343,24 +338,16 @@ def test_dial_backs_to_one_address_are_bounded_whatever_the_keys_and_a_failed_on
                 server = BulkServer(BlobCache(tmp_path, 1 << 20), SERVER, penalise=penalised.append)
                 await nursery.start(server.serve, "127.0.0.1", 0)
                 provider.set_stream_handler(DIALBACK_PROTOCOL, server.dial_back)
-                askers = [await stack.enter_async_context(open_p2p(k, "127.0.0.1", 0)) for k in keys]
-                for asker in askers:
-                    await asker.connect(provider.addrs[0])
+                askers = await connected_to(stack, provider, keys)
                 held, release = [], trio.Event()
 
                 async def hold(stream):  # the port the askers name: it accepts and never speaks
                     held.append(stream)
                     await release.wait()
 
-                port = await fake_server(nursery, hold)
-                answers = []
-
-                async def ask(asker):
-                    answers.append(await _ask_dial_back(asker, provider, port))
-
-                async with trio.open_nursery() as asking:
-                    for asker in askers * 2:  # each key its own bound of 2
-                        asking.start_soon(ask, asker)
+                port = await tcp_listener(nursery, hold)
+                # each key its own bound of 2
+                answers = await at_once(lambda asker: _ask_dial_back(asker, provider, port), askers * 2)
                 dialled = [a for a in answers if a is not None and a["dialled"]]
                 assert 1 <= len(dialled) <= MAX_DIALBACKS_PER_HOST and len(held) <= MAX_DIALBACKS_PER_HOST, answers
                 release.set()

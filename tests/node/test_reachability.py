@@ -25,6 +25,7 @@ from open1b.node.reachability import (
 )
 
 from .conftest import ident
+from .loopback_hosts import at_once, connected_to, tcp_listener
 
 
 def test_verdict_needs_two_peers_to_agree_and_says_why():
@@ -68,8 +69,7 @@ def test_dial_back_finds_a_libp2p_listener_and_nothing_else():
             await stream.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
 
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(trio.serve_tcp, not_libp2p, 0)
-            port = listeners[0].socket.getsockname()[1]
+            port = await tcp_listener(nursery, not_libp2p)
             assert not await dial_back("127.0.0.1", port)
             nursery.cancel_scope.cancel()
         assert not await dial_back("127.0.0.1", port)  # nobody listens there now
@@ -136,22 +136,13 @@ def test_dial_back_requests_wait_in_a_bounded_line_and_a_malformed_one_is_penali
                 server = await stack.enter_async_context(open_p2p(ident(109), "127.0.0.1", 0))
                 served = DialBackServer(functools.partial(dial_back, timeout_s=1.0), penalise=penalised.append)
                 server.set_stream_handler(DIALBACK_PROTOCOL, served.handle)
-                askers = [await stack.enter_async_context(open_p2p(k, "127.0.0.1", 0)) for k in keys]
-                for asker in askers:
-                    await asker.connect(server.addrs[0])
+                askers = await connected_to(stack, server, keys)
 
                 async def silent(stream):
                     await trio.sleep_forever()
 
-                port = (await nursery.start(trio.serve_tcp, silent, 0))[0].socket.getsockname()[1]
-                answers = []
-
-                async def one(asker):
-                    answers.append(await ask(asker, server.peer_id, port))
-
-                async with trio.open_nursery() as asking:
-                    for asker in askers:
-                        asking.start_soon(one, asker)
+                port = await tcp_listener(nursery, silent)
+                answers = await at_once(lambda asker: ask(asker, server.peer_id, port), askers)
                 answered = [a for a in answers if a is not None]
                 assert len(answers) == 6 and 1 <= len(answered) <= 1 + MAX_WAITING, answers
                 assert not any(a.reached for a in answered)
