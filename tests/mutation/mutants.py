@@ -8,6 +8,8 @@ them gets wrong. ``section`` says which rule it misreads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,21 @@ class Mutant:
     section: str
     reading: str  # the wrong reading, in words
     edits: tuple[tuple[str, str], ...]  # (text in reference.py, its replacement)
+
+    def of(self, reading: ModuleType) -> ModuleType:
+        """``reading`` (a module: the spec read correctly) with this mutant's edits made to its
+        source, each to text that occurs there once, as a fresh module that finds the spec where
+        ``reading`` does."""
+        original = Path(reading.__file__).read_text()
+        source = original
+        for old, new in self.edits:
+            assert source.count(old) == 1, f"{self.name}: the text to replace occurs {source.count(old)} times: {old!r}"
+            source = source.replace(old, new)
+        assert source != original, self.name
+        module = ModuleType(f"{reading.__name__}_mutant_{self.name}")
+        module.__file__, module.__package__ = reading.__file__, reading.__package__  # it reads the spec relative to itself
+        exec(compile(source, f"<mutant {self.name}>", "exec"), module.__dict__)
+        return module
 
 
 def _m(name: str, section: str, reading: str, *edits: tuple[str, str]) -> Mutant:

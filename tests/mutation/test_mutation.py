@@ -8,28 +8,13 @@ many mutants there are and how many the vectors kill.
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 
 from . import reference, runner
 from .conftest import SUMMARY
-from .mutants import MUTANTS, Mutant
+from .mutants import MUTANTS
 
-SOURCE = Path(reference.__file__).read_text()
 CASES = [(suite, name, case) for suite in runner.SUITES for name, case in runner.cases(suite)]
-
-
-def mutated(mutant: Mutant) -> ModuleType:
-    source = SOURCE
-    for old, new in mutant.edits:
-        assert source.count(old) == 1, f"{mutant.name}: the text to replace occurs {source.count(old)} times: {old!r}"
-        source = source.replace(old, new)
-    assert source != SOURCE, mutant.name
-    module = ModuleType(f"mutant_{mutant.name}")
-    module.__file__ = reference.__file__  # it reads the spec relative to itself
-    module.__package__ = reference.__package__
-    exec(compile(source, f"<mutant {mutant.name}>", "exec"), module.__dict__)
-    return module
 
 
 def killer(module: ModuleType) -> str | None:
@@ -58,7 +43,7 @@ def test_mutants_are_distinct_and_cover_every_section():
 def test_every_mutant_is_killed_by_a_vector():
     survivors, kills = [], {}
     for mutant in MUTANTS:
-        kills[mutant.name] = killer(mutated(mutant))
+        kills[mutant.name] = killer(mutant.of(reference))
         if kills[mutant.name] is None:
             survivors.append(f"{mutant.name} ({mutant.section}: {mutant.reading})")
     killed = len(MUTANTS) - len(survivors)
