@@ -42,3 +42,17 @@ def small_tmpfs(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(mount: Path) -> Path:
+    """Someone else fills the disk at ``mount`` (:func:`small_tmpfs`): a file that takes every byte
+    left. Returns it: unlinking it makes the room again."""
+    filler = mount / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    return filler

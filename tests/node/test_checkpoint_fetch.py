@@ -44,7 +44,7 @@ from open1b.node.files import StorageFull
 from open1b.node.p2p import open_p2p
 from open1b.protocol.hashing import blake2b256
 
-from .conftest import ident
+from .conftest import fill, ident
 
 FETCHER = ident(70)
 PROVIDERS = [ident(71 + i) for i in range(3)]
@@ -480,14 +480,7 @@ def test_a_provider_on_a_full_disk_still_serves_its_checkpoints(tmp_path, checkp
     path, expect = checkpoint
     provider = BlobCache(small_tmpfs / "p", 1 << 34)
     shutil.copyfile(path, provider.path(expect.address))  # held, its table not computed yet
-    filler = small_tmpfs / "filler"
-    with open(filler, "wb") as f:  # someone else fills the disk
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError:
-            pass
+    fill(small_tmpfs)
     fetcher = BlobCache(tmp_path / "f", 1 << 34)
 
     async def fetch():

@@ -22,6 +22,8 @@ from open1b.node.runs import RunFiles, RunFilesError, checkpoint_blob, run_blobs
 from open1b.node.store import Store
 from open1b.protocol.hashing import blake2b256
 
+from .conftest import fill
+
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -171,14 +173,7 @@ def test_store_on_a_full_disk_degrades_to_read_only(small_tmpfs):
     store = Store(small_tmpfs / "store.sqlite")
     run = bytes(32)
     store.add_replay_witness(run, 0, bytes(32))
-    filler = small_tmpfs / "filler"
-    with open(filler, "wb") as f:  # someone else fills the disk
-        try:
-            while True:
-                f.write(os.urandom(1 << 20))
-                f.flush()
-        except OSError:
-            pass
+    filler = fill(small_tmpfs)
     # each write fails cleanly (no sqlite3 exception escapes); reads keep working
     kept = [store.add_replay_witness(run, step, os.urandom(32) * 64) for step in range(1, 400)]
     assert store.full and not all(kept)
@@ -253,14 +248,7 @@ def test_assemble_on_a_full_disk_is_a_run_files_error_not_a_crash(tmp_path, tamp
     OSError, which no caller catches, so it ended the auditor's task and the daemon with it."""
     _, manifest = tampered_run
     files, blob = _samples_to_assemble(tmp_path, manifest, small_tmpfs)
-    filler = small_tmpfs / "filler"
-    with open(filler, "wb") as f:  # someone else fills the disk
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError:
-            pass
+    filler = fill(small_tmpfs)
     with pytest.raises(RunFilesError, match="the manifest: no space left"):
         files.assemble(manifest, [blob])
     work = files.work_dir(manifest.run_id)
