@@ -18,13 +18,14 @@ from open1b.deterministic import reduction
 from open1b.node.clock import Clock
 from open1b.node.fraud_proof_fetch import FRAUD_PROOF_PROTOCOL, ProofFetcher, fetch_fraud_proof
 from open1b.node.fraud_proof_refs import MAX_FRAUD_PROOF_REF, FraudProofRef, judge_fraud_proof_ref
-from open1b.node.fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, judge_fraud_proof
+from open1b.node.fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, Bearing, judge_fraud_proof
 from open1b.node.topics import fraud_proof_refs_topic, fraud_proofs_topic
 from open1b.protocol import Outcome
 from open1b.protocol.codec import encode
 from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.errors import InvalidStatementError, ProtocolError
 from open1b.protocol.hashing import blake2b256
+from tests.protocol.conftest import make_attestation
 from tests.protocol.dispute_cases import traces_around
 from tests.runs import run_manifest
 
@@ -79,8 +80,7 @@ def _ledger(directory, gossip=None, identity=OTHER):
 
 
 def _fraud(ledger, data=BIG):
-    verdict = judge_fraud_proof(data, ledger.statements.manifests.get, ledger.store.has_attestation,
-                                max_size=MAX_FRAUD_PROOF_SIZE)
+    verdict = judge_fraud_proof(data, ledger.statements.bearing, max_size=MAX_FRAUD_PROOF_SIZE)
     assert verdict.accepted, verdict.reason
     return verdict.message
 
@@ -153,8 +153,15 @@ def test_a_reference_passes_its_rules_in_order_and_a_good_one_is_wanted_not_forw
     assert validate("other", good.encoded) is Outcome.IGNORE
     assert ledger.statements.validation["fraud_proof_ref/ignore/held"] == 1 and len(wanted) == 2
     # the rules are the module's, given lookups
-    assert judge_fraud_proof_ref(good.encoded, {MANIFEST.run_id: MANIFEST}.get, lambda *a: False,
-                                 lambda r: False).message == good
+    bearing = Bearing({MANIFEST.run_id: MANIFEST}.get, lambda *a: False, lambda k: False, lambda *a: False,
+                      lambda r: True)
+    assert judge_fraud_proof_ref(good.encoded, bearing, lambda r: False).message == good
+    # a key that attested the step but does not count here (r25), and a run whose bound is reached
+    ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
+    assert validate("peer", ref(guilty=[AUDITOR.public_key])) is Outcome.IGNORE
+    assert ledger.statements.validation["fraud_proof_ref/ignore/not_counted"] == 1
+    full = dataclasses.replace(bearing, fits=lambda r: False)
+    assert judge_fraud_proof_ref(good.encoded, full, lambda r: False).code == "run_full"
 
 
 def test_a_fetched_body_is_judged_as_gossip_and_must_convict_whom_its_reference_says(tmp_path):
@@ -203,7 +210,7 @@ def test_a_fetched_body_is_judged_as_gossip_and_must_convict_whom_its_reference_
                     assert ledger.statements.validation == counts, outcome
                 assert client.rejected == {peer: 4}
                 assert [f.encoded for f in regossiped] == [BIG]  # announced again once, once stored
-        assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [BIG]
+        assert [f.digest for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(BIG)]
         cov = ledger.judge.coverage(MANIFEST.run_id)
         assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(BIG),)
 
@@ -216,7 +223,7 @@ def test_a_large_proof_is_gossiped_and_synced_as_its_reference(tmp_path):
     fraud = _fraud(ledger)
     assert trio.run(ledger.outbox.publish, fraud)
     assert gossip.published == [(fraud_proof_refs_topic(MANIFEST.run_id), FraudProofRef.of(fraud).encoded)]
-    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud]
+    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud.record]
     assert ledger.store.fraud.body(MANIFEST.run_id, fraud.digest) == BIG
     assert ledger.store.fraud.body(MANIFEST.run_id, b"\0" * 32) is None
     [synced] = [s for s in ledger.statements.statements_for_sync(MANIFEST.run_id) if s.KIND.startswith("fraud")]
@@ -271,7 +278,7 @@ def test_a_large_proof_reaches_a_node_two_hops_away_that_never_saw_the_dispute(t
                 nursery.cancel_scope.cancel()
         assert (fb.fetched["stored"], fc.fetched["stored"]) == (1, 1)
         for ledger in (lb, lc):
-            assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [BIG]
+            assert [f.digest for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(BIG)]
         cov = lc.judge.coverage(MANIFEST.run_id)
         assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(BIG),)
         assert lc.store.attestations(MANIFEST.run_id) == []  # no attestation, no quorum: the proof alone
