@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from contextlib import contextmanager
+from typing import Iterator
 
 from open1b.protocol import RunManifest
 
@@ -79,7 +81,7 @@ class FraudProofs:
     def add(self, fraud: ProvenFraud) -> bool:
         """Keep ``fraud`` where it is the lowest digest of one of its convictions and the run's
         bound keeps it (module doc); True if it is kept and was not."""
-        with self._db:
+        with self._transaction():
             better = [k for k in fraud.guilty if not self._convicted(fraud.run, fraud.step, k, fraud.digest)]
             if not better or not self.fits(fraud):
                 return False
@@ -94,6 +96,18 @@ class FraudProofs:
                              "(SELECT digest FROM fraud_convictions WHERE run_id = ?)", (fraud.run, fraud.run))
             self._trim(fraud.run)
         return True
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One transaction: the store's connection commits each statement alone (autocommit),
+        and a proof's body, its convictions and the bound's drops must land together."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _trim(self, run: bytes) -> None:
         """Drop the proofs past the longest prefix of the run's ranking within its bounds."""
@@ -172,7 +186,7 @@ class FraudProofs:
         for digest in stale:
             row = self._db.execute("SELECT encoded, guilty FROM fraud_proof_bodies WHERE digest = ?", (digest,)).fetchone()
             fraud = self._judged(row[0])
-            with self._db:
+            with self._transaction():
                 if fraud is None or fraud.digest != digest or b"".join(fraud.guilty) != row[1]:
                     run = self._db.execute("SELECT run_id FROM fraud_proof_bodies WHERE digest = ?", (digest,)).fetchone()[0]
                     self._drop(run, [digest])
@@ -183,8 +197,7 @@ class FraudProofs:
             for data in old:
                 if (fraud := self._judged(data)) is not None:
                     self.add(fraud)
-            with self._db:
-                self._db.execute(f"DROP TABLE {_OLD_TABLE}")
+            self._db.execute(f"DROP TABLE {_OLD_TABLE}")
         if stale:
             log.info("fraud proofs judged again by referee %s: %d", REFEREE, len(stale))
 
