@@ -313,14 +313,17 @@ class Statements:
             self._told(statement)
         return added
 
-    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | StoredProof
-                                                      | FraudProofRef] | None:
-        """What a sync response carries: a proof over the gossip bound as its reference, one
-        within it read from the store as it is sent."""
+    def statements_for_sync(self, run: bytes, *, refs: bool = True) -> list[
+            Attestation | WitnessReveal | SpotCheck | StoredProof | FraudProofRef] | None:
+        """What a sync response carries: a proof within the gossip bound read from the store as it
+        is sent, a larger one as its reference — or, with ``refs`` False (a puller of r22 and
+        earlier, node/sync.py), not at all."""
         if run not in self.manifests:
             return None
+        proofs = self.store.fraud.of_run(run)
         return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run),
-                *(FraudProofRef.of(f) if is_large(f) else StoredProof(self.store, f) for f in self.store.fraud.of_run(run))]
+                *(StoredProof(self.store, f) for f in proofs if not is_large(f)),
+                *(FraudProofRef.of(f) for f in proofs if refs and is_large(f))]
 
 
 class StoredProof:

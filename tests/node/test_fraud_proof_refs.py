@@ -31,6 +31,8 @@ from tests.runs import run_manifest
 
 from .conftest import ident
 from .fakes import FakeGossip, make_ledger
+from .test_fraud_proofs import MANIFEST as SMALL_MANIFEST
+from .test_fraud_proofs import proof as small_proof
 
 T0 = 1_800_000_000
 STEP = 3
@@ -312,6 +314,59 @@ def test_a_late_joiner_learns_a_large_proof_through_sync_and_refutes_the_step(tm
         assert fetcher.fetched == {"stored": 1}
         cov = joiner.judge.coverage(MANIFEST.run_id)
         assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(BIG),)
+
+    trio.run(main)
+
+
+def test_sync_sends_references_only_to_pullers_that_read_them(tmp_path, monkeypatch):
+    """Two real libp2p hosts. A node of r22 or earlier pulls on /open1b/sync/1.0.0 and reads a
+    reference as a malformed attestation, which it holds against the server: there the holder
+    sends none (the small proof still goes whole). A puller of now asks for 1.1.0 first and gets
+    it; from a server that speaks only 1.0.0 (r23, r24: with references) it falls back to that
+    and still takes the reference."""
+    from open1b.node import sync
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_R22, Syncer, pull_attestations, serve_sync
+
+    monkeypatch.setattr(sync, "MIN_SYNC_INTERVAL_S", 0)  # one puller asks for one run several times here
+    small = small_proof(AUDITOR, PUBLISHER)
+
+    async def pulled(client, peer, run, *protocols) -> list[bytes]:
+        got: list[bytes] = []
+
+        async def ingest(frames):
+            got.extend(frames)
+            return 0
+        if protocols:  # a puller that speaks only these
+            stream = await client.open_stream(peer, *protocols)
+            await stream.send(encode({"run": run}))
+            while frame := await stream.receive(MAX_GOSSIP_FRAUD_PROOF):
+                got.append(frame)
+            await stream.close()
+        else:
+            await pull_attestations(client, peer, run, ingest)
+        return got
+
+    async def main():
+        with trio.fail_after(60):
+            async with open_p2p(ident(5), "127.0.0.1", 0) as server, open_p2p(ident(6), "127.0.0.1", 0) as client, \
+                    open_p2p(ident(7), "127.0.0.1", 0) as old_server:
+                holder = make_ledger(tmp_path / "holder", MANIFEST, SMALL_MANIFEST, clock=Clock(wall_at_zero=T0),
+                                     gossip=server)
+                assert holder.statements.add_own(_fraud(holder))
+                assert holder.statements.add_own(judge_fraud_proof(small, holder.statements.bearing).message)
+                Syncer(server, holder.statements, holder.config, clock=holder.statements.clock,
+                       rng=random.Random(1), stats=holder.statements.stats)
+                old_server.set_stream_handler(SYNC_PROTOCOL_R22, lambda stream: serve_sync(
+                    stream, holder.statements.statements_for_sync))
+                ref = FraudProofRef.of(_fraud(holder)).encoded
+                peer = await client.connect(server.addrs[0])
+                assert await pulled(client, peer, MANIFEST.run_id, SYNC_PROTOCOL_R22) == []
+                assert await pulled(client, peer, SMALL_MANIFEST.run_id, SYNC_PROTOCOL_R22) == [small]
+                assert await pulled(client, peer, MANIFEST.run_id, SYNC_PROTOCOL) == [ref]
+                assert await pulled(client, peer, MANIFEST.run_id) == [ref]
+                old = await client.connect(old_server.addrs[0])
+                assert await pulled(client, old, MANIFEST.run_id) == [ref]
 
     trio.run(main)
 
