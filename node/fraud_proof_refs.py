@@ -18,8 +18,8 @@ order (``[REJECT]`` penalises the sender, ``[IGNORE]`` does not):
 - ``[IGNORE]`` no key of ``guilty`` is the run's publisher or has a stored attestation of the
   step — ``not_attested``, or none that attested counts here — ``not_counted`` (the gossip rules
   of the proof itself, node/fraud_proofs.py, judged before fetching it);
-- ``[IGNORE]`` the node keeps this proof, or for every key of ``guilty`` one of a lower digest —
-  ``held`` (the store keeps the lowest digest per conviction: the body would add nothing);
+- ``[IGNORE]`` the node keeps this proof, or for every key of ``guilty`` one that makes it add
+  nothing — ``held`` (node/fraud_proof_store.py: one proof per conviction, the lowest digest);
 - ``[IGNORE]`` the run's bound would not keep it — ``run_full`` (node/fraud_proof_store.py).
 
 A reference that passes is *wanted*: the body is fetched, checked against ``size`` and

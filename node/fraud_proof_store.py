@@ -6,9 +6,12 @@ when one is sent.
 
 What a run keeps, a function of the proofs the node was given whatever their order:
 
-- **One proof per conviction** (run, step, guilty key): of two, the lower digest (the two
-  parties of a dispute each build a proof, each with its own trace first, and every node must
-  cite the same one). A proof kept for none of its keys is dropped.
+- **One proof per conviction**: per (run, step) for the run's publisher (each refutes its step,
+  §8.3 step 11), per run for any other key, its earliest step (coverage flags such a key once,
+  citing its lowest step, §8.3 step 9: its other convictions change nothing, and one counted key
+  must not fill the run's bound with them); of two proofs of one conviction, the lower digest
+  (the two parties of a dispute each build a proof, each with its own trace first, and every
+  node must cite the same one). A proof kept for none of its keys is dropped.
 - **A bound per run**: :data:`MAX_RUN_FRAUD_PROOFS` proofs and :data:`MAX_RUN_FRAUD_PROOF_BYTES`
   bytes. Proofs are ranked — those convicting the run's publisher first (each refutes a step,
   §8.3), then by step, then by digest — and a run keeps the longest prefix of that ranking that
@@ -82,9 +85,13 @@ class FraudProofs:
         """Keep ``fraud`` where it is the lowest digest of one of its convictions and the run's
         bound keeps it (module doc); True if it is kept and was not."""
         with self._transaction():
+            publisher = self._publisher(fraud.run)
             better = [k for k in fraud.guilty if not self._convicted(fraud.run, fraud.step, k, fraud.digest)]
             if not better or not self.fits(fraud):
                 return False
+            for key in better:
+                if key != publisher:  # its one conviction, at another step
+                    self._db.execute("DELETE FROM fraud_convictions WHERE run_id = ? AND guilty = ?", (fraud.run, key))
             posts = b"".join(fraud.post_states)
             self._db.execute(
                 "INSERT OR IGNORE INTO fraud_proof_bodies VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -138,18 +145,25 @@ class FraudProofs:
         return int(self._publisher(fraud.run) not in fraud.guilty)
 
     def _convicted(self, run: bytes, step: int, key: bytes, digest: bytes) -> bool:
-        """Whether the store keeps a proof convicting ``key`` at ``step`` with a digest at most ``digest``."""
-        row = self._db.execute("SELECT digest FROM fraud_convictions WHERE run_id = ? AND step = ? AND guilty = ?",
-                               (run, step, key)).fetchone()
-        return row is not None and row[0] <= digest
+        """Whether a kept proof makes a conviction of ``key`` at ``step`` by the proof ``digest``
+        add nothing: for the publisher, one at that step with a digest at most ``digest``; for
+        another key, its one conviction, at an earlier step or at that step with such a digest."""
+        if key == self._publisher(run):
+            row = self._db.execute("SELECT step, digest FROM fraud_convictions WHERE run_id = ? AND step = ? "
+                                   "AND guilty = ?", (run, step, key)).fetchone()
+        else:
+            row = self._db.execute("SELECT step, digest FROM fraud_convictions WHERE run_id = ? AND guilty = ?",
+                                   (run, key)).fetchone()
+        return row is not None and tuple(row) <= (step, digest)
 
-    def convicts(self, run: bytes, step: int, key: bytes) -> bool:
-        """Whether the store keeps a proof convicting ``key`` at ``step``."""
-        return self._convicted(run, step, key, b"\xff" * 32)
+    def convicts(self, run: bytes, key: bytes) -> bool:
+        """Whether the store keeps a proof convicting ``key`` in ``run``."""
+        return self._db.execute("SELECT 1 FROM fraud_convictions WHERE run_id = ? AND guilty = ? LIMIT 1",
+                                (run, key)).fetchone() is not None
 
     def holds(self, run: bytes, step: int, guilty: tuple[bytes, ...], digest: bytes) -> bool:
-        """Whether, for each key of ``guilty``, the store keeps a proof of (run, step, key) with a
-        digest no higher than ``digest``: the proof so named would replace nothing (:meth:`add`)."""
+        """Whether, for each key of ``guilty``, a kept proof makes its conviction by the proof
+        ``digest`` add nothing (:meth:`_convicted`): the proof so named would replace nothing."""
         return all(self._convicted(run, step, k, digest) for k in guilty)
 
     def fits(self, fraud: Ranked) -> bool:

@@ -15,8 +15,9 @@ serves once the referee (:func:`open1b.protocol.dispute.verify_fraud_proof`) con
   step — ``not_attested``;
 - ``[IGNORE]`` none of those keys is the publisher or counts (r25): the node's trust policy
   counts it (listed or earned; flagged or not, since a conviction flags the key it convicts), or
-  the node keeps a conviction of it at that step already (the other party's proof of the same
-  conviction must still replace it, or nodes would cite different proofs) — ``not_counted``.
+  the node keeps a conviction of it in the run already (the other party's proof of the same
+  conviction, or one at an earlier step, must still replace it, or nodes would cite different
+  proofs) — ``not_counted``.
   Keys are free: anyone can attest a step with fresh keys, then convict them with made-up
   disputes between themselves; a proof that convicts no counted key changes no status and no
   vote this node counts. Ignored, not rejected: the key may count at the node that relayed it;
@@ -145,14 +146,14 @@ class Ranked(Protocol):
 class Bearing:
     """What :func:`relevant_fraud` reads of the node: its runs; whether a key has a stored
     attestation of a step (``attested(run, step, key)``); whether its trust policy counts a key
-    now (``trusts(key)``, node/counting.py); whether it keeps a proof of a conviction
-    (``convicts(run, step, key)``) and whether the run's bound keeps a proof so ranked
+    now (``trusts(key)``, node/counting.py); whether it keeps a proof convicting a key
+    (``convicts(run, key)``) and whether the run's bound keeps a proof so ranked
     (``fits(ranked)``), both node/fraud_proof_store.py."""
 
     manifest_of: Callable[[bytes], RunManifest | None]
     attested: Callable[[bytes, int, bytes], bool]
     trusts: Callable[[bytes], bool]
-    convicts: Callable[[bytes, int, bytes], bool]
+    convicts: Callable[[bytes, bytes], bool]
     fits: Callable[[Ranked], bool]
 
     def bears(self, run: bytes, step: int, guilty: tuple[bytes, ...], publisher: bytes) -> str | None:
@@ -162,7 +163,7 @@ class Bearing:
         attested = [k for k in guilty if self.attested(run, step, k)]
         if not attested:
             return "not_attested"
-        counted = any(self.trusts(k) or self.convicts(run, step, k) for k in attested)
+        counted = any(self.trusts(k) or self.convicts(run, k) for k in attested)
         return None if counted else "not_counted"
 
 

@@ -188,3 +188,40 @@ def test_a_store_of_the_old_layout_is_carried_over_judged(tmp_path):
     [stored] = store.fraud.of_run(MANIFEST.run_id)
     assert (stored.digest, stored.guilty) == (blake2b256(data), (PUBLISHER.public_key,))
     assert store._db.execute("SELECT name FROM sqlite_master WHERE name = 'fraud_proofs'").fetchone() is None
+
+
+def _three_step_run():
+    """A run whose h_1..h_3 are the traces' pre_states at those steps (dispute_cases: a function
+    of the step), so that proofs of each of them are about it."""
+    from tests.protocol.dispute_cases import kernel_case, traces_around
+    from tests.runs import run_manifest
+
+    from .test_fraud_proofs import np
+
+    def pre(step):
+        inputs, attrs, outputs = kernel_case("add", np.random.default_rng(5))
+        return traces_around("add", inputs, attrs, outputs, (OTHER, PUBLISHER), step=step).traces[0].pre_state
+    return run_manifest(PUBLISHER, engine="test-engine", engine_version="1", model={"d": 3}, data={}, seed=0,
+                        steps=4, state_hashes=[pre(k) if 1 <= k <= 3 else blake2b256(b"h3", bytes([k]))
+                                               for k in range(5)], created_at=T0 - 100)
+
+
+def test_a_key_other_than_the_publisher_keeps_one_proof_its_earliest_conviction(tmp_path):
+    # coverage flags such a key once, citing its lowest step's lowest digest (§8.3 step 9): its
+    # other convictions change nothing, and one counted key must not fill the run's bound with them
+    run = _three_step_run()
+    liar = SYBILS[0]
+    against = {k: proof(PUBLISHER, liar, run=run.run_id, step=k) for k in (1, 2, 3)}
+    refutes = {k: proof(liar, PUBLISHER, run=run.run_id, step=k) for k in (1, 2)}
+    for name, order in (("a", (2, 3, 1)), ("b", (1, 3, 2))):
+        ledger = make_ledger(tmp_path / name, run, identity=OTHER, clock=Clock(wall_at_zero=T0),
+                             trusted_peers=(liar.peer_id,))
+        for k in (1, 2, 3):
+            ledger.statements.ingest_attestation(make_attestation(liar, run, k, match=False).encoded)
+        for k in order:
+            trio.run(ledger.statements.ingest_fraud_proof, against[k])
+        for data in refutes.values():  # the publisher's: one per step
+            assert trio.run(ledger.statements.ingest_fraud_proof, data)
+        assert sorted(f.digest for f in ledger.store.fraud.of_run(run.run_id)) == \
+            sorted(blake2b256(p) for p in (against[1], *refutes.values()))
+        assert ledger.store.fraud.holds(run.run_id, 3, (liar.public_key,), blake2b256(against[3]))  # a reference adds nothing
