@@ -226,10 +226,10 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
     @app.get("/v1/disputes/{run}/{digest}", summary="one fraud proof's bytes, by its digest (open1b-node dispute verify "
              "judges them)", response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
     async def fraud_proof(run: RunId, digest: Digest) -> Response:
-        found = [f.encoded for f in store.fraud.of_run(run_arg(known, run)) if f.digest.hex() == digest.lower()]
-        if not found:
+        found = store.fraud.body(run_arg(known, run), bytes.fromhex(digest))
+        if found is None:
             raise HTTPException(404, "no such fraud proof")
-        return Response(found[0], media_type="application/cbor")
+        return Response(found, media_type="application/cbor")
 
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})

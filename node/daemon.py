@@ -212,6 +212,7 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     tracer = WorkerTracer(worker, scratch, config.replay_timeout_s)
     disputes = DisputeAgent(identity, p2p, harness.tracer(tracer) if harness is not None else tracer, inbox, runs=known,
                             store=store, counting=ledger.counting, fetcher=fetcher, publish=ledger.outbox.publish,
+                            referee=statements.referee,
                             clock=clock, rng=rng, stats=stats, round_timeout_s=config.dispute_round_s,
                             trace_timeout_s=config.replay_timeout_s)
     shutdown = trio.Event()

@@ -25,7 +25,8 @@ open over a step it published or attested.
   answered at once; a peer's next dispute answered no sooner than its last answer took (one peer
   gets at most half the worker); the last :data:`TRACES_KEPT` traces kept (no replay again).
 * **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py: up
-  to the referee's bound, a key that vouched for the step) is stored and gossiped through the
+  to the referee's bound, a key that vouched for the step and counts here; the referee in the
+  node's worker thread, node/referee_worker.py, as in the bisection) is stored and gossiped through the
   outbox, whichever side found it (over the gossip bound, as a reference whose body peers fetch,
   node/fraud_proof_refs.py); coverage counts it (§8.3). A peer at fault in a malformed way
   is penalised (in :mod:`.disputes`); a silent one loses on this node (``peer_silent``: counted in
@@ -55,9 +56,10 @@ from .counting import Counting
 from .dispute_tracer import StepTrace, Tracer
 from .disputes import DisputeResult, DisputeServer, Party, bisect
 from .fetcher import Fetcher
-from .fraud_proofs import ProvenFraud, judge_fraud_proof
+from .fraud_proofs import ProvenFraud
 from .metrics import NodeStats
 from .p2p import P2P, NetworkError, Stream
+from .referee_worker import RefereeWorker
 from .runs import FIND_PROVIDERS_TIMEOUT_S, RunFilesError, samples_blob
 from .store import Store
 from .worker import ReplayFailed
@@ -88,11 +90,11 @@ class DisputeInbox:
 class DisputeAgent:
     def __init__(self, identity: Identity, p2p: P2P, tracer: Tracer, inbox: DisputeInbox, *,
                  runs: Mapping[bytes, RunManifest], store: Store, counting: Counting, fetcher: Fetcher,
-                 publish: Callable[[ProvenFraud], Awaitable[bool]], clock: Clock, rng: random.Random,
+                 publish: Callable[[ProvenFraud], Awaitable[bool]], referee: RefereeWorker, clock: Clock, rng: random.Random,
                  stats: NodeStats, round_timeout_s: float, trace_timeout_s: float, max_open: int = 2) -> None:
         self.identity, self.me, self.p2p, self.tracer, self.inbox = identity, identity.public_key, p2p, tracer, inbox
         self.runs, self.store, self.counting, self.fetcher, self.publish = runs, store, counting, fetcher, publish
-        self.clock, self.rng, self.stats = clock, rng, stats
+        self.clock, self.rng, self.stats, self.referee = clock, rng, stats, referee
         self.round_timeout_s, self.trace_timeout_s = round_timeout_s, trace_timeout_s
         self.engaged: set[str] = set()  # peers in a dispute with us, either way
         self.server = DisputeServer(self.find, penalise=p2p.penalise, on_result=self._answered,
@@ -327,7 +329,8 @@ class DisputeAgent:
         log.info("dispute with %s (%s): %s after %d rounds, %.2f s", peer, role, result.outcome, result.rounds, seconds)
 
     async def _publish(self, proof: bytes) -> None:
-        verdict = judge_fraud_proof(proof, self.runs.get, self.store.has_attestation, max_size=MAX_FRAUD_PROOF_SIZE)
+        # judged as a fetched body is: the referee in the node's worker thread (node/referee_worker.py)
+        verdict = await self.referee.judge(proof, max_size=MAX_FRAUD_PROOF_SIZE)
         if verdict.outcome is not Outcome.ACCEPT:
             log.warning("our dispute's proof is not carried (%s: %s): judge it offline", verdict.code, verdict.reason)
             return

@@ -241,7 +241,8 @@ async def _after_traces(exchange: _Exchange, party: Party, theirs: TraceCommitme
                            (my_record, their_record), inputs, output,
                            (Opening(c, mine_chunk, tuple(tree.proof(c))), Opening(c, reply["data"], chunks.peer_path())))
     encoded = proof.encode()
-    verdict = verify_fraud_proof(encoded)
+    # up to seconds at MAX_FRAUD_PROOF_SIZE: off the event loop, which every other peer's stream shares
+    verdict = await trio.to_thread.run_sync(verify_fraud_proof, encoded)
     return DisputeResult("proof", exchange.rounds, pos, encoded, verdict, peer_at_fault=theirs.tracer in verdict.guilty)
 
 

@@ -112,9 +112,9 @@ class ProofFetcher:
         p2p.set_stream_handler(FRAUD_PROOF_PROTOCOL, self._serve)
 
     def _judge(self, data: bytes) -> Verdict[FraudProofRef]:
-        store = self.statements.store
-        return judge_fraud_proof_ref(data, self.statements.manifests.get, store.has_attestation,
-                                     lambda ref: store.fraud.holds(ref.run, ref.step, ref.guilty, ref.digest))
+        fraud = self.statements.store.fraud
+        return judge_fraud_proof_ref(data, self.statements.bearing,
+                                     lambda ref: fraud.holds(ref.run, ref.step, ref.guilty, ref.digest))
 
     def _refused(self, verdict: Verdict, peer: str, where: str) -> None:
         self.statements.validation[f"{where}/{verdict.outcome.value}/{verdict.code}"] += 1

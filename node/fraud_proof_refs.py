@@ -16,9 +16,11 @@ order (``[REJECT]`` penalises the sender, ``[IGNORE]`` does not):
 - ``[IGNORE]`` a run this node does not know — ``unknown_run``;
 - ``[REJECT]`` a step outside the run — ``step_range``;
 - ``[IGNORE]`` no key of ``guilty`` is the run's publisher or has a stored attestation of the
-  step — ``not_attested`` (the gossip rule of the proof itself, judged before fetching it);
-- ``[IGNORE]`` the node keeps this proof, or for every key of ``guilty`` one of a lower digest —
-  ``held`` (node/store.py keeps the lowest digest per conviction: the body would add nothing).
+  step — ``not_attested``, or none that attested counts here — ``not_counted`` (the gossip rules
+  of the proof itself, node/fraud_proofs.py, judged before fetching it);
+- ``[IGNORE]`` the node keeps this proof, or for every key of ``guilty`` one that makes it add
+  nothing — ``held`` (node/fraud_proof_store.py: one proof per conviction, the lowest digest);
+- ``[IGNORE]`` the run's bound would not keep it — ``run_full`` (node/fraud_proof_store.py).
 
 A reference that passes is *wanted*: the body is fetched, checked against ``size`` and
 ``digest``, judged by :func:`~.fraud_proofs.judge_fraud_proof` as a gossiped proof is (with the
@@ -31,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Protocol
 
-from open1b.protocol import Outcome, RunManifest
+from open1b.protocol import Outcome
 from open1b.protocol.codec import decode, encode
 from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.errors import InvalidStatementError, ProtocolError, WrongTypeError
@@ -39,7 +41,7 @@ from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, Enum, ListOf, UInt, check_map
 from open1b.protocol.validation import Verdict
 
-from .fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, ProvenFraud
+from .fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, Bearing, FraudRecord
 
 MAX_FRAUD_PROOF_REF = 256
 """Bytes of an encoded reference (~190 with two guilty keys)."""
@@ -62,8 +64,8 @@ class FraudProofRef:
     guilty: tuple[bytes, ...]
 
     @classmethod
-    def of(cls, fraud: ProvenFraud) -> FraudProofRef:
-        return cls(fraud.run, fraud.step, fraud.digest, len(fraud.encoded), tuple(sorted(fraud.guilty)))
+    def of(cls, fraud: FraudRecord) -> FraudProofRef:
+        return cls(fraud.run, fraud.step, fraud.digest, fraud.size, tuple(sorted(fraud.guilty)))
 
     @property
     def encoded(self) -> bytes:
@@ -84,7 +86,7 @@ class FraudProofRef:
             raise WrongTypeError("fraud_proof_ref.guilty: one or two keys, strictly ascending")
         return cls(value["run"], value["step"], value["digest"], value["size"], guilty)
 
-    def describes(self, fraud: ProvenFraud) -> bool:
+    def describes(self, fraud: FraudRecord) -> bool:
         """Whether ``fraud`` is the proof this reference names and convicts whom it says."""
         return self == FraudProofRef.of(fraud)
 
@@ -99,18 +101,16 @@ class ProofRefs(Protocol):
         """A reference a sync response from ``source`` carried."""
 
 
-def is_large(fraud: ProvenFraud) -> bool:
+def is_large(fraud: FraudRecord) -> bool:
     """Whether ``fraud`` travels as a reference (over the gossip bound) rather than whole."""
-    return len(fraud.encoded) > MAX_GOSSIP_FRAUD_PROOF
+    return fraud.size > MAX_GOSSIP_FRAUD_PROOF
 
 
 def _verdict(outcome: Outcome, code: str, reason: str) -> Verdict[FraudProofRef]:
     return Verdict(outcome, reason, code=code)
 
 
-def judge_fraud_proof_ref(data: bytes, manifest_of: Callable[[bytes], RunManifest | None],
-                          attested: Callable[[bytes, int, bytes], bool],
-                          held: Callable[[FraudProofRef], bool]) -> Verdict[FraudProofRef]:
+def judge_fraud_proof_ref(data: bytes, bearing: Bearing, held: Callable[[FraudProofRef], bool]) -> Verdict[FraudProofRef]:
     """The verdict on the encoded reference ``data`` (module doc): ACCEPT means "fetch it".
     ``held(ref)``: whether the store keeps that proof or better ones of each of its convictions."""
     try:
@@ -120,15 +120,18 @@ def judge_fraud_proof_ref(data: bytes, manifest_of: Callable[[bytes], RunManifes
     if not MAX_GOSSIP_FRAUD_PROOF < ref.size <= MAX_FRAUD_PROOF_SIZE:
         return _verdict(Outcome.REJECT, "ref_size",
                         f"a proof of {ref.size} bytes travels whole or not at all, not by reference")
-    manifest = manifest_of(ref.run)
+    manifest = bearing.manifest_of(ref.run)
     if manifest is None:
         return _verdict(Outcome.IGNORE, "unknown_run", "a run this node does not know")
     if ref.step >= manifest.steps:
         return _verdict(Outcome.REJECT, "step_range", f"step {ref.step} is outside the run's {manifest.steps} steps")
-    if not any(k == manifest.publisher or attested(ref.run, ref.step, k) for k in ref.guilty):
-        return _verdict(Outcome.IGNORE, "not_attested", "no guilty key published the run or attested the step")
+    why = bearing.bears(ref.run, ref.step, ref.guilty, manifest.publisher)
+    if why is not None:
+        return _verdict(Outcome.IGNORE, why, "no guilty key published the run or attested the step and counts here")
     if held(ref):
         return _verdict(Outcome.IGNORE, "held", "this node keeps that proof or a lower digest of each conviction")
+    if not bearing.fits(ref):
+        return _verdict(Outcome.IGNORE, "run_full", "the run's bound would not keep it")
     return Verdict(Outcome.ACCEPT, "wanted", message=ref)
 
 

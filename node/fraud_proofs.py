@@ -12,22 +12,30 @@ serves once the referee (:func:`open1b.protocol.dispute.verify_fraud_proof`) con
 - ``[REJECT]`` a step outside the run, or traces that do not start from the run's published h_k
   — ``pre_state``: the proof is about some computation, not this run's step;
 - ``[IGNORE]`` no guilty key is the run's publisher or a key with a stored attestation of that
-  step — ``not_attested``: the conviction does not bear on this node's coverage (yet). This bounds
-  what anyone can make the network carry: a proof needs a key that vouched for the step.
+  step — ``not_attested``;
+- ``[IGNORE]`` none of those keys is the publisher or counts (r25): the node's trust policy
+  counts it (listed or earned; flagged or not, since a conviction flags the key it convicts), or
+  the node keeps a conviction of it in the run already (the other party's proof of the same
+  conviction, or one at an earlier step, must still replace it, or nodes would cite different
+  proofs) — ``not_counted``.
+  Keys are free: anyone can attest a step with fresh keys, then convict them with made-up
+  disputes between themselves; a proof that convicts no counted key changes no status and no
+  vote this node counts. Ignored, not rejected: the key may count at the node that relayed it;
+- ``[IGNORE]`` the run's bound would not keep it (:mod:`.fraud_proof_store`) — ``run_full``.
 
 It comes in two halves: :func:`referee_fraud_proof`, the bound and the referee (the costly part,
 ~15 ms at 1 MiB and seconds at 128 MiB, a function of the bytes alone), which a node runs in a
-worker thread (node/referee_worker.py), and :func:`relevant_fraud`, the node's rules after it.
+worker thread (node/referee_worker.py), and :func:`relevant_fraud`, the node's rules after it,
+over what a :class:`Bearing` reads of the node.
 
-A proof is stored once per (run, step, guilty key) (node/store.py): a second proof of the same
-conviction adds nothing.
+A proof is judged once, when it arrives: the store keeps the verdict (a :class:`FraudRecord`)
+with the bytes, by digest (node/fraud_proof_store.py), and reading it back runs no referee.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Callable, ClassVar
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Protocol
 
 from open1b.protocol import Conviction, Outcome, RunManifest
 from open1b.protocol.dispute import FraudProof, FraudVerdict, verify_fraud_proof
@@ -39,16 +47,20 @@ MAX_GOSSIP_FRAUD_PROOF = (1 << 20) - 4096
 """Bytes of a gossiped fraud proof: p2p.py's MAX_PUBSUB_MESSAGE less the pubsub envelope
 (docs/protocol.md §9; spelled out so that the store, which the CLI opens, loads no libp2p)."""
 
+REFEREE = "r20"
+"""The spec revision of the referee's rules (§18.4) this node runs: the last that changed a
+verdict (r20, the update's outputs). The store keeps it with each verdict and judges again, once
+when it opens, every proof judged under another (node/fraud_proof_store.py): bump it when the
+referee changes."""
+
 
 @dataclass(frozen=True)
-class ProvenFraud:
-    """A fraud proof the referee accepted, about a known run's step: ``guilty`` signed an op
-    output that does not follow from inputs it signed as well. ``digest`` is B2 of the proof's
-    bytes, how coverage and the API cite it."""
+class FraudRecord:
+    """What the referee found in a fraud proof about a known run's step, without its bytes: what
+    the store reads back, coverage counts and sync announces. ``guilty`` signed an op output that
+    does not follow from inputs it signed as well. ``digest``, B2 of the proof's ``size`` bytes,
+    is how coverage and the API cite it."""
 
-    KIND: ClassVar[str] = "fraud_proof"
-
-    encoded: bytes
     run: bytes
     step: int
     op: str
@@ -56,10 +68,8 @@ class ProvenFraud:
     guilty: tuple[bytes, ...]
     pre_state: bytes
     post_states: tuple[bytes, ...]  # each guilty key's trace's post_state, in the order of ``guilty``
-
-    @cached_property
-    def digest(self) -> bytes:  # once: a proof fetched by reference may be 128 MiB (~0.5 s of hashing)
-        return blake2b256(self.encoded)
+    digest: bytes
+    size: int
 
     def convictions(self) -> list[Conviction]:
         """What coverage reads of it (docs/protocol.md §8.3): one conviction per guilty key."""
@@ -69,12 +79,27 @@ class ProvenFraud:
     def to_json(self) -> dict:
         return {"digest": self.digest.hex(), "run": self.run.hex(), "step": self.step, "op": self.op,
                 "position": self.position, "guilty": [peer_id_from_public_key(k) for k in self.guilty],
-                "bytes": len(self.encoded)}
+                "bytes": self.size}
+
+
+@dataclass(frozen=True)
+class ProvenFraud(FraudRecord):
+    """A fraud proof the referee accepted, with its bytes (``encoded``): what is gossiped, fetched
+    and stored."""
+
+    KIND: ClassVar[str] = "fraud_proof"
+
+    encoded: bytes = field(kw_only=True, repr=False)
+
+    @property
+    def record(self) -> FraudRecord:
+        return FraudRecord(self.run, self.step, self.op, self.position, self.guilty, self.pre_state,
+                           self.post_states, self.digest, self.size)
 
 
 def proven_fraud(data: bytes) -> ProvenFraud:
-    """The referee's conviction in the stored proof ``data`` (judged again: a damaged store file
-    cannot make the node cite bytes it did not check); ValueError if it convicts no one."""
+    """The referee's conviction in the proof ``data`` (a stored one judged again: a new referee,
+    node/fraud_proof_store.py); ValueError if it convicts no one."""
     verdict = verify_fraud_proof(data)
     if not verdict.accepted:
         raise ValueError(f"a stored fraud proof no longer convicts: {verdict.reason}")
@@ -84,8 +109,10 @@ def proven_fraud(data: bytes) -> ProvenFraud:
 def _proven(data: bytes, verdict: FraudVerdict) -> ProvenFraud:
     traces = FraudProof.decode(data).traces  # the referee checked both agree on run, step and pre_state
     post = {t.tracer: t.post_state for t in traces}
-    return ProvenFraud(data, verdict.run, verdict.step, verdict.op, verdict.position, verdict.guilty,
-                       traces[0].pre_state, tuple(post[k] for k in verdict.guilty))
+    # hashed here, off the event loop where a node runs this: ~0.5 s at 128 MiB
+    return ProvenFraud(verdict.run, verdict.step, verdict.op, verdict.position, verdict.guilty,
+                       traces[0].pre_state, tuple(post[k] for k in verdict.guilty), blake2b256(data), len(data),
+                       encoded=data)
 
 
 def _verdict(outcome: Outcome, code: str, reason: str) -> Verdict:
@@ -101,31 +128,69 @@ def referee_fraud_proof(data: bytes, *, max_size: int = MAX_GOSSIP_FRAUD_PROOF) 
     verdict = verify_fraud_proof(data)
     if not verdict.accepted:
         return _verdict(verdict.outcome, verdict.code, verdict.reason)
-    fraud = _proven(data, verdict)
-    _ = fraud.digest  # hashed here too, off the event loop where a node runs this: ~0.5 s at 128 MiB
-    return Verdict(Outcome.ACCEPT, "the referee convicts", message=fraud)
+    return Verdict(Outcome.ACCEPT, "the referee convicts", message=_proven(data, verdict))
 
 
-def relevant_fraud(fraud: ProvenFraud, manifest_of: Callable[[bytes], RunManifest | None],
-                   attested: Callable[[bytes, int, bytes], bool]) -> Verdict[ProvenFraud]:
+class Ranked(Protocol):
+    """What the run's bound ranks a proof by (node/fraud_proof_store.py): a proof's record, or a
+    reference to one before its body is fetched."""
+
+    run: bytes
+    step: int
+    digest: bytes
+    size: int
+    guilty: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Bearing:
+    """What :func:`relevant_fraud` reads of the node: its runs; whether a key has a stored
+    attestation of a step (``attested(run, step, key)``); whether its trust policy counts a key
+    now (``trusts(key)``, node/counting.py); whether it keeps a proof convicting a key
+    (``convicts(run, key)``) and whether the run's bound keeps a proof so ranked
+    (``fits(ranked)``), both node/fraud_proof_store.py."""
+
+    manifest_of: Callable[[bytes], RunManifest | None]
+    attested: Callable[[bytes, int, bytes], bool]
+    trusts: Callable[[bytes], bool]
+    convicts: Callable[[bytes, bytes], bool]
+    fits: Callable[[Ranked], bool]
+
+    def bears(self, run: bytes, step: int, guilty: tuple[bytes, ...], publisher: bytes) -> str | None:
+        """Why a conviction of ``guilty`` does not bear on this node's coverage (a code), or None."""
+        if publisher in guilty:
+            return None
+        attested = [k for k in guilty if self.attested(run, step, k)]
+        if not attested:
+            return "not_attested"
+        counted = any(self.trusts(k) or self.convicts(run, k) for k in attested)
+        return None if counted else "not_counted"
+
+
+_WHY = {"not_attested": "no guilty key published the run or attested the step",
+        "not_counted": "no guilty key that attested the step counts here",
+        "run_full": "the run keeps as many proofs as its bound allows, all ranked before this one"}
+
+
+def relevant_fraud(fraud: ProvenFraud, bearing: Bearing) -> Verdict[ProvenFraud]:
     """The second half of :func:`judge_fraud_proof`: the node's rules on a proof the referee
     accepted (cheap; they read the node's runs and store)."""
-    manifest = manifest_of(fraud.run)
+    manifest = bearing.manifest_of(fraud.run)
     if manifest is None:
         return _verdict(Outcome.IGNORE, "unknown_run", "a run this node does not know")
     if fraud.step >= manifest.steps or fraud.pre_state != manifest.state_hashes[fraud.step]:
         return _verdict(Outcome.REJECT, "pre_state", "the traces do not start from the run's published state")
-    if not any(k == manifest.publisher or attested(fraud.run, fraud.step, k) for k in fraud.guilty):
-        return _verdict(Outcome.IGNORE, "not_attested", "no guilty key published the run or attested the step")
+    why = bearing.bears(fraud.run, fraud.step, fraud.guilty, manifest.publisher)
+    if why is None and not bearing.fits(fraud):
+        why = "run_full"
+    if why is not None:
+        return _verdict(Outcome.IGNORE, why, _WHY[why])
     return Verdict(Outcome.ACCEPT, "convicts " + ", ".join(fraud.to_json()["guilty"]), message=fraud)
 
 
-def judge_fraud_proof(data: bytes, manifest_of: Callable[[bytes], RunManifest | None],
-                      attested: Callable[[bytes, int, bytes], bool], *,
-                      max_size: int = MAX_GOSSIP_FRAUD_PROOF) -> Verdict[ProvenFraud]:
+def judge_fraud_proof(data: bytes, bearing: Bearing, *, max_size: int = MAX_GOSSIP_FRAUD_PROOF) -> Verdict[ProvenFraud]:
     """The gossip verdict on the encoded proof ``data`` (module doc), on the calling thread.
-    ``attested(run, step, key)``: whether this node stores an attestation of that step by that
-    key. ``max_size``: the gossip bound, or ``MAX_FRAUD_PROOF_SIZE`` for a body fetched by digest
+    ``max_size``: the gossip bound, or ``MAX_FRAUD_PROOF_SIZE`` for a body fetched by digest
     and for the node's own proofs."""
     verdict = referee_fraud_proof(data, max_size=max_size)
-    return relevant_fraud(verdict.message, manifest_of, attested) if verdict.accepted else verdict
+    return relevant_fraud(verdict.message, bearing) if verdict.accepted else verdict

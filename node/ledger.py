@@ -63,7 +63,8 @@ def build_ledger(identity: Identity, config: NodeConfig, store: Store, gossip: L
                   listeners=(planner.recount,))
     proof = ReplayProof(identity, store, counting)
     # the judge first: a reveal changes what counts before the others look at it
-    statements = Statements(manifests, store, gossip, publishers=config.publishers, clock=clock, stats=stats,
+    statements = Statements(manifests, store, gossip, publishers=config.publishers,
+                            trusts=lambda key: counting.trust.trusts(key), clock=clock, stats=stats,
                             listeners=(judge.stored, proof.stored, planner.stored, *listeners))
     outbox = Outbox(statements, gossip, clock=clock, stats=stats)
     return Ledger(identity, config, manifests, store, statements, counting, judge, planner, proof, outbox)

@@ -477,16 +477,17 @@ class P2P:
 
         self.host.set_stream_handler(TProtocol(protocol), wrapped)
 
-    async def open_stream(self, peer_id: str, protocol: str) -> Stream:
-        """A stream to ``peer_id``; NetworkError at once if the peer is set aside as silent, and
-        after UNANSWERED_AFTER_S (setting it aside) if opening one goes unanswered."""
+    async def open_stream(self, peer_id: str, protocol: str, *older: str) -> Stream:
+        """A stream to ``peer_id`` of ``protocol``, or else of the first of ``older`` the peer
+        speaks (one multistream negotiation); NetworkError at once if the peer is set aside as
+        silent, and after UNANSWERED_AFTER_S (setting it aside) if opening one goes unanswered."""
         if not self.liveness.usable(peer_id):
             raise NetworkError(f"cannot open {protocol} to {peer_id}: the peer is not answering")
         if self.relays.kind(peer_id) == "none" and self.relays.circuits_to(peer_id):
             await self.relays.dial(peer_id)  # a node behind NAT: libp2p dials no circuit by itself
         with trio.move_on_after(UNANSWERED_AFTER_S):
             try:
-                raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+                raw = await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(p) for p in (protocol, *older)])
             except Exception as exc:
                 raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
             return Stream(raw, peer_id)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from typing import Callable
 
 import trio
 
-from open1b.protocol import Outcome, RunManifest
+from open1b.protocol import Outcome
 from open1b.protocol.validation import Verdict
 
-from .fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, ProvenFraud, referee_fraud_proof, relevant_fraud
+from .fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, Bearing, ProvenFraud, referee_fraud_proof, relevant_fraud
 
 MAX_JUDGING_PER_PEER = 4
 
@@ -41,10 +40,9 @@ class _Judging:
 
 
 class RefereeWorker:
-    def __init__(self, manifest_of: Callable[[bytes], RunManifest | None],
-                 attested: Callable[[bytes, int, bytes], bool]) -> None:
-        """``manifest_of``, ``attested``: :func:`.fraud_proofs.judge_fraud_proof`'s lookups."""
-        self.manifest_of, self.attested = manifest_of, attested
+    def __init__(self, bearing: Bearing) -> None:
+        """``bearing``: what :func:`.fraud_proofs.relevant_fraud` reads of the node."""
+        self.bearing = bearing
         self._large, self._small = trio.CapacityLimiter(1), trio.CapacityLimiter(1)
         self._judging: dict[bytes, _Judging] = {}
         self._per_peer: Counter[str] = Counter()
@@ -55,7 +53,7 @@ class RefereeWorker:
         then the node's rules (:func:`.fraud_proofs.relevant_fraud`) here, on the event loop, as
         they read the node's runs and store."""
         verdict = await self.referee(data, max_size=max_size, peer=peer)
-        return relevant_fraud(verdict.message, self.manifest_of, self.attested) if verdict.accepted else verdict
+        return relevant_fraud(verdict.message, self.bearing) if verdict.accepted else verdict
 
     async def referee(self, data: bytes, *, max_size: int = MAX_GOSSIP_FRAUD_PROOF,
                       peer: str | None = None) -> Verdict[ProvenFraud]:

@@ -23,7 +23,7 @@ import functools
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, ClassVar, Iterable, Protocol
 
 from open1b.protocol import (
     Attestation,
@@ -45,7 +45,7 @@ from open1b.protocol.witness import WitnessReveal
 
 from .clock import Clock
 from .fraud_proof_refs import FraudProofRef, ProofRefs, is_large
-from .fraud_proofs import ProvenFraud
+from .fraud_proofs import Bearing, FraudRecord, ProvenFraud
 from .metrics import NodeStats
 from .p2p import AsyncGossipValidator, GossipHandler, GossipValidator
 from .referee_worker import RefereeWorker
@@ -81,10 +81,11 @@ class Gossip(Protocol):
 
 class Statements:
     def __init__(self, manifests: dict[bytes, RunManifest], store: Store, gossip: Gossip, *,
-                 publishers: Iterable[str], clock: Clock, stats: NodeStats,
+                 publishers: Iterable[str], trusts: Callable[[bytes], bool], clock: Clock, stats: NodeStats,
                  listeners: Iterable[Listener] = ()) -> None:
         """``manifests``: the runs this node knows, kept here (others read it); ``publishers``: the
-        operator's choice of publishers (empty: any)."""
+        operator's choice of publishers (empty: any); ``trusts(key)``: whether the node's trust
+        policy counts ``key`` now (the counting's, node/counting.py)."""
         self.manifests, self.store, self.gossip, self.clock, self.stats = manifests, store, gossip, clock, stats
         self.listeners = list(listeners)
         self._publishers = frozenset(public_key_from_peer_id(p) for p in publishers)
@@ -103,7 +104,8 @@ class Statements:
             Claim.KIND: (validate_claim, store.add_claim),
         }
         # fraud proofs are judged apart: the referee in a worker thread, the node's rules after it
-        self.referee = RefereeWorker(manifests.get, store.has_attestation)
+        self.bearing = Bearing(manifests.get, store.has_attestation, trusts, store.fraud.convicts, store.fraud.fits)
+        self.referee = RefereeWorker(self.bearing)
 
     def _told(self, statement: Statement) -> None:
         for listener in self.listeners:
@@ -311,13 +313,30 @@ class Statements:
             self._told(statement)
         return added
 
-    def statements_for_sync(self, run: bytes) -> list[Attestation | WitnessReveal | SpotCheck | ProvenFraud
-                                                      | FraudProofRef] | None:
-        """What a sync response carries: a proof over the gossip bound as its reference."""
+    def statements_for_sync(self, run: bytes, *, refs: bool = True) -> list[
+            Attestation | WitnessReveal | SpotCheck | StoredProof | FraudProofRef] | None:
+        """What a sync response carries: a proof within the gossip bound read from the store as it
+        is sent, a larger one as its reference — or, with ``refs`` False (a puller of r22 and
+        earlier, node/sync.py), not at all."""
         if run not in self.manifests:
             return None
+        proofs = self.store.fraud.of_run(run)
         return [*self.store.attestations(run), *self.store.reveals(run), *self.store.spotchecks(run),
-                *(FraudProofRef.of(f) if is_large(f) else f for f in self.store.fraud.of_run(run))]
+                *(StoredProof(self.store, f) for f in proofs if not is_large(f)),
+                *(FraudProofRef.of(f) for f in proofs if refs and is_large(f))]
+
+
+class StoredProof:
+    """A stored proof whose bytes are read when sent (a sync response holds up to 64 of 1 MiB)."""
+
+    KIND: ClassVar[str] = ProvenFraud.KIND
+
+    def __init__(self, store: Store, fraud: FraudRecord) -> None:
+        self.store, self.fraud = store, fraud
+
+    @property
+    def encoded(self) -> bytes:
+        return self.store.fraud.body(self.fraud.run, self.fraud.digest) or b""
 
 
 async def _nothing_to_do(author: str, data: bytes) -> None:

@@ -4,7 +4,9 @@ Statements are immutable facts keyed by their digest, so every write is an idemp
 ``INSERT OR IGNORE`` in its own transaction: a crash (even ``kill -9``) loses at most the
 statement being written, never corrupts what is there, and merging two stores is set union.
 Only validated statements are handed to this module; it re-decodes (and so re-verifies) what it
-reads back, so a damaged file cannot make the node trust bytes it did not check.
+reads back, so a damaged file cannot make the node trust bytes it did not check. Fraud proofs
+(node/fraud_proof_store.py) are the exception: the referee costs up to seconds a proof, so their
+verdicts are kept as judged, and judged again only when the referee changes.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from open1b.protocol import Attestation, Claim, EvalStatement, RunManifest, SpotCheck, WitnessReveal
-from open1b.protocol.hashing import blake2b256
 
-from .fraud_proofs import ProvenFraud, proven_fraud
+from .fraud_proof_store import FraudProofs
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,6 @@ CREATE INDEX IF NOT EXISTS evals_by_state ON evals (run_id, state);
 CREATE TABLE IF NOT EXISTS spotchecks (
     digest BLOB PRIMARY KEY, run_id BLOB NOT NULL, step INTEGER NOT NULL, encoded BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS spotchecks_by_step ON spotchecks (run_id, step);
-CREATE TABLE IF NOT EXISTS fraud_proofs (
-    run_id BLOB NOT NULL, step INTEGER NOT NULL, guilty BLOB NOT NULL, encoded BLOB NOT NULL,
-    PRIMARY KEY (run_id, step, guilty));
 CREATE TABLE IF NOT EXISTS replay_witnesses (
     run_id BLOB NOT NULL, step INTEGER NOT NULL, witness BLOB NOT NULL, PRIMARY KEY (run_id, step));
 """
@@ -73,7 +71,7 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
         self._reveal_order = "attestations_before" in {r[1] for r in self._db.execute("PRAGMA table_info(reveals)")}
-        self.fraud = FraudProofs(self._db)  # fraud proofs (docs/protocol.md §18.7)
+        self.fraud = FraudProofs(self._db, read_only=read_only)  # fraud proofs (docs/protocol.md §18.7)
         if not self._reveal_order and not read_only:
             self._db.execute(_REVEAL_ORDER)
             self._reveal_order = True
@@ -225,48 +223,3 @@ class Store:
         rows = self._db.execute("SELECT step, witness FROM replay_witnesses WHERE run_id = ?", (run_id,))
         return {r[0]: r[1] for r in rows.fetchall()}
 
-
-class FraudProofs:
-    """The store's fraud proofs (``Store.fraud``), in the store's database: a table of their own
-    beside the statements, read back through the referee."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def add(self, fraud: ProvenFraud) -> bool:
-        """One row per guilty key: of two proofs of one conviction (same run, step and key), the
-        one with the lower digest is kept (docs/protocol.md §18.7: the two parties of a dispute
-        each build a proof, with the traces in their own order, and every node must cite the same
-        one). True if any row is new or replaced."""
-        changed = False
-        with self._db:
-            for key in fraud.guilty:
-                row = self._db.execute("SELECT encoded FROM fraud_proofs WHERE run_id = ? AND step = ? AND guilty = ?",
-                                       (fraud.run, fraud.step, key)).fetchone()
-                if row is None or blake2b256(row[0]) > fraud.digest:
-                    self._db.execute("INSERT OR REPLACE INTO fraud_proofs VALUES (?, ?, ?, ?)",
-                                     (fraud.run, fraud.step, key, fraud.encoded))
-                    changed = True
-        return changed
-
-    def holds(self, run_id: bytes, step: int, guilty: tuple[bytes, ...], digest: bytes) -> bool:
-        """Whether, for each key of ``guilty``, the store keeps a proof of (run, step, key) with a
-        digest no higher than ``digest``: the proof so named would replace nothing (:meth:`add`)."""
-        for key in guilty:
-            row = self._db.execute("SELECT encoded FROM fraud_proofs WHERE run_id = ? AND step = ? AND guilty = ?",
-                                   (run_id, step, key)).fetchone()
-            if row is None or blake2b256(row[0]) > digest:
-                return False
-        return True
-
-    def body(self, run_id: bytes, digest: bytes) -> bytes | None:
-        """The stored proof of ``run_id`` whose digest is ``digest`` (what a peer fetches by it,
-        node/fraud_proof_fetch.py), or None."""
-        rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ?", (run_id,))
-        return next((r[0] for r in rows if blake2b256(r[0]) == digest), None)  # one row in memory at a time
-
-    def of_run(self, run_id: bytes) -> list[ProvenFraud]:
-        """A run's fraud proofs, each re-judged by the referee as it is read back (module doc)."""
-        rows = self._db.execute("SELECT DISTINCT encoded FROM fraud_proofs WHERE run_id = ? ORDER BY step, encoded",
-                                (run_id,))
-        return [proven_fraud(r[0]) for r in rows.fetchall()]

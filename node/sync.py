@@ -1,12 +1,18 @@
-"""The sync stream protocol ``/open1b/sync/1.0.0``: pull a peer's attestations (and witness
-reveals, spot checks and fraud proofs) of one run.
+"""The sync stream protocol ``/open1b/sync/1.1.0`` (and ``1.0.0``): pull a peer's attestations
+(and witness reveals, spot checks and fraud proofs) of one run.
 
 Frames are varint-length-prefixed. Request: one frame, canonical CBOR ``{"run": <32 bytes>}``
 (≤ 256 bytes). Response: up to :data:`MAX_SYNC_STATEMENTS` frames, each one encoded attestation,
 witness reveal or spot check (≤ MAX_ATTESTATION_SIZE) or fraud proof (≤ MAX_GOSSIP_FRAUD_PROOF, at
-most :data:`MAX_SYNC_FRAUD_PROOFS` of them; a larger one as its reference, whose body the puller
-fetches from this peer, node/fraud_proof_fetch.py), then an empty frame. The puller validates every frame exactly like a
+most :data:`MAX_SYNC_FRAUD_PROOFS` of them; on ``1.1.0`` a larger one as its reference, whose body
+the puller fetches from this peer, node/fraud_proof_fetch.py), then an empty frame. The puller validates every frame exactly like a
 gossiped one, so a lying peer can waste our time but never put anything unchecked in the store.
+
+The two versions differ only in references (docs/protocol.md §11.1, r25): a node of r22 or
+earlier speaks ``1.0.0`` and reads a reference as a malformed attestation, held against the
+server; so a server answers ``1.0.0`` without them, and a puller asks for ``1.1.0`` first, then
+``1.0.0`` (one negotiation), and takes a reference on either (nodes of r23 and r24 send them on
+``1.0.0``).
 
 A second protocol, ``/open1b/sync/runs/1.0.0`` (below), lets a node learn the run manifests it
 missed on the runs topic (docs/protocol.md §11.3).
@@ -17,6 +23,7 @@ every ``sync_interval_s``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -39,7 +46,9 @@ from .statements import Statements
 
 log = logging.getLogger("open1b.node.sync")
 
-SYNC_PROTOCOL = "/open1b/sync/1.0.0"
+SYNC_PROTOCOL = "/open1b/sync/1.1.0"
+SYNC_PROTOCOL_R22 = "/open1b/sync/1.0.0"
+"""The version without fraud proof references, for nodes of r22 and earlier (module doc)."""
 MAX_SYNC_REQUEST = 256
 MAX_SYNC_STATEMENTS = 100_000
 SYNC_BATCH = 1024  # frames per ingest call (one store transaction each)
@@ -74,7 +83,7 @@ async def pull_attestations(p2p: P2P, peer_id: str, run: bytes,
     may hold either kind (a reveal is smaller than MAX_ATTESTATION_SIZE): ``ingest`` tells them apart.
     Frames are handed over SYNC_BATCH at a time, so that ingest stores each batch in one
     transaction while memory stays bounded."""
-    stream = await p2p.open_stream(peer_id, SYNC_PROTOCOL)
+    stream = await p2p.open_stream(peer_id, SYNC_PROTOCOL, SYNC_PROTOCOL_R22)
     frames: list[bytes] = []
     new = 0
     try:
@@ -172,6 +181,8 @@ class Syncer:
         known = statements.manifests
         p2p.set_stream_handler(SYNC_PROTOCOL, lambda stream: serve_sync(stream, statements.statements_for_sync,
                                                                          self._may_serve))
+        p2p.set_stream_handler(SYNC_PROTOCOL_R22, lambda stream: serve_sync(
+            stream, functools.partial(statements.statements_for_sync, refs=False), self._may_serve))
         p2p.set_stream_handler(RUNS_SYNC_PROTOCOL, lambda stream: serve_runs(
             stream, lambda: list(known), lambda run: m.encoded if (m := known.get(run)) else None, self._may_serve))
 

@@ -156,7 +156,7 @@ class FakeP2P:
     def __init__(self, stream: FakeStream) -> None:
         self.stream = stream
 
-    async def open_stream(self, peer_id: str, protocol: str) -> FakeStream:
+    async def open_stream(self, peer_id: str, protocol: str, *older: str) -> FakeStream:
         return self.stream
 
 

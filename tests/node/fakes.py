@@ -326,10 +326,13 @@ class FakeNode:
     def set_stream_handler(self, protocol: str, handler) -> None:
         self.stream_handlers[protocol] = handler
 
-    async def open_stream(self, peer_id: str, protocol: str) -> FakeStream:
+    async def open_stream(self, peer_id: str, protocol: str, *older: str) -> FakeStream:
+        """As P2P's: the first of ``protocol`` and ``older`` that the peer handles."""
         other = self.network.nodes.get(peer_id)
-        if other is None or protocol not in other.stream_handlers or peer_id in self.banned:
+        spoken = [p for p in (protocol, *older) if other is not None and p in other.stream_handlers]
+        if not spoken or peer_id in self.banned:
             raise NetworkError(f"cannot open {protocol} to {peer_id}")
+        protocol = spoken[0]
         to_them, at_them = trio.open_memory_channel(64)
         to_us, at_us = trio.open_memory_channel(64)
         theirs = FakeStream(self.peer_id, to_us, at_them)

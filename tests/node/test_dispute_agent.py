@@ -35,7 +35,8 @@ def _agent(tmp_path, manifest, me=ME, run_dir=None, p2p=None) -> DisputeAgent:
     if run_dir is not None:
         ledger.store.add_manifest(manifest, run_dir)
     return DisputeAgent(me, p2p or FakeGossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
-                        counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish, clock=Clock(),
+                        counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish,
+                        referee=ledger.statements.referee, clock=Clock(),
                         rng=random.Random(0), stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
 
 

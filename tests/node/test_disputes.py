@@ -3,6 +3,7 @@ py-libp2p hosts on loopback: a forged op ends in a fraud proof the referee check
 opened the dispute; a silent peer loses after the round timeout; an oversized or malformed
 message ends it with the sender at fault and penalised; a second dispute from one peer is busy."""
 
+import threading
 from contextlib import AsyncExitStack
 
 import numpy as np
@@ -11,6 +12,7 @@ import trio
 
 from open1b.deterministic.backend import cpu_backend
 from open1b.devnet.forged_op import ForgingBackend
+from open1b.node import disputes
 from open1b.node.disputes import DisputeServer, bisect
 from open1b.node.p2p import open_p2p
 from open1b.protocol.codec import encode
@@ -80,6 +82,41 @@ def test_a_forged_op_ends_in_a_proof_that_convicts_the_forger_whoever_opens(part
     assert result.peer_at_fault == (opener == "honest")
     # ⌈log2 ops⌉ rounds down the trace tree at most, then the output's chunk tree (one chunk here)
     assert 0 < result.rounds <= (len(honest.records) - 1).bit_length()
+
+
+def test_the_bisections_referee_runs_while_the_event_loop_runs_on(parties, monkeypatch):
+    """Each party checks the proof it built (up to seconds at the referee's bound) in a worker
+    thread: a referee that first hands the event loop a task, and waits until that task ran,
+    meets it (on the event loop it could not, and would wait out its deadline)."""
+    honest, forged = parties
+    met: list[bool] = []
+
+    async def main():
+        token = trio.lowlevel.current_trio_token()
+        entered, ran = trio.Event(), threading.Event()
+
+        def referee(data):
+            token.run_sync_soon(entered.set)
+            met.append(ran.wait(timeout=20))  # a deadlock's bound only
+            return verify_fraud_proof(data)
+
+        async def other_task():
+            await entered.wait()
+            ran.set()
+
+        monkeypatch.setattr(disputes, "verify_fraud_proof", referee)
+        with trio.fail_after(120):
+            async with AsyncExitStack() as stack:
+                a, b = await _two_hosts(stack)
+                served = _Served(b, forged)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(other_task)
+                    result = await bisect(await a.open_stream(b.peer_id, DISPUTE_PROTOCOL), honest)
+                await served.done.wait()
+        return result
+
+    assert trio.run(main).outcome == "proof"
+    assert met == [True, True]  # both parties' checks
 
 
 class _UpdateForger:

@@ -19,18 +19,21 @@ from open1b.deterministic import reduction
 from open1b.node.clock import Clock
 from open1b.node.fraud_proof_fetch import FRAUD_PROOF_PROTOCOL, ProofFetcher, fetch_fraud_proof
 from open1b.node.fraud_proof_refs import MAX_FRAUD_PROOF_REF, FraudProofRef, judge_fraud_proof_ref
-from open1b.node.fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, judge_fraud_proof
+from open1b.node.fraud_proofs import MAX_GOSSIP_FRAUD_PROOF, Bearing, judge_fraud_proof
 from open1b.node.topics import fraud_proof_refs_topic, fraud_proofs_topic
 from open1b.protocol import Outcome
 from open1b.protocol.codec import encode
 from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.errors import InvalidStatementError, ProtocolError
 from open1b.protocol.hashing import blake2b256
+from tests.protocol.conftest import make_attestation
 from tests.protocol.dispute_cases import traces_around
 from tests.runs import run_manifest
 
 from .conftest import ident
 from .fakes import FakeGossip, make_ledger
+from .test_fraud_proofs import MANIFEST as SMALL_MANIFEST
+from .test_fraud_proofs import proof as small_proof
 
 T0 = 1_800_000_000
 STEP = 3
@@ -80,8 +83,7 @@ def _ledger(directory, gossip=None, identity=OTHER):
 
 
 def _fraud(ledger, data=BIG):
-    verdict = judge_fraud_proof(data, ledger.statements.manifests.get, ledger.store.has_attestation,
-                                max_size=MAX_FRAUD_PROOF_SIZE)
+    verdict = judge_fraud_proof(data, ledger.statements.bearing, max_size=MAX_FRAUD_PROOF_SIZE)
     assert verdict.accepted, verdict.reason
     return verdict.message
 
@@ -154,8 +156,15 @@ def test_a_reference_passes_its_rules_in_order_and_a_good_one_is_wanted_not_forw
     assert validate("other", good.encoded) is Outcome.IGNORE
     assert ledger.statements.validation["fraud_proof_ref/ignore/held"] == 1 and len(wanted) == 2
     # the rules are the module's, given lookups
-    assert judge_fraud_proof_ref(good.encoded, {MANIFEST.run_id: MANIFEST}.get, lambda *a: False,
-                                 lambda r: False).message == good
+    bearing = Bearing({MANIFEST.run_id: MANIFEST}.get, lambda *a: False, lambda k: False, lambda *a: False,
+                      lambda r: True)
+    assert judge_fraud_proof_ref(good.encoded, bearing, lambda r: False).message == good
+    # a key that attested the step but does not count here (r25), and a run whose bound is reached
+    ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
+    assert validate("peer", ref(guilty=[AUDITOR.public_key])) is Outcome.IGNORE
+    assert ledger.statements.validation["fraud_proof_ref/ignore/not_counted"] == 1
+    full = dataclasses.replace(bearing, fits=lambda r: False)
+    assert judge_fraud_proof_ref(good.encoded, full, lambda r: False).code == "run_full"
 
 
 @asynccontextmanager
@@ -215,7 +224,7 @@ def test_a_fetched_body_is_judged_as_gossip_and_must_convict_whom_its_reference_
                     assert ledger.statements.validation == counts, outcome
                 assert client.rejected == {peer: 4}
                 assert [f.encoded for f in regossiped] == [BIG]  # announced again once, once stored
-        assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [BIG]
+        assert [f.digest for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(BIG)]
         cov = ledger.judge.coverage(MANIFEST.run_id)
         assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(BIG),)
 
@@ -228,7 +237,7 @@ def test_a_large_proof_is_gossiped_and_synced_as_its_reference(tmp_path):
     fraud = _fraud(ledger)
     assert trio.run(ledger.outbox.publish, fraud)
     assert gossip.published == [(fraud_proof_refs_topic(MANIFEST.run_id), FraudProofRef.of(fraud).encoded)]
-    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud]
+    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud.record]
     assert ledger.store.fraud.body(MANIFEST.run_id, fraud.digest) == BIG
     assert ledger.store.fraud.body(MANIFEST.run_id, b"\0" * 32) is None
     [synced] = [s for s in ledger.statements.statements_for_sync(MANIFEST.run_id) if s.KIND.startswith("fraud")]
@@ -283,7 +292,7 @@ def test_a_large_proof_reaches_a_node_two_hops_away_that_never_saw_the_dispute(t
                 nursery.cancel_scope.cancel()
         assert (fb.fetched["stored"], fc.fetched["stored"]) == (1, 1)
         for ledger in (lb, lc):
-            assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [BIG]
+            assert [f.digest for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(BIG)]
         cov = lc.judge.coverage(MANIFEST.run_id)
         assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(BIG),)
         assert lc.store.attestations(MANIFEST.run_id) == []  # no attestation, no quorum: the proof alone
@@ -317,6 +326,59 @@ def test_a_late_joiner_learns_a_large_proof_through_sync_and_refutes_the_step(tm
         assert fetcher.fetched == {"stored": 1}
         cov = joiner.judge.coverage(MANIFEST.run_id)
         assert cov.refuted_steps == [STEP] and cov.steps[STEP].fraud_proofs == (blake2b256(BIG),)
+
+    trio.run(main)
+
+
+def test_sync_sends_references_only_to_pullers_that_read_them(tmp_path, monkeypatch):
+    """Two real libp2p hosts. A node of r22 or earlier pulls on /open1b/sync/1.0.0 and reads a
+    reference as a malformed attestation, which it holds against the server: there the holder
+    sends none (the small proof still goes whole). A puller of now asks for 1.1.0 first and gets
+    it; from a server that speaks only 1.0.0 (r23, r24: with references) it falls back to that
+    and still takes the reference."""
+    from open1b.node import sync
+    from open1b.node.p2p import open_p2p
+    from open1b.node.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_R22, Syncer, pull_attestations, serve_sync
+
+    monkeypatch.setattr(sync, "MIN_SYNC_INTERVAL_S", 0)  # one puller asks for one run several times here
+    small = small_proof(AUDITOR, PUBLISHER)
+
+    async def pulled(client, peer, run, *protocols) -> list[bytes]:
+        got: list[bytes] = []
+
+        async def ingest(frames):
+            got.extend(frames)
+            return 0
+        if protocols:  # a puller that speaks only these
+            stream = await client.open_stream(peer, *protocols)
+            await stream.send(encode({"run": run}))
+            while frame := await stream.receive(MAX_GOSSIP_FRAUD_PROOF):
+                got.append(frame)
+            await stream.close()
+        else:
+            await pull_attestations(client, peer, run, ingest)
+        return got
+
+    async def main():
+        with trio.fail_after(60):
+            async with open_p2p(ident(5), "127.0.0.1", 0) as server, open_p2p(ident(6), "127.0.0.1", 0) as client, \
+                    open_p2p(ident(7), "127.0.0.1", 0) as old_server:
+                holder = make_ledger(tmp_path / "holder", MANIFEST, SMALL_MANIFEST, clock=Clock(wall_at_zero=T0),
+                                     gossip=server)
+                assert holder.statements.add_own(_fraud(holder))
+                assert holder.statements.add_own(judge_fraud_proof(small, holder.statements.bearing).message)
+                Syncer(server, holder.statements, holder.config, clock=holder.statements.clock,
+                       rng=random.Random(1), stats=holder.statements.stats)
+                old_server.set_stream_handler(SYNC_PROTOCOL_R22, lambda stream: serve_sync(
+                    stream, holder.statements.statements_for_sync))
+                ref = FraudProofRef.of(_fraud(holder)).encoded
+                peer = await client.connect(server.addrs[0])
+                assert await pulled(client, peer, MANIFEST.run_id, SYNC_PROTOCOL_R22) == []
+                assert await pulled(client, peer, SMALL_MANIFEST.run_id, SYNC_PROTOCOL_R22) == [small]
+                assert await pulled(client, peer, MANIFEST.run_id, SYNC_PROTOCOL) == [ref]
+                assert await pulled(client, peer, MANIFEST.run_id) == [ref]
+                old = await client.connect(old_server.addrs[0])
+                assert await pulled(client, old, MANIFEST.run_id) == [ref]
 
     trio.run(main)
 

@@ -1,6 +1,6 @@
 """Fraud proofs as statements (node/fraud_proofs.py): the run's gossip topic and its validator
 (the referee's REJECT and IGNORE, then the node's rules), stored once per conviction, read back
-re-judged, published through the outbox, served by the API and by sync."""
+with the verdict judged on arrival, published through the outbox, served by the API and by sync."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .fakes import FakeGossip, make_ledger
 
 T0 = 1_800_000_000
 STEP = 3
-PUBLISHER, AUDITOR, OTHER = ident(0), ident(1), ident(2)
+PUBLISHER, AUDITOR, OTHER, STRANGER = ident(0), ident(1), ident(2), ident(3)
 
 
 def _add_case():
@@ -61,7 +61,9 @@ def proof(honest, liar, *, run=MANIFEST.run_id, step=STEP, forged=False) -> byte
 
 
 def _ledger(tmp_path, gossip=None):
-    ledger = make_ledger(tmp_path, MANIFEST, identity=OTHER, clock=Clock(wall_at_zero=T0), gossip=gossip)
+    """A node (OTHER) whose policy counts AUDITOR's statements, not STRANGER's."""
+    ledger = make_ledger(tmp_path, MANIFEST, identity=OTHER, clock=Clock(wall_at_zero=T0), gossip=gossip,
+                         trusted_peers=(AUDITOR.peer_id,))
     trio.run(ledger.statements.join_known_runs)
     return ledger
 
@@ -88,9 +90,13 @@ def test_the_gossip_rules_in_order(tmp_path):
     # once the auditor has attested the step, a proof convicting it bears on coverage
     ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
     assert trio.run(validate, "peer", "peer", proof(PUBLISHER, AUDITOR)) is Outcome.ACCEPT
+    # a key that attested it but that the policy does not count: its conviction changes nothing here (r25)
+    ledger.statements.ingest_attestation(make_attestation(STRANGER, MANIFEST, STEP, match=False).encoded)
+    assert trio.run(validate, "peer", "peer", proof(PUBLISHER, STRANGER)) is Outcome.IGNORE
+    assert ledger.statements.validation["fraud_proof/ignore/not_counted"] == 1
 
 
-def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
+def test_stored_once_per_conviction_and_read_back_as_judged(tmp_path):
     ledger = _ledger(tmp_path)
     told = []
     ledger.statements.listeners.append(told.append)
@@ -104,8 +110,9 @@ def test_stored_once_per_conviction_and_read_back_rejudged(tmp_path):
     assert not trio.run(ingest, proof(AUDITOR, PUBLISHER, forged=True), "liar")
     assert ledger.store.fraud.of_run(b"\x22" * 32) == []
     [stored] = ledger.store.fraud.of_run(MANIFEST.run_id)
-    assert [type(s) for s in told] == [ProvenFraud] and told[0] == stored
-    assert (stored.encoded, stored.step, stored.op, stored.guilty) == (data, STEP, "add", (PUBLISHER.public_key,))
+    assert [type(s) for s in told] == [ProvenFraud] and told[0].record == stored
+    assert (stored.step, stored.op, stored.guilty) == (STEP, "add", (PUBLISHER.public_key,))
+    assert ledger.store.fraud.body(MANIFEST.run_id, stored.digest) == data
     assert stored.to_json()["guilty"] == [peer_id_from_public_key(PUBLISHER.public_key)]
     assert stored.to_json()["digest"] == blake2b256(data).hex()
     assert ledger.statements.gossip.penalised == ["liar"]
@@ -119,15 +126,14 @@ def test_of_two_proofs_of_one_conviction_every_node_keeps_the_lower_digest(tmp_p
         ledger = _ledger(tmp_path / name)
         assert [trio.run(ledger.statements.ingest_fraud_proof, d, "peer") for d in order] == \
             ([True, False] if order[0] == low else [True, True])
-        assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [low]
+        assert [f.digest for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(low)]
         assert ledger.judge.coverage(MANIFEST.run_id).steps[STEP].fraud_proofs == (blake2b256(low),)
 
 
 def test_the_outbox_stores_then_gossips_a_proof_on_the_runs_topic(tmp_path):
     gossip = FakeGossip()
     ledger = _ledger(tmp_path, gossip)
-    verdict = judge_fraud_proof(proof(AUDITOR, PUBLISHER), ledger.statements.manifests.get,
-                                ledger.store.has_attestation)
+    verdict = judge_fraud_proof(proof(AUDITOR, PUBLISHER), ledger.statements.bearing)
     fraud = verdict.message
 
     async def main():
@@ -137,7 +143,7 @@ def test_the_outbox_stores_then_gossips_a_proof_on_the_runs_topic(tmp_path):
     trio.run(main)
     assert gossip.published == [(fraud_proofs_topic(MANIFEST.run_id), fraud.encoded)]
     assert statement_topic("fraud_proof", MANIFEST.run_id) == fraud_proofs_topic(MANIFEST.run_id)
-    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud]
+    assert ledger.store.fraud.of_run(MANIFEST.run_id) == [fraud.record]
 
 
 def test_the_gossip_bound_is_a_pubsub_message_less_its_envelope():
@@ -191,7 +197,7 @@ def test_sync_serves_a_proof_to_a_node_that_missed_its_gossip(tmp_path):
                 joiner, syncer = await _holder_and_joiner(tmp_path, holder_p2p, joiner_p2p, data, MANIFEST)
                 peer = await joiner_p2p.connect(holder_p2p.addrs[0])
                 assert await syncer.sync_with(peer) == 1
-                assert [f.encoded for f in joiner.store.fraud.of_run(MANIFEST.run_id)] == [data]
+                assert [f.digest for f in joiner.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(data)]
 
     trio.run(main)
 

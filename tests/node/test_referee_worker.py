@@ -5,6 +5,7 @@ judged once."""
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -14,9 +15,12 @@ import trio.testing
 import open1b.node.fraud_proofs as fraud_proofs
 from open1b.node import fraud_proof_fetch
 from open1b.node.clock import Clock
+from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
 from open1b.node.fraud_proof_fetch import ProofFetcher
 from open1b.node.fraud_proof_refs import FraudProofRef
+from open1b.node.fraud_proofs import Bearing
 from open1b.node.referee_worker import MAX_JUDGING_PER_PEER, RefereeWorker
+from open1b.node.topics import fraud_proofs_topic
 from open1b.protocol import FraudVerdict, Outcome
 from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.hashing import blake2b256
@@ -29,6 +33,7 @@ from .test_fraud_proofs import MANIFEST as SMALL_MANIFEST
 from .test_fraud_proofs import proof as small_proof
 
 REFEREE = fraud_proofs.verify_fraud_proof
+NOTHING_KNOWN = Bearing({}.get, lambda *key: False, lambda key: False, lambda *key: False, lambda ranked: True)
 
 
 class _Gossip(FakeGossip):
@@ -80,7 +85,7 @@ def test_a_fetched_large_proof_is_judged_while_the_event_loop_runs_on(tmp_path, 
     _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: fetcher.fetch(ref, "holder"))
     assert met == [True]
     assert fetcher.fetched == {"stored": 1}  # the verdict is the referee's own
-    assert [f.encoded for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [BIG]
+    assert [f.digest for f in ledger.store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(BIG)]
 
 
 def test_a_gossiped_or_synced_proof_is_judged_while_the_event_loop_runs_on(tmp_path, monkeypatch):
@@ -92,7 +97,22 @@ def test_a_gossiped_or_synced_proof_is_judged_while_the_event_loop_runs_on(tmp_p
     synced, met = trio.run(_judged_while_another_task_runs, monkeypatch,
                            lambda: ledger.statements.ingest_synced([data], "peer"))
     assert synced == 1 and met == [True]
-    assert [f.encoded for f in ledger.store.fraud.of_run(SMALL_MANIFEST.run_id)] == [data]
+    assert [f.digest for f in ledger.store.fraud.of_run(SMALL_MANIFEST.run_id)] == [blake2b256(data)]
+
+
+def test_the_nodes_own_proof_is_judged_while_the_event_loop_runs_on(tmp_path, monkeypatch):
+    """The proof a dispute of this node's ended in (node/dispute_agent.py) is judged in the
+    referee's worker thread as a gossiped one, then stored and gossiped."""
+    ledger = _ledger(tmp_path)
+    agent = DisputeAgent(ident(9), _Gossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
+                         counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish,
+                         referee=ledger.statements.referee, clock=Clock(), rng=random.Random(0),
+                         stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
+    data = small_proof(AUDITOR, PUBLISHER)
+    _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: agent._publish(data))
+    assert met == [True]
+    assert [f.digest for f in ledger.store.fraud.of_run(SMALL_MANIFEST.run_id)] == [blake2b256(data)]
+    assert ledger.statements.gossip.published == [(fraud_proofs_topic(SMALL_MANIFEST.run_id), data)]
 
 
 class _HeldReferee:
@@ -122,7 +142,7 @@ def held(monkeypatch) -> _HeldReferee:
 
 
 def test_a_gossip_peer_has_at_most_its_bound_of_proofs_judged_and_others_still_wait_their_turn(held):
-    worker = RefereeWorker({}.get, lambda *key: False)
+    worker = RefereeWorker(NOTHING_KNOWN)
     verdicts: dict[bytes, str] = {}
 
     async def judge(data, peer):
@@ -151,7 +171,7 @@ def test_a_gossip_peer_has_at_most_its_bound_of_proofs_judged_and_others_still_w
 
 
 def test_identical_bytes_are_judged_once_and_a_large_proof_holds_up_no_small_one(held):
-    worker = RefereeWorker({}.get, lambda *key: False)
+    worker = RefereeWorker(NOTHING_KNOWN)
     large = b"\0" * (fraud_proofs.MAX_GOSSIP_FRAUD_PROOF + 1)
     verdicts: list[tuple[str, str]] = []
 
@@ -179,7 +199,7 @@ def test_identical_bytes_are_judged_once_and_a_large_proof_holds_up_no_small_one
 def test_a_judgment_cancelled_while_waiting_leaves_its_bytes_to_the_next_caller(held):
     """py-libp2p cancels a validation past its timeout: one that waits for the referee then hands
     its bytes to whoever waits on them, which judges them itself."""
-    worker = RefereeWorker({}.get, lambda *key: False)
+    worker = RefereeWorker(NOTHING_KNOWN)
     verdicts = []
 
     async def cancellable(data, *, task_status=trio.TASK_STATUS_IGNORED):

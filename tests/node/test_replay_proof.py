@@ -165,7 +165,7 @@ def test_sync_serves_reveals_beside_attestations(manifest):
     answer = served.frames  # the request was consumed; what remains is the response
 
     class _P2P:
-        async def open_stream(self, peer_id, protocol):
+        async def open_stream(self, peer_id, protocol, *older):
             stream = _Pipe()
             stream.frames = list(answer)
             stream.send = lambda frame: trio.sleep(0)  # the request goes nowhere

@@ -39,7 +39,7 @@ class FlakyNetwork(FakeGossip):
     async def discover(self, max_peers: int) -> list[str]:
         return []
 
-    async def open_stream(self, peer_id: str, protocol: str):
+    async def open_stream(self, peer_id: str, protocol: str, *older: str):
         self.opened.append(peer_id)
         raise NetworkError(f"{peer_id}: stream reset")
 
