@@ -45,6 +45,7 @@ import trio
 from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import Identity, Open1bError
 from open1b.protocol.claims import CLAIM_NAMESPACE
+from open1b.protocol.dispute.bisection import TRACE_TIMEOUT_S
 
 from .api import serve_api
 from .api_routes import Components, api_app, metrics_app
@@ -58,6 +59,7 @@ from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, api_token, check_version, prepare_data_dir
 from .dispute_agent import DisputeAgent, DisputeInbox
+from .dispute_exchange import Timing
 from .dispute_tracer import Tracer, WorkerTracer
 from .evaluator import Evaluator
 from .fetcher import Fetcher
@@ -212,8 +214,9 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     tracer = WorkerTracer(worker, scratch, config.replay_timeout_s)
     disputes = DisputeAgent(identity, p2p, harness.tracer(tracer) if harness is not None else tracer, inbox, runs=known,
                             store=store, counting=ledger.counting, fetcher=fetcher, publish=ledger.outbox.publish,
-                            clock=clock, rng=rng, stats=stats, round_timeout_s=config.dispute_round_s,
-                            trace_timeout_s=config.replay_timeout_s)
+                            clock=clock, rng=rng, stats=stats,
+                            timing=Timing(config.dispute_round_s, trace_timeout_s=min(config.replay_timeout_s,
+                                                                                      TRACE_TIMEOUT_S)))
     shutdown = trio.Event()
     dialback = DialBackServer(penalise=p2p.penalise)
     p2p.set_stream_handler(DIALBACK_PROTOCOL, dialback.handle)

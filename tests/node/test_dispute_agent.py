@@ -14,6 +14,7 @@ from trio.testing import MockClock
 from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
+from open1b.node.dispute_exchange import Timing
 from open1b.node.dispute_tracer import StepTrace, WorkerTracer
 from open1b.node.disputes import DisputeResult, Party, bisect
 from open1b.node.p2p import open_p2p
@@ -36,7 +37,7 @@ def _agent(tmp_path, manifest, me=ME, run_dir=None, p2p=None) -> DisputeAgent:
         ledger.store.add_manifest(manifest, run_dir)
     return DisputeAgent(me, p2p or FakeGossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
                         counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish, clock=Clock(),
-                        rng=random.Random(0), stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
+                        rng=random.Random(0), stats=ledger.statements.stats, timing=Timing(60, trace_timeout_s=60))
 
 
 def test_an_auditor_disputes_the_publisher_and_the_counted_keys_that_differ_from_its_replay(tmp_path, manifest):
