@@ -68,6 +68,7 @@ from .fraud_proof_fetch import ProofFetcher
 from .identity_file import load_or_create_identity
 from .ledger import Ledger, build_ledger
 from .metrics import NodeStats
+from .op_data import OpFiles
 from .p2p import P2P, open_p2p
 from .publisher import Publisher, read_run_manifest
 from .reachability import DIALBACK_PROTOCOL, DialBackServer, ReachabilityMonitor
@@ -87,6 +88,7 @@ P2P_ADDR_FILE = "p2p.addr"
 BLOBS_DIR = "blobs"
 SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the worker)
 SPILL_DIR = "spill"  # the replay worker's spill files (unnamed: the directory stays empty)
+DISPUTES_DIR = "disputes"  # disputes' op data (unnamed once the worker wrote it: node/op_data.py)
 
 # What opens a node's p2p side: called as ``open_p2p`` is (identity, host, port, heartbeat_s=,
 # max_rejects_per_peer=) and yields a P2P for the block.
@@ -211,7 +213,9 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     evaluator = Evaluator(store, identity, outbox=ledger.outbox, checkpoint=fetcher.for_eval, now=clock.wall,
                           device=cpu_device_class(), policy=lambda: ledger.counting.trust,
                           redundancy=config.redundancy, sleep=clock.sleep)
-    tracer = WorkerTracer(worker, scratch, config.replay_timeout_s)
+    op_files = OpFiles(config.data_dir / DISPUTES_DIR)
+    op_files.clear_leftovers()
+    tracer = WorkerTracer(worker, scratch, config.replay_timeout_s, op_files)
     disputes = DisputeAgent(identity, p2p, harness.tracer(tracer) if harness is not None else tracer, inbox, runs=known,
                             store=store, counting=ledger.counting, fetcher=fetcher, publish=ledger.outbox.publish,
                             clock=clock, rng=rng, stats=stats,

@@ -29,26 +29,39 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Awaitable, Callable, Sequence
+
+import trio
 
 from open1b.protocol.codec import encode
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, Descent
-from open1b.protocol.dispute.proof import InputBytes, Opening, check_record, fraud_proof_at
+from open1b.protocol.dispute.proof import Opening, check_record, fraud_proof_at
 from open1b.protocol.dispute.referee import FraudVerdict, verify_fraud_proof
-from open1b.protocol.dispute.trace import TraceCommitment, chunk_digest, chunk_size, chunk_tree, op_leaf, state_output
+from open1b.protocol.dispute.trace import (
+    TraceCommitment,
+    chunk_digest,
+    chunk_reader,
+    chunk_size,
+    chunk_tree,
+    op_leaf,
+    state_output,
+)
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.identity import public_key_from_peer_id
 from open1b.protocol.merkle import MerkleTree, leaf_hash
 
 from .clock import Clock
 from .dispute_exchange import Exchange, PeerFault, Timing
+from .op_data import OpData
 from .p2p import NetworkError, Stream
 
 log = logging.getLogger("open1b.node.disputes")
 
-OpData = Callable[[int], Awaitable[tuple[Sequence[InputBytes], Sequence[bytes]]]]
+OpDataOf = Callable[[int], Awaitable[OpData]]
 """``op_data(pos)``: op ``pos``'s input bytes (with tensor proofs for state inputs) and output
-bytes, as this party computed them (a replay to that op with ``OpTrace(keep={pos})``)."""
+bytes, as this party computed them (a replay to that op with ``OpTrace(keep={pos})``), until the
+dispute closes it."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ class Party:
     commitment: TraceCommitment
     tree: MerkleTree
     records: Sequence[dict]
-    op_data: OpData
+    op_data: OpDataOf
 
 
 @dataclass(frozen=True)
@@ -175,27 +188,36 @@ async def _after_traces(exchange: Exchange, party: Party, theirs: TraceCommitmen
         return DisputeResult("records_differ", exchange.rounds, pos, peer_at_fault=True)
     output = next(i for i, (a, b) in enumerate(zip(my_record["outputs"], their_record["outputs"])) if a != b)
     started = exchange.clock.now()
-    inputs, outputs = await party.op_data(pos)
-    exchange.computing(exchange.clock.now() - started)  # the peer replays to the op as we did: as slow again is on pace
-    data = memoryview(outputs[output]).cast("B")
+    data = await party.op_data(pos)
+    try:
+        exchange.computing(exchange.clock.now() - started)  # the peer replays to the op as we did: as slow again is on pace
+        return await _in_output(exchange, (mine, theirs), (party, descent), (my_record, their_record), data, output)
+    finally:
+        data.close()
+
+
+async def _in_output(exchange: Exchange, traces: tuple[TraceCommitment, TraceCommitment], found: tuple[Party, Descent],
+                     records: tuple[dict, dict], data: OpData, output: int) -> DisputeResult:
+    """Bisect output ``output`` of the op both descended to, into its chunks; the proof. The op's
+    bytes are read in pieces (they may be on disk, node/op_data.py), off the event loop."""
+    (party, descent), (my_record, their_record) = found, records
     state = state_output(my_record["kind"])  # the update's outputs are chunked as the state tree is (§18.1)
-    tree = chunk_tree(data, state=state)
+    tree = await trio.to_thread.run_sync(partial(chunk_tree, data.outputs[output], state=state))
     if tree.root != my_record["outputs"][output]["root"]:
-        raise RuntimeError(f"op {pos}'s data is not what this party's trace committed")  # our bug, not the peer's
+        raise RuntimeError(f"op {descent.position}'s data is not what this party's trace committed")  # our bug
     chunks = Descent(tree, their_record["outputs"][output]["root"])
     await _descend(exchange, chunks)
-    c = chunks.position
-    size = chunk_size(state=state)
-    mine_chunk = bytes(data[c * size:(c + 1) * size])
+    c, size = chunks.position, chunk_size(state=state)
+    mine_chunk = bytes(chunk_reader(data.outputs[output])[1](c * size, size))
     reply = await exchange({"t": "chunk", "data": mine_chunk}, "chunk")
     if len(reply["data"]) != len(mine_chunk) or \
             leaf_hash(chunk_digest(c, reply["data"], state=state)) != chunks.peer_hash:
         raise PeerFault("peer_malformed", f"its chunk is not the leaf {c} it revealed")
-    proof = fraud_proof_at((mine, theirs), (tuple(party.tree.proof(pos)), descent.peer_path()),
-                           (my_record, their_record), inputs, output,
-                           (Opening(c, mine_chunk, tuple(tree.proof(c))), Opening(c, reply["data"], chunks.peer_path())))
-    encoded = proof.encode()
-    verdict = verify_fraud_proof(encoded)
+    pos, theirs = descent.position, traces[1]
+    claimed = (Opening(c, mine_chunk, tuple(tree.proof(c))), Opening(c, reply["data"], chunks.peer_path()))
+    encoded = await trio.to_thread.run_sync(lambda: fraud_proof_at(
+        traces, (tuple(party.tree.proof(pos)), descent.peer_path()), records, data.inputs, output, claimed).encode())
+    verdict = await trio.to_thread.run_sync(verify_fraud_proof, encoded)
     return DisputeResult("proof", exchange.rounds, pos, encoded, verdict, peer_at_fault=theirs.tracer in verdict.guilty)
 
 
