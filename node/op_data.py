@@ -32,7 +32,10 @@ from .worker import ReplayFailed
 
 MAX_OP_FILE = 1 << 30  # one op's inputs and outputs (a product's whole matrices)
 MAX_OP_HEADER = 1 << 20  # sizes and tensor proofs of at most 128 inputs
-OP_FILES_AT_ONCE = 2  # files held at once: at most 2 GiB of disk
+# Files held at once: one per dispute a node runs at once (4 answered, 2 opened), so none waits for
+# another to end (2 did: two peers slow in their op data could stall this node's other disputes
+# past their peers' compute waits); 6 GiB of disk at most, beside a gpt-1b replay's 22 GB.
+OP_FILES_AT_ONCE = 6
 
 
 class FilePiece:
