@@ -19,13 +19,14 @@ op's inputs are found by identity, and an array read back from a spill file is a
 from __future__ import annotations
 
 import dataclasses
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from open1b.protocol import RunManifest
+from open1b.protocol import RunManifest, TensorProof
 from open1b.protocol.codec import encode
 from open1b.protocol.commitments import state_root_of_digests, tensor_digest_of_chunks, tensor_proof_of_digests
 from open1b.protocol.dispute.proof import InputBytes
@@ -122,32 +123,47 @@ def trace_step(run_dir: Path, manifest: RunManifest, step: int, *, backend=None)
     return TracedStep(step, trace, trace.tree(), manifest.state_hashes[step], post)
 
 
-def op_data(run_dir: Path, manifest: RunManifest, step: int, pos: int, *, backend=None
-            ) -> tuple[list[InputBytes], list[bytes]]:
-    """Op ``pos`` of step ``step`` as this party computes it: its inputs' bytes (a state input with
-    its tensor proof against h_k) and its outputs' bytes."""
+def _kept_op(run_dir: Path, manifest: RunManifest, step: int, pos: int, backend
+             ) -> tuple[list[tuple[np.ndarray, TensorProof | None]], list[np.ndarray]]:
     s = _Step(Path(run_dir), manifest, step)
     trace = OpTrace(state_roots=s.roots, keep=frozenset({pos}))
     s.run(trace, backend)
     inputs, outputs = trace.kept[pos]
-    given = [InputBytes(a.tobytes(), tensor_proof_of_digests(s.prev, step, s.digests, s.consumed, e["state"],
-                                                             lr_bits=s.lr_bits) if "state" in e else None)
-             for a, e in zip(inputs, trace.records[pos]["inputs"])]  # fmt: skip
-    return given, [a.tobytes() for a in outputs]
+    given = [(a, tensor_proof_of_digests(s.prev, step, s.digests, s.consumed, e["state"], lr_bits=s.lr_bits)
+              if "state" in e else None) for a, e in zip(inputs, trace.records[pos]["inputs"])]  # fmt: skip
+    return given, outputs
+
+
+def op_data(run_dir: Path, manifest: RunManifest, step: int, pos: int, *, backend=None
+            ) -> tuple[list[InputBytes], list[bytes]]:
+    """Op ``pos`` of step ``step`` as this party computes it: its inputs' bytes (a state input with
+    its tensor proof against h_k) and its outputs' bytes."""
+    inputs, outputs = _kept_op(run_dir, manifest, step, pos, backend)
+    return [InputBytes(a.tobytes(), proof) for a, proof in inputs], [a.tobytes() for a in outputs]
+
+
+OP_FILE_HEAD = struct.Struct("<I")
+"""An op-data file starts with its header's length (node/op_data.py reads it)."""
 
 
 def write_dispute_file(run_dir: Path, step: int, out: Path, pos: int | None = None) -> int:
-    """The worker's answer to a dispute's request, as canonical CBOR in ``out`` (its size): the
-    trace of ``step`` (``pos`` None: ``{"records", "pre_state", "post_state"}``), or op ``pos``'s
-    data (``{"inputs": [[bytes, tensor proof | null]…], "outputs": [bytes…]}``)."""
+    """The worker's answer to a dispute's request in ``out`` (its size): the trace of ``step``
+    (``pos`` None), canonical CBOR ``{"records", "pre_state", "post_state"}``; or op ``pos``'s
+    data, which the daemon reads in pieces (node/op_data.py): u32le n, an n-byte canonical CBOR
+    header ``{"inputs": [[nbytes, tensor proof | null]…], "outputs": [nbytes…]}``, then each
+    input's raw bytes and each output's, in that order, written from the arrays (no copy whole)."""
     manifest = read_manifest(Path(run_dir))
     if pos is None:
         t = trace_step(run_dir, manifest, step)
-        body = {"records": t.trace.records, "pre_state": t.pre_state, "post_state": t.post_state}
-    else:
-        inputs, outputs = op_data(run_dir, manifest, step, pos)
-        body = {"inputs": [[i.data, None if i.state_proof is None else dataclasses.asdict(i.state_proof)]
-                           for i in inputs], "outputs": outputs}
-    data = encode(body)
-    Path(out).write_bytes(data)
-    return len(data)
+        data = encode({"records": t.trace.records, "pre_state": t.pre_state, "post_state": t.post_state})
+        Path(out).write_bytes(data)
+        return len(data)
+    inputs, outputs = _kept_op(run_dir, manifest, step, pos, None)
+    arrays = [np.ascontiguousarray(a) for a, _ in inputs] + [np.ascontiguousarray(a) for a in outputs]
+    header = encode({"inputs": [[a.nbytes, None if proof is None else dataclasses.asdict(proof)]
+                                for (a, proof) in inputs], "outputs": [a.nbytes for a in outputs]})
+    with open(out, "wb") as f:
+        f.write(OP_FILE_HEAD.pack(len(header)) + header)
+        for a in arrays:
+            f.write(memoryview(a).cast("B"))
+    return OP_FILE_HEAD.size + len(header) + sum(a.nbytes for a in arrays)

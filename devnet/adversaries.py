@@ -61,8 +61,9 @@ from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.auditor import Replayer
 from open1b.node.config import ConfigError
 from open1b.node.daemon import Daemon
-from open1b.node.dispute_tracer import OpData, StepTrace, Tracer
+from open1b.node.dispute_tracer import StepTrace, Tracer
 from open1b.node.files import write_atomic
+from open1b.node.op_data import OpData
 from open1b.node.p2p import NetworkError, Stream
 from open1b.node.spot_answers import MAX_CHALLENGE_REQUEST, SPOTCHECK_PROTOCOL, AnswerServer
 from open1b.node.sync import MAX_SYNC_REQUEST, SYNC_PROTOCOL
@@ -217,7 +218,8 @@ class _ForgingTracer:
     async def op_data(self, manifest: RunManifest, run_dir: Path, step: int, pos: int) -> OpData:
         if (manifest.run_id, step) not in self.forged:
             return await self.honest.op_data(manifest, run_dir, step, pos)
-        return await trio.to_thread.run_sync(partial(op_data, run_dir, manifest, step, pos, backend=ForgingBackend()))
+        return OpData(*await trio.to_thread.run_sync(partial(op_data, run_dir, manifest, step, pos,
+                                                             backend=ForgingBackend())))
 
 
 class _BadDisputant:

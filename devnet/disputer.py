@@ -15,6 +15,7 @@ import trio
 
 from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.disputes import DisputeResult, DisputeServer, Party, bisect
+from open1b.node.op_data import OpData
 from open1b.node.p2p import open_p2p
 from open1b.protocol import Identity, RunManifest
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL
@@ -31,7 +32,7 @@ def party(run_dir: Path, manifest: RunManifest, step: int, identity: Identity, b
                                         post_state=traced.post_state, ops=traced.trace.ops, root=traced.tree.root)
 
     async def data(pos: int):
-        return op_data(run_dir, manifest, step, pos, backend=backend() if backend else None)
+        return OpData(*op_data(run_dir, manifest, step, pos, backend=backend() if backend else None))
 
     return Party(commitment, traced.tree, traced.trace.records, data)
 

@@ -45,6 +45,7 @@ import trio
 from open1b.deterministic.device import cpu_device_class
 from open1b.protocol import Identity, Open1bError
 from open1b.protocol.claims import CLAIM_NAMESPACE
+from open1b.protocol.dispute.bisection import TRACE_TIMEOUT_S
 
 from .api import serve_api
 from .api_routes import Components, api_app, metrics_app
@@ -58,6 +59,7 @@ from .clock import Clock
 from .config import NodeConfig, split_hostport
 from .datadir import DaemonLock, api_token, check_version, prepare_data_dir
 from .dispute_agent import DisputeAgent, DisputeInbox
+from .dispute_exchange import Timing
 from .dispute_tracer import Tracer, WorkerTracer
 from .evaluator import Evaluator
 from .fetcher import Fetcher
@@ -66,6 +68,7 @@ from .fraud_proof_fetch import ProofFetcher
 from .identity_file import load_or_create_identity
 from .ledger import Ledger, build_ledger
 from .metrics import NodeStats
+from .op_data import OpFiles
 from .p2p import P2P, open_p2p
 from .publisher import Publisher, read_run_manifest
 from .reachability import DIALBACK_PROTOCOL, DialBackServer, ReachabilityMonitor
@@ -85,6 +88,7 @@ P2P_ADDR_FILE = "p2p.addr"
 BLOBS_DIR = "blobs"
 SPOT_DIR = "spot"  # answers and checks in flight (files handed to and from the worker)
 SPILL_DIR = "spill"  # the replay worker's spill files (unnamed: the directory stays empty)
+DISPUTES_DIR = "disputes"  # disputes' op data (unnamed once the worker wrote it: node/op_data.py)
 
 # What opens a node's p2p side: called as ``open_p2p`` is (identity, host, port, heartbeat_s=,
 # max_rejects_per_peer=) and yields a P2P for the block.
@@ -209,12 +213,14 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
     evaluator = Evaluator(store, identity, outbox=ledger.outbox, checkpoint=fetcher.for_eval, now=clock.wall,
                           device=cpu_device_class(), policy=lambda: ledger.counting.trust,
                           redundancy=config.redundancy, sleep=clock.sleep)
-    tracer = WorkerTracer(worker, scratch, config.replay_timeout_s)
+    op_files = OpFiles(config.data_dir / DISPUTES_DIR)
+    op_files.clear_leftovers()
+    tracer = WorkerTracer(worker, scratch, config.replay_timeout_s, op_files)
     disputes = DisputeAgent(identity, p2p, harness.tracer(tracer) if harness is not None else tracer, inbox, runs=known,
                             store=store, counting=ledger.counting, fetcher=fetcher, publish=ledger.outbox.publish,
-                            referee=statements.referee,
-                            clock=clock, rng=rng, stats=stats, round_timeout_s=config.dispute_round_s,
-                            trace_timeout_s=config.replay_timeout_s)
+                            referee=statements.referee, clock=clock, rng=rng, stats=stats,
+                            timing=Timing(config.dispute_round_s, trace_timeout_s=min(config.replay_timeout_s,
+                                                                                      TRACE_TIMEOUT_S)))
     shutdown = trio.Event()
     dialback = DialBackServer(penalise=p2p.penalise)
     p2p.set_stream_handler(DIALBACK_PROTOCOL, dialback.handle)

@@ -22,7 +22,8 @@ open over a step it published or attested.
 * **Bounds** (a trace is a full replay of the step, in the worker): at most ``max_open`` disputes
   opened at once and :data:`MAX_PENDING` waiting; one dispute with a peer at a time, either way
   (busy, unreachable, or our trace failed: :data:`BUSY_TRIES` tries, a random 2–8 s apart); 4
-  answered at once; a peer's next dispute answered no sooner than its last answer took (one peer
+  answered at once (a newcomer takes the slot of a peer behind its pace, :mod:`.disputes`); each
+  peer's time bounded (:mod:`.dispute_exchange`, r28); a peer's next dispute answered no sooner than its last answer took (one peer
   gets at most half the worker); the last :data:`TRACES_KEPT` traces kept (no replay again).
 * **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py: up
   to the referee's bound, a key that vouched for the step and counts here; the referee in the
@@ -53,6 +54,7 @@ from open1b.protocol.identity import peer_id_from_public_key, public_key_from_pe
 from .blobs import provider_key
 from .clock import Clock
 from .counting import Counting
+from .dispute_exchange import Timing
 from .dispute_tracer import StepTrace, Tracer
 from .disputes import DisputeResult, DisputeServer, Party, bisect
 from .fetcher import Fetcher
@@ -90,15 +92,15 @@ class DisputeInbox:
 class DisputeAgent:
     def __init__(self, identity: Identity, p2p: P2P, tracer: Tracer, inbox: DisputeInbox, *,
                  runs: Mapping[bytes, RunManifest], store: Store, counting: Counting, fetcher: Fetcher,
-                 publish: Callable[[ProvenFraud], Awaitable[bool]], referee: RefereeWorker, clock: Clock, rng: random.Random,
-                 stats: NodeStats, round_timeout_s: float, trace_timeout_s: float, max_open: int = 2) -> None:
+                 publish: Callable[[ProvenFraud], Awaitable[bool]], referee: RefereeWorker, clock: Clock,
+                 rng: random.Random, stats: NodeStats, timing: Timing, max_open: int = 2) -> None:
         self.identity, self.me, self.p2p, self.tracer, self.inbox = identity, identity.public_key, p2p, tracer, inbox
         self.runs, self.store, self.counting, self.fetcher, self.publish = runs, store, counting, fetcher, publish
         self.clock, self.rng, self.stats, self.referee = clock, rng, stats, referee
-        self.round_timeout_s, self.trace_timeout_s = round_timeout_s, trace_timeout_s
+        self.timing = timing
         self.engaged: set[str] = set()  # peers in a dispute with us, either way
         self.server = DisputeServer(self.find, penalise=p2p.penalise, on_result=self._answered,
-                                    round_timeout_s=round_timeout_s, admit=self._admit, engaged=self.engaged)
+                                    timing=timing, clock=clock, admit=self._admit, engaged=self.engaged)
         self._opening = trio.CapacityLimiter(max_open)
         self._seen: set[tuple[bytes, int, bytes]] = set()  # (run, step, key) disputed once already
         self._settled: set[tuple[bytes, int, bytes]] = set()  # ... and settled in a dispute the peer opened
@@ -226,8 +228,7 @@ class DisputeAgent:
                     await self._find(manifest, peer)
                     stream = await self.p2p.open_stream(peer, DISPUTE_PROTOCOL)
                     log.info("dispute with %s over step %d opened", peer, step)
-                    result = await bisect(stream, party, round_timeout_s=self.round_timeout_s,
-                                          trace_timeout_s=self.trace_timeout_s)
+                    result = await bisect(stream, party, timing=self.timing, clock=self.clock)
                     with suppress(NetworkError):
                         await stream.close()
                 finally:

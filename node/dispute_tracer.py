@@ -27,14 +27,13 @@ from typing import Protocol
 import cbor2
 import trio
 
-from open1b.protocol import RunManifest, TensorProof
-from open1b.protocol.dispute.proof import InputBytes
+from open1b.protocol import RunManifest
 
 from .files import FileRefused, read_bounded
+from .op_data import OpData, OpFiles
 from .worker import ReplayFailed, ReplayWorker
 
 MAX_TRACE_FILE = 64 << 20  # a step's op records (`gpt-1b`: ~10⁵ records of at most 16 KiB)
-MAX_OP_FILE = 1 << 30  # one op's inputs and outputs (a product's whole matrices)
 
 
 @dataclass(frozen=True)
@@ -46,22 +45,20 @@ class StepTrace:
     post_state: bytes
 
 
-OpData = tuple[list[InputBytes], list[bytes]]
-
-
 class Tracer(Protocol):
     async def trace(self, manifest: RunManifest, run_dir: Path, step: int) -> StepTrace:
         """Step ``step`` replayed from checkpoint ``step`` in ``run_dir``, traced; :class:`ReplayFailed`."""
 
     async def op_data(self, manifest: RunManifest, run_dir: Path, step: int, pos: int) -> OpData:
-        """Op ``pos``'s input bytes (state inputs with their tensor proofs) and output bytes."""
+        """Op ``pos``'s input bytes (state inputs with their tensor proofs) and output bytes, until
+        the caller closes it."""
 
 
 class WorkerTracer:
     """Traces in the worker process, bounded by the replay deadline."""
 
-    def __init__(self, worker: ReplayWorker, scratch: Path, timeout_s: float) -> None:
-        self.worker, self.scratch, self.timeout_s = worker, scratch, timeout_s
+    def __init__(self, worker: ReplayWorker, scratch: Path, timeout_s: float, op_files: OpFiles) -> None:
+        self.worker, self.scratch, self.timeout_s, self.op_files = worker, scratch, timeout_s, op_files
 
     async def _file(self, request: dict, limit: int) -> dict:
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -87,14 +84,10 @@ class WorkerTracer:
             raise ReplayFailed(f"malformed trace file: {exc}") from exc
 
     async def op_data(self, manifest: RunManifest, run_dir: Path, step: int, pos: int) -> OpData:
-        got = await self._file({"op": "op_data", "run_dir": str(run_dir), "step": step, "pos": pos}, MAX_OP_FILE)
-        try:
-            inputs = [InputBytes(bytes(data), None if proof is None else _tensor_proof(proof))
-                      for data, proof in got["inputs"]]
-            return inputs, [bytes(o) for o in got["outputs"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReplayFailed(f"malformed op file: {exc}") from exc
+        async def request(out: str) -> None:
+            await self.worker.request({"op": "op_data", "run_dir": str(run_dir), "step": step, "pos": pos, "out": out},
+                                      timeout_s=self.timeout_s, what=f"op_data of step {step}")
+
+        return await self.op_files.write(request)
 
 
-def _tensor_proof(fields: dict) -> TensorProof:
-    return TensorProof(**{**fields, "path": tuple(fields["path"])})

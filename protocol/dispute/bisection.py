@@ -35,6 +35,19 @@ MAX_CHUNK_MESSAGE = MAX_CHUNK + 64
 """Bytes of a chunk message: the chunk (its path is what the descent to it revealed)."""
 ROUND_TIMEOUT_S = 60.0
 """A party that does not answer a round within this loses the dispute on the node that waited."""
+ROUND_PACE_S = 5.0
+"""An honest party's pace per exchange: two hashes it holds and a round trip (~30 ms on loopback)."""
+TRACE_TIMEOUT_S = 3600.0
+"""How long a party may take for a traced replay (its trace, or its op data): ``ANSWER_SECONDS``."""
+CHUNK_ROUNDS = 17
+"""Rounds down the largest output's chunk tree: ⌈log2(MAX_OP_TENSOR_BYTES / TRACE_CHUNK_SIZE)⌉."""
+
+
+def rounds_budget(ops: int, *, round_timeout_s: float = ROUND_TIMEOUT_S, pace_s: float = ROUND_PACE_S) -> float:
+    """The time a party's exchanges other than its two traced replays take together, at most
+    (§18.5): each of ⌈log2 ops⌉ + ``CHUNK_ROUNDS`` + 3 at the pace, and one round timeout besides."""
+    return round_timeout_s + pace_s * ((ops - 1).bit_length() + CHUNK_ROUNDS + 3)
+
 ERRORS = ("busy", "no_trace", "not_disputed")
 
 class _Checked:

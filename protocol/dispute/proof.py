@@ -29,7 +29,8 @@ from ..messages import PROTOCOL_VERSION
 from ..schema import Bytes, Enum, ListOf, UInt, check_map
 from .ops import KINDS, WHOLE, input_rows, rows_of
 from .trace import (
-    MAX_TRACE_OPS, MAX_TRACE_SIZE, TraceCommitment, chunk_count, chunk_size, chunk_tree, nbytes, state_output,
+    MAX_TRACE_OPS, MAX_TRACE_SIZE, Pieces, TraceCommitment, chunk_count, chunk_reader, chunk_size, chunk_tree, nbytes,
+    state_output,
 )  # fmt: skip
 
 KIND = "fraud_proof"
@@ -239,15 +240,16 @@ def needed_chunks(entry: dict, how: str, row: int, attrs: dict) -> list[int]:
 
 @dataclass(frozen=True)
 class InputBytes:
-    """An input's raw bytes and, for a state input, its tensor proof against pre_state."""
+    """An input's raw bytes (or a reader of them, :class:`.trace.Pieces`) and, for a state input,
+    its tensor proof against pre_state."""
 
-    data: bytes
+    data: bytes | Pieces
     state_proof: TensorProof | None = None
 
 
-def _openings(data: bytes, indices: Sequence[int], *, state: bool) -> tuple[Opening, ...]:
-    tree, size = chunk_tree(data, state=state), chunk_size(state=state)
-    return tuple(Opening(i, bytes(data[i * size:(i + 1) * size]), tuple(tree.proof(i))) for i in indices)
+def _openings(data: bytes | Pieces, indices: Sequence[int], *, state: bool) -> tuple[Opening, ...]:
+    tree, size, (_, read) = chunk_tree(data, state=state), chunk_size(state=state), chunk_reader(data)
+    return tuple(Opening(i, bytes(read(i * size, size)), tuple(tree.proof(i))) for i in indices)
 
 
 def make_fraud_proof(traces: tuple[TraceCommitment, TraceCommitment], trees: tuple[MerkleTree, MerkleTree],

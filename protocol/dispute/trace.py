@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from ..codec import encode
 from ..commitments import CHUNK_SIZE, ITEMSIZE
@@ -73,11 +73,26 @@ def chunk_count(nbytes: int, *, state: bool) -> int:
     return max(1, -(-nbytes // chunk_size(state=state)))
 
 
-def chunk_tree(data: bytes | memoryview, *, state: bool = False) -> MerkleTree:
+class Pieces(Protocol):
+    """A tensor's raw bytes read in pieces, never whole (a node keeps a dispute's op data on disk)."""
+
+    nbytes: int
+
+    def read(self, offset: int, size: int) -> bytes: ...
+
+
+def chunk_reader(data: bytes | memoryview | Pieces) -> tuple[int, Callable[[int, int], bytes | memoryview]]:
+    """``data``'s size and a reader of ``(offset, size)`` pieces of it, without a copy of a buffer."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        raw = memoryview(data).cast("B")
+        return raw.nbytes, lambda offset, size: raw[offset:offset + size]
+    return data.nbytes, data.read
+
+
+def chunk_tree(data: bytes | memoryview | Pieces, *, state: bool = False) -> MerkleTree:
     """The Merkle tree over the chunk digests of a tensor's raw bytes."""
-    size, raw = chunk_size(state=state), memoryview(data).cast("B")
-    return MerkleTree([chunk_digest(i, raw[i * size:(i + 1) * size], state=state)
-                       for i in range(chunk_count(raw.nbytes, state=state))])
+    size, (n, read) = chunk_size(state=state), chunk_reader(data)
+    return MerkleTree([chunk_digest(i, read(i * size, size), state=state) for i in range(chunk_count(n, state=state))])
 
 
 def nbytes(dtype: str, shape: Sequence[int]) -> int:

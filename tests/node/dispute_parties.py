@@ -8,6 +8,7 @@ from open1b.deterministic import PRESETS, batch_for_step, builtin_dataset, init_
 from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.op_trace import OpTrace
 from open1b.node.disputes import Party
+from open1b.node.op_data import OpData
 from open1b.protocol import TensorBytes, state_hash, tensor_proof
 from open1b.protocol.dispute.proof import InputBytes
 from open1b.protocol.dispute.trace import TraceCommitment
@@ -52,6 +53,6 @@ def party(identity: Identity, backend_factory=lambda: cpu_backend(False)) -> Par
         entries = kept.records[pos]["inputs"]
         given = [InputBytes(a.tobytes(), tensor_proof(PREV, STEP, tensors, BATCH_DIGEST, e["state"], lr_bits=LR_BITS)
                             if "state" in e else None) for a, e in zip(inputs, entries)]
-        return given, [a.tobytes() for a in outputs]
+        return OpData(given, [a.tobytes() for a in outputs])
 
     return Party(commitment, tree, trace.records, op_data)

@@ -6,6 +6,7 @@ dispute between two daemons runs in the devnet scenarios (tests/scenarios/test_s
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import cbor2
 import trio
@@ -14,13 +15,15 @@ from trio.testing import MockClock
 from open1b.deterministic.dispute_replay import op_data, trace_step
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
+from open1b.node.dispute_exchange import Timing
 from open1b.node.dispute_tracer import StepTrace, WorkerTracer
 from open1b.node.disputes import DisputeResult, Party, bisect
+from open1b.node.op_data import OpFiles
 from open1b.node.p2p import open_p2p
 from open1b.node.worker import ReplayFailed, ReplayWorker
 from open1b.protocol.codec import encode
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
-from open1b.protocol.dispute.trace import TraceCommitment, trace_tree
+from open1b.protocol.dispute.trace import TraceCommitment, chunk_tree, nbytes, trace_tree
 from open1b.protocol.hashing import blake2b256
 from tests.protocol.conftest import make_attestation
 
@@ -37,7 +40,7 @@ def _agent(tmp_path, manifest, me=ME, run_dir=None, p2p=None) -> DisputeAgent:
     return DisputeAgent(me, p2p or FakeGossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
                         counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish,
                         referee=ledger.statements.referee, clock=Clock(),
-                        rng=random.Random(0), stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
+                        rng=random.Random(0), stats=ledger.statements.stats, timing=Timing(60, trace_timeout_s=60))
 
 
 def test_an_auditor_disputes_the_publisher_and_the_counted_keys_that_differ_from_its_replay(tmp_path, manifest):
@@ -72,28 +75,53 @@ def test_a_publisher_disputes_a_counted_key_whose_result_is_not_its_published_st
     assert _agent(tmp_path / "elsewhere", manifest, me=PUBLISHER).my_post_state(manifest, 1) is None
 
 
-def test_the_worker_traces_a_step_bit_for_bit_as_the_engine_does(tmp_path, tampered_run):
+def _op_bytes(record: dict) -> int:
+    return sum(nbytes(t["dtype"], t["shape"]) for t in record["inputs"] + record["outputs"])
+
+
+def test_the_worker_traces_a_step_bit_for_bit_and_its_op_data_stays_on_disk(tmp_path, tampered_run):
     run_dir, manifest = tampered_run
     step = 2  # the forged one: the honest trace does not reach the published h_3
+    op_files = OpFiles(tmp_path / "disputes", at_once=1)
 
     async def main():
         worker = ReplayWorker("cpu")
         try:
             with trio.fail_after(600):
-                tracer = WorkerTracer(worker, tmp_path / "scratch", 300)
+                tracer = WorkerTracer(worker, tmp_path / "scratch", 300, op_files)
                 traced = await tracer.trace(manifest, run_dir, step)
-                pos = len(traced.records) // 2
-                return traced, pos, await tracer.op_data(manifest, run_dir, step, pos)
+                # the op with the most bytes whose tensors are read in trace chunks (64 KiB)
+                pos = max((r["pos"] for r in traced.records if r["kind"] != "adamw"),
+                          key=lambda p: _op_bytes(traced.records[p]))
+                tracemalloc.start()
+                data = await tracer.op_data(manifest, run_dir, step, pos)
+                roots = [await trio.to_thread.run_sync(chunk_tree, t) for t in
+                         [i.data for i in data.inputs] + list(data.outputs)]
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                held = list((tmp_path / "disputes").iterdir()), op_files.held.borrowed_tokens
+                whole = ([(i.data.read(0, i.data.nbytes), i.state_proof) for i in data.inputs],
+                         [o.read(0, o.nbytes) for o in data.outputs])
+                data.close()
+                return traced, pos, roots, peak, held, whole
         finally:
             await worker.aclose()
 
-    traced, pos, (inputs, outputs) = trio.run(main)
+    traced, pos, roots, peak, held, (inputs, outputs) = trio.run(main)
     engine = trace_step(run_dir, manifest, step)
     assert traced.records == engine.trace.records and trace_tree(traced.records).root == engine.tree.root
     assert (traced.pre_state, traced.post_state) == (engine.pre_state, engine.post_state)
     assert traced.post_state != manifest.state_hashes[step + 1]
-    assert (inputs, outputs) == tuple(op_data(run_dir, manifest, step, pos))
-    assert list((tmp_path / "scratch").iterdir()) == []  # the worker's files are gone once read
+    engine_inputs, engine_outputs = op_data(run_dir, manifest, step, pos)
+    assert inputs == [(i.data, i.state_proof) for i in engine_inputs] and outputs == engine_outputs
+    record = traced.records[pos]
+    assert [r.root for r in roots] == [t["root"] for t in record["inputs"] + record["outputs"]]
+    # held on disk, unnamed (nothing left in the directory), one of the files the bound allows;
+    # read in pieces: the daemon never held the op's bytes whole (it decoded them whole from the
+    # worker's file before: twice the op's bytes at its peak; here 64 KiB pieces of 192 KiB)
+    assert held == ([], 1) and op_files.held.borrowed_tokens == 0
+    assert peak < 0.6 * _op_bytes(record), (peak, _op_bytes(record))
+    assert list((tmp_path / "scratch").iterdir()) == []  # the worker's trace file is gone once read
 
 
 def test_a_peers_next_dispute_is_answered_no_sooner_than_its_last_answer_took(tmp_path, manifest):

@@ -1,14 +1,18 @@
 """The descent of docs/protocol.md §18.5 (protocol/dispute/bisection.py): over trees of every size
 up to a few hundred leaves, the two parties reach the first leaf at which they differ, each
 holding the other's audit path of it, in one round per level with two children; a reveal that
-does not hash to the node revealed before is caught; every message is bounded and typed."""
+does not hash to the node revealed before is caught; every message is bounded and typed; the
+rounds budget is the text's formula (r28)."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from open1b.protocol.codec import encode
-from open1b.protocol.dispute.bisection import MAX_CHUNK_MESSAGE, MAX_ROUND_MESSAGE, Descent, decode_message
+from open1b.protocol.dispute.bisection import (
+    CHUNK_ROUNDS, MAX_CHUNK_MESSAGE, MAX_ROUND_MESSAGE, TRACE_TIMEOUT_S, Descent, decode_message, rounds_budget)
+from open1b.protocol.dispute.referee import MAX_OP_TENSOR_BYTES
+from open1b.protocol.dispute.trace import TRACE_CHUNK_SIZE
 from open1b.protocol.errors import ProtocolError
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import MerkleTree, verify_merkle_proof
@@ -68,3 +72,12 @@ def test_messages_are_bounded_and_typed(message, expected, code):
 
 def test_an_error_answers_any_message():
     assert decode_message(encode({"t": "error", "code": "busy"}), "children") == {"t": "error", "code": "busy"}
+
+
+def test_the_rounds_budget_is_the_formula_of_section_18_5():
+    # CHUNK_ROUNDS: the rounds down the chunk tree of the largest output the referee judges
+    assert CHUNK_ROUNDS == (MAX_OP_TENSOR_BYTES // TRACE_CHUNK_SIZE - 1).bit_length() == 17
+    # B(n) = ROUND_TIMEOUT_S + ROUND_PACE_S × (⌈log2 n⌉ + CHUNK_ROUNDS + 3): `tiny`'s 9 levels, gpt-1b's 18
+    assert rounds_budget(512) == 60 + 5 * (9 + 20) and rounds_budget(513) == 60 + 5 * (10 + 20)
+    assert rounds_budget(205_279) == 250 and rounds_budget(8, round_timeout_s=3, pace_s=1) == 3 + 23
+    assert 2 * TRACE_TIMEOUT_S + rounds_budget(205_279) == 7450  # the deadline D(n) at gpt-1b

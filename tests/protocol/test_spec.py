@@ -85,6 +85,7 @@ def test_cddl_is_the_code_schema(cls):
 def test_constants_table_is_the_code():
     from open1b.node import blobs, p2p, spot_answers, sync
     from open1b.protocol import claims, codec, evaluation, messages, spotcheck, trajectory, validation, witness
+    from open1b.protocol.dispute import bisection
 
     code = {
         "PROTOCOL_VERSION": messages.PROTOCOL_VERSION, "MAX_MANIFEST_SIZE": messages.MAX_MANIFEST_SIZE,
@@ -102,6 +103,8 @@ def test_constants_table_is_the_code():
         "MAX_CHALLENGE_REQUEST": spot_answers.MAX_CHALLENGE_REQUEST,
         "MAX_PENDING_ANSWERS": spot_answers.MAX_PENDING_ANSWERS,
         "MAX_ANSWER_SIZE": spotcheck.MAX_ANSWER_SIZE,
+        "ROUND_TIMEOUT_S": bisection.ROUND_TIMEOUT_S, "ROUND_PACE_S": bisection.ROUND_PACE_S,
+        "TRACE_TIMEOUT_S": bisection.TRACE_TIMEOUT_S, "CHUNK_ROUNDS": bisection.CHUNK_ROUNDS,
     }
     table = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", _section("2. Constants"), re.M))
     assert {k: int(v) for k, v in table.items()} == code
