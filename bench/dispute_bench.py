@@ -19,6 +19,11 @@ replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_re
 replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
+``proof_bytes`` of the ``--computed`` presets above ``small`` (default ``gpt-125m`` and ``gpt-1b``),
+and ``proof_bytes_computed`` of each (``small`` included, ``computed_vs_measured_small`` its largest
+relative difference from the measured): every op of a step at the preset's shapes, a proof over its
+middle element, computed from the shapes by bench/dispute_sizes.py (r27's reads, no tensor).
+
 Writes bench/results/dispute.json (a run that measures one part keeps the file's other parts).
 """
 
@@ -287,6 +292,8 @@ def main() -> int:
     parser.add_argument("--presets", nargs="*", default=["small", "gpt-125m"], help="proof size and referee time")
     parser.add_argument("--trace-presets", nargs="*", default=["tiny", "small"], help="the trace producer's overhead")
     parser.add_argument("--forged-op", nargs="*", default=["tiny", "small"], help="the forged-op dispute's size and time")
+    parser.add_argument("--computed", nargs="*", default=["small", "gpt-125m", "gpt-1b"],
+                        help="proof sizes computed from shapes (bench/dispute_sizes.py)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import os
@@ -303,8 +310,23 @@ def main() -> int:
         for p, res in results.items():
             out["proof_bytes"][p] = {r["kind"] if r["kind"] != "matmul" and r["kind"] != "cross_entropy" else r["op"]:
                                      r["proof_bytes"] for r in res["ops"]}
+            out["proof_bytes"][p]["max"] = res["proof_bytes_max"]
             out["referee_vs_replay"][p] = res["referee_vs_replay_max"]
             out["presets"][p] = {**res, "machine": machine}
+    if args.computed:
+        from dispute_sizes import computed  # this folder: the script's own, first on sys.path
+
+        sizes = out.setdefault("proof_bytes_computed", {})
+        for p in args.computed:
+            sizes[p] = computed(p)
+            if p != "small":  # small's are measured (above); the rest are these
+                out.setdefault("proof_bytes", {})[p] = {label: row["proof_bytes"] for label, row in sizes[p].items()}
+                out["proof_bytes"][p]["max"] = max(row["proof_bytes"] for row in sizes[p].values())
+            print(f"{p:9} computed proofs: largest {max(r['proof_bytes'] for r in sizes[p].values()):,} B", flush=True)
+        if "small" in sizes and "small" in out.get("presets", {}):
+            measured = {r["op"]: r["proof_bytes"] for r in out["presets"]["small"]["ops"]}
+            out["computed_vs_measured_small"] = max(abs(sizes["small"][k]["proof_bytes"] / v - 1)
+                                                    for k, v in measured.items() if k in sizes["small"])
     if args.forged_op:
         import tempfile
 
