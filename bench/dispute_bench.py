@@ -19,6 +19,9 @@ replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_re
 replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
+``sliced_referee`` (per ``--sliced`` preset, default ``gpt-125m``): the referee's time on the
+proofs that carry slices there (a weight and an attention gradient), against ``small``'s replay
+of this run, a lower bound of that preset's replay (:func:`sliced_referee`).
 ``proof_bytes`` of the ``--computed`` presets above ``small`` (default ``gpt-125m`` and ``gpt-1b``),
 and ``proof_bytes_computed`` of each (``small`` included, ``computed_vs_measured_small`` its largest
 relative difference from the measured): every op of a step at the preset's shapes, a proof over its
@@ -251,6 +254,47 @@ def forged_op(preset_name: str, workdir: Path) -> dict:
             "rounds": result.rounds, "bisection_wall_s": wall, "traced_replay_cpu_s": trace_s, "referee_s": referee_s}
 
 
+def sliced_referee(preset_name: str, repeats: int) -> dict:
+    """The referee on the proofs that carry slices (r27) at the preset's shapes: a weight
+    gradient xᵀ @ du and an attention gradient pᵀ @ do (every head's scores), its time against
+    ``small``'s replay (a lower bound of the preset's) measured in the same run by the caller."""
+    import numpy as np
+
+    from open1b.deterministic import PRESETS, attention, matmul
+    from open1b.protocol import Identity
+    from open1b.protocol.dispute.reads import SlicedOpening
+    from open1b.protocol.dispute.referee import verify_fraud_proof
+    from tests.protocol.dispute_cases import traces_around
+
+    c, t = PRESETS[preset_name].config, PRESETS[preset_name].topology
+    n, d, f, T, bh = t.micro_batch_size * c.seq_len, c.d_model, c.d_ff, c.seq_len, t.micro_batch_size * c.n_heads
+    rng = np.random.default_rng(1)
+    x, du = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((n, f)).astype(np.float32)
+    p = attention.KERNELS[False][3](rng.standard_normal((bh, T, T)).astype(np.float32), np.float32(0.125))
+    do = rng.standard_normal((bh, T, c.head_dim)).astype(np.float32)
+    cases = [("matmul x.T @ du (a weight gradient)", [x, du], {"trans_a": 1, "trans_b": 0, "structure": 0},
+              matmul.MATMUL[False](x[None], du[None], True, False, 0)[0]),
+             ("matmul p.T @ do (an attention gradient)", [p, do], {"trans_a": 1, "trans_b": 0, "structure": 3},
+              matmul.MATMUL[False](p, do, True, False, 3))]  # fmt: skip
+    honest, forger = Identity(b"\x01" * 32), Identity(b"\x02" * 32)
+    rows = {}
+    for label, inputs, attrs, out in cases:
+        proof = traces_around("matmul", inputs, attrs, [out], (honest, forger), forge_element=out.size // 2)
+        data = proof.encode()
+        verify_fraud_proof(data)
+        times = []
+        for _ in range(repeats):
+            start = time.thread_time()
+            verdict = verify_fraud_proof(data)
+            times.append(time.thread_time() - start)
+        assert verdict.accepted and verdict.guilty == (forger.public_key,), verdict
+        slices = sum(len(o.slices) for chunks in proof.reads for o in chunks if type(o) is SlicedOpening)
+        rows[label] = {"proof_bytes": len(data), "slices": slices, "referee_s": statistics.median(times)}
+        print(f"{preset_name:9} {label:42} {len(data):>10,} B, {slices:,} slices, referee "
+              f"{statistics.median(times) * 1e3:.1f} ms", flush=True)
+    return rows
+
+
 def bench_preset(preset_name: str, repeats: int) -> dict:
     import numpy as np
 
@@ -294,6 +338,8 @@ def main() -> int:
     parser.add_argument("--forged-op", nargs="*", default=["tiny", "small"], help="the forged-op dispute's size and time")
     parser.add_argument("--computed", nargs="*", default=["small", "gpt-125m", "gpt-1b"],
                         help="proof sizes computed from shapes (bench/dispute_sizes.py)")
+    parser.add_argument("--sliced", nargs="*", default=["gpt-125m"],
+                        help="the referee on proofs that carry slices at these shapes, against small's replay")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import os
@@ -313,6 +359,12 @@ def main() -> int:
             out["proof_bytes"][p]["max"] = res["proof_bytes_max"]
             out["referee_vs_replay"][p] = res["referee_vs_replay_max"]
             out["presets"][p] = {**res, "machine": machine}
+    if args.sliced:
+        replay = out.get("presets", {}).get("small", {}).get("replay_s")
+        out["sliced_referee"] = {p: sliced_referee(p, args.repeats) for p in args.sliced}
+        for p, rows in out["sliced_referee"].items():
+            for row in rows.values():
+                row["referee_vs_small_replay"] = row["referee_s"] / replay if replay else None
     if args.computed:
         from dispute_sizes import computed  # this folder: the script's own, first on sys.path
 
