@@ -109,7 +109,7 @@ def proof_bytes(kind: str, inputs, attrs: dict, output: int, *, ops: int, state_
     from open1b.protocol.dispute.reads import (
         SLICE_SIZE,
         SlicedOpening,
-        element_ranges,
+        element_reads,
         needed_chunks,
         plan,
         read_by_elements,
@@ -133,7 +133,7 @@ def proof_bytes(kind: str, inputs, attrs: dict, output: int, *, ops: int, state_
         csize, count = chunk_size(state=state), chunk_count(nbytes(entry["dtype"], entry["shape"]), state=state)
         in_total = nbytes(entry["dtype"], entry["shape"])
         if read_by_elements(entry):
-            planned = plan(entry, element_ranges(kind, which, entry, how, attrs, out_shape, element))
+            planned = plan(entry, element_reads(kind, which, entry, how, attrs, out_shape, element)) or []
         else:
             planned = [(c, None) for c in needed_chunks(entry, how, row, attrs)]
         openings = []

@@ -30,7 +30,7 @@ from ..messages import PROTOCOL_VERSION
 from ..schema import Bytes, Enum, ListOf, UInt, check_map
 from .ops import KINDS, WHOLE
 from .reads import (
-    SLICE_SIZE, SlicedOpening, check_sliced, disputed_element, element_ranges, needed_chunks, plan, read_by_elements, sliced_opening,
+    SLICE_SIZE, SlicedOpening, check_sliced, disputed_element, element_reads, needed_chunks, plan, read_by_elements, sliced_opening,
 )  # fmt: skip
 from .trace import (
     MAX_TRACE_OPS, MAX_TRACE_SIZE, TraceCommitment, chunk_count, chunk_size, chunk_tree, state_output,
@@ -254,8 +254,8 @@ def fraud_proof_at(traces: tuple[TraceCommitment, TraceCommitment], paths: tuple
     reads = []
     for which, (entry, how, given) in enumerate(zip(records[0]["inputs"], modes, inputs)):
         if kind and read_by_elements(entry):
-            ranges = element_ranges(kind.name, which, entry, how, attrs, shape, element)
-            reads.append(_planned_openings(given.data, plan(entry, ranges), state="state" in entry))
+            runs = element_reads(kind.name, which, entry, how, attrs, shape, element)
+            reads.append(_planned_openings(given.data, plan(entry, runs) or [], state="state" in entry))
         else:
             reads.append(_openings(given.data, needed_chunks(entry, how, row, attrs), state="state" in entry))
     return FraudProof(traces, records[0]["pos"], records, paths, tuple(reads),

@@ -109,10 +109,11 @@ def _batched(shape: Sequence[int]) -> tuple[int, int, int]:
     return tuple(shape) if len(shape) == 3 else (1, *shape)  # type: ignore[return-value]
 
 
-def element_ranges(kind: str, which: int, entry: dict, how: str, attrs: dict, out_shape: Sequence[int],
-                   element: int) -> list[tuple[int, int]]:
+def element_reads(kind: str, which: int, entry: dict, how: str, attrs: dict, out_shape: Sequence[int],
+                  element: int) -> list[tuple[int, int, int]]:
     """The elements of input ``which`` (``entry``, read ``how``) that output element ``element``
-    (of ``out_shape``) reads, as ascending [start, stop) ranges of the input's flat elements."""
+    (of ``out_shape``) reads, as runs (start, stride, count) of the input's flat elements: a row is
+    (start, 1, width), a column (first, row width, rows)."""
     shape = tuple(entry["shape"])
     _, out_width = rows_of(tuple(out_shape))
     row, col = divmod(element, out_width)
@@ -122,28 +123,48 @@ def element_ranges(kind: str, which: int, entry: dict, how: str, attrs: dict, ou
         i = row % _batched(out_shape)[1]
         along = attrs["trans_a"] if which == 0 else not attrs["trans_b"]  # the operand's K runs down its rows
         index = i if which == 0 else col
-        if along:
-            return [(base + k * d2 + index, base + k * d2 + index + 1) for k in range(d1)]
-        return [(base + index * d2, base + (index + 1) * d2)]
-    if kind == "sum_rows":  # output element c (a 1-D output: its rows are its elements) is column c's sum
-        n, width = rows_of(shape)
-        return [(r * width + element, r * width + element + 1) for r in range(n)]
+        return [(base + index, d2, d1)] if along else [(base + index * d2, 1, d2)]
     n, width = rows_of(shape)
+    if kind == "sum_rows":  # output element c (a 1-D output: its rows are its elements) is column c's sum
+        return [(element, width, n)]
     if how == WHOLE:
-        return [(0, n * width)]
-    return [(r * width, (r + 1) * width) for r in sorted(set(input_rows(how, row, attrs)))]
+        return [(0, 1, n * width)]
+    return [(r * width, 1, width) for r in sorted(set(input_rows(how, row, attrs)))]
 
 
-def plan(entry: dict, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, tuple[int, ...] | None]]:
-    """The openings a proof carries of input ``entry`` read by elements ``ranges``: (chunk index,
-    its slices, or None for a whole chunk), ascending (module doc)."""
+def _spans(runs: Sequence[tuple[int, int, int]], item: int, unit: int):
+    """Byte spans [b0, b1) covering the elements of ``runs`` at the granularity ``unit``: a run
+    whose elements lie less than ``unit`` apart touches every unit between its first and last, so
+    it is one span; otherwise each element is its own."""
+    for start, stride, count in runs:
+        if count == 1 or stride * item < unit:
+            yield start * item, (start + (count - 1) * stride + 1) * item
+        else:
+            for k in range(count):
+                yield (start + k * stride) * item, (start + k * stride + 1) * item
+
+
+def plan(entry: dict, runs: Sequence[tuple[int, int, int]],
+         limit: int | None = None) -> list[tuple[int, tuple[int, ...] | None]] | None:
+    """The openings a proof carries of input ``entry`` read by elements ``runs``: (chunk index,
+    its slices, or None for a whole chunk), ascending (module doc). None as soon as more than
+    ``limit`` chunks are touched: a referee stops where the proof cannot hold the plan, so a
+    record naming a huge column costs it at most ~64 steps per opening the proof carries."""
     item, total, state = ITEMSIZE[entry["dtype"]], nbytes(entry["dtype"], entry["shape"]), "state" in entry
     size = chunk_size(state=state)
-    if state:
-        return [(c, None) for c in sorted({c for s, e in ranges for c in range(s * item // size, -(-e * item // size))})]
-    touched: dict[int, set[int]] = {}
-    for s, e in ranges:
-        for sl in range(s * item // SLICE_SIZE, -(-e * item // SLICE_SIZE)):
-            touched.setdefault(sl // SLICES, set()).add(sl % SLICES)
+    unit = size if state else SLICE_SIZE
+    per = size // unit
+    touched: dict[int, set[int] | None] = {}  # chunk: its touched slices, None for all
+    for b0, b1 in _spans(runs, item, unit):
+        g0, g1 = b0 // unit, (b1 - 1) // unit
+        for c in range(g0 // per, g1 // per + 1):
+            lo, hi = max(g0, c * per) - c * per, min(g1, c * per + per - 1) - c * per
+            if hi - lo + 1 == per:
+                touched[c] = None
+            elif touched.get(c, ()) is not None:
+                touched.setdefault(c, set()).update(range(lo, hi + 1))  # type: ignore[union-attr]
+            if limit is not None and len(touched) > limit:
+                return None
     full = total // TRACE_CHUNK_SIZE  # chunks before this one are full
-    return [(c, None if c >= full or len(sl) == SLICES else tuple(sorted(sl))) for c, sl in sorted(touched.items())]
+    return [(c, None if state or sl is None or c >= full or len(sl) == SLICES else tuple(sorted(sl)))
+            for c, sl in sorted(touched.items())]

@@ -19,7 +19,7 @@ from ..identity import peer_id_from_public_key
 from ..merkle import MerkleTree, verify_merkle_proof
 from .ops import KINDS, output_shapes, rows_of
 from .proof import FraudProof, Opening
-from .reads import SLICE_SIZE, SlicedOpening, disputed_element, element_ranges, needed_chunks, plan, read_by_elements
+from .reads import SLICE_SIZE, SlicedOpening, disputed_element, element_reads, needed_chunks, plan, read_by_elements
 from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf, state_output
 
 
@@ -168,7 +168,8 @@ def _judge(proof: FraudProof) -> FraudVerdict:
         # an input over SLICED_INPUT_BYTES: the chunks, or slices, holding the elements the disputed element reads
         given = [(o.index, o.slices if type(o) is SlicedOpening else None) for o in openings]
         if read_by_elements(entry):
-            want = plan(entry, element_ranges(kind.name, which, entry, how, attrs, want_shapes[proof.output], element))
+            want = plan(entry, element_reads(kind.name, which, entry, how, attrs, want_shapes[proof.output], element),
+                        limit=len(openings))
         else:
             want = [(c, None) for c in needed_chunks(entry, how, row, attrs)]
         if given != want:
