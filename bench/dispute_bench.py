@@ -2,7 +2,7 @@
 a replay of one whole step measured in the same run.
 
     .venv/bin/python bench/dispute_bench.py [--presets small gpt-125m] [--trace-presets tiny small]
-        [--forged-op tiny small] [--repeats 3]
+        [--forged-op tiny small] [--sliced gpt-125m] [--computed small gpt-125m gpt-1b] [--repeats 3]
 
 For each preset and each op kind the referee re-executes, one op at the shape the model runs it
 (the first layer's, micro-batch rows = micro_batch_size x seq_len), its inputs random normals (the
