@@ -5,7 +5,8 @@ The proof is the real object — ``FraudProof`` with both signed traces, both re
 the openings :func:`~open1b.protocol.dispute.proof.fraud_proof_at` would carry (the same
 ``needed_chunks`` / ``plan`` of r27) — with zero bytes where a chunk's, a slice's or a hash's
 content would be, so its encoding has the true length. The trace paths are those of a trace of
-``ops`` records, a state tensor's of the preset's state. ``bench/dispute_bench.py`` measures
+``ops`` records, a state tensor's of the preset's state. Each decodes within the referee's bounds
+(``FraudProof.decode``: size, CBOR items, schema, both signatures). ``bench/dispute_bench.py`` measures
 ``small``'s proofs on real data and checks this against them.
 
     .venv/bin/python bench/dispute_sizes.py [--presets small gpt-125m gpt-1b]
@@ -158,7 +159,9 @@ def proof_bytes(kind: str, inputs, attrs: dict, output: int, *, ops: int, state_
                                           ops=ops, root=bytes([p]) * 32) for p in range(2))  # fmt: skip
     proof = FraudProof(traces, ops - 2, records, (_path(ops - 2, ops),) * 2, tuple(reads),
                        tuple(state_proof if "state" in e else None for e in entries), output, chunk, (claimed, claimed))
-    return {"proof_bytes": len(proof.encode()), "input_bytes": carried, "slices": sliced}
+    data = proof.encode()
+    FraudProof.decode(data)  # within the referee's bounds: size, CBOR items, schema, signatures
+    return {"proof_bytes": len(data), "input_bytes": carried, "slices": sliced}
 
 
 def step_op_count(preset_name: str) -> int:
