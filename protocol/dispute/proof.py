@@ -38,11 +38,12 @@ from .trace import (
 
 KIND = "fraud_proof"
 MAX_FRAUD_PROOF_SIZE = 128 << 20
-"""Bytes: the largest proof the referee reads. A proof carries the input chunks one output chunk
-of one op reads (§18.3); the largest is a product reading a whole gpt-1b matrix (64 MiB)."""
+"""Bytes: the largest proof the referee reads. A proof carries the input chunks (or slices, r27)
+the disputed element reads (§18.3); at gpt-1b the largest is 67.7 MB, a whole 64 MiB tensor."""
 MAX_FRAUD_PROOF_ITEMS = 1 << 20
-"""CBOR data items of a proof: a full-size proof holds ~8,000 chunks of ~20 items each, and a
-bound on items, not only bytes, keeps a proof of tiny items from costing gigabytes to decode."""
+"""CBOR data items of a proof: a full-size proof holds ~8,000 chunks of ~20 items each (a gpt-1b
+weight gradient's, 5,120 sliced openings: 172k), and a bound on items, not only bytes, keeps a
+proof of tiny items from costing gigabytes to decode."""
 MAX_OP_INPUTS = 128
 """Inputs of one op: `clip` reads one sum of squares per parameter (gpt-1b: 112)."""
 MAX_OUTPUTS = 4
