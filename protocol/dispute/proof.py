@@ -30,7 +30,8 @@ from ..messages import PROTOCOL_VERSION
 from ..schema import Bytes, Enum, ListOf, UInt, check_map
 from .ops import KINDS, WHOLE
 from .reads import (
-    SLICE_SIZE, SlicedOpening, check_sliced, disputed_element, element_reads, needed_chunks, plan, read_by_elements, sliced_opening,
+    SLICE_SIZE, SlicedOpening, check_sliced, disputed_element, element_reads, needed_chunks, plan, read_by_elements,
+    sliced_opening,
 )  # fmt: skip
 from .trace import (
     MAX_TRACE_OPS, MAX_TRACE_SIZE, TraceCommitment, chunk_count, chunk_size, chunk_tree, state_output,

@@ -155,8 +155,9 @@ def _judge(proof: FraudProof) -> FraudVerdict:
             raise _reject("a claimed chunk does not open its party's output", "claimed_chunk")
     if proof.claimed[0].data == proof.claimed[1].data:
         raise _reject("the claimed chunks are equal", "claimed_chunk")
-    # [REJECT] exactly the input chunks the disputed row reads, each opening its input's root
-    # (a state input's root proven against pre_state, h_step)
+    # [REJECT] exactly the input chunks the disputed row reads (of an input over SLICED_INPUT_BYTES,
+    # the chunks or slices holding the elements the disputed element reads), each opening its
+    # input's root (a state input's root proven against pre_state, h_step)
     element, row = disputed_element(want_shapes[proof.output], proof.chunk, proof.claimed[0].data,
                                     proof.claimed[1].data, state=out_state)
     if len(proof.reads) != len(inputs):
@@ -165,7 +166,6 @@ def _judge(proof: FraudProof) -> FraudVerdict:
     for which, (entry, how, openings, state_proof) in enumerate(zip(inputs, modes, proof.reads, proof.state)):
         state = "state" in entry
         size = nbytes(entry["dtype"], entry["shape"])
-        # an input over SLICED_INPUT_BYTES: the chunks, or slices, holding the elements the disputed element reads
         given = [(o.index, o.slices if type(o) is SlicedOpening else None) for o in openings]
         if read_by_elements(entry):
             want = plan(entry, element_reads(kind.name, which, entry, how, attrs, want_shapes[proof.output], element),
