@@ -19,8 +19,9 @@ replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_re
 replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
-``sliced_referee`` (per ``--sliced`` preset, default ``gpt-125m``): the referee's time on the
-proofs that carry slices there (a weight and an attention gradient), against ``small``'s replay
+``sliced_referee`` (per ``--sliced`` preset, default ``gpt-125m``, and ``--sliced-zero`` preset,
+default none): the referee's time on the proofs that carry slices there (a weight and an
+attention gradient; with zero operands, the weight gradient alone), against ``small``'s replay
 of this run, a lower bound of that preset's replay (:func:`sliced_referee`).
 ``proof_bytes`` of the ``--computed`` presets above ``small`` (default ``gpt-125m`` and ``gpt-1b``),
 and ``proof_bytes_computed`` of each (``small`` included, ``computed_vs_measured_small`` its largest
@@ -254,33 +255,51 @@ def forged_op(preset_name: str, workdir: Path) -> dict:
             "rounds": result.rounds, "bisection_wall_s": wall, "traced_replay_cpu_s": trace_s, "referee_s": referee_s}
 
 
-def sliced_referee(preset_name: str, repeats: int) -> dict:
+def sliced_referee(preset_name: str, repeats: int, *, zeros: bool = False) -> dict:
     """The referee on the proofs that carry slices (r27) at the preset's shapes: a weight
     gradient xᵀ @ du and an attention gradient pᵀ @ do (every head's scores), its time against
-    ``small``'s replay (a lower bound of the preset's) measured in the same run by the caller."""
+    ``small``'s replay (a lower bound of the preset's) measured in the same run by the caller.
+    With ``zeros`` (``--sliced-zero``, for `gpt-1b`, whose product the serial kernel would take
+    minutes to compute) the weight gradient alone, its operands +0.0 and so its output (the
+    referee's work is the same for any values: it hashes every slice and folds one column pair);
+    ~1.3 GB at `gpt-1b`, the op's operands twice over."""
     import numpy as np
 
     from open1b.deterministic import PRESETS, attention, matmul
+
+    c, t = PRESETS[preset_name].config, PRESETS[preset_name].topology
+    n, d, f, T, bh = t.micro_batch_size * c.seq_len, c.d_model, c.d_ff, c.seq_len, t.micro_batch_size * c.n_heads
+    weight = {"trans_a": 1, "trans_b": 0, "structure": 0}
+    if zeros:
+        cases = [("matmul x.T @ du (a weight gradient), zero operands", [np.zeros((n, d), np.float32),
+                  np.zeros((n, f), np.float32)], weight, np.zeros((d, f), np.float32))]  # fmt: skip
+        return _judged(preset_name, cases, repeats)
+    rng = np.random.default_rng(1)
+    x, du = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((n, f)).astype(np.float32)
+    p = attention.KERNELS[False][3](rng.standard_normal((bh, T, T)).astype(np.float32), np.float32(0.125))
+    do = rng.standard_normal((bh, T, c.head_dim)).astype(np.float32)
+    cases = [("matmul x.T @ du (a weight gradient)", [x, du], weight,
+              matmul.MATMUL[False](x[None], du[None], True, False, 0)[0]),
+             ("matmul p.T @ do (an attention gradient)", [p, do], {"trans_a": 1, "trans_b": 0, "structure": 3},
+              matmul.MATMUL[False](p, do, True, False, 3))]  # fmt: skip
+    return _judged(preset_name, cases, repeats)
+
+
+def _judged(preset_name: str, cases: list, repeats: int) -> dict:
+    """Proofs of ``cases`` (label, inputs, attrs, output) with the middle element forged, and the
+    referee's median CPU time on each."""
     from open1b.protocol import Identity
     from open1b.protocol.dispute.reads import SlicedOpening
     from open1b.protocol.dispute.referee import verify_fraud_proof
     from tests.protocol.dispute_cases import traces_around
 
-    c, t = PRESETS[preset_name].config, PRESETS[preset_name].topology
-    n, d, f, T, bh = t.micro_batch_size * c.seq_len, c.d_model, c.d_ff, c.seq_len, t.micro_batch_size * c.n_heads
-    rng = np.random.default_rng(1)
-    x, du = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((n, f)).astype(np.float32)
-    p = attention.KERNELS[False][3](rng.standard_normal((bh, T, T)).astype(np.float32), np.float32(0.125))
-    do = rng.standard_normal((bh, T, c.head_dim)).astype(np.float32)
-    cases = [("matmul x.T @ du (a weight gradient)", [x, du], {"trans_a": 1, "trans_b": 0, "structure": 0},
-              matmul.MATMUL[False](x[None], du[None], True, False, 0)[0]),
-             ("matmul p.T @ do (an attention gradient)", [p, do], {"trans_a": 1, "trans_b": 0, "structure": 3},
-              matmul.MATMUL[False](p, do, True, False, 3))]  # fmt: skip
     honest, forger = Identity(b"\x01" * 32), Identity(b"\x02" * 32)
     rows = {}
     for label, inputs, attrs, out in cases:
         proof = traces_around("matmul", inputs, attrs, [out], (honest, forger), forge_element=out.size // 2)
         data = proof.encode()
+        slices = sum(len(o.slices) for chunks in proof.reads for o in chunks if type(o) is SlicedOpening)
+        del proof
         verify_fraud_proof(data)
         times = []
         for _ in range(repeats):
@@ -288,7 +307,6 @@ def sliced_referee(preset_name: str, repeats: int) -> dict:
             verdict = verify_fraud_proof(data)
             times.append(time.thread_time() - start)
         assert verdict.accepted and verdict.guilty == (forger.public_key,), verdict
-        slices = sum(len(o.slices) for chunks in proof.reads for o in chunks if type(o) is SlicedOpening)
         rows[label] = {"proof_bytes": len(data), "slices": slices, "referee_s": statistics.median(times)}
         print(f"{preset_name:9} {label:42} {len(data):>10,} B, {slices:,} slices, referee "
               f"{statistics.median(times) * 1e3:.1f} ms", flush=True)
@@ -340,6 +358,8 @@ def main() -> int:
                         help="proof sizes computed from shapes (bench/dispute_sizes.py)")
     parser.add_argument("--sliced", nargs="*", default=["gpt-125m"],
                         help="the referee on proofs that carry slices at these shapes, against small's replay")
+    parser.add_argument("--sliced-zero", nargs="*", default=[],
+                        help="the same on a weight gradient with zero operands at these shapes (gpt-1b: ~1.3 GB)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import os
@@ -360,8 +380,12 @@ def main() -> int:
             out["referee_vs_replay"][p] = res["referee_vs_replay_max"]
             out["presets"][p] = {**res, "machine": machine}
     if args.sliced:
-        replay = out.get("presets", {}).get("small", {}).get("replay_s")
         out["sliced_referee"] = {p: sliced_referee(p, args.repeats) for p in args.sliced}
+    if args.sliced_zero:
+        out.setdefault("sliced_referee", {}).update({p: sliced_referee(p, args.repeats, zeros=True)
+                                                     for p in args.sliced_zero})
+    if args.sliced or args.sliced_zero:
+        replay = out.get("presets", {}).get("small", {}).get("replay_s")
         for p, rows in out["sliced_referee"].items():
             for row in rows.values():
                 row["referee_vs_small_replay"] = row["referee_s"] / replay if replay else None

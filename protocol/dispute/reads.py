@@ -1,5 +1,6 @@
-"""What a fraud proof carries of a large input (docs/protocol.md §18.2–§18.3, r27): the elements
-the disputed element reads, in 1 KiB slices of its trace chunks. No numpy.
+"""What a fraud proof carries of an op's inputs (docs/protocol.md §18.2–§18.3): the disputed
+element, the chunks its row reads, and of an input over 8 MiB (r27) the elements it reads, in
+1 KiB slices of its trace chunks. No numpy.
 
 An input of at most :data:`SLICED_INPUT_BYTES` is carried as before r27: whole chunks, those the
 disputed row reads (:func:`needed_chunks`). A larger one is read by *elements*: a product's
