@@ -2,7 +2,7 @@
 a replay of one whole step measured in the same run.
 
     .venv/bin/python bench/dispute_bench.py [--presets small gpt-125m] [--trace-presets tiny small]
-        [--forged-op tiny small] [--repeats 3]
+        [--forged-op tiny small] [--sliced gpt-125m] [--computed small gpt-125m gpt-1b] [--repeats 3]
 
 For each preset and each op kind the referee re-executes, one op at the shape the model runs it
 (the first layer's, micro-batch rows = micro_batch_size x seq_len), its inputs random normals (the
@@ -18,6 +18,15 @@ replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_re
 ``--trace-presets`` preset): a replay with ``train_step(…, trace=OpTrace())`` against the same
 replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
+
+``sliced_referee`` (per ``--sliced`` preset, default ``gpt-125m``, and ``--sliced-zero`` preset,
+default none): the referee's time on the proofs that carry slices there (a weight and an
+attention gradient; with zero operands, the weight gradient alone), against ``small``'s replay
+of this run, a lower bound of that preset's replay (:func:`sliced_referee`).
+``proof_bytes`` of the ``--computed`` presets above ``small`` (default ``gpt-125m`` and ``gpt-1b``),
+and ``proof_bytes_computed`` of each (``small`` included, ``computed_vs_measured_small`` its largest
+relative difference from the measured): every op of a step at the preset's shapes, a proof over its
+middle element, computed from the shapes by bench/dispute_sizes.py (r27's reads, no tensor).
 
 Writes bench/results/dispute.json (a run that measures one part keeps the file's other parts).
 """
@@ -246,6 +255,64 @@ def forged_op(preset_name: str, workdir: Path) -> dict:
             "rounds": result.rounds, "bisection_wall_s": wall, "traced_replay_cpu_s": trace_s, "referee_s": referee_s}
 
 
+def sliced_referee(preset_name: str, repeats: int, *, zeros: bool = False) -> dict:
+    """The referee on the proofs that carry slices (r27) at the preset's shapes: a weight
+    gradient xᵀ @ du and an attention gradient pᵀ @ do (every head's scores), its time against
+    ``small``'s replay (a lower bound of the preset's) measured in the same run by the caller.
+    With ``zeros`` (``--sliced-zero``, for `gpt-1b`, whose product the serial kernel would take
+    minutes to compute) the weight gradient alone, its operands +0.0 and so its output (the
+    referee's work is the same for any values: it hashes every slice and folds one column pair);
+    ~1.3 GB at `gpt-1b`, the op's operands twice over."""
+    import numpy as np
+
+    from open1b.deterministic import PRESETS, attention, matmul
+
+    c, t = PRESETS[preset_name].config, PRESETS[preset_name].topology
+    n, d, f, T, bh = t.micro_batch_size * c.seq_len, c.d_model, c.d_ff, c.seq_len, t.micro_batch_size * c.n_heads
+    weight = {"trans_a": 1, "trans_b": 0, "structure": 0}
+    if zeros:
+        cases = [("matmul x.T @ du (a weight gradient), zero operands", [np.zeros((n, d), np.float32),
+                  np.zeros((n, f), np.float32)], weight, np.zeros((d, f), np.float32))]  # fmt: skip
+        return _judged(preset_name, cases, repeats)
+    rng = np.random.default_rng(1)
+    x, du = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((n, f)).astype(np.float32)
+    p = attention.KERNELS[False][3](rng.standard_normal((bh, T, T)).astype(np.float32), np.float32(0.125))
+    do = rng.standard_normal((bh, T, c.head_dim)).astype(np.float32)
+    cases = [("matmul x.T @ du (a weight gradient)", [x, du], weight,
+              matmul.MATMUL[False](x[None], du[None], True, False, 0)[0]),
+             ("matmul p.T @ do (an attention gradient)", [p, do], {"trans_a": 1, "trans_b": 0, "structure": 3},
+              matmul.MATMUL[False](p, do, True, False, 3))]  # fmt: skip
+    return _judged(preset_name, cases, repeats)
+
+
+def _judged(preset_name: str, cases: list, repeats: int) -> dict:
+    """Proofs of ``cases`` (label, inputs, attrs, output) with the middle element forged, and the
+    referee's median CPU time on each."""
+    from open1b.protocol import Identity
+    from open1b.protocol.dispute.reads import SlicedOpening
+    from open1b.protocol.dispute.referee import verify_fraud_proof
+    from tests.protocol.dispute_cases import traces_around
+
+    honest, forger = Identity(b"\x01" * 32), Identity(b"\x02" * 32)
+    rows = {}
+    for label, inputs, attrs, out in cases:
+        proof = traces_around("matmul", inputs, attrs, [out], (honest, forger), forge_element=out.size // 2)
+        data = proof.encode()
+        slices = sum(len(o.slices) for chunks in proof.reads for o in chunks if type(o) is SlicedOpening)
+        del proof
+        verify_fraud_proof(data)
+        times = []
+        for _ in range(repeats):
+            start = time.thread_time()
+            verdict = verify_fraud_proof(data)
+            times.append(time.thread_time() - start)
+        assert verdict.accepted and verdict.guilty == (forger.public_key,), verdict
+        rows[label] = {"proof_bytes": len(data), "slices": slices, "referee_s": statistics.median(times)}
+        print(f"{preset_name:9} {label:42} {len(data):>10,} B, {slices:,} slices, referee "
+              f"{statistics.median(times) * 1e3:.1f} ms", flush=True)
+    return rows
+
+
 def bench_preset(preset_name: str, repeats: int) -> dict:
     import numpy as np
 
@@ -287,6 +354,12 @@ def main() -> int:
     parser.add_argument("--presets", nargs="*", default=["small", "gpt-125m"], help="proof size and referee time")
     parser.add_argument("--trace-presets", nargs="*", default=["tiny", "small"], help="the trace producer's overhead")
     parser.add_argument("--forged-op", nargs="*", default=["tiny", "small"], help="the forged-op dispute's size and time")
+    parser.add_argument("--computed", nargs="*", default=["small", "gpt-125m", "gpt-1b"],
+                        help="proof sizes computed from shapes (bench/dispute_sizes.py)")
+    parser.add_argument("--sliced", nargs="*", default=["gpt-125m"],
+                        help="the referee on proofs that carry slices at these shapes, against small's replay")
+    parser.add_argument("--sliced-zero", nargs="*", default=[],
+                        help="the same on a weight gradient with zero operands at these shapes (gpt-1b: ~1.3 GB)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import os
@@ -303,8 +376,33 @@ def main() -> int:
         for p, res in results.items():
             out["proof_bytes"][p] = {r["kind"] if r["kind"] != "matmul" and r["kind"] != "cross_entropy" else r["op"]:
                                      r["proof_bytes"] for r in res["ops"]}
+            out["proof_bytes"][p]["max"] = res["proof_bytes_max"]
             out["referee_vs_replay"][p] = res["referee_vs_replay_max"]
             out["presets"][p] = {**res, "machine": machine}
+    if args.sliced:
+        out["sliced_referee"] = {p: sliced_referee(p, args.repeats) for p in args.sliced}
+    if args.sliced_zero:
+        out.setdefault("sliced_referee", {}).update({p: sliced_referee(p, args.repeats, zeros=True)
+                                                     for p in args.sliced_zero})
+    if args.sliced or args.sliced_zero:
+        replay = out.get("presets", {}).get("small", {}).get("replay_s")
+        for p, rows in out["sliced_referee"].items():
+            for row in rows.values():
+                row["referee_vs_small_replay"] = row["referee_s"] / replay if replay else None
+    if args.computed:
+        from dispute_sizes import computed  # this folder: the script's own, first on sys.path
+
+        sizes = out.setdefault("proof_bytes_computed", {})
+        for p in args.computed:
+            sizes[p] = computed(p)
+            if p != "small":  # small's are measured (above); the rest are these
+                out.setdefault("proof_bytes", {})[p] = {label: row["proof_bytes"] for label, row in sizes[p].items()}
+                out["proof_bytes"][p]["max"] = max(row["proof_bytes"] for row in sizes[p].values())
+            print(f"{p:9} computed proofs: largest {max(r['proof_bytes'] for r in sizes[p].values()):,} B", flush=True)
+        if "small" in sizes and "small" in out.get("presets", {}):
+            measured = {r["op"]: r["proof_bytes"] for r in out["presets"]["small"]["ops"]}
+            out["computed_vs_measured_small"] = max(abs(sizes["small"][k]["proof_bytes"] / v - 1)
+                                                    for k, v in measured.items() if k in sizes["small"])
     if args.forged_op:
         import tempfile
 

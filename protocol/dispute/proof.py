@@ -6,11 +6,12 @@ two signed traces disagree on (docs/protocol.md §18.3). Canonical CBOR; nothing
      "position": pos,
      "records": [record_a, record_b],        op ``pos`` as each trace commits it (trace.py)
      "paths":   [path_a, path_b],            each record's leaf path in its trace tree
-     "reads":   [[opening…] per input],      the input chunks output chunk ``chunk`` reads
+     "reads":   [[opening…] per input],      the input chunks the disputed element reads (reads.py)
      "state":   [tensor_proof | null per input],   for a state input: its tensor against pre_state
      "output": o, "chunk": c,                the disputed output and chunk
      "claimed": [opening_a, opening_b]}      chunk c of output o, as each party computed it
     opening = [chunk index, bytes, path]
+            / [chunk index, [slice…], bytes, [cv…], path]   of a large input (reads.py, r27)
 
 :class:`FraudProof` holds the decoded form; :func:`make_fraud_proof` builds one from two traces
 that disagree at an op whose inputs they agree on.
@@ -22,24 +23,29 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..codec import decode, encode
-from ..commitments import ITEMSIZE, TensorProof
+from ..commitments import TensorProof
 from ..errors import WrongTypeError
 from ..merkle import MerkleTree
 from ..messages import PROTOCOL_VERSION
 from ..schema import Bytes, Enum, ListOf, UInt, check_map
-from .ops import KINDS, WHOLE, input_rows, rows_of
+from .ops import KINDS, WHOLE
+from .reads import (
+    SLICE_SIZE, SlicedOpening, check_sliced, disputed_element, element_reads, needed_chunks, plan, read_by_elements,
+    sliced_opening,
+)  # fmt: skip
 from .trace import (
-    MAX_TRACE_OPS, MAX_TRACE_SIZE, Pieces, TraceCommitment, chunk_count, chunk_reader, chunk_size, chunk_tree, nbytes,
+    MAX_TRACE_OPS, MAX_TRACE_SIZE, Pieces, TraceCommitment, chunk_count, chunk_reader, chunk_size, chunk_tree,
     state_output,
 )  # fmt: skip
 
 KIND = "fraud_proof"
 MAX_FRAUD_PROOF_SIZE = 128 << 20
-"""Bytes: the largest proof the referee reads. A proof carries the input chunks one output chunk
-of one op reads (§18.3); the largest is a product reading a whole gpt-1b matrix (64 MiB)."""
+"""Bytes: the largest proof the referee reads. A proof carries the input chunks (or slices, r27)
+the disputed element reads (§18.3); at gpt-1b the largest is 67.7 MB, a whole 64 MiB tensor."""
 MAX_FRAUD_PROOF_ITEMS = 1 << 20
-"""CBOR data items of a proof: a full-size proof holds ~8,000 chunks of ~20 items each, and a
-bound on items, not only bytes, keeps a proof of tiny items from costing gigabytes to decode."""
+"""CBOR data items of a proof: a full-size proof holds ~8,000 chunks of ~20 items each (a gpt-1b
+weight gradient's, 5,120 sliced openings: 172k), and a bound on items, not only bytes, keeps a
+proof of tiny items from costing gigabytes to decode."""
 MAX_OP_INPUTS = 128
 """Inputs of one op: `clip` reads one sum of squares per parameter (gpt-1b: 112)."""
 MAX_OUTPUTS = 4
@@ -75,7 +81,7 @@ class FraudProof:
     position: int
     records: tuple[dict, dict]
     paths: tuple[tuple[bytes, ...], tuple[bytes, ...]]
-    reads: tuple[tuple[Opening, ...], ...]
+    reads: tuple[tuple[Opening | SlicedOpening, ...], ...]
     state: tuple[TensorProof | None, ...]
     output: int
     chunk: int
@@ -128,8 +134,10 @@ class _Any:
 
 class _Opening:
     def check(self, name: str, value: Any) -> None:
+        if type(value) is list and len(value) == 5:
+            return check_sliced(name, value, _PATH)
         if type(value) is not list or len(value) != 3:
-            raise WrongTypeError(f"{name}: expected [index, bytes, path]")
+            raise WrongTypeError(f"{name}: expected [index, bytes, path] or [index, slices, bytes, cvs, path]")
         UInt(maximum=(1 << 32) - 1).check(name, value[0])
         Bytes(max_size=max(chunk_size(state=True), chunk_size(state=False))).check(name, value[1])
         _PATH.check(name, value[2])
@@ -150,8 +158,8 @@ class _Pair:
             raise WrongTypeError(f"{name}: expected two entries, one per party")
 
 
-def _opening(value: list) -> Opening:
-    return Opening(value[0], value[1], tuple(value[2]))
+def _opening(value: list) -> Opening | SlicedOpening:
+    return sliced_opening(value) if len(value) == 5 else Opening(value[0], value[1], tuple(value[2]))
 
 
 def _check_tensor(value: Any, schema: dict, what: str) -> None:
@@ -199,43 +207,6 @@ def _tensor_proof_cbor(p: TensorProof) -> dict:
             "state_root": p.state_root, "index": p.index, "path": list(p.path)}
 
 
-# ---- what an output chunk reads ---------------------------------------------------------------
-
-def _first_difference(a: bytes, b: bytes) -> int:
-    """The first byte at which ``a`` and ``b`` (equal lengths, not equal) differ, by bisection of
-    memcmp-ed slices: a Python loop over a 1 MiB chunk's 2^18 elements took milliseconds."""
-    lo, hi = 0, len(a)  # a[:lo] == b[:lo], and they differ in [lo, hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def disputed_element(shape: Sequence[int], chunk: int, a: bytes, b: bytes, *, state: bool) -> tuple[int, int]:
-    """(element, row) that a dispute over chunk ``chunk`` of a float32 output of ``shape`` is about
-    (``state``: one chunked as the state is, :func:`.trace.state_output`): the first element at which
-    the parties' chunk bytes ``a`` and ``b`` (equal lengths) differ, and its row. Only that row is
-    re-executed: one wrong element convicts its party, whatever the rest of its chunk holds."""
-    first = _first_difference(a, b) // 4
-    element = chunk * (chunk_size(state=state) // 4) + first
-    return element, element // rows_of(tuple(shape))[1]
-
-
-def needed_chunks(entry: dict, how: str, row: int, attrs: dict) -> list[int]:
-    """The chunk indices of input ``entry`` (a record's input) that output row ``row`` reads
-    ``how``, ascending, each once."""
-    state = "state" in entry
-    total = nbytes(entry["dtype"], entry["shape"])
-    if how == WHOLE:
-        return list(range(chunk_count(total, state=state)))
-    width = rows_of(tuple(entry["shape"]))[1] * ITEMSIZE[entry["dtype"]]
-    size = chunk_size(state=state)
-    return sorted({c for r in input_rows(how, row, attrs) for c in range(r * width // size, -(-(r + 1) * width // size))})
-
-
 # ---- building a proof (a party that found the op) ---------------------------------------------
 
 @dataclass(frozen=True)
@@ -278,12 +249,37 @@ def fraud_proof_at(traces: tuple[TraceCommitment, TraceCommitment], paths: tuple
     party: each record's ``paths`` in its trace, the op's ``inputs`` (its own), and each
     party's opening of the first chunk of output ``output`` at which they differ."""
     chunk = claimed[0].index
-    _, row = disputed_element(records[0]["outputs"][output]["shape"], chunk, claimed[0].data, claimed[1].data,
-                              state=state_output(records[0]["kind"]))
+    shape = records[0]["outputs"][output]["shape"]
+    element, row = disputed_element(shape, chunk, claimed[0].data, claimed[1].data,
+                                    state=state_output(records[0]["kind"]))
     kind = KINDS.get(records[0]["kind"])  # a kind this version cannot re-execute: carry every chunk
-    modes = kind.reads(output, records[0]["attrs"], len(inputs)) if kind else (WHOLE,) * len(inputs)
+    attrs = records[0]["attrs"]
+    modes = kind.reads(output, attrs, len(inputs)) if kind else (WHOLE,) * len(inputs)
     reads = []
-    for entry, how, given in zip(records[0]["inputs"], modes, inputs):
-        reads.append(_openings(given.data, needed_chunks(entry, how, row, records[0]["attrs"]), state="state" in entry))
+    for which, (entry, how, given) in enumerate(zip(records[0]["inputs"], modes, inputs)):
+        if kind and read_by_elements(entry):
+            runs = element_reads(kind.name, which, entry, how, attrs, shape, element)
+            reads.append(_planned_openings(given.data, plan(entry, runs) or [], state="state" in entry))
+        else:
+            reads.append(_openings(given.data, needed_chunks(entry, how, row, attrs), state="state" in entry))
     return FraudProof(traces, records[0]["pos"], records, paths, tuple(reads),
                       tuple(given.state_proof for given in inputs), output, chunk, claimed)
+
+
+def _planned_openings(data: bytes | Pieces, planned: list, *, state: bool) -> tuple[Opening | SlicedOpening, ...]:
+    """The openings of ``planned`` (:func:`.reads.plan`): whole chunks, and slices with the CVs
+    that prove them (:mod:`.blake3_tree`, numpy: a party building a proof has it)."""
+    tree, size, (_, read) = chunk_tree(data, state=state), chunk_size(state=state), chunk_reader(data)
+    sliced = [(c, s) for c, s in planned if s is not None]
+    if sliced:
+        from .blake3_tree import full_tree, gap_cvs
+
+        trees = dict(zip((c for c, _ in sliced), full_tree([bytes(read(c * size, size)) for c, _ in sliced])))
+    out: list[Opening | SlicedOpening] = []
+    for c, slices in planned:
+        if slices is None:
+            out.append(Opening(c, bytes(read(c * size, size)), tuple(tree.proof(c))))
+            continue
+        parts = b"".join(read(c * size + s * SLICE_SIZE, SLICE_SIZE) for s in slices)
+        out.append(SlicedOpening(c, slices, parts, gap_cvs(trees[c], slices), tuple(tree.proof(c))))
+    return tuple(out)

@@ -18,7 +18,8 @@ from ..errors import InvalidStatementError, Outcome, ProtocolError, UnjudgeableE
 from ..identity import peer_id_from_public_key
 from ..merkle import MerkleTree, verify_merkle_proof
 from .ops import KINDS, output_shapes, rows_of
-from .proof import FraudProof, disputed_element, needed_chunks
+from .proof import FraudProof, Opening
+from .reads import SLICE_SIZE, SlicedOpening, disputed_element, element_reads, needed_chunks, plan, read_by_elements
 from .trace import chunk_count, chunk_digest, chunk_size, nbytes, op_leaf, state_output
 
 
@@ -83,6 +84,20 @@ def _all_open(openings, root: bytes, total: int, *, state: bool) -> bool:
     return tree.root == root and all(list(o.path) == tree.proof(o.index) for o in openings)
 
 
+def _slices_open(openings, root: bytes, total: int) -> bool:
+    """Each sliced opening, with its CVs, implies a chunk digest (BLAKE3's tree, §18.3) that opens
+    ``root`` at its index."""
+    from .blake3_tree import gaps, sliced_digests  # numpy: the referee extra's
+
+    if not openings:
+        return True
+    if any(len(o.cvs) != len(gaps(o.slices)) for o in openings):
+        return False
+    count = chunk_count(total, state=False)
+    return all(verify_merkle_proof(d, o.index, count, o.path, root)
+               for d, o in zip(sliced_digests(openings), openings))
+
+
 def _judge(proof: FraudProof) -> FraudVerdict:
     a, b = proof.traces
     rec_a, rec_b = proof.records
@@ -140,18 +155,28 @@ def _judge(proof: FraudProof) -> FraudVerdict:
             raise _reject("a claimed chunk does not open its party's output", "claimed_chunk")
     if proof.claimed[0].data == proof.claimed[1].data:
         raise _reject("the claimed chunks are equal", "claimed_chunk")
-    # [REJECT] exactly the input chunks the disputed row reads, each opening its input's root
-    # (a state input's root proven against pre_state, h_step)
+    # [REJECT] exactly the input chunks the disputed row reads (of an input over SLICED_INPUT_BYTES,
+    # the chunks or slices holding the elements the disputed element reads), each opening its
+    # input's root (a state input's root proven against pre_state, h_step)
     element, row = disputed_element(want_shapes[proof.output], proof.chunk, proof.claimed[0].data,
                                     proof.claimed[1].data, state=out_state)
     if len(proof.reads) != len(inputs):
         raise _reject("one list of chunks per input", "reads")
-    for entry, how, openings, state_proof in zip(inputs, kind.reads(proof.output, attrs, len(inputs)), proof.reads, proof.state):
+    modes = kind.reads(proof.output, attrs, len(inputs))
+    for which, (entry, how, openings, state_proof) in enumerate(zip(inputs, modes, proof.reads, proof.state)):
         state = "state" in entry
         size = nbytes(entry["dtype"], entry["shape"])
-        if [o.index for o in openings] != needed_chunks(entry, how, row, attrs):
-            raise _reject("input chunks other than those the disputed rows read", "reads")
-        if not _all_open(openings, entry["root"], size, state=state):
+        given = [(o.index, o.slices if type(o) is SlicedOpening else None) for o in openings]
+        if read_by_elements(entry):
+            want = plan(entry, element_reads(kind.name, which, entry, how, attrs, want_shapes[proof.output], element),
+                        limit=len(openings))
+        else:
+            want = [(c, None) for c in needed_chunks(entry, how, row, attrs)]
+        if given != want:
+            raise _reject("input chunks other than those the disputed element reads", "reads")
+        whole = [o for o in openings if type(o) is Opening]
+        if not _all_open(whole, entry["root"], size, state=state) or \
+                not _slices_open([o for o in openings if type(o) is SlicedOpening], entry["root"], size):
             raise _reject("an input chunk does not open its input's root", "reads")
         if state != (state_proof is not None) or (state and not verify_tensor_root(
                 entry["state"], entry["dtype"], entry["shape"], entry["root"], state_proof, a.pre_state)):
@@ -173,7 +198,12 @@ def _recompute(proof: FraudProof, kind: str, attrs: dict, inputs: list, want_sha
         flat = np.zeros(nbytes(entry["dtype"], entry["shape"]) // 4, np.dtype(entry["dtype"]).newbyteorder("<"))
         raw, size = flat.view(np.uint8), chunk_size(state="state" in entry)
         for o in openings:
-            raw[o.index * size:o.index * size + len(o.data)] = np.frombuffer(o.data, np.uint8)
+            if type(o) is SlicedOpening:
+                for k, s in enumerate(o.slices):
+                    at = o.index * size + s * SLICE_SIZE
+                    raw[at:at + SLICE_SIZE] = np.frombuffer(o.data, np.uint8, SLICE_SIZE, k * SLICE_SIZE)
+            else:
+                raw[o.index * size:o.index * size + len(o.data)] = np.frombuffer(o.data, np.uint8)
         arrays.append(flat.reshape(entry["shape"]))
     if kind == "cross_entropy":
         # [REJECT] the targets index the logits' columns (the agreed batch could not hold others)

@@ -17,6 +17,7 @@ import struct
 import blake3
 
 from . import reference as spec
+from .blake3_reading import sliced_digest
 from .reference import CONST, Refused, b2, decode, ed25519_valid, encode, peer_id
 
 TRACE_CHUNK = CONST["TRACE_CHUNK_SIZE"]
@@ -73,6 +74,35 @@ def read_rows(kind: str, attrs: dict, row: int) -> list[int]:
         b, t = divmod(row, attrs["seq_len"])
         return [(b * attrs["n_heads"] + h) * attrs["seq_len"] + t for h in range(attrs["n_heads"])]
     return [row]
+
+
+def read_elements(kind: str, attrs: dict, i: int, shape, o: int, out_shape, element: int, row: int) -> list:
+    """§18.2's element reads (r27): [start, stop) ranges of input i's flat elements."""
+    n, w = rows(shape)
+    if kind == "matmul":  # row i of op(a), column j of op(b), in the element's batch
+        s3, o3 = (list(x) if len(x) == 3 else [1, *x] for x in (shape, out_shape))
+        base, at = row // o3[1] * s3[1] * s3[2], (row % o3[1] if i == 0 else element % o3[2])
+        if (attrs["trans_a"] == 1) if i == 0 else (attrs["trans_b"] == 0):  # a column of the stored operand
+            return [(base + k * s3[2] + at, base + k * s3[2] + at + 1) for k in range(s3[1])]
+        return [(base + at * s3[2], base + (at + 1) * s3[2])]
+    if kind == "sum_rows":
+        return [(k * w + element, k * w + element + 1) for k in range(n)]
+    if reads_whole(kind, attrs, o, i):
+        return [(0, n * w)]
+    return [(r * w, (r + 1) * w) for r in read_rows(kind, attrs, row)]
+
+
+def planned(ranges: list, total: int, state: bool) -> list:
+    """§18.3: (chunk, its slices or None for whole) per chunk holding an element of ``ranges``."""
+    if state:
+        return [(c, None) for c in sorted({c for s, t in ranges for c in range(s * 4 // STATE_CHUNK,
+                                                                               -(-t * 4 // STATE_CHUNK))})]
+    touched = {}
+    for s, t in ranges:
+        for sl in range(s * 4 // 1024, -(-t * 4 // 1024)):
+            touched.setdefault(sl // 64, set()).add(sl % 64)
+    full = total // TRACE_CHUNK
+    return [(c, None if c >= full or len(v) == 64 else sorted(v)) for c, v in sorted(touched.items())]
 
 
 def out_shapes(kind: str, attrs: dict, shapes: list) -> list:
@@ -179,6 +209,15 @@ def opens(opening: list, root: bytes, total: int, state: bool) -> bool:
     return path_ok(digest, i, count, path, root)
 
 
+def sliced_opens(opening: list, root: bytes, total: int) -> bool:
+    """§18.3: a sliced opening's slices and gap CVs imply a chunk digest that opens ``root``."""
+    c, slices, data, cvs, path = opening
+    if len(data) != 1024 * len(slices):
+        return False
+    digest = sliced_digest(c, slices, data, cvs)
+    return digest is not None and path_ok(digest, c, max(1, -(-total // TRACE_CHUNK)), path, root)
+
+
 def trace(data: bytes) -> dict:
     t = decode(data, CONST["MAX_TRACE_SIZE"])
     if type(t) is not dict or t.get("kind") != "trace" or t.get("v") != CONST["PROTOCOL_VERSION"]:
@@ -258,13 +297,20 @@ def _judge(data: bytes):
     for i, (e, openings, proof) in enumerate(zip(inputs, p["reads"], p["state"])):
         state = "state" in e
         chunk, total = (STATE_CHUNK if state else TRACE_CHUNK), size(e["dtype"], e["shape"])
-        if reads_whole(ra["kind"], attrs, o, i):
+        if total > CONST["SLICED_INPUT_BYTES"]:
+            plan = planned(read_elements(ra["kind"], attrs, i, e["shape"], o, want[o], element, row), total, state)
+            if [(x[0], x[1] if len(x) == 5 else None) for x in openings] != plan or not all(
+                    opens(x, e["root"], total, state) if len(x) == 3 else sliced_opens(x, e["root"], total)
+                    for x in openings):
+                raise Refused("reads")
+        elif reads_whole(ra["kind"], attrs, o, i):
             needed = list(range(max(1, -(-total // chunk))))
         else:
             w = rows(e["shape"])[1] * 4
             needed = sorted({i for r in read_rows(ra["kind"], attrs, row) for i in range(r * w // chunk,
                                                                                        -(-(r + 1) * w // chunk))})
-        if [x[0] for x in openings] != needed or not all(opens(x, e["root"], total, state) for x in openings):
+        if total <= CONST["SLICED_INPUT_BYTES"] and ([x[0] for x in openings] != needed or any(
+                len(x) != 3 or not opens(x, e["root"], total, state) for x in openings)):
             raise Refused("reads")
         if state != (proof is not None) or (state and not state_proven(e, proof, a["pre_state"])):
             raise Refused("state_input")
@@ -280,8 +326,12 @@ def _wrong(p, record, want, element, row, first):
     for e, openings in zip(record["inputs"], p["reads"]):
         raw = bytearray(size(e["dtype"], e["shape"]))
         chunk = STATE_CHUNK if "state" in e else TRACE_CHUNK
-        for i, data, _ in openings:
-            raw[i * chunk:i * chunk + len(data)] = data
+        for x in openings:
+            if len(x) == 5:  # a sliced opening: slice s at s·1024 of its chunk
+                for k, s in enumerate(x[1]):
+                    raw[x[0] * chunk + s * 1024:x[0] * chunk + (s + 1) * 1024] = x[2][k * 1024:(k + 1) * 1024]
+            else:
+                raw[x[0] * chunk:x[0] * chunk + len(x[1])] = x[1]
         arrays.append(np.frombuffer(bytes(raw), "<f4" if e["dtype"] == "float32" else "<i4").reshape(e["shape"]))
     if record["kind"] == "cross_entropy" and not 0 <= arrays[1].min() <= arrays[1].max() < arrays[0].shape[1]:
         raise Refused("bad_input")

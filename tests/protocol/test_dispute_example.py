@@ -44,7 +44,8 @@ def _run(path: Path, proof: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("case,status", [("matmul-true", 0), ("matmul-forged", 2), ("unsupported-op", 3),
-                                         ("cross_entropy-true", 0)])
+                                         ("cross_entropy-true", 0), ("matmul-sliced-true", 0),
+                                         ("sliced-wrong-cv", 2)])
 def test_the_example_judges_vectors_with_only_the_base_install_and_numpy(referee_only_path, tmp_path, case, status):
     vector = json.loads((VECTORS / "dispute" / f"{case}.json").read_text())
     proof = tmp_path / "proof.cbor"

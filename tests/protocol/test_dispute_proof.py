@@ -9,7 +9,8 @@ import pytest
 
 from open1b.protocol import Outcome, encode
 from open1b.protocol.dispute.ops import KINDS
-from open1b.protocol.dispute.proof import MAX_FRAUD_PROOF_SIZE, FraudProof, Opening, disputed_element
+from open1b.protocol.dispute.proof import MAX_FRAUD_PROOF_SIZE, FraudProof, Opening
+from open1b.protocol.dispute.reads import disputed_element
 from open1b.protocol.dispute.referee import verify_fraud_proof
 from open1b.protocol.dispute.trace import TraceCommitment
 

@@ -22,7 +22,7 @@ from open1b.protocol.dispute.ops import KINDS
 from open1b.protocol.dispute.proof import Opening
 from open1b.protocol.dispute.referee import verify_fraud_proof
 from open1b.protocol.dispute.trace import TraceCommitment
-from open1b.deterministic import activation, attention, loss, optimizer
+from open1b.deterministic import activation, attention, loss, matmul, optimizer, reduction
 from tests.protocol.dispute_cases import adamw_scalars, bits, kernel_case, traces_around
 
 from .common import hx, ident, unhex
@@ -36,8 +36,8 @@ def _proof(kind: str, seed: int, **kw):
     return traces_around(kind, inputs, attrs, outputs, (HONEST, FORGER), **kw)
 
 
-def _flip(o: Opening) -> Opening:
-    return Opening(o.index, bytes([o.data[0] ^ 0x01]) + o.data[1:], o.path)
+def _flip(o):
+    return dataclasses.replace(o, data=bytes([o.data[0] ^ 0x01]) + o.data[1:])
 
 
 def _with_first_read_flipped(proof):
@@ -142,6 +142,41 @@ def cases() -> dict[str, dict]:
         "state is), so its element 16,450 is in chunk 0; this proof names it chunk 1 as if the output were cut "
         "into 64 KiB trace chunks: no such chunk",
         dataclasses.replace(update, chunk=1, claimed=tuple(dataclasses.replace(o, index=1) for o in update.claimed)))
+    out.update(_sliced_cases(rng))
+    return out
+
+
+def _sliced_cases(rng) -> dict[str, dict]:
+    """r27: inputs over SLICED_INPUT_BYTES, read by the elements the disputed element reads. The
+    disputed elements lie in the outputs' short last chunks, so the claimed chunks are small."""
+    out = {}
+    a = rng.standard_normal((40, 52500)).astype(np.float32)  # 8.4 MB: a column of it is 40 slices
+    b = rng.standard_normal((40, 1)).astype(np.float32)
+    prod = matmul.MATMUL[False](a[None], b[None], True, False, 0)[0]
+    true = traces_around("matmul", [a, b], {"trans_a": 1, "trans_b": 0, "structure": 0}, [prod], (HONEST, FORGER),
+                         forge_element=52000)
+    out["matmul-sliced-true"] = _case(
+        "a weight gradient aᵀ @ b with a (40 × 52,500) over SLICED_INPUT_BYTES: element 52,000 reads column 52,000 "
+        "of a, one 1 KiB slice of each of 40 trace chunks with the CVs of its gaps; the proof convicts the forger",
+        true)
+    out["matmul-sliced-forged"] = _case("the same proof with one bit of the first slice flipped: refused",
+                                        _with_first_read_flipped(true))
+    first = true.reads[0][0]
+    whole = Opening(first.index, a.tobytes()[first.index * 65536:(first.index + 1) * 65536], first.path)
+    out["sliced-old-style-whole-chunk"] = _case(
+        "the same proof with the first chunk carried whole, as before r27: not the opening the reads name",
+        dataclasses.replace(true, reads=((whole, *true.reads[0][1:]), *true.reads[1:])))
+    bad_cv = dataclasses.replace(first, cvs=(first.cvs[0][:31] + bytes([first.cvs[0][31] ^ 1]), *first.cvs[1:]))
+    out["sliced-wrong-cv"] = _case("the same proof with one bit of a gap's CV flipped: the slice does not open a's root",
+                                   dataclasses.replace(true, reads=((bad_cv, *true.reads[0][1:]), *true.reads[1:])))
+    x = rng.standard_normal((8, 262200)).astype(np.float32)  # 8.4 MB: a column of it is 8 elements
+    sums = reduction.KERNELS[False][0](x)
+    true = traces_around("sum_rows", [x], {}, [sums], (HONEST, FORGER), forge_element=262190)
+    out["sum_rows-sliced-true"] = _case(
+        "sum_rows over x (8 × 262,200) over SLICED_INPUT_BYTES: element 262,190 reads column 262,190, one slice per "
+        "row (the last in x's short last chunk, whole); the proof convicts the forger", true)
+    out["sum_rows-sliced-forged"] = _case("the same proof with one bit of the first slice flipped: refused",
+                                          _with_first_read_flipped(true))
     return out
 
 
