@@ -15,8 +15,10 @@ those bytes, median CPU time of this thread: it decodes, checks both signatures 
 path, re-executes the disputed rows), ``replay_s`` (one ``train_step`` of the preset on the serial
 kernels, this thread's CPU time, compiled beforehand) and ``referee_vs_replay`` = referee_s /
 replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay`` (per
-``--trace-presets`` preset): a replay with ``train_step(…, trace=OpTrace())`` against the same
-replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
+``--trace-presets`` preset): the streamed replay a disputing node runs (``trace_step``), traced
+against the same replay untraced (the step and h_{k+1}), interleaved pairs in this process
+(:func:`product_overhead`, under ``trace``); ``trace_whole_state`` keeps the older measure,
+``train_step(…, trace=OpTrace())`` on a whole state on the serial kernels (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
 Writes bench/results/dispute.json (a run that measures one part keeps the file's other parts).
@@ -216,6 +218,62 @@ def trace_overhead(preset_name: str, repeats: int) -> dict:
             "state_roots_s": state_roots_s, "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
 
 
+def product_overhead(preset_name: str, pairs: int, workdir: Path) -> dict:
+    """The trace's overhead on the path a disputing node runs (deterministic/dispute_replay.py's
+    :class:`~open1b.deterministic.dispute_replay.DisputeStep`, what ``trace_step`` runs): step 0
+    of a published run, its checkpoint scanned and checked against h_0 once, then ``pairs`` pairs
+    of the streamed step and its h_1, untraced and traced (``_TracedSink``: the update's chunk
+    digests from the trace), alternately first, on the product's default backend, in this
+    process. Process CPU time (every thread) and wall time per replay; the median of the pairs'
+    ratios, and their spread. Every replay's h_1 must be the published one. ``scan_cpu_s`` is
+    checkpoint k's scan (both sides pay it once: ``with_scan`` is the ratio with it counted)."""
+    from open1b.deterministic.dispute_replay import DisputeStep
+    from open1b.deterministic.op_trace import OpTrace
+    from open1b.deterministic.runfile import read_manifest
+    from open1b.devnet.forged_run import publish_forged_run
+    from open1b.protocol import Identity
+
+    publish_forged_run(workdir, Identity(b"\x05" * 32), steps=1, forgeries={}, preset=preset_name)
+    manifest = read_manifest(workdir)
+    start = time.process_time()
+    step = DisputeStep(workdir, manifest, 0)
+    scan_cpu_s = time.process_time() - start
+    params = dict(step.scan.kept)  # run() takes them out of the scan: put back before each run
+    ops = 0
+
+    def once(traced: bool) -> tuple[float, float]:
+        nonlocal ops
+        step.scan.kept.update(params)
+        trace = OpTrace(state_roots=step.roots) if traced else None
+        c0, w0 = time.process_time(), time.perf_counter()
+        post = step.run(trace, None)
+        if trace is not None:
+            ops = trace.ops
+            trace.tree()  # the trace root, once per step
+        c1, w1 = time.process_time(), time.perf_counter()
+        assert post == manifest.state_hashes[1], "a replay missed the published h_1"
+        return c1 - c0, w1 - w0
+
+    once(False), once(True)  # compiled and warm before timing
+    cpu, wall = {"plain": [], "traced": []}, {"plain": [], "traced": []}
+    for i in range(pairs):
+        for name in (("plain", "traced") if i % 2 == 0 else ("traced", "plain")):
+            c, w = once(name == "traced")
+            cpu[name].append(c)
+            wall[name].append(w)
+
+    def ratios(times: dict) -> list[float]:
+        return sorted(t / p - 1 for t, p in zip(times["traced"], times["plain"]))
+
+    cpu_r, wall_r = ratios(cpu), ratios(wall)
+    plain, traced = statistics.median(cpu["plain"]), statistics.median(cpu["traced"])
+    return {"path": "DisputeStep.run (trace_step's streamed replay)", "ops": ops, "pairs": pairs,
+            "plain_cpu_s": plain, "traced_cpu_s": traced, "trace_overhead_vs_replay": statistics.median(cpu_r),
+            "spread": {"min": cpu_r[0], "max": cpu_r[-1], "quartiles": statistics.quantiles(cpu_r, n=4)},
+            "trace_overhead_wall": statistics.median(wall_r), "scan_cpu_s": scan_cpu_s,
+            "with_scan": (traced + scan_cpu_s) / (plain + scan_cpu_s) - 1}
+
+
 def forged_op(preset_name: str, workdir: Path) -> dict:
     """The ``forged-op`` scenario's dispute at the preset's size, without daemons: a 2-step run
     whose step 1 has one op forged (devnet/forged_op.py), the auditor's and the trainer's traced
@@ -288,6 +346,7 @@ def main() -> int:
     parser.add_argument("--trace-presets", nargs="*", default=["tiny", "small"], help="the trace producer's overhead")
     parser.add_argument("--forged-op", nargs="*", default=["tiny", "small"], help="the forged-op dispute's size and time")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=0, help="traced/untraced pairs (default: 21 at tiny, 15 else)")
     args = parser.parse_args()
     import os
 
@@ -319,13 +378,23 @@ def main() -> int:
                   f"{found['bisection_wall_s']:.2f} s on loopback, proof {found['proof_bytes']:,} B, referee "
                   f"{found['referee_s'] * 1e3:.1f} ms", flush=True)
     if args.trace_presets:
-        traces = {}
+        import tempfile
+
+        traces, whole = {}, {}
         for p in args.trace_presets:
-            traces[p] = trace_overhead(p, 21 if p == "tiny" else max(args.repeats, 5))
-            print(f"{p:9} traced replay ({traces[p]['ops']} ops): +{traces[p]['trace_overhead_vs_replay']:.1%} CPU, "
-                  f"+{traces[p]['trace_overhead_wall']:.1%} wall of the same replay untraced (the steps alone: "
-                  f"+{traces[p]['step_only']:.1%} CPU)", flush=True)
-        out.update({"trace": traces, "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
+            pairs = args.pairs or (21 if p == "tiny" else 15)
+            with tempfile.TemporaryDirectory() as tmp:
+                traces[p] = {**product_overhead(p, pairs, Path(tmp)), "load_average_1m": os.getloadavg()[0]}
+            t = traces[p]
+            print(f"{p:9} trace_step's replay ({t['ops']} ops, {pairs} pairs): {t['trace_overhead_vs_replay']:+.1%} CPU "
+                  f"(pairs from {t['spread']['min']:+.1%} to {t['spread']['max']:+.1%}), "
+                  f"{t['trace_overhead_wall']:+.1%} wall, load {t['load_average_1m']:.1f}", flush=True)
+            whole[p] = {**trace_overhead(p, pairs), "load_average_1m": os.getloadavg()[0]}
+            print(f"{p:9} train_step(trace=) on a whole state, serial kernels: "
+                  f"{whole[p]['trace_overhead_vs_replay']:+.1%} CPU, {whole[p]['trace_overhead_wall']:+.1%} wall "
+                  f"(the steps alone: {whole[p]['step_only']:+.1%} CPU)", flush=True)
+        out.update({"trace": traces, "trace_whole_state": whole,
+                    "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
                     "trace_overhead_vs_replay": {p: t["trace_overhead_vs_replay"] for p, t in traces.items()}})
     out.pop("not_measured", None)
     path.write_text(json.dumps(out, indent=2) + "\n")
