@@ -15,9 +15,10 @@ those bytes, median CPU time of this thread: it decodes, checks both signatures 
 path, re-executes the disputed rows), ``replay_s`` (one ``train_step`` of the preset on the serial
 kernels, this thread's CPU time, compiled beforehand) and ``referee_vs_replay`` = referee_s /
 replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay`` (per
-``--trace-presets`` preset): the streamed replay a disputing node runs (``trace_step``), traced
-against the same replay untraced (the step and h_{k+1}), interleaved pairs in this process
-(:func:`product_overhead`, under ``trace``); ``trace_whole_state`` keeps the older measure,
+``--trace-presets`` preset): what a disputing node runs (``trace_step``: checkpoint k checked,
+the streamed step, h_{k+1}) against the same replay untraced, interleaved pairs in this process, on
+the product's default kernels (:func:`product_overhead`; ``trace`` also holds the serial
+kernels' pairs and the ratios without the scan); ``trace_whole_state`` keeps the older measure,
 ``train_step(…, trace=OpTrace())`` on a whole state on the serial kernels (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -218,15 +220,18 @@ def trace_overhead(preset_name: str, repeats: int) -> dict:
             "state_roots_s": state_roots_s, "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
 
 
-def product_overhead(preset_name: str, pairs: int, workdir: Path) -> dict:
-    """The trace's overhead on the path a disputing node runs (deterministic/dispute_replay.py's
-    :class:`~open1b.deterministic.dispute_replay.DisputeStep`, what ``trace_step`` runs): step 0
-    of a published run, its checkpoint scanned and checked against h_0 once, then ``pairs`` pairs
-    of the streamed step and its h_1, untraced and traced (``_TracedSink``: the update's chunk
-    digests from the trace), alternately first, on the product's default backend, in this
-    process. Process CPU time (every thread) and wall time per replay; the median of the pairs'
-    ratios, and their spread. Every replay's h_1 must be the published one. ``scan_cpu_s`` is
-    checkpoint k's scan (both sides pay it once: ``with_scan`` is the ratio with it counted)."""
+def product_overhead(preset_name: str, pairs: int, workdir: Path, kernels=(None,)) -> dict:
+    """The trace's overhead on the path a disputing node runs: ``trace_step``'s body (deterministic/
+    dispute_replay.py: checkpoint k scanned and checked against h_k, the streamed step traced, h_{k+1}
+    from the update's chunk digests the trace hashed) against the same replay untraced
+    (:class:`~open1b.deterministic.dispute_replay.DisputeStep` with no trace: the same scan, step and
+    h_{k+1}), on step 0 of a run of the preset published in ``workdir``. ``pairs`` pairs, which
+    side goes first alternating, in this process, per ``kernels`` entry: serial (False), parallel
+    (True) or the product's default (None: parallel from 1M parameters). Process CPU time (every
+    thread: the hashing threads count) and wall time; the median of the pairs' ratios and their
+    spread. ``step_only`` leaves the scan out of both sides (``scan_cpu_s``: its median). Every
+    replay's h_1 must be the published one."""
+    from open1b.deterministic.backend import cpu_backend
     from open1b.deterministic.dispute_replay import DisputeStep
     from open1b.deterministic.op_trace import OpTrace
     from open1b.deterministic.runfile import read_manifest
@@ -235,43 +240,43 @@ def product_overhead(preset_name: str, pairs: int, workdir: Path) -> dict:
 
     publish_forged_run(workdir, Identity(b"\x05" * 32), steps=1, forgeries={}, preset=preset_name)
     manifest = read_manifest(workdir)
-    start = time.process_time()
-    step = DisputeStep(workdir, manifest, 0)
-    scan_cpu_s = time.process_time() - start
-    params = dict(step.scan.kept)  # run() takes them out of the scan: put back before each run
-    ops = 0
+    out = {}
+    for parallel in kernels:
+        backend = None if parallel is None else cpu_backend(parallel)
+        ops = 0
 
-    def once(traced: bool) -> tuple[float, float]:
-        nonlocal ops
-        step.scan.kept.update(params)
-        trace = OpTrace(state_roots=step.roots) if traced else None
-        c0, w0 = time.process_time(), time.perf_counter()
-        post = step.run(trace, None)
-        if trace is not None:
-            ops = trace.ops
-            trace.tree()  # the trace root, once per step
-        c1, w1 = time.process_time(), time.perf_counter()
-        assert post == manifest.state_hashes[1], "a replay missed the published h_1"
-        return c1 - c0, w1 - w0
+        def once(traced: bool) -> tuple[float, float, float]:
+            nonlocal ops
+            c0, w0 = time.process_time(), time.perf_counter()
+            step = DisputeStep(workdir, manifest, 0)  # trace_step's body, with the scan timed apart
+            scan = time.process_time() - c0
+            trace = OpTrace(state_roots=step.roots) if traced else None
+            post = step.run(trace, backend)
+            if trace is not None:
+                ops = trace.ops
+                trace.tree()  # the trace root
+            assert post == manifest.state_hashes[1], "a replay missed the published h_1"
+            return time.process_time() - c0, time.perf_counter() - w0, scan
 
-    once(False), once(True)  # compiled and warm before timing
-    cpu, wall = {"plain": [], "traced": []}, {"plain": [], "traced": []}
-    for i in range(pairs):
-        for name in (("plain", "traced") if i % 2 == 0 else ("traced", "plain")):
-            c, w = once(name == "traced")
-            cpu[name].append(c)
-            wall[name].append(w)
+        once(False), once(True)  # compiled and warm before timing
+        runs: dict[str, list[tuple[float, float, float]]] = {"plain": [], "traced": []}
+        for i in range(pairs):
+            for name in (("plain", "traced") if i % 2 == 0 else ("traced", "plain")):
+                runs[name].append(once(name == "traced"))
 
-    def ratios(times: dict) -> list[float]:
-        return sorted(t / p - 1 for t, p in zip(times["traced"], times["plain"]))
+        def ratios(of) -> list[float]:
+            return sorted(of(t) / of(p) - 1 for t, p in zip(runs["traced"], runs["plain"]))
 
-    cpu_r, wall_r = ratios(cpu), ratios(wall)
-    plain, traced = statistics.median(cpu["plain"]), statistics.median(cpu["traced"])
-    return {"path": "DisputeStep.run (trace_step's streamed replay)", "ops": ops, "pairs": pairs,
-            "plain_cpu_s": plain, "traced_cpu_s": traced, "trace_overhead_vs_replay": statistics.median(cpu_r),
-            "spread": {"min": cpu_r[0], "max": cpu_r[-1], "quartiles": statistics.quantiles(cpu_r, n=4)},
-            "trace_overhead_wall": statistics.median(wall_r), "scan_cpu_s": scan_cpu_s,
-            "with_scan": (traced + scan_cpu_s) / (plain + scan_cpu_s) - 1}
+        cpu, wall, step_only = ratios(lambda r: r[0]), ratios(lambda r: r[1]), ratios(lambda r: r[0] - r[2])
+        kind = {None: "default", False: "serial", True: "parallel"}[parallel]
+        out[kind] = {"ops": ops, "pairs": pairs, "plain_cpu_s": statistics.median(r[0] for r in runs["plain"]),
+                     "traced_cpu_s": statistics.median(r[0] for r in runs["traced"]),
+                     "scan_cpu_s": statistics.median(r[2] for r in runs["plain"]),
+                     "trace_overhead_vs_replay": statistics.median(cpu),
+                     "spread": {"min": cpu[0], "quartiles": statistics.quantiles(cpu, n=4), "max": cpu[-1]},
+                     "trace_overhead_wall": statistics.median(wall), "step_only": statistics.median(step_only),
+                     "load_average_1m": os.getloadavg()[0]}
+    return out
 
 
 def forged_op(preset_name: str, workdir: Path) -> dict:
@@ -348,8 +353,6 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=0, help="traced/untraced pairs (default: 21 at tiny, 15 else)")
     args = parser.parse_args()
-    import os
-
     import numpy as np
 
     path = ROOT / "bench" / "results" / "dispute.json"
@@ -384,18 +387,19 @@ def main() -> int:
         for p in args.trace_presets:
             pairs = args.pairs or (21 if p == "tiny" else 15)
             with tempfile.TemporaryDirectory() as tmp:
-                traces[p] = {**product_overhead(p, pairs, Path(tmp)), "load_average_1m": os.getloadavg()[0]}
-            t = traces[p]
-            print(f"{p:9} trace_step's replay ({t['ops']} ops, {pairs} pairs): {t['trace_overhead_vs_replay']:+.1%} CPU "
-                  f"(pairs from {t['spread']['min']:+.1%} to {t['spread']['max']:+.1%}), "
-                  f"{t['trace_overhead_wall']:+.1%} wall, load {t['load_average_1m']:.1f}", flush=True)
+                traces[p] = product_overhead(p, pairs, Path(tmp), kernels=(None, False))
+            for kind, t in traces[p].items():
+                print(f"{p:9} trace_step's replay, {kind} kernels ({t['ops']} ops, {pairs} pairs): "
+                      f"{t['trace_overhead_vs_replay']:+.1%} CPU (pairs from {t['spread']['min']:+.1%} to "
+                      f"{t['spread']['max']:+.1%}), {t['trace_overhead_wall']:+.1%} wall, without the scan "
+                      f"{t['step_only']:+.1%} CPU, load {t['load_average_1m']:.1f}", flush=True)
             whole[p] = {**trace_overhead(p, pairs), "load_average_1m": os.getloadavg()[0]}
             print(f"{p:9} train_step(trace=) on a whole state, serial kernels: "
                   f"{whole[p]['trace_overhead_vs_replay']:+.1%} CPU, {whole[p]['trace_overhead_wall']:+.1%} wall "
                   f"(the steps alone: {whole[p]['step_only']:+.1%} CPU)", flush=True)
         out.update({"trace": traces, "trace_whole_state": whole,
                     "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
-                    "trace_overhead_vs_replay": {p: t["trace_overhead_vs_replay"] for p, t in traces.items()}})
+                    "trace_overhead_vs_replay": {p: t["default"]["trace_overhead_vs_replay"] for p, t in traces.items()}})
     out.pop("not_measured", None)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
