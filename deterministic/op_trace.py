@@ -28,20 +28,12 @@ The micro-batch's tokens and targets come from the committed samples, not from a
 recorded as a ``tokens`` op (no inputs) before its first reader, which a referee does not
 re-execute (a dispute over them is one over the data, §18.8).
 
-Each op output is hashed on a thread of its own (:data:`_hasher`, BLAKE3 releasing the GIL),
-while the step's next kernels run: its record holds the hashing's future until the trace is read
-(:attr:`OpTrace.records`, :meth:`OpTrace.tree`), and the future holds the output's bytes alive.
-The kernels write new arrays, so an output's bytes do not change after its op; the one kernel
-that writes in place (``scatter_add``, on the table's gradient) waits for every pending hash
-first. Where the roots are hashed changes no root.
-
 CPU backends only: a device backend's outputs would have to come to the host to be hashed.
 """
 
 from __future__ import annotations
 
 import weakref
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from collections.abc import Mapping
 
@@ -54,11 +46,6 @@ from open1b.protocol.merkle import MerkleTree, merkle_root
 from .checkpoint_stream import chunk_digests
 from .errors import TraceError
 from .optimizer import AdamWScalars
-from .process_pool import PerProcessPool
-
-_hasher = PerProcessPool(1, "open1b-trace")
-"""The thread that hashes op outputs as the step goes on (module doc): one, so that the step's
-kernels keep the other cores."""
 
 
 _NEGATIVE_ZERO = np.uint32(0x8000_0000)
@@ -73,16 +60,6 @@ def _raw(a: np.ndarray) -> memoryview:
     if not a.flags.c_contiguous:
         raise TraceError(f"a traced tensor of shape {a.shape} is not C-contiguous")
     return memoryview(a.reshape(-1)).cast("B")
-
-
-def _root(data: memoryview) -> bytes:
-    return chunk_tree(data).root
-
-
-def _settle_root(tensor: dict) -> None:
-    root = tensor["root"]
-    if isinstance(root, Future):
-        tensor["root"] = root.result()
 
 
 def _dtype(a: np.ndarray) -> str:
@@ -107,37 +84,22 @@ class OpTrace:
 
     state_roots: Mapping[str, bytes] = field(default_factory=dict)
     keep: frozenset[int] = frozenset()
+    records: list[dict] = field(default_factory=list)
+    leaves: list[bytes] = field(default_factory=list)
     kept: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = field(default_factory=dict)
     post_chunks: dict[str, list[bytes]] = field(default_factory=dict)
-    _records: list[dict] = field(default_factory=list)
-    _settled: int = 0  # records before this have every root hashed
-    _leaves: list[bytes] = field(default_factory=list)
 
     @property
     def ops(self) -> int:
-        return len(self._records)
-
-    @property
-    def records(self) -> list[dict]:
-        """The op records in position order, every root hashed (waits for the pending ones)."""
-        self.settle()
-        return self._records
-
-    def settle(self) -> None:
-        """Wait for every pending output hash and put the roots in the records."""
-        for record in self._records[self._settled:]:
-            for tensor in (*record["inputs"], *record["outputs"]):
-                _settle_root(tensor)
-        self._settled = len(self._records)
+        return len(self.records)
 
     def tree(self) -> MerkleTree:
         """The trace tree (§18.1): its root is the trace root."""
-        self._leaves.extend(op_leaf(r) for r in self.records[len(self._leaves):])
-        return MerkleTree(self._leaves)
+        return MerkleTree(self.leaves)
 
     def append(self, record: dict) -> None:
-        """Op ``record``, whose output roots may still be hashing (futures)."""
-        self._records.append(record)
+        self.records.append(record)
+        self.leaves.append(op_leaf(record))
 
 
 class _Registry:
@@ -201,7 +163,7 @@ class TracingBackend:
                     self._refs.put(a, entry)
                 return earlier
         pos = self.trace.ops
-        roots = roots or [_hasher().submit(_root, _raw(a)) for a in outputs]
+        roots = roots or [chunk_tree(_raw(a)).root for a in outputs]
         tensors = [{"dtype": _dtype(a), "shape": list(a.shape), "root": r} for a, r in zip(outputs, roots)]
         self.trace.append({"pos": pos, "kind": kind, "attrs": attrs, "inputs": entries, "outputs": tensors})
         if pos in self.trace.keep:  # copies: a later op may overwrite them (scatter_add)
@@ -332,7 +294,6 @@ class TracingBackend:
             raise TraceError("scatter_add before any embed: no tokens to record it with")
         inputs = [self._input(dwte, "scatter_add"), dx, tokens]
         before = [dwte.copy(), dx, tokens] if self.trace.ops in self.trace.keep else None  # the kept op only
-        self.trace.settle()  # dwte's own hash, pending, reads the bytes the kernel overwrites
         self._inner.scatter_add_sorted(dwte, dx, order, starts)
         self._op("scatter_add", {}, inputs, [dwte], before)
 
