@@ -17,11 +17,18 @@ for code shared by every target.
 SLP vectorisation is switched on: it packs independent scalar operations into SIMD lanes
 (the register-tiled matmul depends on it) and never reorders a dependent chain, so it does not
 change any result.
+
+The parallel kernels' OpenMP threads wait passively (``OMP_WAIT_POLICY``, unless the
+environment sets it): between two kernels a waiting thread sleeps instead of spinning for the
+core, which the step's host work (a trace's hashing, above all: issue 28) then has to itself.
+Speed only; it must be set before the OpenMP runtime loads (the first parallel kernel here, or
+an earlier import that loads it, torch's, after which it is that runtime's setting).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +38,7 @@ from numba.core import caching
 from numba.extending import overload
 
 numba.config.SLP_VECTORIZE = 1
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 CPU_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
 
