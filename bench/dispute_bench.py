@@ -15,8 +15,11 @@ those bytes, median CPU time of this thread: it decodes, checks both signatures 
 path, re-executes the disputed rows), ``replay_s`` (one ``train_step`` of the preset on the serial
 kernels, this thread's CPU time, compiled beforehand) and ``referee_vs_replay`` = referee_s /
 replay_s per kind, and its maximum over kinds per preset. ``trace_overhead_vs_replay`` (per
-``--trace-presets`` preset): a replay with ``train_step(…, trace=OpTrace())`` against the same
-replay untraced (the step and h_{k+1}), alternated in this run (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
+``--trace-presets`` preset): what a disputing node runs (``trace_step``: checkpoint k checked,
+the streamed step, h_{k+1}) against the same replay untraced, interleaved pairs in this process, on
+the product's default kernels (:func:`product_overhead`; ``trace`` also holds the serial
+kernels' pairs and the ratios without the scan); ``trace_whole_state`` keeps the older measure,
+``train_step(…, trace=OpTrace())`` on a whole state on the serial kernels (:func:`trace_overhead`). ``scenarios["forged-op"]`` and ``rounds`` (per
 ``--forged-op`` preset): the forged-op dispute at that size (:func:`forged_op`).
 
 ``sliced_referee`` (per ``--sliced`` preset, default ``gpt-125m``, and ``--sliced-zero`` preset,
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -225,6 +229,65 @@ def trace_overhead(preset_name: str, repeats: int) -> dict:
             "state_roots_s": state_roots_s, "state_roots_vs_replay": state_roots_s / statistics.median(cpu["plain"])}
 
 
+def product_overhead(preset_name: str, pairs: int, workdir: Path, kernels=(None,)) -> dict:
+    """The trace's overhead on the path a disputing node runs: ``trace_step``'s body (deterministic/
+    dispute_replay.py: checkpoint k scanned and checked against h_k, the streamed step traced, h_{k+1}
+    from the update's chunk digests the trace hashed) against the same replay untraced
+    (:class:`~open1b.deterministic.dispute_replay.DisputeStep` with no trace: the same scan, step and
+    h_{k+1}), on step 0 of a run of the preset published in ``workdir``. ``pairs`` pairs, which
+    side goes first alternating, in this process, per ``kernels`` entry: serial (False), parallel
+    (True) or the product's default (None: parallel from 1M parameters). Process CPU time (every
+    thread: the hashing threads count) and wall time; the median of the pairs' ratios and their
+    spread. ``step_only`` leaves the scan out of both sides (``scan_cpu_s``: its median). Every
+    replay's h_1 must be the published one."""
+    from open1b.deterministic.backend import cpu_backend
+    from open1b.deterministic.dispute_replay import DisputeStep
+    from open1b.deterministic.op_trace import OpTrace
+    from open1b.deterministic.runfile import read_manifest
+    from open1b.devnet.forged_run import publish_forged_run
+    from open1b.protocol import Identity
+
+    publish_forged_run(workdir, Identity(b"\x05" * 32), steps=1, forgeries={}, preset=preset_name)
+    manifest = read_manifest(workdir)
+    out = {}
+    for parallel in kernels:
+        backend = None if parallel is None else cpu_backend(parallel)
+        ops = 0
+
+        def once(traced: bool) -> tuple[float, float, float]:
+            nonlocal ops
+            c0, w0 = time.process_time(), time.perf_counter()
+            step = DisputeStep(workdir, manifest, 0)  # trace_step's body, with the scan timed apart
+            scan = time.process_time() - c0
+            trace = OpTrace(state_roots=step.roots) if traced else None
+            post = step.run(trace, backend)
+            if trace is not None:
+                ops = trace.ops
+                trace.tree()  # the trace root
+            assert post == manifest.state_hashes[1], "a replay missed the published h_1"
+            return time.process_time() - c0, time.perf_counter() - w0, scan
+
+        once(False), once(True)  # compiled and warm before timing
+        runs: dict[str, list[tuple[float, float, float]]] = {"plain": [], "traced": []}
+        for i in range(pairs):
+            for name in (("plain", "traced") if i % 2 == 0 else ("traced", "plain")):
+                runs[name].append(once(name == "traced"))
+
+        def ratios(of) -> list[float]:
+            return sorted(of(t) / of(p) - 1 for t, p in zip(runs["traced"], runs["plain"]))
+
+        cpu, wall, step_only = ratios(lambda r: r[0]), ratios(lambda r: r[1]), ratios(lambda r: r[0] - r[2])
+        kind = {None: "default", False: "serial", True: "parallel"}[parallel]
+        out[kind] = {"ops": ops, "pairs": pairs, "plain_cpu_s": statistics.median(r[0] for r in runs["plain"]),
+                     "traced_cpu_s": statistics.median(r[0] for r in runs["traced"]),
+                     "scan_cpu_s": statistics.median(r[2] for r in runs["plain"]),
+                     "trace_overhead_vs_replay": statistics.median(cpu),
+                     "spread": {"min": cpu[0], "quartiles": statistics.quantiles(cpu, n=4), "max": cpu[-1]},
+                     "trace_overhead_wall": statistics.median(wall), "step_only": statistics.median(step_only),
+                     "load_average_1m": os.getloadavg()[0]}
+    return out
+
+
 def forged_op(preset_name: str, workdir: Path) -> dict:
     """The ``forged-op`` scenario's dispute at the preset's size, without daemons: a 2-step run
     whose step 1 has one op forged (devnet/forged_op.py), the auditor's and the trainer's traced
@@ -361,9 +424,8 @@ def main() -> int:
     parser.add_argument("--sliced-zero", nargs="*", default=[],
                         help="the same on a weight gradient with zero operands at these shapes (gpt-1b: ~1.3 GB)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=0, help="traced/untraced pairs (default: 21 at tiny, 15 else)")
     args = parser.parse_args()
-    import os
-
     import numpy as np
 
     path = ROOT / "bench" / "results" / "dispute.json"
@@ -417,14 +479,25 @@ def main() -> int:
                   f"{found['bisection_wall_s']:.2f} s on loopback, proof {found['proof_bytes']:,} B, referee "
                   f"{found['referee_s'] * 1e3:.1f} ms", flush=True)
     if args.trace_presets:
-        traces = {}
+        import tempfile
+
+        traces, whole = {}, {}
         for p in args.trace_presets:
-            traces[p] = trace_overhead(p, 21 if p == "tiny" else max(args.repeats, 5))
-            print(f"{p:9} traced replay ({traces[p]['ops']} ops): +{traces[p]['trace_overhead_vs_replay']:.1%} CPU, "
-                  f"+{traces[p]['trace_overhead_wall']:.1%} wall of the same replay untraced (the steps alone: "
-                  f"+{traces[p]['step_only']:.1%} CPU)", flush=True)
-        out.update({"trace": traces, "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
-                    "trace_overhead_vs_replay": {p: t["trace_overhead_vs_replay"] for p, t in traces.items()}})
+            pairs = args.pairs or (21 if p == "tiny" else 15)
+            with tempfile.TemporaryDirectory() as tmp:
+                traces[p] = product_overhead(p, pairs, Path(tmp), kernels=(None, False))
+            for kind, t in traces[p].items():
+                print(f"{p:9} trace_step's replay, {kind} kernels ({t['ops']} ops, {pairs} pairs): "
+                      f"{t['trace_overhead_vs_replay']:+.1%} CPU (pairs from {t['spread']['min']:+.1%} to "
+                      f"{t['spread']['max']:+.1%}), {t['trace_overhead_wall']:+.1%} wall, without the scan "
+                      f"{t['step_only']:+.1%} CPU, load {t['load_average_1m']:.1f}", flush=True)
+            whole[p] = {**trace_overhead(p, pairs), "load_average_1m": os.getloadavg()[0]}
+            print(f"{p:9} train_step(trace=) on a whole state, serial kernels: "
+                  f"{whole[p]['trace_overhead_vs_replay']:+.1%} CPU, {whole[p]['trace_overhead_wall']:+.1%} wall "
+                  f"(the steps alone: {whole[p]['step_only']:+.1%} CPU)", flush=True)
+        out.update({"trace": traces, "trace_whole_state": whole,
+                    "trace_machine": {**machine, "load_average_1m": os.getloadavg()[0]},
+                    "trace_overhead_vs_replay": {p: t["default"]["trace_overhead_vs_replay"] for p, t in traces.items()}})
     out.pop("not_measured", None)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")

@@ -82,9 +82,9 @@ class _TracedSink:
         return self._sink.root()
 
 
-class _Step:
+class DisputeStep:
     """Checkpoint k (scanned, checked against h_k), its batch, and h_k's preimage (for tensor
-    proofs); :meth:`run` once."""
+    proofs); :meth:`run` once (bench/dispute_bench.py puts the scan's parameters back to run it again)."""
 
     def __init__(self, run_dir: Path, manifest: RunManifest, step: int) -> None:
         self.config, self.topology = config_of(manifest)
@@ -102,10 +102,13 @@ class _Step:
                         for name, slot in self.scan.slots.items()}  # fmt: skip
         self.roots = {name: MerkleTree(chunks).root for name, chunks in self.scan.digests.items()}
 
-    def run(self, trace: OpTrace, backend) -> bytes:
-        """The step traced into ``trace``: the h_{k+1} it reaches."""
-        be = TracingBackend(backend or default_backend(self.config), trace)
-        sink = _TracedSink(StateSink(self.config), trace)
+    def run(self, trace: OpTrace | None, backend) -> bytes:
+        """The step traced into ``trace``: the h_{k+1} it reaches. ``trace`` None: the same
+        streamed replay untraced, what a trace's overhead is measured against."""
+        be = backend or default_backend(self.config)
+        sink = StateSink(self.config)
+        if trace is not None:
+            be, sink = TracingBackend(be, trace), _TracedSink(sink, trace)
         params, _, beta1_pow, beta2_pow = train_step_streamed(scanned_state(self.scan, self.config, self.step),
                                                               self.batch, self.topology, sink.add, backend=be,
                                                               witness_rule=self.rule)  # fmt: skip
@@ -117,7 +120,7 @@ def trace_step(run_dir: Path, manifest: RunManifest, step: int, *, backend=None)
     """Replay step ``step`` with its op trace; the state inputs' roots come from checkpoint k's
     chunk digests (the check against h_k hashed the same chunks), and h_{k+1} takes the update's
     outputs' chunk digests from the trace (each state chunk is hashed once)."""
-    s = _Step(Path(run_dir), manifest, step)
+    s = DisputeStep(Path(run_dir), manifest, step)
     trace = OpTrace(state_roots=s.roots)
     post = s.run(trace, backend)
     return TracedStep(step, trace, trace.tree(), manifest.state_hashes[step], post)
@@ -125,7 +128,7 @@ def trace_step(run_dir: Path, manifest: RunManifest, step: int, *, backend=None)
 
 def _kept_op(run_dir: Path, manifest: RunManifest, step: int, pos: int, backend
              ) -> tuple[list[tuple[np.ndarray, TensorProof | None]], list[np.ndarray]]:
-    s = _Step(Path(run_dir), manifest, step)
+    s = DisputeStep(Path(run_dir), manifest, step)
     trace = OpTrace(state_roots=s.roots, keep=frozenset({pos}))
     s.run(trace, backend)
     inputs, outputs = trace.kept[pos]

@@ -48,6 +48,9 @@ from .errors import TraceError
 from .optimizer import AdamWScalars
 
 
+_NEGATIVE_ZERO = np.uint32(0x8000_0000)
+
+
 def _bits(x) -> int:
     return int(np.float32(x).view(np.uint32))
 
@@ -250,7 +253,11 @@ class TracingBackend:
 
     def plus_zero(self, a):
         out = self._inner.plus_zero(a)
-        self._op("plus_zero", {}, [a], [out])
+        entry = self._input(a, "plus_zero")
+        # x + 0.0 is x bit for bit but at -0.0: without one, the output's bytes are its input's,
+        # and so is its root (trace chunks both: an op's output), which is not hashed again
+        same = "state" not in entry and not (a.view(np.uint32) == _NEGATIVE_ZERO).any()
+        self._op("plus_zero", {}, [entry], [out], inputs_before=[a], roots=[entry["root"]] if same else None)
         return out
 
     def gelu(self, u):

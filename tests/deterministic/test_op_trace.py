@@ -3,6 +3,8 @@ as the plain step, one trace whatever the kernels' threads or the activation rec
 every record the op the referee re-executes (its inputs are the outputs they name, its outputs
 are the reference's bits)."""
 
+import dataclasses
+
 import numba
 import numpy as np
 import pytest
@@ -239,3 +241,24 @@ def test_a_device_backend_is_refused():
 
     with pytest.raises(TraceError):
         TracingBackend(Device(), OpTrace())
+
+
+@pytest.mark.parametrize("negative_zero", [False, True])
+def test_a_fold_of_plus_zero_has_its_outputs_root(negative_zero):
+    """plus_zero's output takes its input's root only where the bytes are the same: an input
+    holding -0.0 (which the fold turns into +0.0) has its output hashed."""
+    state = init_state(CONFIG, 0)
+    tokens = np.arange(CONFIG.seq_len, dtype=np.int32)
+    if negative_zero:  # embed's first element: -0.0 + -0.0
+        tables = {n: state.params[n].copy() for n in ("wte", "wpe")}
+        tables["wte"][0, 0] = tables["wpe"][0, 0] = np.float32(-0.0)
+        state = dataclasses.replace(state, params={**state.params, **tables})
+    trace = OpTrace()
+    be = TracingBackend(cpu_backend(False), trace)
+    params, _, _ = be.load_state(state)
+    x = be.embed(params["wte"], params["wpe"], tokens)
+    out = be.plus_zero(x)
+    assert np.signbit(x[0, 0]) == negative_zero and not np.signbit(out[0, 0])
+    embed, fold = trace.records[-2:]
+    assert fold["outputs"][0]["root"] == chunk_tree(memoryview(out).cast("B")).root
+    assert (fold["outputs"][0]["root"] == embed["outputs"][0]["root"]) != negative_zero
