@@ -136,7 +136,7 @@ def _raw(x: np.ndarray) -> bytes:
 
 def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 0, forge_element: int = 0,
                   state_inputs: frozenset = frozenset(), run=b"\x11" * 32, step=3, edit=None,
-                  first_forges: int | None = None):
+                  first_forges: int | None = None, pieces: type | None = None):
     """Two signed traces of a step in which op ``kind`` (last but one) reads ``inputs`` — from
     the state h_step where the index is in ``state_inputs``, else from a stand-in earlier op
     (kind ``source``: the referee never opens it) — and the fraud proof between them.
@@ -144,7 +144,8 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
     output ``forge_output`` one ulp up; with ``first_forges``, ``signers[0]`` lies too, that element
     of the same output one ulp down. ``edit(record, party)``, if given, changes each party's op
     record before it is committed (a test's deliberately bad trace); the proof's chunks are still
-    those of the unedited op."""
+    those of the unedited op. ``pieces``, if given, wraps each input's bytes as the proof's builder
+    reads them (a :class:`open1b.protocol.dispute.trace.Pieces`, as a node's op data on disk)."""
     names = {i: f"h0.input{i}" for i in state_inputs}
     state = {names[i]: TensorBytes(str(inputs[i].dtype), inputs[i].shape, _raw(inputs[i])) for i in state_inputs}
     state["h0.other"] = TensorBytes("float32", (3,), _raw(np.arange(3, dtype=F)))
@@ -179,7 +180,7 @@ def traces_around(kind, inputs, attrs, outputs, signers, *, forge_output: int = 
         trees.append(tree)
         op_records.append(record)
         out_bytes.append(_raw(outs[forge_output]))
-    given = [InputBytes(_raw(x), tensor_proof(prev, step, state, batch, names[i], lr_bits=bits(6e-4))
+    given = [InputBytes(_raw(x) if pieces is None else pieces(_raw(x)), tensor_proof(prev, step, state, batch, names[i], lr_bits=bits(6e-4))
                         if i in state_inputs else None) for i, x in enumerate(inputs)]
     # the chunks are chosen from the records as the op really is; the proof carries the edited ones
     proof = make_fraud_proof(tuple(traces), tuple(trees), tuple(plain), given, tuple(out_bytes), forge_output)

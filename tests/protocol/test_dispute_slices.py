@@ -118,13 +118,29 @@ def test_the_plan_opens_short_and_fully_touched_chunks_whole():
     assert plan({**entry, "state": "w"}, column)[:2] == [(0, None), (1, None)]  # 1 MiB state chunks, whole
 
 
-def _matmul_proof(element, *, state_b=False):
+class _Pieces:
+    """Bytes read only in pieces of at most a trace chunk, as node/op_data.py reads a file."""
+
+    def __init__(self, data):
+        self.data, self.nbytes = data, len(data)
+
+    def read(self, offset, size):
+        assert size <= 1 << 16, size
+        return self.data[offset:offset + size]
+
+
+def _matmul_proof(element, *, state_b=False, pieces=None):
     rng = np.random.default_rng(element)
     a = rng.standard_normal((32, 65600)).astype(F)  # 8.4 MB > SLICED_INPUT_BYTES: read by its column
     b = rng.standard_normal((32, 3)).astype(F)
     out = matmul.MATMUL[False](a[None], b[None], True, False, 0)[0]
     return traces_around("matmul", [a, b], {"trans_a": 1, "trans_b": 0, "structure": 0}, [out], (HONEST, FORGER),
-                         forge_element=element, state_inputs=frozenset({1} if state_b else ()))
+                         forge_element=element, state_inputs=frozenset({1} if state_b else ()), pieces=pieces)
+
+
+def test_a_sliced_proof_built_from_op_data_read_in_pieces_is_the_same_proof():
+    # a node keeps a dispute's op data on disk and builds the proof from pieces of it (r28)
+    assert _matmul_proof(7, pieces=_Pieces).encode() == _matmul_proof(7).encode()
 
 
 @pytest.mark.parametrize("element", [5, 3 * 40000 + 1, 65600 * 3 - 2])
