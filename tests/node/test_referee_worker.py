@@ -16,6 +16,7 @@ import open1b.node.fraud_proofs as fraud_proofs
 from open1b.node import fraud_proof_fetch
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
+from open1b.node.dispute_exchange import Timing
 from open1b.node.fraud_proof_fetch import ProofFetcher
 from open1b.node.fraud_proof_refs import FraudProofRef
 from open1b.node.fraud_proofs import Bearing
@@ -107,7 +108,7 @@ def test_the_nodes_own_proof_is_judged_while_the_event_loop_runs_on(tmp_path, mo
     agent = DisputeAgent(ident(9), _Gossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
                          counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish,
                          referee=ledger.statements.referee, clock=Clock(), rng=random.Random(0),
-                         stats=ledger.statements.stats, round_timeout_s=60, trace_timeout_s=60)
+                         stats=ledger.statements.stats, timing=Timing(60, trace_timeout_s=60))
     data = small_proof(AUDITOR, PUBLISHER)
     _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: agent._publish(data))
     assert met == [True]
