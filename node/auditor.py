@@ -58,12 +58,6 @@ class Replayer(Protocol):
         """The device class it replays on, once known (None before): the class preference keys on
         it from the node's first replay on, not only from its second."""
 
-    async def ready(self) -> None:
-        """Returns once it can replay and :meth:`device_class` is known (the worker has chosen and
-        self-checked its device), or once it is known that it cannot yet (the worker did not start):
-        the auditor claims nothing before, so that every claim names its class and no lease runs
-        while the worker starts."""
-
 
 class WorkerReplayer:
     """Replays in the separate worker process (:mod:`.worker`), bounded by the config's timeout."""
@@ -76,11 +70,6 @@ class WorkerReplayer:
 
     def device_class(self) -> str | None:
         return self.worker.device  # from the worker's hello, sent once its device is chosen
-
-    async def ready(self) -> None:
-        # The daemon starts the worker at once; this waits for that start (or makes one: a failed
-        # start is logged, and the first replay tries again), its device chosen and self-checked.
-        await self.worker.start(timeout_s=self.timeout_s)
 
 
 def hardware_description() -> str:
@@ -111,11 +100,6 @@ class Auditor:
         if not self.config.audit:
             return
         await self.bootstrapped.wait()
-        # A claim names its claimant's class (docs/protocol.md §10.1: the class wait reads a replay
-        # in flight as its claim's class). A node bootstraps and learns its runs long before its
-        # worker has self-checked its device (25 s at load 12 in a devnet): its first claims
-        # carried no class, and their leases ran while the worker started.
-        await self.replayer.ready()
         while True:
             if not await self.audit_once():
                 await self.clock.sleep(self.config.idle_poll_s)

@@ -1,26 +1,24 @@
 """The auditor (plan → claim → replay → attest, its files from the fetcher) on trio's MockClock: replays are scripted
-to take simulated minutes, fetches fail or succeed on cue, and every wait is virtual (but for the last test, of the
-real worker's replayer)."""
+to take simulated minutes, fetches fail or succeed on cue, and every wait is virtual."""
 
 from __future__ import annotations
 
 import random
 from contextlib import asynccontextmanager
-from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 from trio.testing import MockClock
 
-from open1b.node.auditor import FETCH_RETRY_S, Auditor, WorkerReplayer
+from open1b.node.auditor import FETCH_RETRY_S, Auditor
 from open1b.node.claim_records import ClaimAgent
 from open1b.node.clock import Clock
 from open1b.node.fetcher import Fetcher
 from open1b.node.p2p import NetworkError
 from open1b.node.runs import RunFilesError
 from open1b.node.topics import attestations_topic
-from open1b.node.worker import ReplayFailed, ReplayWorker, WorkerResult
+from open1b.node.worker import ReplayFailed, WorkerResult
 from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, claim_key
 from open1b.protocol.hashing import blake2b256
 from tests.runs import witness_of
@@ -49,9 +47,6 @@ class ScriptedReplayer:
 
     def device_class(self) -> str:
         return DEVICE
-
-    async def ready(self) -> None:
-        """Ready at once: nothing to start."""
 
 
 class FakeRunFiles:
@@ -237,55 +232,3 @@ def test_a_full_disk_is_logged_once_per_spell_not_once_per_step_tried(tmp_path, 
 
     with caplog.at_level("INFO", logger="open1b.node.auditor"):
         trio.run(main, clock=MockClock(autojump_threshold=0))
-
-
-def test_the_first_claim_waits_for_the_replayer_and_names_its_device_class(tmp_path, run):
-    """A node is bootstrapped and knows its runs while its worker still chooses and self-checks its
-    device: its first claims carried no class (docs/protocol.md §10.1: the class wait reads a replay
-    in flight as its claim's class), and their leases ran while it started. It claims once the
-    replayer is ready."""
-    start_s = 90.0  # the worker's start: its device chosen and self-checked
-
-    class Starting(ScriptedReplayer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.started = False
-
-        def device_class(self):
-            return DEVICE if self.started else None
-
-        async def ready(self):
-            await trio.sleep(start_s)
-            self.started = True
-
-    board = FakeClaimBoard()
-    auditor, ledger, _ = build(tmp_path, run, replayer=Starting(), board=board)
-
-    async def main():
-        async with serving(auditor):
-            await until(lambda: board.records, within_s=3600)
-
-    trio.run(main, clock=MockClock(autojump_threshold=0))
-    [first] = [Claim.decode(r) for r in board.records.values()]
-    assert first.device == DEVICE and first.issued_at >= T0 + start_s
-
-
-def test_the_worker_replayer_is_ready_once_its_worker_said_its_class():
-    """The real worker process, on the real clock: ready() waits for the start the daemon began
-    (or makes it), and a start under way is not doubled."""
-    from open1b.deterministic.device import cpu_device_class
-
-    async def main():
-        worker = ReplayWorker("cpu")
-        replayer = WorkerReplayer(worker, timeout_s=120)
-        try:
-            assert replayer.device_class() is None
-            async with trio.open_nursery() as nursery:  # the daemon's start and the auditor's wait, at once
-                nursery.start_soon(partial(worker.start, timeout_s=120))
-                await replayer.ready()
-                assert replayer.device_class() == cpu_device_class()
-            assert worker.restarts == 1
-        finally:
-            await worker.aclose()
-
-    trio.run(main)
