@@ -348,12 +348,26 @@ def sliced_referee(preset_name: str, repeats: int, *, zeros: bool = False) -> di
     return _judged(preset_name, cases, repeats)
 
 
+def _referee_seconds(data: bytes, repeats: int, guilty: bytes) -> float:
+    """The referee's median CPU time on proof ``data`` over ``repeats`` runs, after one warm run
+    (numpy and the reference module load once); every verdict must convict ``guilty`` alone."""
+    from open1b.protocol.dispute.referee import verify_fraud_proof
+
+    verify_fraud_proof(data)
+    times = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        verdict = verify_fraud_proof(data)
+        times.append(time.thread_time() - start)
+        assert verdict.accepted and verdict.guilty == (guilty,), verdict
+    return statistics.median(times)
+
+
 def _judged(preset_name: str, cases: list, repeats: int) -> dict:
     """Proofs of ``cases`` (label, inputs, attrs, output) with the middle element forged, and the
     referee's median CPU time on each."""
     from open1b.protocol import Identity
     from open1b.protocol.dispute.reads import SlicedOpening
-    from open1b.protocol.dispute.referee import verify_fraud_proof
     from tests.protocol.dispute_cases import traces_around
 
     honest, forger = Identity(b"\x01" * 32), Identity(b"\x02" * 32)
@@ -363,16 +377,10 @@ def _judged(preset_name: str, cases: list, repeats: int) -> dict:
         data = proof.encode()
         slices = sum(len(o.slices) for chunks in proof.reads for o in chunks if type(o) is SlicedOpening)
         del proof
-        verify_fraud_proof(data)
-        times = []
-        for _ in range(repeats):
-            start = time.thread_time()
-            verdict = verify_fraud_proof(data)
-            times.append(time.thread_time() - start)
-        assert verdict.accepted and verdict.guilty == (forger.public_key,), verdict
-        rows[label] = {"proof_bytes": len(data), "slices": slices, "referee_s": statistics.median(times)}
+        referee_s = _referee_seconds(data, repeats, forger.public_key)
+        rows[label] = {"proof_bytes": len(data), "slices": slices, "referee_s": referee_s}
         print(f"{preset_name:9} {label:42} {len(data):>10,} B, {slices:,} slices, referee "
-              f"{statistics.median(times) * 1e3:.1f} ms", flush=True)
+              f"{referee_s * 1e3:.1f} ms", flush=True)
     return rows
 
 
@@ -380,7 +388,6 @@ def bench_preset(preset_name: str, repeats: int) -> dict:
     import numpy as np
 
     from open1b.protocol import Identity
-    from open1b.protocol.dispute.referee import verify_fraud_proof
     from tests.protocol.dispute_cases import traces_around
 
     honest, forger = Identity(b"\x01" * 32), Identity(b"\x02" * 32)
@@ -391,18 +398,11 @@ def bench_preset(preset_name: str, repeats: int) -> dict:
         proof = traces_around(kind, inputs, attrs, outputs, (honest, forger), forge_output=forged,
                               forge_element=element, state_inputs=frozenset(state))
         data = proof.encode()
-        verify_fraud_proof(data)  # warm: numpy and the reference module load once
-        times = []
-        for _ in range(repeats):
-            start = time.thread_time()
-            verdict = verify_fraud_proof(data)
-            times.append(time.thread_time() - start)
-        assert verdict.accepted and verdict.guilty == (forger.public_key,), verdict
+        referee_s = _referee_seconds(data, repeats, forger.public_key)
         reads = sum(len(o.data) for chunks in proof.reads for o in chunks)
         rows.append({"op": label, "kind": kind, "proof_bytes": len(data), "input_chunk_bytes": reads,
-                     "referee_s": statistics.median(times)})
-        print(f"{preset_name:9} {label:42} {len(data):>10,} B  referee {statistics.median(times) * 1e3:8.1f} ms",
-              flush=True)
+                     "referee_s": referee_s})
+        print(f"{preset_name:9} {label:42} {len(data):>10,} B  referee {referee_s * 1e3:8.1f} ms", flush=True)
     replay = replay_seconds(preset_name)
     for row in rows:
         row["referee_vs_replay"] = row["referee_s"] / replay
