@@ -332,6 +332,9 @@ class DisputeAgent:
     async def _publish(self, proof: bytes) -> None:
         # judged as a fetched body is: the referee in the node's worker thread (node/referee_worker.py)
         verdict = await self.referee.judge(proof, max_size=MAX_FRAUD_PROOF_SIZE)
+        if verdict.code == "held":  # the other party's proof of it (a lower digest) came first: nothing to carry
+            log.info("our dispute's proof adds nothing to the proofs kept: %s", verdict.reason)
+            return
         if verdict.outcome is not Outcome.ACCEPT:
             log.warning("our dispute's proof is not carried (%s: %s): judge it offline", verdict.code, verdict.reason)
             return

@@ -28,7 +28,8 @@ node keeps none of that digest; then the stream is closed.
 - **Blame.** A frame over the announced size, a body whose size or digest is not the reference's,
   a body the referee refuses or that convicts others than announced: provably the sender's
   fault, penalised (``fraud_proof_ref/reject/<code>`` counted). An empty answer, a failed or slow
-  stream, a proof that cannot be judged yet: ignored.
+  stream, a proof that cannot be judged yet, one whose convictions the store came to hold while
+  it was fetched (``held``): ignored.
 - **Re-announcing.** A body stored is gossiped through the outbox as a reference of this node's
   own, so the next node fetches it from here: a reference is never forwarded unverified.
 - **Serving.** A peer's request is answered from the store, one stream per peer and
@@ -112,9 +113,7 @@ class ProofFetcher:
         p2p.set_stream_handler(FRAUD_PROOF_PROTOCOL, self._serve)
 
     def _judge(self, data: bytes) -> Verdict[FraudProofRef]:
-        fraud = self.statements.store.fraud
-        return judge_fraud_proof_ref(data, self.statements.bearing,
-                                     lambda ref: fraud.holds(ref.run, ref.step, ref.guilty, ref.digest))
+        return judge_fraud_proof_ref(data, self.statements.bearing)
 
     def _refused(self, verdict: Verdict, peer: str, where: str) -> None:
         self.statements.validation[f"{where}/{verdict.outcome.value}/{verdict.code}"] += 1
@@ -187,6 +186,9 @@ class ProofFetcher:
             self.fetched["empty"] += 1
             return
         verdict = await self.statements.referee.judge(body, max_size=MAX_FRAUD_PROOF_SIZE)  # the referee off the loop
+        if verdict.code == "held":  # the same conviction arrived by gossip or sync meanwhile
+            self.fetched["held"] += 1
+            return
         if verdict.accepted and not ref.describes(verdict.message):
             verdict = Verdict(Outcome.REJECT, "the proof convicts others than announced", code="ref_mismatch")
         if not verdict.accepted:

@@ -31,7 +31,7 @@ otherwise: the sender named bytes that say something else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from open1b.protocol import Outcome
 from open1b.protocol.codec import decode, encode
@@ -110,9 +110,8 @@ def _verdict(outcome: Outcome, code: str, reason: str) -> Verdict[FraudProofRef]
     return Verdict(outcome, reason, code=code)
 
 
-def judge_fraud_proof_ref(data: bytes, bearing: Bearing, held: Callable[[FraudProofRef], bool]) -> Verdict[FraudProofRef]:
-    """The verdict on the encoded reference ``data`` (module doc): ACCEPT means "fetch it".
-    ``held(ref)``: whether the store keeps that proof or better ones of each of its convictions."""
+def judge_fraud_proof_ref(data: bytes, bearing: Bearing) -> Verdict[FraudProofRef]:
+    """The verdict on the encoded reference ``data`` (module doc): ACCEPT means "fetch it"."""
     try:
         ref = FraudProofRef.decode(data)
     except ProtocolError as exc:
@@ -128,7 +127,7 @@ def judge_fraud_proof_ref(data: bytes, bearing: Bearing, held: Callable[[FraudPr
     why = bearing.bears(ref.run, ref.step, ref.guilty, manifest.publisher)
     if why is not None:
         return _verdict(Outcome.IGNORE, why, "no guilty key published the run or attested the step and counts here")
-    if held(ref):
+    if bearing.holds(ref.run, ref.step, ref.guilty, ref.digest):
         return _verdict(Outcome.IGNORE, "held", "this node keeps that proof or a lower digest of each conviction")
     if not bearing.fits(ref):
         return _verdict(Outcome.IGNORE, "run_full", "the run's bound would not keep it")

@@ -21,7 +21,14 @@ serves once the referee (:func:`open1b.protocol.dispute.verify_fraud_proof`) con
   Keys are free: anyone can attest a step with fresh keys, then convict them with made-up
   disputes between themselves; a proof that convicts no counted key changes no status and no
   vote this node counts. Ignored, not rejected: the key may count at the node that relayed it;
+- ``[IGNORE]`` the node keeps this proof, or for each guilty key one that makes it add nothing
+  (:meth:`~.fraud_proof_store.FraudProofs.holds`: the same conviction by a lower digest, or an
+  earlier step) — ``held``: the store would not keep it, so it is not relayed either (r30; before,
+  every copy gossiped under another author crossed the mesh again);
 - ``[IGNORE]`` the run's bound would not keep it (:mod:`.fraud_proof_store`) — ``run_full``.
+
+Every ACCEPT is a proof the store would keep: what the router forwards follows the store's
+decision.
 
 It comes in two halves: :func:`referee_fraud_proof`, the bound and the referee (the costly part,
 ~15 ms at 1 MiB and seconds at 128 MiB, a function of the bytes alone), which a node runs in a
@@ -147,13 +154,15 @@ class Bearing:
     """What :func:`relevant_fraud` reads of the node: its runs; whether a key has a stored
     attestation of a step (``attested(run, step, key)``); whether its trust policy counts a key
     now (``trusts(key)``, node/counting.py); whether it keeps a proof convicting a key
-    (``convicts(run, key)``) and whether the run's bound keeps a proof so ranked
-    (``fits(ranked)``), both node/fraud_proof_store.py."""
+    (``convicts(run, key)``), whether it keeps what makes a proof add nothing
+    (``holds(run, step, guilty, digest)``) and whether the run's bound keeps a proof so ranked
+    (``fits(ranked)``), all node/fraud_proof_store.py."""
 
     manifest_of: Callable[[bytes], RunManifest | None]
     attested: Callable[[bytes, int, bytes], bool]
     trusts: Callable[[bytes], bool]
     convicts: Callable[[bytes, bytes], bool]
+    holds: Callable[[bytes, int, tuple[bytes, ...], bytes], bool]
     fits: Callable[[Ranked], bool]
 
     def bears(self, run: bytes, step: int, guilty: tuple[bytes, ...], publisher: bytes) -> str | None:
@@ -169,6 +178,7 @@ class Bearing:
 
 _WHY = {"not_attested": "no guilty key published the run or attested the step",
         "not_counted": "no guilty key that attested the step counts here",
+        "held": "this node keeps that proof or a lower digest of each conviction",
         "run_full": "the run keeps as many proofs as its bound allows, all ranked before this one"}
 
 
@@ -181,6 +191,8 @@ def relevant_fraud(fraud: ProvenFraud, bearing: Bearing) -> Verdict[ProvenFraud]
     if fraud.step >= manifest.steps or fraud.pre_state != manifest.state_hashes[fraud.step]:
         return _verdict(Outcome.REJECT, "pre_state", "the traces do not start from the run's published state")
     why = bearing.bears(fraud.run, fraud.step, fraud.guilty, manifest.publisher)
+    if why is None and bearing.holds(fraud.run, fraud.step, fraud.guilty, fraud.digest):
+        why = "held"
     if why is None and not bearing.fits(fraud):
         why = "run_full"
     if why is not None:

@@ -104,7 +104,8 @@ class Statements:
             Claim.KIND: (validate_claim, store.add_claim),
         }
         # fraud proofs are judged apart: the referee in a worker thread, the node's rules after it
-        self.bearing = Bearing(manifests.get, store.has_attestation, trusts, store.fraud.convicts, store.fraud.fits)
+        self.bearing = Bearing(manifests.get, store.has_attestation, trusts, store.fraud.convicts, store.fraud.holds,
+                               store.fraud.fits)
         self.referee = RefereeWorker(self.bearing)
 
     def _told(self, statement: Statement) -> None:

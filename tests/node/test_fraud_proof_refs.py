@@ -156,15 +156,15 @@ def test_a_reference_passes_its_rules_in_order_and_a_good_one_is_wanted_not_forw
     assert validate("other", good.encoded) is Outcome.IGNORE
     assert ledger.statements.validation["fraud_proof_ref/ignore/held"] == 1 and len(wanted) == 2
     # the rules are the module's, given lookups
-    bearing = Bearing({MANIFEST.run_id: MANIFEST}.get, lambda *a: False, lambda k: False, lambda *a: False,
+    bearing = Bearing({MANIFEST.run_id: MANIFEST}.get, lambda *a: False, lambda k: False, lambda *a: False, lambda *a: False,
                       lambda r: True)
-    assert judge_fraud_proof_ref(good.encoded, bearing, lambda r: False).message == good
+    assert judge_fraud_proof_ref(good.encoded, bearing).message == good
     # a key that attested the step but does not count here (r25), and a run whose bound is reached
     ledger.statements.ingest_attestation(make_attestation(AUDITOR, MANIFEST, STEP, match=False).encoded)
     assert validate("peer", ref(guilty=[AUDITOR.public_key])) is Outcome.IGNORE
     assert ledger.statements.validation["fraud_proof_ref/ignore/not_counted"] == 1
     full = dataclasses.replace(bearing, fits=lambda r: False)
-    assert judge_fraud_proof_ref(good.encoded, full, lambda r: False).code == "run_full"
+    assert judge_fraud_proof_ref(good.encoded, full).code == "run_full"
 
 
 @asynccontextmanager
@@ -365,13 +365,14 @@ def test_sync_sends_references_only_to_pullers_that_read_them(tmp_path, monkeypa
                     open_p2p(ident(7), "127.0.0.1", 0) as old_server:
                 holder = make_ledger(tmp_path / "holder", MANIFEST, SMALL_MANIFEST, clock=Clock(wall_at_zero=T0),
                                      gossip=server)
-                assert holder.statements.add_own(_fraud(holder))
+                big = _fraud(holder)
+                assert holder.statements.add_own(big)
                 assert holder.statements.add_own(judge_fraud_proof(small, holder.statements.bearing).message)
                 Syncer(server, holder.statements, holder.config, clock=holder.statements.clock,
                        rng=random.Random(1), stats=holder.statements.stats)
                 old_server.set_stream_handler(SYNC_PROTOCOL_R22, lambda stream: serve_sync(
                     stream, holder.statements.statements_for_sync))
-                ref = FraudProofRef.of(_fraud(holder)).encoded
+                ref = FraudProofRef.of(big).encoded
                 peer = await client.connect(server.addrs[0])
                 assert await pulled(client, peer, MANIFEST.run_id, SYNC_PROTOCOL_R22) == []
                 assert await pulled(client, peer, SMALL_MANIFEST.run_id, SYNC_PROTOCOL_R22) == [small]

@@ -53,7 +53,7 @@ def test_sybil_keys_that_attested_a_step_cannot_make_a_node_store_or_relay_their
     assert ledger.statements.gossip.penalised == []  # an honest node may have relayed it: ignored, never held against it
     # nor is a reference to one fetched
     ref = FraudProofRef(MANIFEST.run_id, STEP, b"\x01" * 32, 2 << 20, (SYBILS[1].public_key,))
-    verdict = judge_fraud_proof_ref(ref.encoded, ledger.statements.bearing, lambda ref: False)
+    verdict = judge_fraud_proof_ref(ref.encoded, ledger.statements.bearing)
     assert (verdict.outcome, verdict.code) == (Outcome.IGNORE, "not_counted")
 
 
@@ -69,6 +69,24 @@ def test_a_proof_convicting_a_counted_key_is_stored_once(tmp_path):
     assert (stored.digest, stored.guilty, stored.size) == (blake2b256(low), (AUDITOR.public_key,), len(low))
     assert ledger.store.fraud.body(MANIFEST.run_id, blake2b256(low)) == low
     assert ledger.store.fraud.body(MANIFEST.run_id, blake2b256(high)) is None  # replaced: its bytes are gone
+
+
+def test_the_gossip_validator_relays_only_a_proof_the_store_would_keep(tmp_path):
+    # what the router forwards follows the store's decision: a proof already kept, or one whose
+    # every conviction a kept proof makes redundant (a higher digest of it), is ignored, not
+    # relayed again under each author that gossips it; nobody is penalised for it
+    ledger, validate = _ledger(tmp_path, trusted_peers=(AUDITOR.peer_id,))
+    _attest(ledger, AUDITOR)
+    low, high = sorted([proof(PUBLISHER, AUDITOR), proof(OTHER, AUDITOR)], key=blake2b256)
+    assert trio.run(validate, "peer", "peer", low) is Outcome.ACCEPT
+    assert trio.run(ledger.statements.ingest_fraud_proof, low)  # the handler stores what was accepted
+    for redundant in (low, high):
+        assert not ledger.store.fraud.add(trio.run(ledger.statements.referee.referee, redundant).message)
+        assert trio.run(validate, "other", "other", redundant) is Outcome.IGNORE
+    assert ledger.statements.validation["fraud_proof/ignore/held"] == 2
+    assert not trio.run(ledger.statements.ingest_fraud_proof, high, "syncer")
+    assert ledger.statements.validation["sync/ignore/held"] == 1
+    assert ledger.statements.gossip.penalised == []
 
 
 def test_a_conviction_already_kept_stays_relevant_after_it_flags_its_key(tmp_path):

@@ -34,7 +34,8 @@ from .test_fraud_proofs import MANIFEST as SMALL_MANIFEST
 from .test_fraud_proofs import proof as small_proof
 
 REFEREE = fraud_proofs.verify_fraud_proof
-NOTHING_KNOWN = Bearing({}.get, lambda *key: False, lambda key: False, lambda *key: False, lambda ranked: True)
+NOTHING_KNOWN = Bearing({}.get, lambda *key: False, lambda key: False, lambda *key: False, lambda *key: False,
+                        lambda ranked: True)
 
 
 class _Gossip(FakeGossip):
