@@ -64,6 +64,7 @@ from .dispute_tracer import Tracer, WorkerTracer
 from .evaluator import Evaluator
 from .fetcher import Fetcher
 from .files import write_atomic
+from .fraud_proof_fetch import SPOOL_DIR as PROOF_SPOOL_DIR
 from .fraud_proof_fetch import ProofFetcher
 from .identity_file import load_or_create_identity
 from .ledger import Ledger, build_ledger
@@ -186,7 +187,8 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
         if store.run_dir(run) is not None and why_not_auditable(manifest) is None:
             runfiles.pin(manifest)  # runs we published: served for as long as we run
     syncer = Syncer(p2p, statements, config, clock=clock, rng=rng, stats=stats)
-    proofs = ProofFetcher(p2p, statements, ledger.outbox.regossip)  # fraud proofs over the gossip bound, by digest
+    # fraud proofs over the gossip bound, by digest
+    proofs = ProofFetcher(p2p, statements, ledger.outbox.regossip, config.data_dir / PROOF_SPOOL_DIR)
     claims = ClaimAgent(identity, DhtClaimBoard(p2p), lease_s=config.lease_s, clock=clock.wall, sleep=clock.sleep,
                         seen=statements.add_claim, heard=store.slot_claims, rng=rng)
     p2p.register_record_validator(CLAIM_NAMESPACE, ClaimRecords())

@@ -18,11 +18,15 @@ node keeps none of that digest; then the stream is closed.
   from the peer that sent it. At most
   :data:`MAX_WANTED` references wait, :data:`MAX_WANTED_PER_PEER` from one peer, one per digest;
   beyond, a reference is dropped (the next announcement or sync round brings it again). One body
-  is fetched at a time (up to 128 MiB in memory), within :data:`FETCH_TIMEOUT_S`. The frame is read
-  with the reference's ``size`` as its bound, so no more is ever read than announced; then size
-  and digest are checked, and the body is judged by :func:`~.fraud_proofs.judge_fraud_proof`
-  exactly as a gossiped proof is (with the referee's bound, ``MAX_FRAUD_PROOF_SIZE``; the referee
-  in a worker thread, :mod:`.referee_worker`); it must
+  is fetched at a time, within :data:`FETCH_TIMEOUT_S`. The frame is read with the reference's
+  ``size`` as its bound, so no more is ever read than announced, and a piece at a time
+  (:meth:`~.p2p.Stream.receive_pieces`) into an unnamed temporary file in the node's
+  ``fraudproofs/`` directory, hashed as it comes: a body is up to ``MAX_FRAUD_PROOF_SIZE``
+  (128 MiB), and the transfer holds a few hundred KiB of it. Then size and digest are checked,
+  and the body is judged by :func:`~.fraud_proofs.judge_fraud_proof` exactly as a gossiped proof
+  is (with the referee's bound, ``MAX_FRAUD_PROOF_SIZE``; read from the file and judged in a
+  worker thread, :mod:`.referee_worker`: the referee decodes the whole proof, so judging holds it
+  in memory, one such proof at a time node-wide); it must
   convict whom the reference says (``ref_mismatch``). A proof so judged is stored like the node's
   own (:meth:`~.statements.Statements.add_own`: judged already).
 - **Blame.** A frame over the announced size, a body whose size or digest is not the reference's,
@@ -33,25 +37,36 @@ node keeps none of that digest; then the stream is closed.
 - **Re-announcing.** A body stored is gossiped through the outbox as a reference of this node's
   own, so the next node fetches it from here: a reference is never forwarded unverified.
 - **Serving.** A peer's request is answered from the store, one stream per peer and
-  :data:`MAX_SERVING` at once; more are reset unanswered.
+  :data:`MAX_SERVING` at once (more are reset unanswered), each within :data:`FETCH_TIMEOUT_S`
+  (then reset: a peer that stops reading holds no slot). The body is read from the store and
+  written a piece at a time (:meth:`~.fraud_proof_store.FraudProofs.open_body`,
+  :meth:`~.p2p.Stream.send_pieces`), never whole.
+
+The response is one frame either way: the same bytes on the wire as a frame written or read
+whole, so peers that do either talk to each other unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections import Counter
-from typing import Awaitable, Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Awaitable, BinaryIO, Callable
 
 import trio
 
 from open1b.protocol import Outcome
 from open1b.protocol.codec import decode, encode
 from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
+from open1b.protocol.dispute.trace import Pieces
 from open1b.protocol.errors import InvalidStatementError, ProtocolError
+from open1b.protocol.hashing import hasher
 from open1b.protocol.schema import Bytes, check_map
 from open1b.protocol.validation import Verdict
 
-from .fraud_proof_refs import FraudProofRef, body_matches, judge_fraud_proof_ref
+from .fraud_proof_refs import FraudProofRef, judge_fraud_proof_ref
 from .fraud_proofs import ProvenFraud
 from .p2p import P2P, FrameTooLarge, NetworkError, Stream
 from .statements import Statements
@@ -66,43 +81,69 @@ MAX_SERVING = 2
 FETCH_TIMEOUT_S = 120.0
 """A body of MAX_FRAUD_PROOF_SIZE (128 MiB) at ~1.1 MB/s; loopback moves 50–80 MB/s."""
 _REQUEST = {"run": Bytes(32), "digest": Bytes(32)}
+SPOOL_DIR = "fraudproofs"
+"""Under the data dir: the bodies being fetched (unnamed files; the directory stays empty)."""
+
+BodyOpener = Callable[[bytes, bytes], AbstractContextManager[Pieces | None]]
 
 
-async def serve_fraud_proof(stream: Stream, body_of: Callable[[bytes, bytes], bytes | None]) -> None:
-    """Answer one request with ``body_of(run, digest)`` (empty if None)."""
+async def serve_fraud_proof(stream: Stream, open_body: BodyOpener) -> None:
+    """Answer one request with the body ``open_body(run, digest)`` gives (empty if None), written
+    in pieces (module doc)."""
     request = decode(await stream.receive(MAX_FETCH_REQUEST), max_size=MAX_FETCH_REQUEST)
     check_map(_REQUEST, request, "fraud proof request")
-    await stream.send(body_of(request["run"], request["digest"]) or b"")
+    with open_body(request["run"], request["digest"]) as body:
+        if body is None:
+            await stream.send(b"")
+        else:
+            await stream.send_pieces(body)
     await stream.close()
 
 
-async def fetch_fraud_proof(p2p: P2P, peer: str, ref: FraudProofRef) -> bytes | None:
-    """The body ``ref`` names, from ``peer``; None if it keeps none. Raises
-    :class:`InvalidStatementError` (``ref_body``) for a frame over ``ref.size`` or a body that is
-    not the bytes named — the peer announced what it does not serve — and :class:`NetworkError`
-    for a failed stream."""
+async def fetch_fraud_proof(p2p: P2P, peer: str, ref: FraudProofRef, spool: BinaryIO) -> bool:
+    """Write the body ``ref`` names, from ``peer``, to ``spool`` (an empty file), a piece at a
+    time, hashed as it comes; False if the peer keeps none. Raises
+    :class:`InvalidStatementError` (``ref_body``) for a frame over ``ref.size`` (refused before a
+    byte of it is read) or a body that is not the bytes named — the peer announced what it does
+    not serve — and :class:`NetworkError` for a failed stream."""
+    digest = hasher()  # B2 of the body, a piece at a time
+
+    def write(piece: bytes) -> None:
+        digest.update(piece)
+        spool.write(piece)
+
     stream = await p2p.open_stream(peer, FRAUD_PROOF_PROTOCOL)
     try:
         await stream.send(encode({"run": ref.run, "digest": ref.digest}))
-        body = await stream.receive(ref.size)
+        size = await stream.receive_pieces(ref.size, write)
     except FrameTooLarge as exc:
         raise InvalidStatementError(f"{exc} (the size announced)", code="ref_body") from exc
     finally:
         await stream.close()
-    if not body:
-        return None
-    if not await trio.to_thread.run_sync(body_matches, ref, body):  # hashing up to 128 MiB: off the event loop
-        raise InvalidStatementError(f"{len(body)} bytes that are not the proof announced", code="ref_body")
-    return body
+    if not size:
+        return False
+    if size != ref.size or digest.digest() != ref.digest:
+        raise InvalidStatementError(f"{size} bytes that are not the proof announced", code="ref_body")
+    return True
+
+
+def _read_all(spool: BinaryIO) -> bytes:
+    spool.seek(0)
+    return spool.read()
 
 
 class ProofFetcher:
-    def __init__(self, p2p: P2P, statements: Statements,
-                 regossip: Callable[[ProvenFraud], Awaitable[None]]) -> None:
+    def __init__(self, p2p: P2P, statements: Statements, regossip: Callable[[ProvenFraud], Awaitable[None]],
+                 spool_dir: Path) -> None:
         """Answers requests from construction on, and takes the references ``statements`` hears
         (as its :attr:`~.statements.Statements.proof_refs`); ``regossip``: the outbox's, which
-        gossips a large proof as a reference."""
+        gossips a large proof as a reference; ``spool_dir``: where bodies are fetched to (created,
+        and emptied of what a crash may have left)."""
         self.p2p, self.statements, self.regossip = p2p, statements, regossip
+        self.spool_dir = spool_dir
+        spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for leftover in spool_dir.iterdir():  # the files are unnamed: only a fallback's could be here
+            leftover.unlink(missing_ok=True)
         self._send, self._receive = trio.open_memory_channel[tuple[FraudProofRef, str]](MAX_WANTED)
         self._wanted: set[bytes] = set()  # digests queued or being fetched
         self._per_peer: Counter[str] = Counter()
@@ -170,21 +211,23 @@ class ProofFetcher:
         if self.statements.store.fraud.holds(ref.run, ref.step, ref.guilty, ref.digest):  # arrived while this waited
             self.fetched["held"] += 1
             return
-        try:
-            with trio.fail_after(FETCH_TIMEOUT_S):
-                body = await fetch_fraud_proof(self.p2p, peer, ref)
-        except ProtocolError as exc:
-            log.info("fraud proof %s from %s: %s", ref.digest.hex()[:12], peer, exc)
-            self._refused(Verdict(Outcome.REJECT, str(exc), code=exc.code), peer, FraudProofRef.KIND)
-            self.fetched["rejected"] += 1
-            return
-        except (NetworkError, trio.TooSlowError) as exc:  # the peer's failure, not provably a lie
-            log.info("fetching fraud proof %s from %s failed: %s", ref.digest.hex()[:12], peer, exc)
-            self.fetched["failed"] += 1
-            return
-        if body is None:
-            self.fetched["empty"] += 1
-            return
+        with tempfile.TemporaryFile(dir=self.spool_dir) as spool:
+            try:
+                with trio.fail_after(FETCH_TIMEOUT_S):
+                    found = await fetch_fraud_proof(self.p2p, peer, ref, spool)
+            except ProtocolError as exc:
+                log.info("fraud proof %s from %s: %s", ref.digest.hex()[:12], peer, exc)
+                self._refused(Verdict(Outcome.REJECT, str(exc), code=exc.code), peer, FraudProofRef.KIND)
+                self.fetched["rejected"] += 1
+                return
+            except (NetworkError, trio.TooSlowError) as exc:  # the peer's failure, not provably a lie
+                log.info("fetching fraud proof %s from %s failed: %s", ref.digest.hex()[:12], peer, exc)
+                self.fetched["failed"] += 1
+                return
+            if not found:
+                self.fetched["empty"] += 1
+                return
+            body = await trio.to_thread.run_sync(_read_all, spool)  # the referee decodes the whole proof
         verdict = await self.statements.referee.judge(body, max_size=MAX_FRAUD_PROOF_SIZE)  # the referee off the loop
         if verdict.code == "held":  # the same conviction arrived by gossip or sync meanwhile
             self.fetched["held"] += 1
@@ -209,6 +252,9 @@ class ProofFetcher:
             return
         self._serving.add(stream.peer_id)
         try:
-            await serve_fraud_proof(stream, self.statements.store.fraud.body)
+            with trio.move_on_after(FETCH_TIMEOUT_S) as waited:
+                await serve_fraud_proof(stream, self.statements.store.fraud.open_body)
+            if waited.cancelled_caught:  # the fetcher gave up by now
+                await stream.reset()
         finally:
             self._serving.discard(stream.peer_id)

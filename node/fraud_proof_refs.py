@@ -37,7 +37,6 @@ from open1b.protocol import Outcome
 from open1b.protocol.codec import decode, encode
 from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.errors import InvalidStatementError, ProtocolError, WrongTypeError
-from open1b.protocol.hashing import blake2b256
 from open1b.protocol.schema import Bytes, Enum, ListOf, UInt, check_map
 from open1b.protocol.validation import Verdict
 
@@ -133,7 +132,3 @@ def judge_fraud_proof_ref(data: bytes, bearing: Bearing) -> Verdict[FraudProofRe
         return _verdict(Outcome.IGNORE, "run_full", "the run's bound would not keep it")
     return Verdict(Outcome.ACCEPT, "wanted", message=ref)
 
-
-def body_matches(ref: FraudProofRef, body: bytes) -> bool:
-    """Whether ``body`` is the bytes ``ref`` names (its size, then its digest)."""
-    return len(body) == ref.size and blake2b256(body) == ref.digest

@@ -23,6 +23,11 @@ What a run keeps, a function of the proofs the node was given whatever their ord
   (:data:`~.fraud_proofs.REFEREE`) that judged it; when the store opens, a row judged by another
   is judged again, and dropped if it no longer convicts the same keys (also when its bytes are
   damaged: they no longer hash to its digest).
+
+A body is read whole only where it is small or judged (sync's proofs, within the gossip bound;
+the API); a peer fetching one by digest is served from :meth:`FraudProofs.open_body`, SQLite's
+incremental BLOB I/O, a piece at a time: a body can be ``MAX_FRAUD_PROOF_SIZE`` (128 MiB), and a
+node serves two at once.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import sqlite3
 from contextlib import contextmanager
 from typing import Iterator
 
-from open1b.protocol import RunManifest
+from open1b.protocol import Open1bError, RunManifest
 
 from .fraud_proofs import REFEREE, FraudRecord, ProvenFraud, Ranked, proven_fraud
 
@@ -69,6 +74,26 @@ def _keys(joined: bytes) -> tuple[bytes, ...]:
 def _record(row: tuple) -> FraudRecord:
     run, step, op, position, guilty, pre, posts, digest, size = row
     return FraudRecord(run, step, op, position, _keys(guilty), pre, _keys(posts), digest, size)
+
+
+class BodyDropped(Open1bError):
+    """The proof was dropped (the run's bound, a lower digest) while its body was being read."""
+
+
+class StoredBody:
+    """A stored proof's bytes, read in pieces from an open BLOB handle
+    (:class:`open1b.protocol.dispute.trace.Pieces`)."""
+
+    def __init__(self, blob: sqlite3.Blob) -> None:
+        self._blob, self.nbytes = blob, len(blob)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes ``[offset, offset + size)`` (fewer at its end); :class:`BodyDropped` if the row
+        changed since it was opened (SQLite aborts the handle)."""
+        try:
+            return self._blob[offset:offset + size]
+        except sqlite3.Error as exc:
+            raise BodyDropped(f"the stored fraud proof changed while it was read: {exc}") from exc
 
 
 class FraudProofs:
@@ -191,6 +216,20 @@ class FraudProofs:
         row = self._db.execute("SELECT encoded FROM fraud_proof_bodies WHERE digest = ? AND run_id = ?",
                                (digest, run_id)).fetchone()
         return row[0] if row else None
+
+    @contextmanager
+    def open_body(self, run_id: bytes, digest: bytes) -> Iterator[StoredBody | None]:
+        """The stored proof of ``run_id`` whose digest is ``digest``, to be read in pieces while
+        the block runs (one BLOB handle: reading on from where it is costs nothing, where opening
+        a handle for each piece walks the row's overflow pages from the start each time), or
+        None."""
+        row = self._db.execute("SELECT rowid FROM fraud_proof_bodies WHERE digest = ? AND run_id = ?",
+                               (digest, run_id)).fetchone()
+        if row is None:
+            yield None
+            return
+        with self._db.blobopen("fraud_proof_bodies", "encoded", row[0], readonly=True) as blob:
+            yield StoredBody(blob)
 
     # -- a new referee -------------------------------------------------------------------------------
     def _judge_again(self) -> None:

@@ -45,10 +45,16 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
-from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+from libp2p.utils.varint import (
+    decode_uvarint_from_stream,
+    encode_uvarint,
+    encode_varint_prefixed,
+    read_varint_prefixed_bytes_limited,
+)
 from multiaddr import Multiaddr
 
 from open1b.protocol import Identity, Open1bError, Outcome
+from open1b.protocol.dispute.trace import Pieces
 
 from .dht_store import BoundedKadDHT, DhtLimits
 from .dialable import Networks, dialable_only, interface_ipv4s, local_networks
@@ -97,6 +103,9 @@ class _FramedPubsub(Pubsub):
 PUBLISH_QUEUE_HIGH_WATER = 16
 PUBLISH_PACING_TIMEOUT_S = 10.0
 MAX_PUBSUB_MESSAGE = 1 << 20
+# A large frame is written and read this many bytes at a time (send_pieces, receive_pieces):
+# the bytes on the wire are the same as one write of the frame.
+FRAME_PIECE = 256 << 10
 # The longest one DHT operation (a walk and its queries) may take. py-libp2p bounds each query by
 # its QUERY_TIMEOUT (10 s) but not the whole operation, so a walk over many unreachable peers (a
 # network partition) could hold a claim, a publish or a fetch for as long as it liked.
@@ -176,6 +185,48 @@ class Stream:
             raise FrameTooLarge(f"{self.peer_id} sent a frame over {max_size} bytes") from exc
         except Exception as exc:
             raise NetworkError(f"receive from {self.peer_id} failed: {exc}") from exc
+
+    async def send_pieces(self, body: Pieces) -> None:
+        """One frame of ``body``'s bytes, read and written :data:`FRAME_PIECE` at a time: on the
+        wire the same bytes as :meth:`send` of them whole (the varint length, then the bytes), so
+        a peer reads it either way, and this end holds one piece at a time, not the frame. An
+        error of ``body.read`` is raised as it is (the frame is then cut short: reset the stream)."""
+        await self._write(encode_uvarint(body.nbytes))
+        for offset in range(0, body.nbytes, FRAME_PIECE):
+            piece = body.read(offset, FRAME_PIECE)
+            if len(piece) != min(FRAME_PIECE, body.nbytes - offset):  # the frame's length is sent already
+                raise ValueError(f"{body!r} gave {len(piece)} bytes at offset {offset} of {body.nbytes}")
+            await self._write(piece)
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await self._raw.write(data)
+        except Exception as exc:
+            raise NetworkError(f"send to {self.peer_id} failed: {exc}") from exc
+
+    async def receive_pieces(self, max_size: int, write: Callable[[bytes], None]) -> int:
+        """One frame, handed to ``write`` piece by piece as it arrives (at most
+        :data:`FRAME_PIECE` bytes each; the frame is never held whole): its length.
+        :class:`FrameTooLarge`, before a byte of it is read, if its length is over ``max_size``;
+        :class:`NetworkError` if the stream ends before the frame does. An error of ``write`` is
+        raised as it is."""
+        try:
+            size = await decode_uvarint_from_stream(self._raw)
+        except Exception as exc:
+            raise NetworkError(f"receive from {self.peer_id} failed: {exc}") from exc
+        if size > max_size:
+            raise FrameTooLarge(f"{self.peer_id} sent a frame over {max_size} bytes")
+        left = size
+        while left:
+            try:
+                piece = await self._raw.read(min(left, FRAME_PIECE))
+            except Exception as exc:
+                raise NetworkError(f"receive from {self.peer_id} failed: {exc}") from exc
+            if not piece or len(piece) > left:
+                raise NetworkError(f"a frame from {self.peer_id} ended {left} bytes early")
+            write(piece)
+            left -= len(piece)
+        return size
 
     async def close(self) -> None:
         try:

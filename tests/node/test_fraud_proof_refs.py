@@ -7,6 +7,7 @@ The proof here is a real one of 1.1 MB: a `sum_rows` whose disputed column reads
 from __future__ import annotations
 
 import dataclasses
+import io
 import random
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Iterable
@@ -111,7 +112,7 @@ def test_a_reference_passes_its_rules_in_order_and_a_good_one_is_wanted_not_forw
     ledger = _ledger(tmp_path, gossip)
     validate = gossip.validators[fraud_proof_refs_topic(MANIFEST.run_id)]
     assert validate("peer", b"\xa0") is Outcome.IGNORE  # no fetcher: references are not taken
-    fetcher = ProofFetcher(gossip, ledger.statements, ledger.outbox.regossip)
+    fetcher = ProofFetcher(gossip, ledger.statements, ledger.outbox.regossip, tmp_path / "spool")
     assert ledger.statements.proof_refs is fetcher
     wanted = []
     fetcher.want = lambda ref, peer: wanted.append((ref, peer))
@@ -215,7 +216,7 @@ def test_a_fetched_body_is_judged_as_gossip_and_must_convict_whom_its_reference_
                 async def regossip(fraud):
                     regossiped.append(fraud)
 
-                fetcher = ProofFetcher(client, ledger.statements, regossip)
+                fetcher = ProofFetcher(client, ledger.statements, regossip, tmp_path / "spool")
                 for ref, _, outcome, counted in cases:
                     before, counts = fetcher.fetched.copy(), ledger.statements.validation.copy()
                     await fetcher.fetch(ref, peer)
@@ -255,7 +256,7 @@ async def _line_of_nodes(stack: AsyncExitStack, nursery, tmp_path, names, manife
         p2p = await stack.enter_async_context(open_p2p(ident(40 + i), "127.0.0.1", 0, heartbeat_s=0.2))
         ledger = make_ledger(tmp_path / name, *manifests, identity=ident(40 + i), clock=Clock(wall_at_zero=T0),
                              gossip=p2p)
-        fetcher = ProofFetcher(p2p, ledger.statements, ledger.outbox.regossip)
+        fetcher = ProofFetcher(p2p, ledger.statements, ledger.outbox.regossip, tmp_path / name / "spool")
         await nursery.start(fetcher.serve_fetcher)
         await ledger.statements.join_known_runs()
         if nodes:
@@ -391,12 +392,14 @@ def test_fetch_reads_no_more_than_announced_and_takes_only_the_bytes_named(tmp_p
     async def main():
         with trio.fail_after(60):
             async with _body_server([BIG[:-1] + b"\0", BIG + b"\0", b"", BIG], requests) as (client, peer):
-                for _ in range(2):  # the same size, another digest; one byte over the size
+                for written in (len(BIG), 0):  # the same size, another digest; one byte over the size (unread)
+                    spool = io.BytesIO()
                     with pytest.raises(InvalidStatementError) as raised:
-                        await fetch_fraud_proof(client, peer, ref)
-                    assert raised.value.code == "ref_body"
-                assert await fetch_fraud_proof(client, peer, ref) is None
-                assert await fetch_fraud_proof(client, peer, ref) == BIG
+                        await fetch_fraud_proof(client, peer, ref, spool)
+                    assert raised.value.code == "ref_body" and len(spool.getvalue()) == written
+                spool = io.BytesIO()
+                assert await fetch_fraud_proof(client, peer, ref, spool) is False and spool.getvalue() == b""
+                assert await fetch_fraud_proof(client, peer, ref, spool) is True and spool.getvalue() == BIG
         assert requests == [encode({"run": MANIFEST.run_id, "digest": ref.digest})] * 4
 
     trio.run(main)
@@ -418,6 +421,9 @@ def test_a_node_serves_the_bodies_it_keeps_by_digest_one_stream_per_peer(tmp_pat
         async def send(self, frame):
             self.sent.append(frame)
 
+        async def send_pieces(self, body):
+            self.sent.append(body.read(0, body.nbytes))
+
         async def close(self):
             pass
 
@@ -426,7 +432,7 @@ def test_a_node_serves_the_bodies_it_keeps_by_digest_one_stream_per_peer(tmp_pat
 
     ledger = _ledger(tmp_path)
     assert ledger.statements.add_own(_fraud(ledger))
-    body = ledger.store.fraud.body
+    body = ledger.store.fraud.open_body
 
     async def main():
         for digest, expected in ((blake2b256(BIG), BIG), (b"\0" * 32, b"")):
@@ -435,7 +441,7 @@ def test_a_node_serves_the_bodies_it_keeps_by_digest_one_stream_per_peer(tmp_pat
             assert stream.sent == [expected]
         with pytest.raises(ProtocolError):
             await serve_fraud_proof(Stream(encode({"run": MANIFEST.run_id})), body)
-        fetcher = ProofFetcher(_Gossip(), ledger.statements, ledger.outbox.regossip)
+        fetcher = ProofFetcher(_Gossip(), ledger.statements, ledger.outbox.regossip, tmp_path / "spool")
         fetcher._serving.add("p")  # a stream of that peer's is being answered
         busy = Stream(encode({"run": MANIFEST.run_id, "digest": blake2b256(BIG)}))
         await fetcher.p2p.handler(busy)
@@ -448,7 +454,7 @@ def test_the_wanted_queue_is_bounded_per_peer_and_by_digest(tmp_path):
     from open1b.node.fraud_proof_fetch import MAX_WANTED_PER_PEER
 
     ledger = _ledger(tmp_path)
-    fetcher = ProofFetcher(_Gossip(), ledger.statements, ledger.outbox.regossip)
+    fetcher = ProofFetcher(_Gossip(), ledger.statements, ledger.outbox.regossip, tmp_path / "spool")
     refs = [FraudProofRef(MANIFEST.run_id, STEP, bytes([i]) * 32, len(BIG), (PUBLISHER.public_key,))
             for i in range(MAX_WANTED_PER_PEER + 1)]
     for r in refs:

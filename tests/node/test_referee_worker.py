@@ -77,11 +77,12 @@ async def _judged_while_another_task_runs(monkeypatch, judge) -> tuple[object, l
 
 def test_a_fetched_large_proof_is_judged_while_the_event_loop_runs_on(tmp_path, monkeypatch):
     ledger = _ledger(tmp_path)
-    fetcher = ProofFetcher(_Gossip(), ledger.statements, ledger.outbox.regossip)
+    fetcher = ProofFetcher(_Gossip(), ledger.statements, ledger.outbox.regossip, tmp_path / "spool")
     ref = FraudProofRef(MANIFEST.run_id, STEP, blake2b256(BIG), len(BIG), (PUBLISHER.public_key,))
 
-    async def served(p2p, peer, wanted):
-        return BIG
+    async def served(p2p, peer, wanted, spool):
+        spool.write(BIG)
+        return True
 
     monkeypatch.setattr(fraud_proof_fetch, "fetch_fraud_proof", served)
     _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: fetcher.fetch(ref, "holder"))
