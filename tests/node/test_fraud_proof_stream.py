@@ -13,7 +13,9 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from open1b.node.fraud_proof_fetch import FRAUD_PROOF_PROTOCOL, fetch_fraud_proof, serve_fraud_proof
+import open1b.node.fraud_proof_fetch as fraud_proof_fetch
+from open1b.node.clock import Clock
+from open1b.node.fraud_proof_fetch import FRAUD_PROOF_PROTOCOL, ProofFetcher, fetch_fraud_proof, serve_fraud_proof
 from open1b.node.fraud_proof_refs import FraudProofRef
 from open1b.node.fraud_proof_store import BodyDropped
 from open1b.node.fraud_proofs import ProvenFraud
@@ -23,6 +25,7 @@ from open1b.protocol.codec import encode
 from open1b.protocol.errors import InvalidStatementError
 from open1b.protocol.hashing import blake2b256
 
+from .fakes import make_ledger
 from .loopback_hosts import connected_pair
 
 RUN, GUILTY = b"\x01" * 32, b"\x02" * 32
@@ -134,5 +137,34 @@ def test_a_body_dropped_while_it_is_served_cuts_the_frame_short_and_blames_no_on
                 with pytest.raises(NetworkError):  # the server resets the stream: a failed fetch, not a lie
                     await stream.receive_pieces(len(body), first_piece)
                 assert client.rejected == {}
+
+    trio.run(main)
+
+
+def test_a_peer_that_stops_reading_holds_its_serving_slot_no_longer_than_a_fetch_may_take(tmp_path, monkeypatch):
+    monkeypatch.setattr(fraud_proof_fetch, "FETCH_TIMEOUT_S", 0.5)
+    body = os.urandom(16 * FRAME_PIECE)  # more than the yamux window lets through unread (256 KiB)
+    served = trio.Event()
+
+    async def main():
+        with trio.fail_after(60):
+            async with AsyncExitStack() as stack:
+                server, client = await connected_pair(stack, 62)
+                ledger = make_ledger(tmp_path, clock=Clock(), gossip=server)
+                ref = FraudProofRef(RUN, 3, blake2b256(body), len(body), (GUILTY,))
+                assert ledger.store.fraud.add(ProvenFraud(RUN, 3, "matmul", 7, (GUILTY,), b"\x03" * 32,
+                                                          (b"\x04" * 32,), ref.digest, len(body), encoded=body))
+                fetcher = ProofFetcher(server, ledger.statements, ledger.outbox.regossip, tmp_path / "spool")
+
+                async def serve(stream):
+                    await fetcher._serve(stream)
+                    served.set()
+
+                server.set_stream_handler(FRAUD_PROOF_PROTOCOL, serve)
+                stream = await _ask(client, server.peer_id, ref)
+                await served.wait()  # the server gave up on a peer that reads nothing
+                assert fetcher._serving == set()
+                with pytest.raises(NetworkError):  # reset: what came before it is not the body
+                    await stream.receive_pieces(len(body), lambda piece: None)
 
     trio.run(main)
