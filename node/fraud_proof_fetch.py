@@ -211,23 +211,15 @@ class ProofFetcher:
         if self.statements.store.fraud.holds(ref.run, ref.step, ref.guilty, ref.digest):  # arrived while this waited
             self.fetched["held"] += 1
             return
-        with tempfile.TemporaryFile(dir=self.spool_dir) as spool:
-            try:
-                with trio.fail_after(FETCH_TIMEOUT_S):
-                    found = await fetch_fraud_proof(self.p2p, peer, ref, spool)
-            except ProtocolError as exc:
-                log.info("fraud proof %s from %s: %s", ref.digest.hex()[:12], peer, exc)
-                self._refused(Verdict(Outcome.REJECT, str(exc), code=exc.code), peer, FraudProofRef.KIND)
-                self.fetched["rejected"] += 1
-                return
-            except (NetworkError, trio.TooSlowError) as exc:  # the peer's failure, not provably a lie
-                log.info("fetching fraud proof %s from %s failed: %s", ref.digest.hex()[:12], peer, exc)
-                self.fetched["failed"] += 1
-                return
-            if not found:
-                self.fetched["empty"] += 1
-                return
-            body = await trio.to_thread.run_sync(_read_all, spool)  # the referee decodes the whole proof
+        try:
+            with tempfile.TemporaryFile(dir=self.spool_dir) as spool:
+                body = await self._download(ref, peer, spool)
+        except OSError as exc:  # the spool file: our disk's failure, never the peer's
+            log.warning("fetching fraud proof %s from %s failed on this node's disk: %s", ref.digest.hex()[:12], peer, exc)
+            self.fetched["failed"] += 1
+            return
+        if body is None:
+            return
         verdict = await self.statements.referee.judge(body, max_size=MAX_FRAUD_PROOF_SIZE)  # the referee off the loop
         if verdict.code == "held":  # the same conviction arrived by gossip or sync meanwhile
             self.fetched["held"] += 1
@@ -245,6 +237,26 @@ class ProofFetcher:
         self.fetched["stored"] += 1
         log.info("fraud proof %s (%d bytes) fetched from %s", ref.digest.hex()[:12], ref.size, peer)
         await self.regossip(verdict.message)
+
+    async def _download(self, ref: FraudProofRef, peer: str, spool: BinaryIO) -> bytes | None:
+        """The body ``ref`` names, from ``peer`` through ``spool``, size and digest checked; None,
+        its outcome counted, if there is none to judge."""
+        try:
+            with trio.fail_after(FETCH_TIMEOUT_S):
+                found = await fetch_fraud_proof(self.p2p, peer, ref, spool)
+        except ProtocolError as exc:
+            log.info("fraud proof %s from %s: %s", ref.digest.hex()[:12], peer, exc)
+            self._refused(Verdict(Outcome.REJECT, str(exc), code=exc.code), peer, FraudProofRef.KIND)
+            self.fetched["rejected"] += 1
+            return None
+        except (NetworkError, trio.TooSlowError) as exc:  # the peer's failure, not provably a lie
+            log.info("fetching fraud proof %s from %s failed: %s", ref.digest.hex()[:12], peer, exc)
+            self.fetched["failed"] += 1
+            return None
+        if not found:
+            self.fetched["empty"] += 1
+            return None
+        return await trio.to_thread.run_sync(_read_all, spool)  # the referee decodes the whole proof
 
     async def _serve(self, stream: Stream) -> None:
         if stream.peer_id in self._serving or len(self._serving) >= MAX_SERVING:

@@ -168,3 +168,31 @@ def test_a_peer_that_stops_reading_holds_its_serving_slot_no_longer_than_a_fetch
                     await stream.receive_pieces(len(body), lambda piece: None)
 
     trio.run(main)
+
+
+def test_the_spool_directory_is_emptied_at_start_and_a_failing_disk_is_a_failed_fetch_blaming_no_one(tmp_path):
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    (spool_dir / "tmpleftover").write_bytes(b"a crash's half body")
+    ledger = make_ledger(tmp_path, clock=Clock())
+    peer = "12D3KooWpeer"
+    fetcher = ProofFetcher(_Host(), ledger.statements, ledger.outbox.regossip, spool_dir)
+    assert list(spool_dir.iterdir()) == []
+    spool_dir.rmdir()  # the disk fails the spool file
+    trio.run(fetcher.fetch, FraudProofRef(RUN, 3, b"\x05" * 32, 2 << 20, (GUILTY,)), peer)
+    assert fetcher.fetched == {"failed": 1} and fetcher.p2p.penalised == []
+
+
+class _Host:
+    """What ProofFetcher needs of a host when nothing reaches the network."""
+
+    peer_id = "me"
+
+    def __init__(self) -> None:
+        self.penalised: list[str] = []
+
+    def set_stream_handler(self, protocol, handler) -> None:
+        pass
+
+    def penalise(self, peer: str) -> None:
+        self.penalised.append(peer)
