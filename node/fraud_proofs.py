@@ -50,9 +50,9 @@ MAX_GOSSIP_FRAUD_PROOF = (1 << 20) - 4096
 
 REFEREE = "r20"
 """The spec revision of the referee's rules (§18.4) this node runs: the last that changed a
-verdict (r20, the update's outputs). The store keeps it with each verdict and judges again, once
-when it opens, every proof judged under another (node/fraud_proof_store.py): bump it when the
-referee changes."""
+verdict (r20, the update's outputs). The store keeps it with each verdict; a proof judged under
+another is not read out until the daemon judged it again, in the background after the store
+opened (node/fraud_proof_store.py): bump it when the referee changes."""
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,6 @@ class ProvenFraud(FraudRecord):
     def record(self) -> FraudRecord:
         return FraudRecord(self.run, self.step, self.op, self.position, self.guilty, self.pre_state,
                            self.post_states, self.digest, self.size)
-
-
-def proven_fraud(data: bytes) -> ProvenFraud:
-    """The referee's conviction in the proof ``data`` (a stored one judged again: a new referee,
-    node/fraud_proof_store.py); ValueError if it convicts no one."""
-    verdict = verify_fraud_proof(data)
-    if not verdict.accepted:
-        raise ValueError(f"a stored fraud proof no longer convicts: {verdict.reason}")
-    return proven_by(data, verdict)
 
 
 def proven_by(data: bytes, verdict: FraudVerdict) -> ProvenFraud:
