@@ -30,9 +30,9 @@ open over a step it published or attested.
   through the outbox, whichever side found it (over the gossip bound, as a reference whose body
   peers fetch, node/fraud_proof_refs.py); coverage counts it (§8.3). The referee runs on it once,
   in the bisection that built it (in a worker thread), and its verdict is carried to the store
-  (:meth:`.referee_worker.RefereeWorker.carry`: up to seconds a proof at ``gpt-1b``, not twice). A peer at fault in a malformed way
-  is penalised (in :mod:`.disputes`); a silent one loses on this node (``peer_silent``: counted in
-  ``status.disputes``, proves nothing to others).
+  (:meth:`.referee_worker.RefereeWorker.carry`: up to seconds a proof at ``gpt-1b``, not twice).
+  A peer at fault in a malformed way is penalised (in :mod:`.disputes`); a silent one loses on
+  this node (``peer_silent``: counted in ``status.disputes``, proves nothing to others).
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ worker thread (node/referee_worker.py), and :func:`relevant_fraud`, the node's r
 over what a :class:`Bearing` reads of the node.
 
 A proof is judged once, when it arrives (the node's own, when its bisection builds it:
-:func:`proven_by` reads that verdict's proof without a second referee run): the store keeps the verdict (a :class:`FraudRecord`)
-with the bytes, by digest (node/fraud_proof_store.py), and reading it back runs no referee.
+:func:`proven_by` reads that verdict's proof without a second referee run): the store keeps the
+verdict (a :class:`FraudRecord`) with the bytes, by digest (node/fraud_proof_store.py), and
+reading it back runs no referee.
 """
 
 from __future__ import annotations
