@@ -231,6 +231,8 @@ async def _serve(config: NodeConfig, identity: Identity, store: Store, workers: 
                       evaluator, reachability)
     addr_files = (config.data_dir / API_ADDR_FILE, config.data_dir / P2P_ADDR_FILE)
     async with trio.open_nursery() as nursery:
+        # after a referee change, the stored proofs are judged again meanwhile (not read out until then)
+        await nursery.start(statements.referee.judge_stored_again, store.fraud, statements.tell)
         await nursery.start(fetcher.serve_fetcher)
         await nursery.start(proofs.serve_fetcher)
         await nursery.start(ledger.outbox.serve_outbox)

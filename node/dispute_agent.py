@@ -26,12 +26,13 @@ open over a step it published or attested.
   peer's time bounded (:mod:`.dispute_exchange`, r28); a peer's next dispute answered no sooner than its last answer took (one peer
   gets at most half the worker); the last :data:`TRACES_KEPT` traces kept (no replay again).
 * **Results.** A proof the referee accepts and the gossip rules admit (node/fraud_proofs.py: up
-  to the referee's bound, a key that vouched for the step and counts here; the referee in the
-  node's worker thread, node/referee_worker.py, as in the bisection) is stored and gossiped through the
-  outbox, whichever side found it (over the gossip bound, as a reference whose body peers fetch,
-  node/fraud_proof_refs.py); coverage counts it (§8.3). A peer at fault in a malformed way
-  is penalised (in :mod:`.disputes`); a silent one loses on this node (``peer_silent``: counted in
-  ``status.disputes``, proves nothing to others).
+  to the referee's bound, a key that vouched for the step and counts here) is stored and gossiped
+  through the outbox, whichever side found it (over the gossip bound, as a reference whose body
+  peers fetch, node/fraud_proof_refs.py); coverage counts it (§8.3). The referee runs on it once,
+  in the bisection that built it (in a worker thread), and its verdict is carried to the store
+  (:meth:`.referee_worker.RefereeWorker.carry`: up to seconds a proof at ``gpt-1b``, not twice).
+  A peer at fault in a malformed way is penalised (in :mod:`.disputes`); a silent one loses on
+  this node (``peer_silent``: counted in ``status.disputes``, proves nothing to others).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping
 import trio
 
 from open1b.protocol import Attestation, Identity, Outcome, RunManifest
-from open1b.protocol.dispute import MAX_FRAUD_PROOF_SIZE
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL
 from open1b.protocol.dispute.trace import TraceCommitment, trace_tree
 from open1b.protocol.identity import peer_id_from_public_key, public_key_from_peer_id
@@ -239,7 +239,7 @@ class DisputeAgent:
         if result.outcome == "peer_malformed":
             self.p2p.penalise(peer)
         if result.proof is not None:
-            await self._publish(result.proof)
+            await self._publish(result)
         return result
 
     async def _find(self, manifest: RunManifest, peer: str) -> None:
@@ -315,7 +315,7 @@ class DisputeAgent:
             self._seen.add((*over, public_key_from_peer_id(peer)))
             self._settled.add((*over, public_key_from_peer_id(peer)))
         if result.proof is not None and self._nursery is not None:
-            self._nursery.start_soon(self._publish, result.proof)
+            self._nursery.start_soon(self._publish, result)
 
     # -- results -----------------------------------------------------------------------------------
     def _record(self, role: str, peer: str, over: tuple[bytes, int] | None, result: DisputeResult,
@@ -329,9 +329,10 @@ class DisputeAgent:
             "proof_bytes": len(result.proof) if result.proof else None, "peer_at_fault": result.peer_at_fault})
         log.info("dispute with %s (%s): %s after %d rounds, %.2f s", peer, role, result.outcome, result.rounds, seconds)
 
-    async def _publish(self, proof: bytes) -> None:
-        # judged as a fetched body is: the referee in the node's worker thread (node/referee_worker.py)
-        verdict = await self.referee.judge(proof, max_size=MAX_FRAUD_PROOF_SIZE)
+    async def _publish(self, result: DisputeResult) -> None:
+        # the bisection judged the proof it built (in a worker thread): that verdict, read off the
+        # event loop, then the node's rules as for any proof (node/referee_worker.py)
+        verdict = await self.referee.carry(result.proof, result.verdict)
         if verdict.code == "held":  # the other party's proof of it (a lower digest) came first: nothing to carry
             log.info("our dispute's proof adds nothing to the proofs kept: %s", verdict.reason)
             return

@@ -77,7 +77,9 @@ class Party:
 
 @dataclass(frozen=True)
 class DisputeResult:
-    """How a bisection ended. ``outcome``: ``agree``, ``proof`` (``proof`` and ``verdict`` set),
+    """How a bisection ended. ``outcome``: ``agree``, ``proof`` (``proof`` and ``verdict`` set:
+    the referee's verdict on exactly those bytes, which the node carries to its store rather than
+    judge the proof again, node/dispute_agent.py),
     ``records_differ``, ``ops_differ``, ``peer_silent``, ``peer_malformed``, ``peer_refused``
     (it answered an ``error``: ``code``); answering, ``no_trace`` (this node had none of the peer's
     step) or ``not_disputed`` (nothing it counts warrants it). ``peer_at_fault``: this node's finding against the peer

@@ -19,10 +19,20 @@ What a run keeps, a function of the proofs the node was given whatever their ord
   node given the same proofs keeps the same ones; the publisher's first, so that no number of
   convictions of others (each needs a key the node counts, and flags it) can crowd out a
   refutation; the earliest step first, as the one coverage cites (§8.3 step 9).
-- **Verdicts are re-judged only when the referee changed**: each row names the referee
-  (:data:`~.fraud_proofs.REFEREE`) that judged it; when the store opens, a row judged by another
-  is judged again, and dropped if it no longer convicts the same keys (also when its bytes are
-  damaged: they no longer hash to its digest).
+- **Verdicts are re-judged only when the referee changed**, and not while the store opens (a
+  referee run is up to seconds a proof): each row names the referee
+  (:data:`~.fraud_proofs.REFEREE`) that judged it, and a row judged by another is *pending*. It
+  keeps its place in what the store keeps (its convictions, the run's ranking and bounds: a new
+  referee seldom changes a verdict), but nothing reads it out — coverage, sync, the API and
+  fetches by digest (:meth:`FraudProofs.of_run`, :meth:`FraudProofs.body`) see it once it is
+  judged again. The daemon judges the pending rows in the background, one at a time in the
+  referee's worker thread (:meth:`.referee_worker.RefereeWorker.judge_stored_again`, through
+  :meth:`FraudProofs.next_stale` and :meth:`FraudProofs.judged_again`), publisher's convictions
+  first: a row that still convicts the same keys is read out from then on, any other is dropped
+  (also when its bytes are damaged: they no longer hash to its digest). The rows of the layout
+  before r25 (one per conviction, no verdict) are carried over the same way, each added as a
+  new proof once judged. A pending row that the new referee drops may have kept out another
+  proof of its conviction meanwhile: the next sync brings that one again.
 
 A body is read whole only where it is small or judged (sync's proofs, within the gossip bound;
 the API); a peer fetching one by digest is served from :meth:`FraudProofs.open_body`, SQLite's
@@ -35,11 +45,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from open1b.protocol import Open1bError, RunManifest
 
-from .fraud_proofs import REFEREE, FraudRecord, ProvenFraud, Ranked, proven_fraud
+from .fraud_proofs import REFEREE, FraudRecord, ProvenFraud, Ranked
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +114,10 @@ class FraudProofs:
         self._publishers: dict[bytes, bytes | None] = {}
         if not read_only:
             db.executescript(SCHEMA)
-            self._judge_again()
+            pending = db.execute("SELECT COUNT(*) FROM fraud_proof_bodies WHERE referee != ?", (REFEREE,)).fetchone()[0]
+            if pending or self._old_layout():
+                log.info("%d fraud proofs judged by another referee than %s%s: not read out until judged again",
+                         pending, REFEREE, ", and the layout before r25" if self._old_layout() else "")
 
     # -- writing -------------------------------------------------------------------------------------
     def add(self, fraud: ProvenFraud) -> bool:
@@ -205,16 +219,17 @@ class FraudProofs:
 
     # -- reading -------------------------------------------------------------------------------------
     def of_run(self, run_id: bytes) -> list[FraudRecord]:
-        """A run's fraud proofs as the referee judged them when they arrived (no bytes read)."""
-        rows = self._db.execute(f"SELECT {_RECORD} FROM fraud_proof_bodies WHERE run_id = ? ORDER BY step, digest",
-                                (run_id,))
+        """A run's fraud proofs as the referee judged them when they arrived (no bytes read); not
+        the pending ones (module doc)."""
+        rows = self._db.execute(f"SELECT {_RECORD} FROM fraud_proof_bodies WHERE run_id = ? AND referee = ? "
+                                "ORDER BY step, digest", (run_id, REFEREE))
         return [_record(r) for r in rows.fetchall()]
 
     def body(self, run_id: bytes, digest: bytes) -> bytes | None:
         """The stored proof of ``run_id`` whose digest is ``digest`` (what a peer fetches by it,
-        node/fraud_proof_fetch.py, and what sync and the API send), or None."""
-        row = self._db.execute("SELECT encoded FROM fraud_proof_bodies WHERE digest = ? AND run_id = ?",
-                               (digest, run_id)).fetchone()
+        node/fraud_proof_fetch.py, and what sync and the API send), or None (also while it is pending)."""
+        row = self._db.execute("SELECT encoded FROM fraud_proof_bodies WHERE digest = ? AND run_id = ? AND referee = ?",
+                               (digest, run_id, REFEREE)).fetchone()
         return row[0] if row else None
 
     @contextmanager
@@ -222,9 +237,9 @@ class FraudProofs:
         """The stored proof of ``run_id`` whose digest is ``digest``, to be read in pieces while
         the block runs (one BLOB handle: reading on from where it is costs nothing, where opening
         a handle for each piece walks the row's overflow pages from the start each time), or
-        None."""
-        row = self._db.execute("SELECT rowid FROM fraud_proof_bodies WHERE digest = ? AND run_id = ?",
-                               (digest, run_id)).fetchone()
+        None (also while it is pending)."""
+        row = self._db.execute("SELECT rowid FROM fraud_proof_bodies WHERE digest = ? AND run_id = ? AND referee = ?",
+                               (digest, run_id, REFEREE)).fetchone()
         if row is None:
             yield None
             return
@@ -232,32 +247,52 @@ class FraudProofs:
             yield StoredBody(blob)
 
     # -- a new referee -------------------------------------------------------------------------------
-    def _judge_again(self) -> None:
-        """Judge again the proofs judged by another referee (module doc), and carry over those of
-        the layout before r25."""
-        stale = [r[0] for r in self._db.execute("SELECT digest FROM fraud_proof_bodies WHERE referee != ?", (REFEREE,))]
-        for digest in stale:
-            row = self._db.execute("SELECT encoded, guilty FROM fraud_proof_bodies WHERE digest = ?", (digest,)).fetchone()
-            fraud = self._judged(row[0])
-            with self._transaction():
-                if fraud is None or fraud.digest != digest or b"".join(fraud.guilty) != row[1]:
-                    run = self._db.execute("SELECT run_id FROM fraud_proof_bodies WHERE digest = ?", (digest,)).fetchone()[0]
-                    self._drop(run, [digest])
-                else:
-                    self._db.execute("UPDATE fraud_proof_bodies SET referee = ? WHERE digest = ?", (REFEREE, digest))
-        if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_OLD_TABLE,)).fetchone():
-            old = [r[0] for r in self._db.execute(f"SELECT DISTINCT encoded FROM {_OLD_TABLE}")]
-            for data in old:
-                if (fraud := self._judged(data)) is not None:
-                    self.add(fraud)
-            self._db.execute(f"DROP TABLE {_OLD_TABLE}")
-        if stale:
-            log.info("fraud proofs judged again by referee %s: %d", REFEREE, len(stale))
+    def _old_layout(self) -> bool:
+        return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                (_OLD_TABLE,)).fetchone() is not None
 
-    @staticmethod
-    def _judged(data: bytes) -> ProvenFraud | None:
-        try:
-            return proven_fraud(data)
-        except ValueError as exc:
-            log.warning("a stored fraud proof is dropped: %s", exc)
+    def next_stale(self) -> Stale | None:
+        """The next stored proof to judge again (module doc): a pending row, the run's publisher's
+        convictions and earlier steps first, then a row of the layout before r25; None when none
+        is left (the old layout's table is dropped then)."""
+        row = self._db.execute("SELECT digest, encoded FROM fraud_proof_bodies WHERE referee != ? "
+                               "ORDER BY others, step, digest LIMIT 1", (REFEREE,)).fetchone()
+        if row is not None:
+            return Stale(row[0], row[1])
+        if not self._old_layout():
             return None
+        row = self._db.execute(f"SELECT encoded FROM {_OLD_TABLE} LIMIT 1").fetchone()
+        if row is None:
+            self._db.execute(f"DROP TABLE {_OLD_TABLE}")
+            return None
+        return Stale(None, row[0])
+
+    def judged_again(self, stale: Stale, fraud: ProvenFraud | None) -> ProvenFraud | None:
+        """Keep or drop ``stale`` by this referee's verdict on its bytes: ``fraud``, or None if it
+        convicts no one. A pending row that still convicts the same keys is read out from now on;
+        a row of the old layout is added as a new proof is. The proof so kept (news for coverage),
+        or None."""
+        if stale.digest is None:
+            self._db.execute(f"DELETE FROM {_OLD_TABLE} WHERE encoded = ?", (stale.encoded,))  # each of its convictions
+            return fraud if fraud is not None and self.add(fraud) else None
+        row = self._db.execute("SELECT run_id, guilty FROM fraud_proof_bodies WHERE digest = ? AND referee != ?",
+                               (stale.digest, REFEREE)).fetchone()
+        if row is None:
+            return None  # dropped meanwhile: a proof ranked before it filled the run's bound
+        if fraud is not None and fraud.digest == stale.digest and b"".join(fraud.guilty) == row[1]:
+            self._db.execute("UPDATE fraud_proof_bodies SET referee = ? WHERE digest = ?", (REFEREE, stale.digest))
+            return fraud
+        log.warning("a stored fraud proof is dropped: this referee (%s) no longer convicts its keys with its bytes",
+                    REFEREE)
+        with self._transaction():
+            self._drop(row[0], [stale.digest])
+        return None
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A stored proof to judge again: ``digest``, its pending row's, or None for a row of the
+    layout before r25; ``encoded``, its bytes."""
+
+    digest: bytes | None
+    encoded: bytes = field(repr=False)

@@ -35,8 +35,10 @@ It comes in two halves: :func:`referee_fraud_proof`, the bound and the referee (
 worker thread (node/referee_worker.py), and :func:`relevant_fraud`, the node's rules after it,
 over what a :class:`Bearing` reads of the node.
 
-A proof is judged once, when it arrives: the store keeps the verdict (a :class:`FraudRecord`)
-with the bytes, by digest (node/fraud_proof_store.py), and reading it back runs no referee.
+A proof is judged once, when it arrives (the node's own, when its bisection builds it:
+:func:`proven_by` reads that verdict's proof without a second referee run): the store keeps the
+verdict (a :class:`FraudRecord`) with the bytes, by digest (node/fraud_proof_store.py), and
+reading it back runs no referee.
 """
 
 from __future__ import annotations
@@ -56,9 +58,9 @@ MAX_GOSSIP_FRAUD_PROOF = (1 << 20) - 4096
 
 REFEREE = "r20"
 """The spec revision of the referee's rules (§18.4) this node runs: the last that changed a
-verdict (r20, the update's outputs). The store keeps it with each verdict and judges again, once
-when it opens, every proof judged under another (node/fraud_proof_store.py): bump it when the
-referee changes."""
+verdict (r20, the update's outputs). The store keeps it with each verdict; a proof judged under
+another is not read out until the daemon judged it again, in the background after the store
+opened (node/fraud_proof_store.py): bump it when the referee changes."""
 
 
 @dataclass(frozen=True)
@@ -104,16 +106,10 @@ class ProvenFraud(FraudRecord):
                            self.post_states, self.digest, self.size)
 
 
-def proven_fraud(data: bytes) -> ProvenFraud:
-    """The referee's conviction in the proof ``data`` (a stored one judged again: a new referee,
-    node/fraud_proof_store.py); ValueError if it convicts no one."""
-    verdict = verify_fraud_proof(data)
-    if not verdict.accepted:
-        raise ValueError(f"a stored fraud proof no longer convicts: {verdict.reason}")
-    return _proven(data, verdict)
-
-
-def _proven(data: bytes, verdict: FraudVerdict) -> ProvenFraud:
+def proven_by(data: bytes, verdict: FraudVerdict) -> ProvenFraud:
+    """The proof ``data`` as the referee's accepting ``verdict`` on it reads it: decoded again and
+    hashed, the referee not run again. For a verdict already at hand: the node's own proof, which
+    its bisection judged when it built it (node/disputes.py, node/referee_worker.py)."""
     traces = FraudProof.decode(data).traces  # the referee checked both agree on run, step and pre_state
     post = {t.tracer: t.post_state for t in traces}
     # hashed here, off the event loop where a node runs this: ~0.5 s at 128 MiB
@@ -135,7 +131,7 @@ def referee_fraud_proof(data: bytes, *, max_size: int = MAX_GOSSIP_FRAUD_PROOF) 
     verdict = verify_fraud_proof(data)
     if not verdict.accepted:
         return _verdict(verdict.outcome, verdict.code, verdict.reason)
-    return Verdict(Outcome.ACCEPT, "the referee convicts", message=_proven(data, verdict))
+    return Verdict(Outcome.ACCEPT, "the referee convicts", message=proven_by(data, verdict))
 
 
 class Ranked(Protocol):

@@ -3,7 +3,7 @@
 Every producer hands its signed statement to :meth:`Outbox.publish`: the auditor's attestations,
 the spot checker's spot checks, the replay proof's reveals, the evaluator's results and checks,
 the dispute agent's fraud proofs (node/dispute_agent.py: the proof a dispute of this node's ended
-in, judged first as a gossiped one is), and the API's reveals and submitted evaluations. A fraud
+in, judged by the referee in its bisection, then by the gossip rules as any proof is), and the API's reveals and submitted evaluations. A fraud
 proof over the gossip bound is gossiped as its reference (node/fraud_proof_refs.py); one fetched
 by reference is stored by the proof fetcher (node/fraud_proof_fetch.py), which announces it with
 :meth:`Outbox.regossip`. The API takes no fraud proof: it lists and serves those the node holds.

@@ -108,7 +108,9 @@ class Statements:
                                store.fraud.fits)
         self.referee = RefereeWorker(self.bearing)
 
-    def _told(self, statement: Statement) -> None:
+    def tell(self, statement: Statement) -> None:
+        """Tell the listeners of a statement stored (here, or a stored fraud proof judged again:
+        :meth:`.referee_worker.RefereeWorker.judge_stored_again`)."""
         for listener in self.listeners:
             listener(statement)
 
@@ -120,7 +122,7 @@ class Statements:
     async def add_run(self, manifest: RunManifest, run_dir: Path | None) -> None:
         self.store.add_manifest(manifest, run_dir)
         self.manifests[manifest.run_id] = manifest
-        self._told(manifest)
+        self.tell(manifest)
         await self._join_run_topics(manifest.run_id)
 
     async def _join_run_topics(self, run: bytes) -> None:
@@ -244,7 +246,7 @@ class Statements:
         new = [att for att, added in zip(accepted, self.store.add_attestations(accepted)) if added]
         self.stats.attestations_received += len(new)
         for att in new:
-            self._told(att)
+            self.tell(att)
         return len(new)
 
     def _ingest(self, kind: str, data: bytes, source: str | None) -> bool:
@@ -255,7 +257,7 @@ class Statements:
             return False
         added = add(verdict.message)
         if added:
-            self._told(verdict.message)
+            self.tell(verdict.message)
         return added
 
     def ingest_reveal(self, data: bytes, source: str | None = None) -> bool:
@@ -304,14 +306,14 @@ class Statements:
     def add_claim(self, claim: Claim) -> None:
         """A claim read from the DHT or gossip (validated by the caller): stored while its run is known."""
         if claim.run in self.manifests and self.store.add_claim(claim):
-            self._told(claim)
+            self.tell(claim)
 
     def add_own(self, statement: Attestation | WitnessReveal | SpotCheck | EvalStatement | ProvenFraud) -> bool:
         """Store a statement this node signed or checked already (:mod:`.outbox`); True if new."""
         add = self.store.fraud.add if isinstance(statement, ProvenFraud) else self._kinds[statement.KIND][1]
         added = add(statement)
         if added:
-            self._told(statement)
+            self.tell(statement)
         return added
 
     def statements_for_sync(self, run: bytes, *, refs: bool = True) -> list[

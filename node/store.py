@@ -6,7 +6,8 @@ statement being written, never corrupts what is there, and merging two stores is
 Only validated statements are handed to this module; it re-decodes (and so re-verifies) what it
 reads back, so a damaged file cannot make the node trust bytes it did not check. Fraud proofs
 (node/fraud_proof_store.py) are the exception: the referee costs up to seconds a proof, so their
-verdicts are kept as judged, and judged again only when the referee changes.
+verdicts are kept as judged, and judged again only when the referee changes (by the daemon, after
+the store opened).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import trio
 from trio.testing import MockClock
 
 from open1b.deterministic.dispute_replay import op_data, trace_step
+from open1b.node import disputes, fraud_proofs
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
 from open1b.node.dispute_exchange import Timing
@@ -22,10 +23,12 @@ from open1b.node.op_data import OpFiles
 from open1b.node.p2p import open_p2p
 from open1b.node.worker import ReplayFailed, ReplayWorker
 from open1b.protocol.codec import encode
+from open1b.protocol.dispute import FraudProof, verify_fraud_proof
 from open1b.protocol.dispute.bisection import DISPUTE_PROTOCOL, MAX_MESSAGE
 from open1b.protocol.dispute.trace import TraceCommitment, chunk_tree, nbytes, trace_tree
 from open1b.protocol.hashing import blake2b256
 from tests.protocol.conftest import make_attestation
+from tests.runs import run_manifest
 
 from .conftest import ident
 from .fakes import FakeGossip, make_ledger
@@ -237,3 +240,76 @@ def test_an_answer_our_worker_could_not_finish_pauses_the_peer_as_any_other(tmp_
                 assert agent.refusal(manifest, step, TRUSTED.public_key) is None  # ours failed: it may ask again
 
     trio.run(main)
+
+
+class _PartyTracer:
+    """The worker's place for a node whose trace of the step is ``party``'s (tests/node/dispute_parties.py)."""
+
+    def __init__(self, party) -> None:
+        self.party = party
+
+    async def trace(self, manifest, run_dir, step):
+        return StepTrace(self.party.records, self.party.commitment.pre_state, self.party.commitment.post_state)
+
+    async def op_data(self, manifest, run_dir, step, pos):
+        return await self.party.op_data(pos)
+
+
+def test_the_referee_runs_once_on_the_proof_a_nodes_dispute_ends_in(tmp_path, monkeypatch):
+    """A forging publisher opens a dispute with an auditor (a real agent on a real host); the
+    auditor's bisection ends in a proof that convicts it, which the auditor stores and gossips.
+    The referee runs on that proof once, in the bisection: before, the agent judged it again
+    before storing it (seconds a proof at ``gpt-1b``)."""
+    from open1b.devnet.forged_op import ForgingBackend
+
+    from .dispute_parties import STEP, party
+
+    honest, forger = ident(90), ident(91)
+    mine, forged = party(honest), party(forger, ForgingBackend)
+    hashes = [blake2b256(b"h", bytes([k])) for k in range(4)]
+    hashes[STEP] = mine.commitment.pre_state
+    run = run_manifest(forger, engine="test-engine", engine_version="1", model={"d": 1}, data={}, seed=0, steps=3,
+                       state_hashes=hashes, created_at=1_800_000_000)
+    judged: list[bytes] = []
+
+    def referee(data):
+        judged.append(data)
+        return verify_fraud_proof(data)
+
+    monkeypatch.setattr(disputes, "verify_fraud_proof", referee)  # the bisection's
+    monkeypatch.setattr(fraud_proofs, "verify_fraud_proof", referee)  # the gossip rules'
+
+    async def main():
+        with trio.fail_after(120):
+            async with open_p2p(honest, "127.0.0.1", 0) as p2p, open_p2p(forger, "127.0.0.1", 0) as opener:
+                agent = _agent(tmp_path, run, me=honest, run_dir=tmp_path / "run", p2p=p2p)
+                agent.tracer = _PartyTracer(mine)
+                agent.store.add_attestation(make_attestation(honest, run, STEP, match=False))
+                stored, publish = trio.Event(), agent.publish
+
+                async def published(fraud):
+                    try:
+                        return await publish(fraud)
+                    finally:
+                        stored.set()
+
+                agent.publish = published
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(agent.serve_disputes)
+                    await opener.connect(p2p.addrs[0])
+                    theirs = TraceCommitment.create(forger, run=run.run_id, step=STEP, pre_state=hashes[STEP],
+                                                    post_state=hashes[STEP + 1], ops=forged.commitment.ops,
+                                                    root=forged.commitment.root)
+                    stream = await opener.open_stream(p2p.peer_id, DISPUTE_PROTOCOL)
+                    result = await bisect(stream, Party(theirs, forged.tree, forged.records, forged.op_data))
+                    assert result.outcome == "proof"
+                    await stored.wait()
+                    nursery.cancel_scope.cancel()
+                return agent
+
+    agent = trio.run(main)
+    [kept] = agent.store.fraud.of_run(run.run_id)
+    assert kept.guilty == (forger.public_key,)
+    ours = agent.store.fraud.body(run.run_id, kept.digest)
+    assert FraudProof.decode(ours).traces[0].tracer == honest.public_key  # our own proof: our trace first
+    assert judged.count(ours) == 1

@@ -9,6 +9,7 @@ from open1b.node.earned_trust import EarnRule, Pair, RunEvidence, earned_keys, e
 from open1b.node.store import Store
 from open1b.protocol import WitnessReveal
 from open1b.protocol.hashing import blake2b256
+from open1b.protocol.identity import public_key_from_peer_id
 from tests.runs import attestation, run_manifest, witness_of
 
 from .conftest import ident
@@ -181,3 +182,49 @@ def test_the_daemons_incremental_view_equals_the_rule_over_the_whole_store(tmp_p
     assert view([a, b], [b.run_id]) == got
     store.add_attestation(att(b, ME, 2))  # a root reported step 2 otherwise: K is disqualified
     assert view([a, b], [b.run_id]) == {} == earned(*evidence_from_store(store, [a, b]))
+
+
+def test_trust_list_reads_a_store_the_daemon_has_not_migrated_as_the_daemon_will_and_writes_nothing(tmp_path, capsys):
+    """``open1b-node trust list`` opens the store read only (node/cli.py), also when the daemon
+    of this version has not opened it yet: a store of the fraud proofs' layout before r25, and
+    one whose reveals predate their receipt order. It reads each as the daemon reads it once
+    migrated (a reveal without its order: no attestation counts as before it) and writes nothing."""
+    import hashlib
+    import json
+    import shutil
+    import sqlite3
+
+    from open1b.node import cli as node_cli
+
+    data_dir = tmp_path / "node"
+    assert node_cli.main(["init", "--data-dir", str(data_dir)]) == 0
+    assert node_cli.main(["trust", "add", "--data-dir", str(data_dir), ident(ME).peer_id]) == 0
+    m = manifest(ME, tag=11)
+    store = Store(tmp_path / "current.sqlite")
+    store.add_manifest(m)
+    for s in (0, 1, 2):
+        store.add_replay_witness(m.run_id, s, witness_of(s))
+        store.add_attestations([att(m, ME, s), att(m, K, s)])
+    store.add_reveal(WitnessReveal.create(ident(SYBIL), run=m.run_id, step=0, witness=witness_of(0), issued_at=NOW))
+    store.close()
+    old_fraud = ("DROP TABLE fraud_proof_bodies; DROP TABLE fraud_convictions; CREATE TABLE fraud_proofs (run_id BLOB "
+                 "NOT NULL, step INTEGER NOT NULL, guilty BLOB NOT NULL, encoded BLOB NOT NULL, PRIMARY KEY (run_id, step, guilty));")
+    layouts = {"fraud before r25": (old_fraud, [KEY]),  # K matched before the reveal: earned
+               "and reveals without their order": (old_fraud + "ALTER TABLE reveals DROP COLUMN attestations_before;", [])}
+    path = data_dir / "store.sqlite"
+
+    def earned_listed() -> list[bytes]:
+        capsys.readouterr()
+        assert node_cli.main(["trust", "list", "--data-dir", str(data_dir), "--json"]) == 0
+        return [public_key_from_peer_id(e["peer_id"]) for e in json.loads(capsys.readouterr().out)["earned"]]
+
+    for name, (downgrade, expected) in layouts.items():
+        shutil.copy(tmp_path / "current.sqlite", path)
+        with sqlite3.connect(path) as db:
+            db.executescript(downgrade)
+        db.close()
+        before = hashlib.sha256(path.read_bytes()).digest()
+        assert earned_listed() == expected, name
+        assert hashlib.sha256(path.read_bytes()).digest() == before, name  # read only
+        Store(path).close()  # the daemon opens it: migrated
+        assert earned_listed() == expected, name

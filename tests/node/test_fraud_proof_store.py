@@ -14,7 +14,6 @@ import open1b.node.fraud_proof_store as store_module
 import open1b.node.fraud_proofs as fraud_proofs
 from open1b.node.clock import Clock
 from open1b.node.fraud_proof_refs import FraudProofRef, judge_fraud_proof_ref
-from open1b.node.store import Store
 from open1b.node.topics import fraud_proofs_topic
 from open1b.protocol import Outcome
 from open1b.protocol.hashing import blake2b256
@@ -174,7 +173,27 @@ def test_coverage_sync_and_the_api_read_verdicts_without_the_referee_or_the_byte
     assert len(calls) == len(proofs)  # and no referee ran on any read
 
 
-def test_a_store_judged_by_another_referee_version_is_judged_again_once_on_open(tmp_path, monkeypatch):
+def _reopened(tmp_path, told: list) -> object:
+    """The node's ledger over the store in ``tmp_path`` again, as a restarted daemon opens it;
+    what its statements tell the listeners goes to ``told``."""
+    ledger, _ = _ledger(tmp_path, trusted_peers=(AUDITOR.peer_id,))
+    ledger.statements.listeners.append(told.append)
+    return ledger
+
+
+def _judge_stored_again(ledger):
+    """The daemon's task (node/daemon.py wires it so)."""
+    return ledger.statements.referee.judge_stored_again(ledger.store.fraud, ledger.statements.tell)
+
+
+def test_a_proof_judged_by_another_referee_is_judged_again_after_the_store_opens_and_read_out_only_then(
+        tmp_path, monkeypatch):
+    """A new referee judges the stored proofs again, in the daemon's background
+    (``RefereeWorker.judge_stored_again``, in the referee's worker thread), not while the store opens
+    (before, each ran there: up to seconds a proof, before the daemon served anything); until
+    then coverage, sync and the API do not see them. One that no longer convicts is dropped."""
+    from .test_referee_worker import _judged_while_another_task_runs
+
     ledger, _ = _ledger(tmp_path, trusted_peers=(AUDITOR.peer_id,))
     _attest(ledger, AUDITOR)
     good, bad = proof(PUBLISHER, AUDITOR), proof(AUDITOR, PUBLISHER)
@@ -183,18 +202,32 @@ def test_a_store_judged_by_another_referee_version_is_judged_again_once_on_open(
     ledger.store.close()
     db = sqlite3.connect(tmp_path / "store.sqlite")
     with db:  # as if judged by an older referee; and one body damaged on disk
-        db.execute("UPDATE fraud_proof_bodies SET referee = 'r0'")
+        db.execute("UPDATE fraud_proof_bodies SET referee = 'r19'")
         db.execute("UPDATE fraud_proof_bodies SET encoded = ? WHERE digest = ?", (bad[:-1] + b"\x00", blake2b256(bad)))
     db.close()
-    calls = _counted_referee(monkeypatch)
-    store = Store(tmp_path / "store.sqlite")
-    assert len(calls) == 2
-    assert [f.digest for f in store.fraud.of_run(MANIFEST.run_id)] == [blake2b256(good)]  # the damaged one dropped
-    Store(tmp_path / "store.sqlite").close()
-    assert len(calls) == 2  # judged under this referee now: not again
+    calls, told = _counted_referee(monkeypatch), []
+    ledger = _reopened(tmp_path, told)
+    assert calls == []  # nothing judged while the store opened
+    run = MANIFEST.run_id
+    assert ledger.store.fraud.of_run(run) == [] and ledger.store.fraud.body(run, blake2b256(good)) is None
+    cov = ledger.judge.coverage(run)
+    assert cov.refuted_steps == [] and cov.flagged == ()  # pending: not counted
+    assert [s.encoded for s in ledger.statements.statements_for_sync(run) if s.KIND == "fraud_proof"] == []
+    _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: _judge_stored_again(ledger))
+    assert met == [True, True] and len(calls) == 2  # each judged once, in the worker thread
+    assert [f.digest for f in ledger.store.fraud.of_run(run)] == [blake2b256(good)]  # the damaged one dropped
+    assert ledger.store.fraud.body(run, blake2b256(good)) == good
+    assert [t.digest for t in told] == [blake2b256(good)]  # news for the judge and the planner
+    cov = ledger.judge.coverage(run)
+    assert cov.refuted_steps == [] and [f.signer for f in cov.flagged] == [AUDITOR.peer_id]
+    assert ledger.store._db.execute("SELECT COUNT(*) FROM fraud_proof_bodies").fetchone() == (1,)
+    ledger.store.close()
+    ledger = _reopened(tmp_path, told)
+    trio.run(_judge_stored_again, ledger)
+    assert len(calls) == 2 and len(told) == 1  # judged under this referee now: not again
 
 
-def test_a_store_of_the_old_layout_is_carried_over_judged(tmp_path):
+def test_a_store_of_the_old_layout_is_carried_over_judged_after_it_opens(tmp_path):
     data = proof(AUDITOR, PUBLISHER)
     db = sqlite3.connect(tmp_path / "store.sqlite")
     with db:
@@ -202,10 +235,16 @@ def test_a_store_of_the_old_layout_is_carried_over_judged(tmp_path):
                    "encoded BLOB NOT NULL, PRIMARY KEY (run_id, step, guilty))")
         db.execute("INSERT INTO fraud_proofs VALUES (?, ?, ?, ?)", (MANIFEST.run_id, STEP, PUBLISHER.public_key, data))
     db.close()
-    store = Store(tmp_path / "store.sqlite")
+    told = []
+    ledger = _reopened(tmp_path, told)
+    store = ledger.store
+    assert store.fraud.of_run(MANIFEST.run_id) == []
+    trio.run(_judge_stored_again, ledger)
     [stored] = store.fraud.of_run(MANIFEST.run_id)
     assert (stored.digest, stored.guilty) == (blake2b256(data), (PUBLISHER.public_key,))
+    assert [t.digest for t in told] == [blake2b256(data)]
     assert store._db.execute("SELECT name FROM sqlite_master WHERE name = 'fraud_proofs'").fetchone() is None
+    assert ledger.judge.coverage(MANIFEST.run_id).refuted_steps == [STEP]
 
 
 def _three_step_run():
@@ -243,3 +282,32 @@ def test_a_key_other_than_the_publisher_keeps_one_proof_its_earliest_conviction(
         assert sorted(f.digest for f in ledger.store.fraud.of_run(run.run_id)) == \
             sorted(blake2b256(p) for p in (against[1], *refutes.values()))
         assert ledger.store.fraud.holds(run.run_id, 3, (liar.public_key,), blake2b256(against[3]))  # a reference adds nothing
+
+
+def test_a_daemon_serves_at_once_and_reads_out_a_proof_of_another_referee_once_judged_again(tmp_path):
+    """The daemon wires it: it opens its store, serves, and judges the pending proofs meanwhile."""
+    import random
+
+    from open1b.node.config import NodeConfig
+    from open1b.node.daemon import open_daemon
+
+    from .fakes import FakeNetwork
+
+    data_dir = tmp_path / "node"
+    ledger, _ = _ledger(data_dir)
+    data = proof(AUDITOR, PUBLISHER)  # convicts the publisher: kept whatever the policy
+    assert trio.run(ledger.statements.ingest_fraud_proof, data)
+    ledger.store.close()
+    with sqlite3.connect(data_dir / "store.sqlite") as db:
+        db.execute("UPDATE fraud_proof_bodies SET referee = 'r19'")
+    db.close()
+
+    async def main():
+        config = NodeConfig(data_dir=data_dir, listen="127.0.0.1:0", api="127.0.0.1:0", audit=False)
+        with trio.fail_after(60):
+            async with open_daemon(config, clock=Clock(), rng=random.Random(0), network=FakeNetwork().open_node) as node:
+                while not node.store.fraud.of_run(MANIFEST.run_id):
+                    await trio.sleep(0.01)  # the referee's thread: no event of its own to wait on
+                return node.ledger.judge.coverage(MANIFEST.run_id)
+
+    assert trio.run(main).refuted_steps == [STEP]

@@ -1,7 +1,7 @@
 """The referee off the event loop (node/referee_worker.py): a fraud proof from gossip, sync or a
 fetch by reference is judged in a worker thread while the node's other tasks run, with the same
-verdict; two at a time node-wide (one large, one small), a bound per gossip peer, identical bytes
-judged once."""
+verdict (the node's own proof, judged by its bisection, is read there without the referee); two
+at a time node-wide (one large, one small), a bound per gossip peer, identical bytes judged once."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from open1b.node import fraud_proof_fetch
 from open1b.node.clock import Clock
 from open1b.node.dispute_agent import DisputeAgent, DisputeInbox
 from open1b.node.dispute_exchange import Timing
+from open1b.node.disputes import DisputeResult
 from open1b.node.fraud_proof_fetch import ProofFetcher
 from open1b.node.fraud_proof_refs import FraudProofRef
 from open1b.node.fraud_proofs import Bearing
@@ -50,25 +51,28 @@ def _ledger(tmp_path):
                        gossip=_Gossip())
 
 
-async def _judged_while_another_task_runs(monkeypatch, judge) -> tuple[object, list[bool]]:
-    """``await judge()`` with the real referee, which first hands the event loop a task to run
-    and waits until that task has run. In a worker thread it has; on the event loop nothing
-    else can run until the referee returns, so the wait ends only at its deadline, unmet."""
+async def _judged_while_another_task_runs(monkeypatch, judge, costly: str = "verify_fraud_proof",
+                                          ) -> tuple[object, list[bool]]:
+    """``await judge()`` with the real referee (or ``costly``, another function node/fraud_proofs.py
+    calls), which first hands the event loop a task to run and waits until that task has run. In
+    a worker thread it has; on the event loop nothing else can run until the referee returns, so
+    the wait ends only at its deadline, unmet."""
     token = trio.lowlevel.current_trio_token()
     entered, ran = trio.Event(), threading.Event()
     met: list[bool] = []
+    real = getattr(fraud_proofs, costly)
 
     def referee(data):
         token.run_sync_soon(entered.set)
         met.append(ran.wait(timeout=20))  # a deadlock's bound only: met at once when the loop is free
-        return REFEREE(data)
+        return real(data)
 
     async def other_task():
         await entered.wait()
         ran.set()
 
     with monkeypatch.context() as patch:
-        patch.setattr(fraud_proofs, "verify_fraud_proof", referee)
+        patch.setattr(fraud_proofs, costly, referee)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(other_task)
             result = await judge()
@@ -103,16 +107,22 @@ def test_a_gossiped_or_synced_proof_is_judged_while_the_event_loop_runs_on(tmp_p
     assert [f.digest for f in ledger.store.fraud.of_run(SMALL_MANIFEST.run_id)] == [blake2b256(data)]
 
 
-def test_the_nodes_own_proof_is_judged_while_the_event_loop_runs_on(tmp_path, monkeypatch):
-    """The proof a dispute of this node's ended in (node/dispute_agent.py) is judged in the
-    referee's worker thread as a gossiped one, then stored and gossiped."""
+def test_the_nodes_own_proof_is_carried_while_the_event_loop_runs_on(tmp_path, monkeypatch):
+    """The proof a dispute of this node's ended in (node/dispute_agent.py) comes with the verdict
+    its bisection's referee gave it: the agent decodes and hashes it (up to 128 MiB) in a worker
+    thread, without the referee (node/test_dispute_agent.py counts its runs), then stores and
+    gossips it; a verdict that convicts no one carries nothing."""
     ledger = _ledger(tmp_path)
     agent = DisputeAgent(ident(9), _Gossip(), None, DisputeInbox(), runs=ledger.manifests, store=ledger.store,
                          counting=ledger.counting, fetcher=None, publish=ledger.outbox.publish,
                          referee=ledger.statements.referee, clock=Clock(), rng=random.Random(0),
                          stats=ledger.statements.stats, timing=Timing(60, trace_timeout_s=60))
+    refused = small_proof(AUDITOR, PUBLISHER, forged=True)
+    trio.run(agent._publish, DisputeResult("proof", proof=refused, verdict=REFEREE(refused)))
+    assert ledger.store.fraud.of_run(SMALL_MANIFEST.run_id) == []
     data = small_proof(AUDITOR, PUBLISHER)
-    _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: agent._publish(data))
+    result = DisputeResult("proof", proof=data, verdict=REFEREE(data))  # as the bisection judged it
+    _, met = trio.run(_judged_while_another_task_runs, monkeypatch, lambda: agent._publish(result), "blake2b256")
     assert met == [True]
     assert [f.digest for f in ledger.store.fraud.of_run(SMALL_MANIFEST.run_id)] == [blake2b256(data)]
     assert ledger.statements.gossip.published == [(fraud_proofs_topic(SMALL_MANIFEST.run_id), data)]
