@@ -55,7 +55,8 @@ class Tracer(Protocol):
 
 
 class WorkerTracer:
-    """Traces in the worker process, bounded by the replay deadline."""
+    """Traces in the worker process, bounded by the replay deadline, each before the worker's
+    other requests waiting (a dispute's deadline runs meanwhile, §18.5)."""
 
     def __init__(self, worker: ReplayWorker, scratch: Path, timeout_s: float, op_files: OpFiles) -> None:
         self.worker, self.scratch, self.timeout_s, self.op_files = worker, scratch, timeout_s, op_files
@@ -65,7 +66,7 @@ class WorkerTracer:
         fd, out = tempfile.mkstemp(dir=self.scratch, suffix=".cbor")
         os.close(fd)
         try:
-            await self.worker.request({**request, "out": out}, timeout_s=self.timeout_s,
+            await self.worker.request({**request, "out": out}, timeout_s=self.timeout_s, urgent=True,
                                       what=f"{request['op']} of step {request['step']}")
             decoded = await trio.to_thread.run_sync(lambda: cbor2.loads(read_bounded(Path(out), limit)))
         except (FileRefused, cbor2.CBORDecodeError, ValueError) as exc:
@@ -86,7 +87,7 @@ class WorkerTracer:
     async def op_data(self, manifest: RunManifest, run_dir: Path, step: int, pos: int) -> OpData:
         async def request(out: str) -> None:
             await self.worker.request({"op": "op_data", "run_dir": str(run_dir), "step": step, "pos": pos, "out": out},
-                                      timeout_s=self.timeout_s, what=f"op_data of step {step}")
+                                      timeout_s=self.timeout_s, urgent=True, what=f"op_data of step {step}")
 
         return await self.op_files.write(request)
 

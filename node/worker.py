@@ -15,7 +15,7 @@ is created in this process, never in the daemon's trio process.
 Wire protocol (JSON lines over the worker's stdin/stdout): at start the worker writes one hello
 line, ``{"device": class, "label": "cuda:0" | "cpu", "reason": text}`` (or ``{"error": text}``
 and exits); then the daemon writes one request line and the worker answers one line, or
-``{"error": text}``. Requests, one at a time (the daemon holds a lock around each):
+``{"error": text}``. Requests, one at a time (the daemon takes a turn for each, a dispute's first: :mod:`.turns`):
 
 * ``{"run_dir": …, "step": k}``, a replay: ``{"pre_state": hex, "post_state": hex, "witness": hex,
   "elapsed_ms": n}``. The daemon does not believe the worker's verdict: it compares the hashes with
@@ -54,6 +54,8 @@ import trio
 
 from open1b.protocol import DEVICE_CLASS, Open1bError
 from open1b.protocol.spotcheck import CAUGHT
+
+from .turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class ReplayWorker:
         self._proc: trio.Process | None = None
         self._buffer = b""
         self._starting = trio.Lock()  # one process at a time, and its hello read before any request
-        self._busy = trio.Lock()  # one request at a time (fair: callers take turns in arrival order)
+        self._turns = Turns()  # one request at a time, a dispute's first, else in arrival order
         self.restarts = 0
 
     async def start(self, *, timeout_s: float) -> None:
@@ -158,12 +160,14 @@ class ReplayWorker:
             self._proc.kill()
         self._proc = None
 
-    async def request(self, request: dict, *, timeout_s: float, what: str) -> dict:
+    async def request(self, request: dict, *, timeout_s: float, what: str, urgent: bool = False) -> dict:
         """Send one request (module doc; a dispute's ``trace`` and ``op_data`` come from
-        node/dispute_tracer.py) and read its reply line; :class:`ReplayFailed` on any failure. Timeout or
-        cancellation kills the process (it may be mid-computation: a restart is the only way out)."""
+        node/dispute_tracer.py, ``urgent``: before the other requests waiting, :mod:`.turns`) and
+        read its reply line; :class:`ReplayFailed` on any failure. The wait for the turn is not
+        timed; a timeout or cancellation of the request kills the process (it may be
+        mid-computation: a restart is the only way out)."""
         ok = False
-        async with self._busy:  # the auditor, the spot checker and the answer server share one process
+        async with self._turns.turn(urgent=urgent):  # the auditor, the spot checker and the answer server share one process
             try:
                 with trio.fail_after(timeout_s):
                     proc = await self._ensure_started()

@@ -1,5 +1,6 @@
 import pytest
 import trio
+import trio.testing
 
 from open1b.deterministic.device import cpu_device_class
 from open1b.node.worker import ReplayFailed, ReplayWorker
@@ -120,3 +121,39 @@ def test_worker_spills_into_the_directory_it_is_given(tampered_run, tmp_path):
 
     trio.run(main)
     assert spill.is_dir() and spill.stat().st_mode & 0o777 == 0o700 and list(spill.iterdir()) == []
+
+
+def test_a_disputes_trace_goes_before_the_replays_waiting(tampered_run, tmp_path):
+    run_dir, manifest = tampered_run
+    done = []
+
+    async def main():
+        worker = ReplayWorker()
+        try:
+            await worker.start(timeout_s=120)
+
+            async def replay(step):
+                await worker.replay(run_dir, step, timeout_s=120)
+                done.append(f"replay {step}")
+
+            async def trace():
+                out = tmp_path / "trace.cbor"
+                reply = await worker.request({"op": "trace", "run_dir": str(run_dir), "step": 0, "out": str(out)},
+                                             timeout_s=120, what="trace of step 0", urgent=True)
+                assert reply["size"] == out.stat().st_size > 0
+                done.append("trace")
+
+            async with trio.open_nursery() as nursery:
+                async with worker._turns.turn():  # the worker busy: what comes now waits
+                    nursery.start_soon(replay, 0)
+                    await trio.testing.wait_all_tasks_blocked()
+                    nursery.start_soon(replay, 1)
+                    await trio.testing.wait_all_tasks_blocked()
+                    nursery.start_soon(trace)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert worker._turns.waiting == 3
+        finally:
+            await worker.aclose()
+
+    trio.run(main)
+    assert done == ["trace", "replay 0", "replay 1"]
