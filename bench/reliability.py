@@ -382,6 +382,15 @@ What these runs showed beyond pass/fail, and what is not protected yet:
 - **Settling counts keys.** Two trusted keys reporting the same wrong result out-vote one honest
   replay (quorum 2, strict majority). Redundancy must exceed the number of colluding trusted keys
   for an honest replay to happen at all.
+- **The copier among liars passed by a race at redundancy 2** (found 2026-12-04). The liar and the
+  copier, copying the liar's matches, are two trusted keys that agree without replaying; the
+  accuser's mismatch, out-voted 2 : 1, is flagged at once. Honest auditors that claim only once
+  their worker has started (issue 30) found every step covered by the two and never claimed one:
+  no honest replay, no witness revealed, nobody flagged, and the devnet waited out its 480-s
+  deadline: 1 of 3 runs here (the copier had copied the liar on all four steps), and the clean-clone
+  CI run that reverted the change (no honest attestation in 480 s). It had passed because honest
+  nodes claimed while their workers started, before the liars' first statements. The scenario's
+  test now runs at redundancy 3, above the two keys (passed in 62 s).
 - **A tie was never broken: the copier among liars could wait out its deadline** (found and fixed
   2026-12-03, protocol r17). The copier copies, per step, the statement it heard first: the liar's
   match or the accuser's made-up mismatch. Where it copies the accuser's, two keys report that

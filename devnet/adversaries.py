@@ -130,6 +130,11 @@ class Adversary:
     def device_class(self) -> str | None:
         return self.honest.device_class() if self.honest is not None else None
 
+    async def ready(self) -> None:
+        # a declared class is known at once, but the replays are the honest worker's: started alike
+        if self.honest is not None:
+            await self.honest.ready()
+
     def tracer(self, honest: Tracer) -> Tracer:
         """What its disputes are traced with: by default the honest worker."""
         return honest

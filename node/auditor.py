@@ -44,6 +44,10 @@ from .worker import ReplayFailed, ReplayWorker, WorkerResult
 log = logging.getLogger("open1b.node.auditor")
 
 FETCH_RETRY_S = 10.0  # a step whose files could not be fetched is retried after this long
+# The first claim waits for the replayer this long at most (a worker's start and self-checks took
+# 25 s at load 12 in a devnet, a cold one's 24 s at load 5): then it claims with its class unknown,
+# as a node did before it waited at all, rather than audit nothing while a start hangs.
+READY_WAIT_S = 120.0
 CLAIM_TRIES = 4  # candidates tried per round before idling
 
 
@@ -58,6 +62,12 @@ class Replayer(Protocol):
         """The device class it replays on, once known (None before): the class preference keys on
         it from the node's first replay on, not only from its second."""
 
+    async def ready(self) -> None:
+        """Returns once it can replay and :meth:`device_class` is known (the worker has chosen and
+        self-checked its device), or once it is known that it cannot yet (the worker did not start):
+        the auditor claims nothing before (for READY_WAIT_S at most), so that every claim names its
+        class and no lease runs while the worker starts."""
+
 
 class WorkerReplayer:
     """Replays in the separate worker process (:mod:`.worker`), bounded by the config's timeout."""
@@ -70,6 +80,13 @@ class WorkerReplayer:
 
     def device_class(self) -> str | None:
         return self.worker.device  # from the worker's hello, sent once its device is chosen
+
+    async def ready(self) -> None:
+        # The daemon starts the worker at once (node/daemon.py); this waits for that start to end,
+        # its device chosen and self-checked, or failed (logged; the first replay tries again). It
+        # starts nothing itself: a second start after a failed one is another cold start, and a
+        # start's timeout kills whatever process the worker holds.
+        await self.worker.start_ended.wait()
 
 
 def hardware_description() -> str:
@@ -100,6 +117,14 @@ class Auditor:
         if not self.config.audit:
             return
         await self.bootstrapped.wait()
+        # A claim names its claimant's class (docs/protocol.md §10.1: the class wait reads a replay
+        # in flight as its claim's class). A node bootstraps and learns its runs long before its
+        # worker has self-checked its device (25 s at load 12 in a devnet): its first claims
+        # carried no class, and their leases ran while the worker started.
+        with trio.move_on_after(READY_WAIT_S) as waiting:
+            await self.replayer.ready()
+        if waiting.cancelled_caught:
+            log.warning("the replayer is not ready after %.0f s: claiming with the device class unknown", READY_WAIT_S)
         while True:
             if not await self.audit_once():
                 await self.clock.sleep(self.config.idle_poll_s)

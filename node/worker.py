@@ -109,6 +109,9 @@ class ReplayWorker:
         self._starting = trio.Lock()  # one process at a time, and its hello read before any request
         self._turns = Turns()  # one request at a time, a dispute's first, else in arrival order
         self.restarts = 0
+        # Set once a start has ended, its hello read or not (WorkerReplayer.ready): whoever waits
+        # for the device class waits for the start under way, and never makes a second one.
+        self.start_ended = trio.Event()
 
     async def start(self, *, timeout_s: float) -> None:
         """Start the worker now rather than at the first replay, so that the node reports its
@@ -123,7 +126,10 @@ class ReplayWorker:
 
     async def _ensure_started(self) -> trio.Process:
         async with self._starting:
-            return await self._start_locked()
+            try:
+                return await self._start_locked()
+            finally:
+                self.start_ended.set()
 
     async def _start_locked(self) -> trio.Process:
         if self._proc is None or self._proc.returncode is not None:

@@ -1,24 +1,26 @@
 """The auditor (plan → claim → replay → attest, its files from the fetcher) on trio's MockClock: replays are scripted
-to take simulated minutes, fetches fail or succeed on cue, and every wait is virtual."""
+to take simulated minutes, fetches fail or succeed on cue, and every wait is virtual (but for the last tests, of the
+real worker's replayer)."""
 
 from __future__ import annotations
 
 import random
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 from trio.testing import MockClock
 
-from open1b.node.auditor import FETCH_RETRY_S, Auditor
+from open1b.node.auditor import FETCH_RETRY_S, READY_WAIT_S, Auditor, WorkerReplayer
 from open1b.node.claim_records import ClaimAgent
 from open1b.node.clock import Clock
 from open1b.node.fetcher import Fetcher
 from open1b.node.p2p import NetworkError
 from open1b.node.runs import RunFilesError
 from open1b.node.topics import attestations_topic
-from open1b.node.worker import ReplayFailed, WorkerResult
+from open1b.node.worker import ReplayFailed, ReplayWorker, WorkerResult
 from open1b.protocol import MATCH, MISMATCH, Attestation, Claim, claim_key
 from open1b.protocol.hashing import blake2b256
 from tests.runs import witness_of
@@ -47,6 +49,9 @@ class ScriptedReplayer:
 
     def device_class(self) -> str:
         return DEVICE
+
+    async def ready(self) -> None:
+        """Ready at once: nothing to start."""
 
 
 class FakeRunFiles:
@@ -232,3 +237,82 @@ def test_a_full_disk_is_logged_once_per_spell_not_once_per_step_tried(tmp_path, 
 
     with caplog.at_level("INFO", logger="open1b.node.auditor"):
         trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_the_first_claim_waits_for_the_replayer_and_names_its_device_class(tmp_path, run):
+    """A node is bootstrapped and knows its runs while its worker still chooses and self-checks its
+    device: its first claims carried no class (docs/protocol.md §10.1: the class wait reads a replay
+    in flight as its claim's class), and their leases ran while it started. It claims once the
+    replayer is ready."""
+    start_s = 90.0  # the worker's start: its device chosen and self-checked
+
+    class Starting(ScriptedReplayer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started = False
+
+        def device_class(self):
+            return DEVICE if self.started else None
+
+        async def ready(self):
+            await trio.sleep(start_s)
+            self.started = True
+
+    board = FakeClaimBoard()
+    auditor, _, _ = build(tmp_path, run, replayer=Starting(), board=board)
+
+    async def main():
+        async with serving(auditor):
+            await until(lambda: board.records, within_s=3600)
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    [first] = [Claim.decode(r) for r in board.records.values()]
+    assert first.device == DEVICE and first.issued_at >= T0 + start_s
+
+
+def test_a_replayer_that_is_never_ready_delays_the_first_claim_only_so_long(tmp_path, run):
+    """A worker whose start hangs (or a harness's replayer that never says it is ready) must not
+    stop the node auditing: after READY_WAIT_S it claims with its class unknown, as before it waited."""
+
+    class Hanging(ScriptedReplayer):
+        def device_class(self):
+            return None
+
+        async def ready(self):
+            await trio.sleep_forever()
+
+    board = FakeClaimBoard()
+    auditor, _, _ = build(tmp_path, run, replayer=Hanging(), board=board)
+
+    async def main():
+        async with serving(auditor):
+            await until(lambda: board.announced, within_s=3600)
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    first = board.announced[0]
+    assert first.device is None and T0 + READY_WAIT_S <= first.issued_at < T0 + READY_WAIT_S + 60
+
+
+@pytest.mark.parametrize("spec", ["cpu", "tpu"])
+def test_the_worker_replayer_is_ready_once_the_daemons_start_ended_and_starts_none_itself(spec):
+    """The real worker process, on the real clock: ready() returns once the start the daemon began
+    has ended, its class said ("cpu") or the start failed ("tpu", a spec the worker refuses), and it
+    never starts a second process (after a failed start, ready() once started another: a second
+    cold start before the first claim)."""
+    from open1b.deterministic.device import cpu_device_class
+
+    async def main():
+        worker = ReplayWorker(spec)
+        replayer = WorkerReplayer(worker, timeout_s=120)
+        try:
+            assert replayer.device_class() is None
+            async with trio.open_nursery() as nursery:  # the daemon's start and the auditor's wait, at once
+                nursery.start_soon(partial(worker.start, timeout_s=120))
+                with trio.fail_after(120):
+                    await replayer.ready()
+                assert replayer.device_class() == (cpu_device_class() if spec == "cpu" else None)
+            assert worker.restarts == 1
+        finally:
+            await worker.aclose()
+
+    trio.run(main)

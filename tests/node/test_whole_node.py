@@ -83,6 +83,9 @@ class StubReplayer:
     def device_class(self) -> str:
         return DEVICE
 
+    async def ready(self) -> None:
+        """Ready at once: nothing to start."""
+
 
 def config(data_dir: Path, **fields) -> NodeConfig:
     return NodeConfig(data_dir=data_dir, listen="127.0.0.1:0", api="127.0.0.1:0", redundancy=1, lease_s=LEASE_S,

@@ -20,8 +20,10 @@ from open1b.deterministic.runfile import read_manifest
 CLI = [sys.executable, "-m", "open1b.node.cli"]
 DEADLINE_S = 480
 
-def devnet(workdir: Path, *scenarios: str, steps: int = 8, nodes: int | None = None) -> dict:
+def devnet(workdir: Path, *scenarios: str, steps: int = 8, nodes: int | None = None,
+           redundancy: int | None = None) -> dict:
     args = [a for s in scenarios for a in ("--scenario", s)] + (["--nodes", str(nodes)] if nodes else [])
+    args += ["--redundancy", str(redundancy)] if redundancy else []
     proc = subprocess.run([*CLI, "devnet", *args, "--steps", str(steps), "--workdir", str(workdir), "--json",
                            "--deadline", str(DEADLINE_S)], capture_output=True, text=True, timeout=900)
     # Exit 2 is a devnet that is not ok: a scenario's check failed (each test asserts the checks it

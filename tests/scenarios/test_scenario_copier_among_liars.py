@@ -23,7 +23,13 @@ def test_a_copier_among_liars_is_judged_as_coverage_flags_it(tmp_path):
     the same as coverage: flagged (with the evidence its kind calls for) exactly when coverage flags
     it. (Whether coverage flags every adversary here is the protocol's business: with two trusted keys
     agreeing on a lie, flags can change as statements arrive — reported in issue 14's note.)"""
-    s = devnet(tmp_path, "copying-auditor", "lying-auditor", steps=4)
+    # Redundancy 3: the liar and the copier (copying the liar's matches) are two trusted keys that
+    # agree without replaying, and redundancy must exceed them (docs/reliability.md, "Settling counts
+    # keys"). At 2 they covered every step before any honest node claimed one, once honest nodes
+    # claim only after their worker's start: the run then ended "complete" with no honest replay, no
+    # witness revealed and nobody flagged, and the devnet waited out its deadline. Before, the
+    # scenario passed only because honest claims raced the liars' first statements.
+    s = devnet(tmp_path, "copying-auditor", "lying-auditor", steps=4, redundancy=3)
     assert s["complete"] and s["lost"] == 0
     report = s["scenarios"]["copying-auditor"]
     [copier] = peers(s, "copier")
