@@ -145,7 +145,7 @@ def test_a_publisher_answers_while_its_replay_worker_is_busy(tampered_run, tmp_p
                 async with open_p2p(ident(62), "127.0.0.1", 0) as verifier:
                     await verifier.connect(daemon.p2p.addrs[0])
                     replays = daemon.auditor.replayer.worker
-                    async with replays._busy:  # a replay in progress, as long as it takes
+                    async with replays._turns.turn():  # a replay in progress, as long as it takes
                         with trio.fail_after(90):  # an answer on `tiny`: seconds, its worker's start included
                             answer = await ask(verifier, daemon.p2p.peer_id, run, 1,
                                                challenge_signature(verifier.identity, run, 1))
