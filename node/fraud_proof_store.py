@@ -211,8 +211,9 @@ class FraudProofs:
         return [_record(r) for r in rows.fetchall()]
 
     def body(self, run_id: bytes, digest: bytes) -> bytes | None:
-        """The stored proof of ``run_id`` whose digest is ``digest`` (what a peer fetches by it,
-        node/fraud_proof_fetch.py, and what sync and the API send), or None."""
+        """The stored proof of ``run_id`` whose digest is ``digest`` (what sync sends: a proof
+        within the gossip bound; a peer's fetch and the API read a body in pieces,
+        :meth:`open_body`), or None."""
         row = self._db.execute("SELECT encoded FROM fraud_proof_bodies WHERE digest = ? AND run_id = ?",
                                (digest, run_id)).fetchone()
         return row[0] if row else None
