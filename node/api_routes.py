@@ -11,6 +11,7 @@ from these definitions.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, AsyncIterator, Mapping
@@ -36,16 +37,19 @@ from .config import NodeConfig, split_hostport
 from .doctor import run_checks
 from .evaluator import Evaluator
 from .fetcher import Fetcher
+from .fraud_proof_store import BodyDropped
 from .ledger import Ledger
 from .metrics import Gauges, NodeStats, metrics_registry, render
 from .outbox import StatementOutbox
-from .p2p import P2P
+from .p2p import FRAME_PIECE, P2P
 from .publisher import Publisher
 from .reachability import ReachabilityMonitor
 from .runs import RunFiles, RunFilesError, why_not_auditable
 from .spot_checker import why_not_spot_checked
 from .web import mount_page
 from .worker import ReplayWorker
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -225,11 +229,28 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
 
     @app.get("/v1/disputes/{run}/{digest}", summary="one fraud proof's bytes, by its digest (open1b-node dispute verify "
              "judges them)", response_class=Response, responses={200: {"content": {"application/cbor": {}}}})
-    async def fraud_proof(run: RunId, digest: Digest) -> Response:
-        found = store.fraud.body(run_arg(known, run), bytes.fromhex(digest))
-        if found is None:
-            raise HTTPException(404, "no such fraud proof")
-        return Response(found, media_type="application/cbor")
+    async def fraud_proof(run: RunId, digest: Digest) -> StreamingResponse:
+        run_id, key = run_arg(known, run), bytes.fromhex(digest)
+        with store.fraud.open_body(run_id, key) as body:
+            if body is None:
+                raise HTTPException(404, "no such fraud proof")
+            size = body.nbytes
+
+        async def pieces() -> AsyncIterator[bytes]:
+            # Opened again here, where the generator's end closes it however the response ends: a
+            # body is up to 128 MiB, read a piece at a time from the store, never whole. The same
+            # digest is the same bytes; a body dropped since ends the response short of its length
+            # (the server then closes the connection: the client sees a truncated body).
+            try:
+                with store.fraud.open_body(run_id, key) as again:
+                    if again is None:
+                        raise BodyDropped("the stored fraud proof was dropped before it was sent")
+                    for offset in range(0, size, FRAME_PIECE):
+                        yield again.read(offset, FRAME_PIECE)
+            except BodyDropped as exc:
+                log.info("fraud proof %s not sent whole: %s", digest, exc)
+
+        return StreamingResponse(pieces(), media_type="application/cbor", headers={"content-length": str(size)})
 
     @app.get("/v1/evidence/{run}", summary="a step's signed statements as raw bytes (a CBOR list of them)",
              response_class=Response, responses={200: {"content": {"application/cbor": {}}}})

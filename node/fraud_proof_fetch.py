@@ -26,7 +26,8 @@ node keeps none of that digest; then the stream is closed.
   and the body is judged by :func:`~.fraud_proofs.judge_fraud_proof` exactly as a gossiped proof
   is (with the referee's bound, ``MAX_FRAUD_PROOF_SIZE``; read from the file and judged in a
   worker thread, :mod:`.referee_worker`: the referee decodes the whole proof, so judging holds it
-  in memory, one such proof at a time node-wide); it must
+  in memory with its decoded value, then the re-executed op's input arrays: up to ~3x its size,
+  one such proof at a time node-wide); it must
   convict whom the reference says (``ref_mismatch``). A proof so judged is stored like the node's
   own (:meth:`~.statements.Statements.add_own`: judged already).
 - **Blame.** A frame over the announced size, a body whose size or digest is not the reference's,

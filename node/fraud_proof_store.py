@@ -34,10 +34,10 @@ What a run keeps, a function of the proofs the node was given whatever their ord
   new proof once judged. A pending row that the new referee drops may have kept out another
   proof of its conviction meanwhile: the next sync brings that one again.
 
-A body is read whole only where it is small or judged (sync's proofs, within the gossip bound;
-the API); a peer fetching one by digest is served from :meth:`FraudProofs.open_body`, SQLite's
-incremental BLOB I/O, a piece at a time: a body can be ``MAX_FRAUD_PROOF_SIZE`` (128 MiB), and a
-node serves two at once.
+A body is read whole only where it is small or judged (sync's proofs, within the gossip bound);
+a peer fetching one by digest, and the API, are served from :meth:`FraudProofs.open_body`,
+SQLite's incremental BLOB I/O, a piece at a time: a body can be ``MAX_FRAUD_PROOF_SIZE``
+(128 MiB), and a node serves two at once.
 """
 
 from __future__ import annotations
@@ -226,8 +226,9 @@ class FraudProofs:
         return [_record(r) for r in rows.fetchall()]
 
     def body(self, run_id: bytes, digest: bytes) -> bytes | None:
-        """The stored proof of ``run_id`` whose digest is ``digest`` (what a peer fetches by it,
-        node/fraud_proof_fetch.py, and what sync and the API send), or None (also while it is pending)."""
+        """The stored proof of ``run_id`` whose digest is ``digest`` (what sync sends: a proof
+        within the gossip bound; a peer's fetch and the API read a body in pieces,
+        :meth:`open_body`), or None (also while it is pending)."""
         row = self._db.execute("SELECT encoded FROM fraud_proof_bodies WHERE digest = ? AND run_id = ? AND referee = ?",
                                (digest, run_id, REFEREE)).fetchone()
         return row[0] if row else None

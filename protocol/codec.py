@@ -12,12 +12,16 @@ in byte order so that the first defect decides the reason code (§3.2), before a
 decoder hook ever constructs anything from peer data (cbor2 decodes some tags natively). Then
 the value is decoded and must re-encode to the exact input bytes: that single check rejects every
 non-canonical variant (unsorted or duplicate keys, over-long heads, indefinite lengths, wider
-floats than needed) without a hand-written canonical-form checker.
+floats than needed) without a hand-written canonical-form checker. The re-encoding is compared
+with the input a piece at a time as it is produced (:func:`_encodes_to`), never built whole: for
+a message of large byte strings (a fraud proof: up to 128 MiB) a whole re-encoding would hold a
+second copy of the message beside the input and the decoded value.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from itertools import chain
+from typing import Any, Iterable, Iterator
 
 import cbor2
 
@@ -102,9 +106,74 @@ def decode(data: bytes, *, max_size: int, max_items: int | None = None) -> Any:
     except Exception as exc:  # e.g. a text string that is not UTF-8
         raise DecodeError(f"not valid CBOR: {exc}") from exc
     try:
-        again = encode(value)
+        canonical = _encodes_to(value, data)
     except Exception as exc:
         raise NonCanonicalError(f"decoded value cannot be re-encoded: {exc}") from exc
-    if again != data:
+    if not canonical:
         raise NonCanonicalError("CBOR is not in canonical form")
     return value
+
+
+def _head(major: int, n: int) -> bytes:
+    """The shortest head of major type ``major`` with argument ``n``."""
+    if n < 24:
+        return bytes((major << 5 | n,))
+    width = 0 if n < 1 << 8 else 1 if n < 1 << 16 else 2 if n < 1 << 32 else 3
+    return bytes((major << 5 | 24 + width,)) + n.to_bytes(1 << width, "big")
+
+
+_HEADS = [[_head(major, n) for n in range(256)] for major in range(6)]  # the frequent heads, made once
+_TEXT_PIECE = 1 << 16  # characters of a longer text encoded at a time
+_END = object()
+
+
+def _utf8(text: str) -> Iterator[bytes]:
+    return (text[i:i + _TEXT_PIECE].encode() for i in range(0, len(text), _TEXT_PIECE))
+
+
+def _key_order(entry: tuple[str, Any]) -> tuple[int, bytes]:
+    key = entry[0].encode()
+    return len(key), key
+
+
+def _encodes_to(value: Any, data: bytes) -> bool:
+    """Whether ``encode(value) == data``, compared in encoding order a piece at a time: each head,
+    number or short text as encoded, a byte string's bytes where they lie (``bytes.startswith``
+    at an offset copies nothing), a long text 64 Ki characters at a time; so the check holds at
+    most a few hundred KiB besides ``value`` and ``data``, and one iterator per open container. Arrays and maps
+    are laid out as cbor2's canonical form lays them out (shortest heads; a map's entries by the
+    encodings of their text keys, shorter first, then bytewise); every other scalar is cbor2's own
+    encoding of it."""
+    starts, pos, open_items = data.startswith, 0, [iter((value,))]
+    while open_items:
+        item = next(open_items[-1], _END)
+        if item is _END:
+            open_items.pop()
+            continue
+        kind = type(item)
+        if kind is bytes:  # the most frequent item (hashes), so checked here without a loop
+            head = _HEADS[2][len(item)] if len(item) < 256 else _head(2, len(item))
+            if not (starts(head, pos) and starts(item, pos + len(head))):
+                return False
+            pos += len(head) + len(item)
+            continue
+        if kind is int and -256 < item < 256:
+            pieces: Iterable[bytes] = (_HEADS[0][item] if item >= 0 else _HEADS[1][~item],)
+        elif kind is list:
+            pieces = (_HEADS[4][len(item)] if len(item) < 256 else _head(4, len(item)),)
+            open_items.append(iter(item))
+        elif kind is dict:
+            pieces = (_head(5, len(item)),)
+            open_items.append(chain.from_iterable(sorted(item.items(), key=_key_order)))
+        elif kind is str and len(item) <= _TEXT_PIECE:
+            body = item.encode()
+            pieces = (_head(3, len(body)), body)
+        elif kind is str:
+            pieces = chain((_head(3, sum(map(len, _utf8(item)))),), _utf8(item))
+        else:  # floats (their shortest exact form), false, true, null, other integers
+            pieces = (cbor2.dumps(item, canonical=True),)
+        for piece in pieces:
+            if not starts(piece, pos):
+                return False
+            pos += len(piece)
+    return pos == len(data)

@@ -3,10 +3,13 @@ typed ProtocolError, and no single-byte change to a signed message decodes."""
 
 import math
 
-from hypothesis import given, settings
+import cbor2
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from open1b.protocol import Attestation, ProtocolError, decode, encode
+from open1b.protocol.codec import _scan
+from open1b.protocol.errors import NonCanonicalError
 
 from .conftest import ident, make_attestation, make_manifest
 
@@ -60,3 +63,35 @@ def test_no_single_byte_change_to_a_signed_message_decodes(position, xor):
     except ProtocolError:
         return
     raise AssertionError(f"a changed byte at {position} still decoded")
+
+
+def _whole_re_encoding_matches(value, data: bytes) -> bool:
+    """The canonical check as it was first written: the whole re-encoding equals the input."""
+    try:
+        return encode(value) == data
+    except Exception:
+        return False
+
+
+@settings(max_examples=600, deadline=None)
+@given(values, st.booleans(), st.integers(0, 1 << 16), st.integers(0, 255))
+@example({"é": 1, "ab": [b"", -24, 1.0e300], "c": {"": None, "a": True}}, False, 0, 0)  # keys: 1 char, 2 bytes
+@example([b"\x01" * 300, b"\x02" * 70_000, "z" * 300, [0] * 300, "é" * 70_000, 1 << 40, -(1 << 40)], True, 0, 0)  # longer heads
+def test_the_piecewise_check_agrees_with_a_whole_re_encoding(value, canonical, position, xor):
+    """decode, whose check compares as it re-encodes (codec._encodes_to), accepts exactly what
+    comparing the whole re-encoding accepted: canonical encodings, cbor2's non-canonical ones
+    (keys in insertion order, floats as float64) and either with one byte changed, wherever the
+    structural scan passes them and cbor2 decodes them."""
+    data = bytearray(cbor2.dumps(value, canonical=canonical))
+    data[position % len(data)] ^= xor
+    try:
+        _scan(bytes(data))
+        decoded = cbor2.loads(bytes(data))
+    except (ProtocolError, cbor2.CBORDecodeError):
+        return
+    try:
+        decode(bytes(data), max_size=len(data))
+    except NonCanonicalError:
+        assert not _whole_re_encoding_matches(decoded, bytes(data))
+        return
+    assert _whole_re_encoding_matches(decoded, bytes(data))
