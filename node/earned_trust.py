@@ -22,6 +22,7 @@ from typing import Iterable, Mapping, Sequence
 from open1b.protocol import (
     MATCH,
     Attestation,
+    Conviction,
     RunManifest,
     TrustPolicy,
     WitnessReveal,
@@ -47,12 +48,14 @@ class EarnRule:
 class RunEvidence:
     """What the store holds about one run. ``attestations`` carry their receipt sequence;
     ``reveals`` the sequence of the last attestation stored before each; ``own_witnesses`` are
-    W_k from this node's own replays (checked against the manifest's C_k, never gossiped)."""
+    W_k from this node's own replays (checked against the manifest's C_k, never gossiped);
+    ``convictions`` those of the fraud proofs the node keeps of the run (§18.4)."""
 
     manifest: RunManifest
     attestations: Sequence[tuple[Attestation, int]]
     reveals: Sequence[tuple[WitnessReveal, int]] = ()
     own_witnesses: Mapping[int, bytes] = field(default_factory=dict)
+    convictions: Sequence[Conviction] = ()
 
 
 @dataclass(frozen=True, order=True)
@@ -98,7 +101,8 @@ def _disqualified(key: bytes, ev: RunEvidence, roots: frozenset[bytes], quorum: 
     """``key`` is flagged in this run were it counted (§8.3 with ``key`` among the roots), or it
     reported a post_state for a step that a root reported otherwise (one of them signed a false
     result, and the node believes its roots), or it signed a match binding another witness than
-    the W_k this node computed itself (a copy, whether or not anyone revealed W_k)."""
+    the W_k this node computed itself (a copy, whether or not anyone revealed W_k), or a fraud
+    proof convicts it (coverage flags it: no vote needed)."""
     root_posts: dict[int, set[bytes]] = defaultdict(set)
     for att, _ in ev.attestations:
         if att.signer in roots:
@@ -113,7 +117,7 @@ def _disqualified(key: bytes, ev: RunEvidence, roots: frozenset[bytes], quorum: 
         if att.verdict == MATCH and own is not None and att.witness != witness_binding(run, att.step, key, own):
             return True
     cov = coverage(ev.manifest, [a for a, _ in ev.attestations], reveals=[r for r, _ in ev.reveals],
-                   policy=TrustPolicy(ALLOWLIST, roots | {key}, quorum))
+                   convictions=ev.convictions, policy=TrustPolicy(ALLOWLIST, roots | {key}, quorum))
     peer = peer_id_from_public_key(key)
     return any(f.signer == peer for f in cov.flagged)
 
@@ -134,11 +138,11 @@ class _RunJudgement:
     def __init__(self, ev: RunEvidence, roots: frozenset[bytes], quorum: int) -> None:
         self.ev, self.roots, self.quorum = ev, roots, quorum
         self.qualifying = _qualifying(ev, roots)
-        self.signers = {a.signer for a, _ in ev.attestations}
+        self.signers = {a.signer for a, _ in ev.attestations} | {c.guilty for c in ev.convictions}
         self._disqualified: dict[bytes, bool] = {}
 
     def disqualifies(self, key: bytes) -> bool:
-        if key not in self.signers:  # every way to be disqualified is a statement the key signed
+        if key not in self.signers:  # every way to be disqualified is a statement (or a trace) the key signed
             return False
         if key not in self._disqualified:
             self._disqualified[key] = _disqualified(key, self.ev, self.roots, self.quorum)
@@ -188,4 +192,5 @@ class EarnedTrust:
 
 def evidence_from_store(store: Store, manifests: Iterable[RunManifest]) -> list[RunEvidence]:
     return [RunEvidence(m, store.attestations_in_order(m.run_id), store.reveals_in_order(m.run_id),
-                        store.replay_witnesses(m.run_id)) for m in manifests]
+                        store.replay_witnesses(m.run_id),
+                        [c for proof in store.fraud.of_run(m.run_id) for c in proof.convictions()]) for m in manifests]

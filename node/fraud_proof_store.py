@@ -112,6 +112,10 @@ class FraudProofs:
         """``read_only``: a CLI's view of a daemon's store (nothing is judged again or carried over)."""
         self._db = db
         self._publishers: dict[bytes, bytes | None] = {}
+        # a CLI may read a store its daemon (of this version) has not opened yet: no proof there is
+        # read out, as none of the old layout is once the daemon opens it, until judged again
+        self._readable = read_only is False or db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fraud_proof_bodies'").fetchone() is not None
         if not read_only:
             db.executescript(SCHEMA)
             pending = db.execute("SELECT COUNT(*) FROM fraud_proof_bodies WHERE referee != ?", (REFEREE,)).fetchone()[0]
@@ -221,6 +225,8 @@ class FraudProofs:
     def of_run(self, run_id: bytes) -> list[FraudRecord]:
         """A run's fraud proofs as the referee judged them when they arrived (no bytes read); not
         the pending ones (module doc)."""
+        if not self._readable:
+            return []
         rows = self._db.execute(f"SELECT {_RECORD} FROM fraud_proof_bodies WHERE run_id = ? AND referee = ? "
                                 "ORDER BY step, digest", (run_id, REFEREE))
         return [_record(r) for r in rows.fetchall()]

@@ -7,7 +7,7 @@ import time
 
 from open1b.node.earned_trust import EarnRule, Pair, RunEvidence, earned_keys, evidence_from_store
 from open1b.node.store import Store
-from open1b.protocol import WitnessReveal
+from open1b.protocol import Conviction, WitnessReveal
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.identity import public_key_from_peer_id
 from tests.runs import attestation, run_manifest, witness_of
@@ -134,6 +134,15 @@ def test_a_key_flagged_in_any_run_never_earns():
     # K copies a step this node replayed (its match binds another witness than our own W_1)
     copy = RunEvidence(other, [(att(other, K, 1, witness=b"\x02" * 32), 1)], (), {1: witness_of(1)})
     assert earned(honest, copy) == {}
+    # a fraud proof the node keeps convicts K's trace of a step, whether or not K attested in the run
+    for atts in ([(att(other, K, 2, match=False), 1)], []):
+        convicted = RunEvidence(other, atts, (), {}, [Conviction(other.run_id, 2, KEY, other.state_hashes[2],
+                                                                 b"\x09" * 32, b"\x07" * 32)])
+        assert earned(honest, convicted) == {}
+    # another key's conviction, or one from another state than the run's, disqualifies nobody
+    for guilty, pre in ((ident(SYBIL).public_key, other.state_hashes[2]), (KEY, b"\x08" * 32)):
+        elsewhere = RunEvidence(other, [], (), {}, [Conviction(other.run_id, 2, guilty, pre, b"\x09" * 32, b"\x07" * 32)])
+        assert KEY in earned(honest, elsewhere)
 
 
 def test_earned_keys_vouch_for_nobody():
