@@ -23,7 +23,7 @@ serves once the referee (:func:`open1b.protocol.dispute.verify_fraud_proof`) con
   vote this node counts. Ignored, not rejected: the key may count at the node that relayed it;
 - ``[IGNORE]`` the node keeps this proof, or for each guilty key one that makes it add nothing
   (:meth:`~.fraud_proof_store.FraudProofs.holds`: the same conviction by a lower digest, or an
-  earlier step) — ``held``: the store would not keep it, so it is not relayed either (r30; before,
+  earlier step) — ``held``: the store would not keep it, so it is not relayed either (r29; before,
   every copy gossiped under another author crossed the mesh again);
 - ``[IGNORE]`` the run's bound would not keep it (:mod:`.fraud_proof_store`) — ``run_full``.
 
