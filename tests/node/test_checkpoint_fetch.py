@@ -188,13 +188,15 @@ def test_a_wrong_chunk_is_caught_at_that_chunk_and_the_fetch_resumes(tmp_path, c
     record = fetcher.path(expect.address).with_suffix(".pieces").read_bytes()
     kept = {i for (i,) in struct.iter_unpack("<I", record[len(RECORD_MAGIC) + 32:])}
     # cut off at that chunk: it was never accepted, everything before it was; once its check had
-    # failed, only the checks already in their threads finished (CHECKERS - 1 at most), and the
-    # liar served only what had been asked of it already (the window: one request, and one more
-    # the receiving task may send before the cancel reaches it)
+    # failed, only the other checker finished: the check in its thread (CHECKERS - 1 at most), and
+    # one more it may start before the failed check's task runs again to cancel (a thread is not
+    # cancelled; seen once in CI: 2 after the failure); the liar served only what had been asked
+    # of it already (the window: one request, and one more the receiving task may send before the
+    # cancel reaches it)
     assert at_failure, "the wrong chunk was never checked"
     assert set(range(bad)) <= kept and bad not in kept and kept == set(accepted)
     assert liar.served_bytes >= header + sum(p.length for p in pieces[:bad + 1])  # it did serve the wrong one
-    assert len(accepted) - at_failure["accepted"] <= CHECKERS - 1
+    assert len(accepted) - at_failure["accepted"] <= 2 * (CHECKERS - 1)
     assert liar.served_bytes - at_failure["served"] <= 2 * max(p.length for p in pieces)
     assert verified[-1] == header + sum(pieces[i].length for i in kept)
     partial = fetcher.path(expect.address).with_suffix(".partial").read_bytes()
