@@ -128,6 +128,9 @@ class ReplayWorker:
         async with self._starting:
             try:
                 return await self._start_locked()
+            except BaseException:
+                self.kill()  # a start cut short (timed out, cancelled, a bad hello) leaves no process behind
+                raise
             finally:
                 self.start_ended.set()
 
@@ -170,9 +173,10 @@ class ReplayWorker:
         """Send one request (module doc; a dispute's ``trace`` and ``op_data`` come from
         node/dispute_tracer.py, ``urgent``: before the other requests waiting, :mod:`.turns`) and
         read its reply line; :class:`ReplayFailed` on any failure. The wait for the turn is not
-        timed; a timeout or cancellation of the request kills the process (it may be
-        mid-computation: a restart is the only way out)."""
-        ok = False
+        timed; a timeout or cancellation once the request is under way kills the process (it may
+        be mid-computation: a restart is the only way out), one while it waits for another
+        caller's start of the process (the daemon's :meth:`start`) leaves that start alone."""
+        ok, proc = False, None
         async with self._turns.turn(urgent=urgent):  # the auditor, the spot checker and the answer server share one process
             try:
                 with trio.fail_after(timeout_s):
@@ -186,7 +190,7 @@ class ReplayWorker:
             except (trio.BrokenResourceError, ValueError) as exc:
                 raise ReplayFailed(f"worker failed: {exc}") from exc
             finally:
-                if not ok:
+                if not ok and proc is not None:
                     self.kill()
         if type(reply) is not dict:
             raise ReplayFailed("malformed worker reply: not an object")

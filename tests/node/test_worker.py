@@ -157,3 +157,29 @@ def test_a_disputes_trace_goes_before_the_replays_waiting(tampered_run, tmp_path
 
     trio.run(main)
     assert done == ["trace", "replay 0", "replay 1"]
+
+
+def test_a_request_that_times_out_waiting_for_anothers_start_leaves_that_start_alone():
+    async def main():
+        worker = ReplayWorker()
+        starting = await trio.lowlevel.open_process(["sleep", "60"])  # the daemon's start, reading its hello
+        done = trio.Event()
+
+        async def start_under_way(task_status=trio.TASK_STATUS_IGNORED):
+            async with worker._starting:
+                worker._proc = starting
+                task_status.started()
+                await done.wait()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(start_under_way)
+                with pytest.raises(ReplayFailed, match="timed out"):
+                    await worker.request({"run_dir": "/nowhere", "step": 0}, timeout_s=0.2, what="replay of step 0")
+                assert starting.returncode is None and worker._proc is starting
+                done.set()
+        finally:
+            starting.kill()
+            await starting.wait()
+
+    trio.run(main)
