@@ -116,13 +116,13 @@ class ReplayWorker:
     async def start(self, *, timeout_s: float) -> None:
         """Start the worker now rather than at the first replay, so that the node reports its
         device (chosen and self-checked in the worker) from the start. A failure is logged; the
-        next replay tries again."""
+        next replay tries again (a start of its own cut short leaves no process, _ensure_started;
+        a timeout while another caller's start runs leaves that one alone)."""
         try:
             with trio.fail_after(timeout_s):
                 await self._ensure_started()
         except (trio.TooSlowError, ReplayFailed, trio.BrokenResourceError, ValueError) as exc:
             log.warning("replay worker did not start: %s", exc or "timed out")
-            self.kill()
 
     async def _ensure_started(self) -> trio.Process:
         async with self._starting:
