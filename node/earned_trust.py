@@ -192,5 +192,4 @@ class EarnedTrust:
 
 def evidence_from_store(store: Store, manifests: Iterable[RunManifest]) -> list[RunEvidence]:
     return [RunEvidence(m, store.attestations_in_order(m.run_id), store.reveals_in_order(m.run_id),
-                        store.replay_witnesses(m.run_id),
-                        [c for proof in store.fraud.of_run(m.run_id) for c in proof.convictions()]) for m in manifests]
+                        store.replay_witnesses(m.run_id), store.fraud.convictions(m.run_id)) for m in manifests]

@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from open1b.protocol import Open1bError, RunManifest
+from open1b.protocol import Conviction, Open1bError, RunManifest
 
 from .fraud_proofs import REFEREE, FraudRecord, ProvenFraud, Ranked
 
@@ -114,14 +114,14 @@ class FraudProofs:
         self._publishers: dict[bytes, bytes | None] = {}
         # a CLI may read a store its daemon (of this version) has not opened yet: no proof there is
         # read out, as none of the old layout is once the daemon opens it, until judged again
-        self._readable = read_only is False or db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fraud_proof_bodies'").fetchone() is not None
+        self._readable = read_only is False or self._has_table("fraud_proof_bodies")
         if not read_only:
             db.executescript(SCHEMA)
             pending = db.execute("SELECT COUNT(*) FROM fraud_proof_bodies WHERE referee != ?", (REFEREE,)).fetchone()[0]
-            if pending or self._old_layout():
+            old = self._has_table(_OLD_TABLE)
+            if pending or old:
                 log.info("%d fraud proofs judged by another referee than %s%s: not read out until judged again",
-                         pending, REFEREE, ", and the layout before r25" if self._old_layout() else "")
+                         pending, REFEREE, ", and the layout before r25" if old else "")
 
     # -- writing -------------------------------------------------------------------------------------
     def add(self, fraud: ProvenFraud) -> bool:
@@ -231,6 +231,10 @@ class FraudProofs:
                                 "ORDER BY step, digest", (run_id, REFEREE))
         return [_record(r) for r in rows.fetchall()]
 
+    def convictions(self, run_id: bytes) -> list[Conviction]:
+        """What :meth:`of_run`'s proofs show, for coverage (§8.3 step 9) and earned trust."""
+        return [c for proof in self.of_run(run_id) for c in proof.convictions()]
+
     def body(self, run_id: bytes, digest: bytes) -> bytes | None:
         """The stored proof of ``run_id`` whose digest is ``digest`` (what sync sends: a proof
         within the gossip bound; a peer's fetch and the API read a body in pieces,
@@ -254,9 +258,9 @@ class FraudProofs:
             yield StoredBody(blob)
 
     # -- a new referee -------------------------------------------------------------------------------
-    def _old_layout(self) -> bool:
+    def _has_table(self, name: str) -> bool:
         return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                (_OLD_TABLE,)).fetchone() is not None
+                                (name,)).fetchone() is not None
 
     def next_stale(self) -> Stale | None:
         """The next stored proof to judge again (module doc): a pending row, the run's publisher's
@@ -266,7 +270,7 @@ class FraudProofs:
                                "ORDER BY others, step, digest LIMIT 1", (REFEREE,)).fetchone()
         if row is not None:
             return Stale(row[0], row[1])
-        if not self._old_layout():
+        if not self._has_table(_OLD_TABLE):
             return None
         row = self._db.execute(f"SELECT encoded FROM {_OLD_TABLE} LIMIT 1").fetchone()
         if row is None:

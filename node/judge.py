@@ -84,7 +84,7 @@ class Judge:
         return coverage(
             self.manifests[run], self.store.attestations(run), self.store.claims(run, live_at=now),
             reveals=self.store.reveals(run),
-            convictions=[c for proof in self.store.fraud.of_run(run) for c in proof.convictions()],
+            convictions=self.store.fraud.convictions(run),
             now=now, redundancy=redundancy or self.redundancy, policy=self.counting.trust,
         )
 

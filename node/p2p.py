@@ -173,10 +173,7 @@ class Stream:
     # py-libp2p raises many types for a peer's failure (resets, EOF, yamux and noise errors, an
     # oversized frame): here they all become one NetworkError, so callers catch exactly that.
     async def send(self, frame: bytes) -> None:
-        try:
-            await self._raw.write(encode_varint_prefixed(frame))
-        except Exception as exc:
-            raise NetworkError(f"send to {self.peer_id} failed: {exc}") from exc
+        await self._write(encode_varint_prefixed(frame))
 
     async def receive(self, max_size: int) -> bytes:
         try:
