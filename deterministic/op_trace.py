@@ -112,8 +112,11 @@ class _Registry:
         self._by_id[id(a)] = (weakref.ref(a), entry)
 
     def get(self, a: np.ndarray) -> dict | None:
-        x = a
-        while isinstance(x, np.ndarray):
+        hit = self._by_id.get(id(a))
+        if hit is not None and hit[0]() is a and a.flags.c_contiguous:
+            return hit[1]  # the registered array itself: its bytes and shape (nearly every input; no .ctypes)
+        x = a.base
+        while isinstance(x, np.ndarray):  # a view: the registered array's bytes only where it spans them all
             hit = self._by_id.get(id(x))
             if hit is not None and hit[0]() is x and x.ctypes.data == a.ctypes.data and x.nbytes == a.nbytes \
                     and a.flags.c_contiguous:
