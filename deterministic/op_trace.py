@@ -37,10 +37,12 @@ import weakref
 from dataclasses import dataclass, field, replace
 from collections.abc import Mapping
 
+import cbor2
 import numpy as np
 
 from open1b.protocol.dispute.ops import KINDS
-from open1b.protocol.dispute.trace import chunk_tree, op_leaf
+from open1b.protocol.dispute.trace import OP_TAG, chunk_tree
+from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import MerkleTree, merkle_root
 
 from .checkpoint_stream import chunk_digests
@@ -60,6 +62,11 @@ def _raw(a: np.ndarray) -> memoryview:
     if not a.flags.c_contiguous:
         raise TraceError(f"a traced tensor of shape {a.shape} is not C-contiguous")
     return memoryview(a.reshape(-1)).cast("B")
+
+
+def _canonical_order(m: dict) -> dict:
+    """``m`` with its text keys in canonical CBOR order (shorter first, then bytewise: cbor2's)."""
+    return dict(sorted(m.items(), key=lambda item: (len(item[0].encode()), item[0].encode())))
 
 
 def _dtype(a: np.ndarray) -> str:
@@ -98,8 +105,12 @@ class OpTrace:
         return MerkleTree(self.leaves)
 
     def append(self, record: dict) -> None:
+        """Add ``record``, every map of which has its keys in canonical order (:meth:`TracingBackend._op`
+        builds them so): its leaf is :func:`~open1b.protocol.dispute.trace.op_leaf`'s, whose canonical
+        encoding sorts each map's keys (most of its time), from cbor2's plain encoding, which keeps
+        their order and is otherwise canonical (shortest heads, definite lengths; a record holds no float)."""
         self.records.append(record)
-        self.leaves.append(op_leaf(record))
+        self.leaves.append(blake2b256(OP_TAG, cbor2.dumps(record)))
 
 
 class _Registry:
@@ -112,8 +123,11 @@ class _Registry:
         self._by_id[id(a)] = (weakref.ref(a), entry)
 
     def get(self, a: np.ndarray) -> dict | None:
-        x = a
-        while isinstance(x, np.ndarray):
+        hit = self._by_id.get(id(a))
+        if hit is not None and hit[0]() is a and a.flags.c_contiguous:
+            return hit[1]  # the registered array itself: its bytes and shape (nearly every input; no .ctypes)
+        x = a.base
+        while isinstance(x, np.ndarray):  # a view: the registered array's bytes only where it spans them all
             hit = self._by_id.get(id(x))
             if hit is not None and hit[0]() is x and x.ctypes.data == a.ctypes.data and x.nbytes == a.nbytes \
                     and a.flags.c_contiguous:
@@ -149,7 +163,8 @@ class TracingBackend:
 
     def _op(self, kind: str, attrs: dict, inputs: list, outputs: list[np.ndarray],
             inputs_before: list[np.ndarray] | None = None, roots: list[bytes] | None = None) -> list[dict]:
-        """Record op ``kind`` (``inputs`` are entries or arrays) with its ``outputs`` and register
+        """Record op ``kind`` (``attrs`` in canonical key order, as every map of a record is:
+        :meth:`OpTrace.append`; ``inputs`` are entries or arrays) with its ``outputs`` and register
         them; an op equal to an earlier one is that one (module doc). ``roots``: the outputs'
         roots, hashed by the caller (the update's, as the state tree's). Returns the outputs' entries."""
         entries = [i if isinstance(i, dict) else self._input(i, kind) for i in inputs]
@@ -164,11 +179,12 @@ class TracingBackend:
                 return earlier
         pos = self.trace.ops
         roots = roots or [chunk_tree(_raw(a)).root for a in outputs]
-        tensors = [{"dtype": _dtype(a), "shape": list(a.shape), "root": r} for a, r in zip(outputs, roots)]
+        # every map's keys in canonical order (OpTrace.append)
+        tensors = [{"root": r, "dtype": _dtype(a), "shape": list(a.shape)} for a, r in zip(outputs, roots)]
         self.trace.append({"pos": pos, "kind": kind, "attrs": attrs, "inputs": entries, "outputs": tensors})
         if pos in self.trace.keep:  # copies: a later op may overwrite them (scatter_add)
             self.trace.kept[pos] = ([np.array(a) for a in inputs_before or inputs], [np.array(a) for a in outputs])
-        out = [{**t, "op": pos, "out": o} for o, t in enumerate(tensors)]
+        out = [{"op": pos, "out": o, **t} for o, t in enumerate(tensors)]
         for a, entry in zip(outputs, out):
             self._refs.put(a, entry)
         if key is not None:
@@ -195,7 +211,7 @@ class TracingBackend:
         root = self.trace.state_roots.get(full)
         if root is None:
             root = chunk_tree(_raw(a), state=True).root
-        self._refs.put(a, {"dtype": _dtype(a), "shape": list(a.shape), "root": root, "state": full})
+        self._refs.put(a, {"root": root, "dtype": _dtype(a), "shape": list(a.shape), "state": full})  # canonical order
         return a
 
     # ---- the ops of run-format §11.2 ---------------------------------------------------
@@ -223,17 +239,17 @@ class TracingBackend:
 
     def split_heads(self, x, col0, width, seq_len, n_heads):
         out = self._inner.split_heads(x, col0, width, seq_len, n_heads)
-        self._op("split_heads", {"col0": col0, "width": width, "seq_len": seq_len, "n_heads": n_heads}, [x], [out])
+        self._op("split_heads", {"col0": col0, "width": width, "n_heads": n_heads, "seq_len": seq_len}, [x], [out])
         return out
 
     def merge_heads(self, o, seq_len, n_heads):
         out = self._inner.merge_heads(o, seq_len, n_heads)
-        self._op("merge_heads", {"seq_len": seq_len, "n_heads": n_heads}, [o], [out])
+        self._op("merge_heads", {"n_heads": n_heads, "seq_len": seq_len}, [o], [out])
         return out
 
     def merge_qkv(self, dq, dk, dv, seq_len, n_heads):
         out = self._inner.merge_qkv(dq, dk, dv, seq_len, n_heads)
-        self._op("merge_qkv", {"seq_len": seq_len, "n_heads": n_heads}, [dq, dk, dv], [out])
+        self._op("merge_qkv", {"n_heads": n_heads, "seq_len": seq_len}, [dq, dk, dv], [out])
         return out
 
     def causal_softmax(self, s, scale):
@@ -278,7 +294,7 @@ class TracingBackend:
     def zeros(self, shape):
         out = self._inner.zeros(shape)
         rows, cols = shape
-        self._op("zeros", {"rows": rows, "cols": cols}, [], [out])
+        self._op("zeros", {"cols": cols, "rows": rows}, [], [out])
         return out
 
     def loss_and_grad(self, logits, targets, inv_n):
@@ -332,8 +348,8 @@ class TracingBackend:
             digests = chunk_digests(a)
             self.trace.post_chunks[f"{prefix}/{name}"] = digests
             roots.append(merkle_root(digests))
-        self._op("adamw", dict(zip(KINDS["adamw"].attrs, map(_bits, s.args()))), [old, *inputs[1:]], outputs,
-                 inputs_before=inputs, roots=roots)
+        attrs = _canonical_order(dict(zip(KINDS["adamw"].attrs, map(_bits, s.args()))))  # KINDS' order is not
+        self._op("adamw", attrs, [old, *inputs[1:]], outputs, inputs_before=inputs, roots=roots)
 
 
 class _StateGroup(Mapping):

@@ -46,7 +46,7 @@ TRACE_CHUNK_CONTEXT = "open1b/trace/chunk/v2"
 STATE_OUTPUT_KINDS = frozenset({"adamw"})
 """Op kinds whose outputs are tensors of h_{k+1}: their roots are the state tree's (§18.1)."""
 _STATE_CHUNK_TAG = b"open1b/chunk/v2\x00"  # the state tree's (protocol.commitments)
-_OP_TAG = b"open1b/trace/op/v1\x00"
+OP_TAG = b"open1b/trace/op/v1\x00"
 
 
 def chunk_digest(index: int, chunk: bytes | memoryview, *, state: bool) -> bytes:
@@ -111,7 +111,7 @@ def tensor(dtype: str, shape: Sequence[int], data: bytes | memoryview, *, state:
 
 def op_leaf(record: Mapping[str, Any]) -> bytes:
     """The trace's leaf value of an op record."""
-    return blake2b256(_OP_TAG, encode(dict(record)))
+    return blake2b256(OP_TAG, encode(dict(record)))
 
 
 def trace_tree(records: Sequence[Mapping[str, Any]]) -> MerkleTree:

@@ -17,9 +17,9 @@ from open1b.deterministic.errors import TraceError
 from open1b.deterministic.op_trace import OpTrace, TracingBackend
 from open1b.deterministic.reduction import RANK_GROUP
 from open1b.deterministic.runfile import next_state_hash
-from open1b.protocol.dispute.ops import rows_of
+from open1b.protocol.dispute.ops import KINDS, rows_of
 from open1b.protocol.dispute.reference import compute_rows
-from open1b.protocol.dispute.trace import chunk_tree, state_output
+from open1b.protocol.dispute.trace import chunk_tree, op_leaf, state_output
 
 PRESET = PRESETS["tiny"]
 CONFIG, TOPOLOGY = PRESET.config, PRESET.topology
@@ -214,6 +214,15 @@ def test_every_record_is_its_op_on_the_outputs_it_names(step_inputs):
     assert seen == {"add", "plus_zero", "gelu", "gelu_backward", "adamw", "rmsnorm", "rmsnorm_backward",
                     "causal_softmax", "causal_softmax_backward", "sum_rows", "embed", "scatter_add", "split_heads",
                     "merge_heads", "merge_qkv", "zeros", "sumsq", "clip", "matmul", "cross_entropy"}
+
+
+def test_the_leaves_are_op_leaf_of_the_records(step_inputs):
+    """OpTrace.append hashes a record's plain CBOR, its maps built in canonical key order: the
+    leaves are §18.1's (op_leaf's canonical encoding), for every kind and its attributes, a state
+    input, an op's output and a view of one (the whole-state step reshapes some)."""
+    trace = _traced(step_inputs)[0]
+    assert {r["kind"] for r in trace.records} == {*KINDS, "tokens"}
+    assert trace.leaves == [op_leaf(r) for r in trace.records]
 
 
 def test_the_updates_outputs_are_committed_by_the_new_states_roots(step_inputs):
