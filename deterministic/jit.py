@@ -40,9 +40,9 @@ OMP_WAIT_POLICY = "PASSIVE"
 (at the first parallel kernel), which reads it then.
 libgomp's default spins an idle thread for ~7 ms after every parallel region: the step's serial
 Python between kernels (and a trace's hashing) ran beside a core burning its time, and a machine
-doing anything else lost that core. Measured on 2 cores (bench/results/dispute.json
-``omp_wait_policy``): a ``small`` replay 14 % less CPU and no slower, a ``gpt-125m`` one ~26 %
-less CPU and faster where anything else ran. The bits are the static schedule's either way."""
+doing anything else lost that core. Measured on 2 cores (docs/benchmarks.md, "The kernels' wait
+policy"): a ``small`` replay 15 % less CPU and 7 % less wall, a ``gpt-125m`` one 26 % less CPU and
+27 % less wall. The bits are the static schedule's either way."""
 os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
 
 CPU_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
