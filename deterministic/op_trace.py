@@ -41,14 +41,13 @@ import cbor2
 import numpy as np
 
 from open1b.protocol.dispute.ops import KINDS
-from open1b.protocol.dispute.trace import OP_TAG, TRACE_CHUNK_SIZE, chunk_digest, chunk_tree
+from open1b.protocol.dispute.trace import OP_TAG, chunk_tree
 from open1b.protocol.hashing import blake2b256
 from open1b.protocol.merkle import MerkleTree, merkle_root
 
 from .checkpoint_stream import chunk_digests
 from .errors import TraceError
 from .optimizer import AdamWScalars
-from .process_pool import PerProcessPool
 
 
 _NEGATIVE_ZERO = np.uint32(0x8000_0000)
@@ -68,28 +67,6 @@ def _raw(a: np.ndarray) -> memoryview:
 def _canonical_order(m: dict) -> dict:
     """``m`` with its text keys in canonical CBOR order (shorter first, then bytewise: cbor2's)."""
     return dict(sorted(m.items(), key=lambda item: (len(item[0].encode()), item[0].encode())))
-
-
-SPLIT_BYTES = 1 << 20
-"""An op output of at least this many bytes is hashed by two threads, half its chunks each (BLAKE3
-lets go of the GIL): the trace's hashing is serial work between kernels, while the kernels'
-other OpenMP threads sleep (:data:`.jit.OMP_WAIT_POLICY`). The digests and root are the same;
-below a megabyte, handing half to a thread costs about what it saves."""
-_second_hasher = PerProcessPool(1, "open1b-trace-hash")
-
-
-def _chunk_digests(raw: memoryview, first: int, end: int) -> list[bytes]:
-    return [chunk_digest(i, raw[i * TRACE_CHUNK_SIZE:(i + 1) * TRACE_CHUNK_SIZE], state=False) for i in range(first, end)]
-
-
-def output_root(a: np.ndarray) -> bytes:
-    """An op output's chunk-tree root (:func:`open1b.protocol.dispute.trace.chunk_tree`'s)."""
-    raw = _raw(a)
-    if raw.nbytes < SPLIT_BYTES:
-        return chunk_tree(raw).root
-    chunks = -(-raw.nbytes // TRACE_CHUNK_SIZE)
-    second = _second_hasher().submit(_chunk_digests, raw, chunks // 2, chunks)
-    return merkle_root(_chunk_digests(raw, 0, chunks // 2) + second.result())
 
 
 def _dtype(a: np.ndarray) -> str:
@@ -201,7 +178,7 @@ class TracingBackend:
                     self._refs.put(a, entry)
                 return earlier
         pos = self.trace.ops
-        roots = roots or [output_root(a) for a in outputs]
+        roots = roots or [chunk_tree(_raw(a)).root for a in outputs]
         # every map's keys in canonical order (OpTrace.append)
         tensors = [{"root": r, "dtype": _dtype(a), "shape": list(a.shape)} for a, r in zip(outputs, roots)]
         self.trace.append({"pos": pos, "kind": kind, "attrs": attrs, "inputs": entries, "outputs": tensors})

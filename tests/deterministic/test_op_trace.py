@@ -14,12 +14,12 @@ from open1b.deterministic.backend import cpu_backend
 from open1b.deterministic.config import Topology
 from open1b.deterministic.dispute_replay import state_hash_of_chunks
 from open1b.deterministic.errors import TraceError
-from open1b.deterministic.op_trace import SPLIT_BYTES, OpTrace, TracingBackend, output_root
+from open1b.deterministic.op_trace import OpTrace, TracingBackend
 from open1b.deterministic.reduction import RANK_GROUP
 from open1b.deterministic.runfile import next_state_hash
 from open1b.protocol.dispute.ops import KINDS, rows_of
 from open1b.protocol.dispute.reference import compute_rows
-from open1b.protocol.dispute.trace import TRACE_CHUNK_SIZE, chunk_tree, op_leaf, state_output
+from open1b.protocol.dispute.trace import chunk_tree, op_leaf, state_output
 
 PRESET = PRESETS["tiny"]
 CONFIG, TOPOLOGY = PRESET.config, PRESET.topology
@@ -271,16 +271,3 @@ def test_a_fold_of_plus_zero_has_its_outputs_root(negative_zero):
     embed, fold = trace.records[-2:]
     assert fold["outputs"][0]["root"] == chunk_tree(memoryview(out).cast("B")).root
     assert (fold["outputs"][0]["root"] == embed["outputs"][0]["root"]) != negative_zero
-
-
-@pytest.mark.parametrize("nbytes", [SPLIT_BYTES - 4, SPLIT_BYTES, SPLIT_BYTES + 4, 3 * TRACE_CHUNK_SIZE * 11 + 4, 1 << 23])
-def test_an_output_hashed_on_two_threads_has_chunk_trees_root(nbytes):
-    # At and above SPLIT_BYTES the second half of the chunks is hashed by another thread: an odd
-    # chunk count, a short last chunk and a big output must give protocol's root, and the halves
-    # must not be swapped (a different byte in each half changes the root differently).
-    a = np.random.default_rng(nbytes).standard_normal(nbytes // 4).astype(np.float32)
-    raw = memoryview(a).cast("B")
-    assert output_root(a) == chunk_tree(raw).root
-    b = a.copy()
-    b[-1] += 1
-    assert output_root(b) == chunk_tree(memoryview(b).cast("B")).root != chunk_tree(raw).root
