@@ -163,10 +163,10 @@ class TracingBackend:
 
     def _op(self, kind: str, attrs: dict, inputs: list, outputs: list[np.ndarray],
             inputs_before: list[np.ndarray] | None = None, roots: list[bytes] | None = None) -> list[dict]:
-        """Record op ``kind`` (``attrs`` in canonical key order, as every map of a record is:
-        :meth:`OpTrace.append`; ``inputs`` are entries or arrays) with its ``outputs`` and register
+        """Record op ``kind`` (``inputs`` are entries or arrays) with its ``outputs`` and register
         them; an op equal to an earlier one is that one (module doc). ``roots``: the outputs'
         roots, hashed by the caller (the update's, as the state tree's). Returns the outputs' entries."""
+        attrs = _canonical_order(attrs)  # as every map of a record is (OpTrace.append)
         entries = [i if isinstance(i, dict) else self._input(i, kind) for i in inputs]
         key = None
         if entries:  # an entry's op and output (or state name) and shape say which bytes it is
@@ -239,17 +239,17 @@ class TracingBackend:
 
     def split_heads(self, x, col0, width, seq_len, n_heads):
         out = self._inner.split_heads(x, col0, width, seq_len, n_heads)
-        self._op("split_heads", {"col0": col0, "width": width, "n_heads": n_heads, "seq_len": seq_len}, [x], [out])
+        self._op("split_heads", {"col0": col0, "width": width, "seq_len": seq_len, "n_heads": n_heads}, [x], [out])
         return out
 
     def merge_heads(self, o, seq_len, n_heads):
         out = self._inner.merge_heads(o, seq_len, n_heads)
-        self._op("merge_heads", {"n_heads": n_heads, "seq_len": seq_len}, [o], [out])
+        self._op("merge_heads", {"seq_len": seq_len, "n_heads": n_heads}, [o], [out])
         return out
 
     def merge_qkv(self, dq, dk, dv, seq_len, n_heads):
         out = self._inner.merge_qkv(dq, dk, dv, seq_len, n_heads)
-        self._op("merge_qkv", {"n_heads": n_heads, "seq_len": seq_len}, [dq, dk, dv], [out])
+        self._op("merge_qkv", {"seq_len": seq_len, "n_heads": n_heads}, [dq, dk, dv], [out])
         return out
 
     def causal_softmax(self, s, scale):
@@ -294,7 +294,7 @@ class TracingBackend:
     def zeros(self, shape):
         out = self._inner.zeros(shape)
         rows, cols = shape
-        self._op("zeros", {"cols": cols, "rows": rows}, [], [out])
+        self._op("zeros", {"rows": rows, "cols": cols}, [], [out])
         return out
 
     def loss_and_grad(self, logits, targets, inv_n):
@@ -348,8 +348,8 @@ class TracingBackend:
             digests = chunk_digests(a)
             self.trace.post_chunks[f"{prefix}/{name}"] = digests
             roots.append(merkle_root(digests))
-        attrs = _canonical_order(dict(zip(KINDS["adamw"].attrs, map(_bits, s.args()))))  # KINDS' order is not
-        self._op("adamw", attrs, [old, *inputs[1:]], outputs, inputs_before=inputs, roots=roots)
+        self._op("adamw", dict(zip(KINDS["adamw"].attrs, map(_bits, s.args()))), [old, *inputs[1:]], outputs,
+                 inputs_before=inputs, roots=roots)
 
 
 class _StateGroup(Mapping):
