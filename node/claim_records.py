@@ -96,10 +96,17 @@ class ClaimAgent:
                 found = self.decode(value)
             except Open1bError:
                 pass
-            else:
-                self.seen(found)
         candidates = ([found] if found is not None else []) + list(self.heard(run, step, slot))
-        return candidates[select_claim(candidates)] if candidates else None
+        if not candidates:
+            return None
+        winner = candidates[select_claim(candidates)]
+        # Only the slot's winner is told: a DHT peer may still hold a claim that lost the slot
+        # (its claimant re-read, saw it lose and replays nothing), and a loser stored here would
+        # count as a replay in flight until its lease ran out — its class in the class wait
+        # (docs/protocol.md §10.1), the devnet's node taking a last slot its own class held.
+        if winner is found:
+            self.seen(found)
+        return winner
 
     async def try_claim(self, run: bytes, cand: planner.Candidate, *, estimate_s: float | None = None,
                         waits: Callable[[int], bool] | None = None, device: str | None = None) -> Claim | None:

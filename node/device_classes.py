@@ -40,6 +40,7 @@ class DeviceClasses:
         self._turnaround: dict[str, tuple[Pace, Pace]] = {}  # class -> (cold, warm)
         self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
         self._claimed_as: dict[tuple[int, bytes], str] = {}  # (step, claimant) -> the device class its live claim named
+        self._naming: Counter[str] = Counter()  # device class -> the live claims in _claimed_as that name it
 
     # -- told ------------------------------------------------------------------------------------
     def claimed(self, step: int, claimant: bytes, issued_at: int) -> None:
@@ -50,10 +51,20 @@ class DeviceClasses:
 
     def claimed_as(self, step: int, claimant: bytes, device: str) -> None:
         """The device class a live claim names."""
-        self._claimed_as[(step, claimant)] = device
+        before = self._claimed_as.get((step, claimant))
+        if before != device:
+            self._unname(before)
+            self._claimed_as[(step, claimant)] = device
+            self._naming[device] += 1
 
     def lease_over(self, step: int, claimant: bytes) -> None:
-        self._claimed_as.pop((step, claimant), None)
+        self._unname(self._claimed_as.pop((step, claimant), None))
+
+    def _unname(self, device: str | None) -> None:
+        if device is not None:
+            self._naming[device] -= 1
+            if not self._naming[device]:
+                del self._naming[device]
 
     def attested(self, step: int, signer: bytes, match: bool, device: str | None, arrived: int,
                  elapsed_s: float | None, *, first: bool) -> None:
@@ -92,22 +103,30 @@ class DeviceClasses:
         """The steps a node of class ``device`` leaves, for now, to another class (docs/protocol.md
         §10.1, the class wait): those whose matches and in-flight replays (live claims, of the
         class the claim names, else the one the claimant's latest attestation named, else
-        ``device``'s) are all of class ``device``, while another class that is about as fast
-        matched a step within PACE_WINDOW_S; for CLASS_WAIT × that class's median turnaround
-        (claim to attestation) after the step's latest attester arrived or its in-flight claim
-        was issued. About as fast: its median warm turnaround at most TAIL_MARGIN times this
-        class's, or either has no warm one yet — cold ones (a key's first replay of the run) say
-        more of the run's start than of a class's speed, and one class may have only cold ones
-        while the other has warm (a devnet under load: 40 s against 16 s, for the same CPU).
+        ``device``'s) are all of class ``device``, while another class that is about as fast is
+        live — it matched a step within PACE_WINDOW_S, or a live claim names it (r30); for
+        CLASS_WAIT × that class's median turnaround (claim to attestation), this class's while
+        it has none, after the step's latest attester arrived or its in-flight claim was issued.
+        About as fast: its median warm turnaround at most TAIL_MARGIN times this class's, or
+        either has no warm one yet — cold ones (a key's first replay of the run) say more of the
+        run's start than of a class's speed, and one class may have only cold ones while the
+        other has warm (a devnet under load: 40 s against 16 s, for the same CPU).
         :func:`~open1b.node.planner.pick` asks only about a step's last slot."""
         now = replays.now
         typical = {d: (cold.at(now)[1], warm.at(now)[1]) for d, (cold, warm) in self._turnaround.items()}
-        own = typical.get(device, (None, None))[1]
-        # the other classes worth waiting for: live, and about as fast as this one (so the wait
-        # costs about a replay of ours at most) — a slower class would take the step later
-        others = [warm or cold for d, (cold, warm) in typical.items()
-                  if d != device and (warm or cold) and self._class_seen.get(d, -PACE_WINDOW_S) > now - PACE_WINDOW_S
-                  and (own is None or warm is None or warm <= TAIL_MARGIN * own)]
+        own_cold, own = typical.get(device, (None, None))
+        # The classes live besides this one: those that matched lately, and those replaying now —
+        # a class whose first replays are still in flight when this one's first matches arrive
+        # (a run's first round) is live before it has matched anything (r30).
+        live = {d for d, seen in self._class_seen.items() if seen > now - PACE_WINDOW_S} | self._naming.keys()
+        # the other classes worth waiting for: about as fast as this one (so the wait costs about
+        # a replay of ours at most) — a slower class would take the step later
+        others = []
+        for d in live - {device}:
+            cold, warm = typical.get(d, (None, None))
+            took = warm or cold or own or own_cold  # unmeasured yet: as fast as this class
+            if took and (own is None or warm is None or warm <= TAIL_MARGIN * own):
+                others.append(took)
         return ClassWait(self, replays, device, CLASS_WAIT * min(others) if others else 0.0,
                          blind=not self._class_seen)
 

@@ -202,6 +202,40 @@ def test_a_claim_heard_on_gossip_holds_its_slot_when_the_dht_shows_nothing(manif
     run_virtual(main)
 
 
+def test_a_claim_read_from_the_dht_is_told_only_when_it_wins_its_slot(manifest):
+    """A DHT peer may still hold a claim that lost its slot (its claimant saw it lose and replays
+    nothing). Told to the node, it would count as a replay in flight until its lease ran out — its
+    class too (the class wait, docs/protocol.md §10.1): the devnet's CPU node took the last slot of
+    a step another CPU node held because a GPU node's losing claim on the same slot looked in
+    flight. A claim the DHT holds is told when it wins against those heard for the slot."""
+    clock = Clock(wall_at_zero=T0)
+    heard: list[Claim] = []
+    told: list[Claim] = []
+    board = FakeClaimBoard()
+    a = ClaimAgent(ident(95), board, lease_s=60, clock=clock.wall, sleep=clock.sleep, rng=random.Random(95),
+                   seen=told.append, heard=lambda run, step, slot: [c for c in heard if (c.step, c.slot) == (step, slot)])
+
+    async def main():
+        winner = Claim.create(ident(96), run=manifest.run_id, step=6, slot=0, issued_at=T0, lease_expiry=T0 + 60)
+        loser = Claim.create(ident(97), run=manifest.run_id, step=6, slot=0, issued_at=T0 + 1, lease_expiry=T0 + 61)
+        heard.append(winner)
+        board.read = _returning(loser)
+        assert await a.try_claim(manifest.run_id, cand(6)) is None  # the slot is the winner's
+        assert told == []
+        board.read = _returning(winner)  # a DHT that holds the winner tells it (it is stored: new to the node)
+        heard.clear()
+        assert await a.try_claim(manifest.run_id, cand(6)) is None and told == [winner]
+
+    run_virtual(main)
+
+
+def _returning(claim: Claim):
+    async def read(key):
+        await trio.sleep(0)
+        return claim.encoded
+    return read
+
+
 def test_speculative_slot_bounds_unfinished_claims_to_one_beyond_the_target(manifest):
     """docs/protocol.md §10.1: a step whose two slots are held by slow claimants takes one
     speculative claim (slot 2, carrying expected_done) and no second one while it runs; once

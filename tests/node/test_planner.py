@@ -341,3 +341,33 @@ def test_before_anything_is_matched_a_second_replay_waits_for_the_first():
     index.advance(700)
     index.add_attestation(0, a, True, "cuda/sm_90", 60.0, post_state=b"P" * 32)
     assert steps(701) == [0, 1]  # one class known and no other live: nothing to wait for
+
+
+def test_a_class_still_on_its_first_replays_is_live_by_its_claims_before_it_matches_anything():
+    """docs/protocol.md §10.1 (r30), the devnet that lost a two-class step: the CPU's first match
+    arrived while the GPU nodes' first replays were still in flight; the GPU had matched nothing,
+    so it was not live, and a CPU node took at once the last slot of the step the CPU had matched.
+    A class a live claim names is live; with no turnaround of its own yet it is taken to be as
+    fast as the planning node's class, so the step waits CLASS_WAIT of those — and when its
+    claims' leases end with nothing matched, nothing waits for it."""
+    gpu, cpu = "cuda/sm_90", "cpu/x86_64"
+    c1, g1 = bytes([1]) * 32, bytes([2]) * 32
+    index = DeficitIndex(4, 2, now=0)
+    index.add_claim(0, c1, 0, 600, device=cpu)
+    index.add_claim(1, g1, 2, 100, device=gpu)  # the GPU's first replay, in flight
+    index.advance(9)
+    index.add_attestation(0, c1, True, cpu, 1.0, post_state=b"P" * 32)  # the run's first match: 9 s, cold
+    order = planner.StepOrder(b"r" * 32, b"me", 4)
+
+    def steps(device, now):
+        index.advance(now)
+        return {cand.step for cand in planner.plan(index, order, now=now, device=device, estimate_s=1, limit=4)}
+
+    assert 0 not in steps(cpu, 10) and 0 in steps(gpu, 10)  # the CPU leaves step 0's last slot to the GPU
+    assert 0 not in steps(cpu, 9 + 53) and 0 in steps(cpu, 9 + 54)  # for 6 x 9 s, the CPU's own turnaround
+    late = DeficitIndex(4, 2, now=0)  # the GPU's claim ran out unmatched before the CPU matched: not live
+    late.add_claim(1, g1, 2, 8, device=gpu)
+    late.add_claim(0, c1, 0, 600, device=cpu)
+    late.advance(9)
+    late.add_attestation(0, c1, True, cpu, 1.0, post_state=b"P" * 32)
+    assert 0 in {cand.step for cand in planner.plan(late, order, now=10, device=cpu, estimate_s=1, limit=4)}
