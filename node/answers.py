@@ -48,6 +48,7 @@ ATTESTATIONS = [{"step": int, "verdict": str, "signer": PEER_ID, "engine": str, 
 PUBLICATION = {"run": HEX, "steps": COUNT, "dir": str, "state": str, "done": COUNT, "note": str, "bytes": COUNT,
                "provided": COUNT, "gossiped": bool, "moved": bool, "error": (str, type(None)), "seconds": (int, float, type(None))}
 FETCHED = {"run_dir": str}
+RELEASED = {"released": bool}
 REVEAL = {"step": int, "witness": HEX, "digest": HEX}
 
 

@@ -290,15 +290,21 @@ def api_app(node: Components, *, token: str) -> ApiGuard:
                       ) -> dict:
         return (await node.publisher.publish_dir(Path(dir), move=move)).as_json()
 
-    @app.post("/v1/fetch/{run}", summary="fetch a step's files for a local replay (token)")
+    @app.post("/v1/fetch/{run}", summary="fetch a step's files for a local replay, held until deleted (token)")
     async def fetch(run: RunId, step: Step) -> dict:
         run_id = run_arg(known, run)
         k = step_arg(known, run_id, step)
         try:
-            work, _ = await node.fetcher.for_replay(known[run_id], k)
+            work = await node.fetcher.for_operator(known[run_id], k)
         except RunFilesError as exc:
             raise ApiError(404, str(exc)) from None
         return {"run": run_id.hex(), "step": k, "run_dir": str(work)}
+
+    @app.delete("/v1/fetch/{run}", summary="a local replay is done with the step's files (token)")
+    async def fetch_done(run: RunId, step: Step) -> dict:
+        run_id = run_arg(known, run)
+        k = step_arg(known, run_id, step)
+        return {"run": run_id.hex(), "step": k, "released": node.fetcher.release_operator(known[run_id], k)}
 
     @app.post("/v1/reveal/{run}", summary="publish a replay witness after the audit (token)")
     async def reveal(run: RunId, step: Step, witness: Witness) -> dict:

@@ -440,7 +440,7 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
     parse_device_spec(args.device)  # a malformed --device is refused before any work
     return_freed_arrays_promptly()
 
-    run_dir = Path(args.run)
+    run_dir, held = Path(args.run), None
     if not run_dir.is_dir():  # a run id (or prefix) the node knows: it fetches the step's files
         runs = [r for r in _call(args, "/v1/runs", answers.RUNS) if r["run"].startswith(args.run.lower())]
         if len(runs) != 1 or not runs[0].get("auditable", runs[0]["run_dir"]):
@@ -449,15 +449,22 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
             fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", answers.FETCHED, method="POST",
                             timeout=3600)
             update(1, "verified")
-        run_dir = Path(fetched["run_dir"])
+        run_dir, held = Path(fetched["run_dir"]), f"/v1/fetch/{runs[0]['run']}?step={args.step}"
     from open1b.deterministic.replay import replay
 
-    with progress(f"replaying step {args.step}", 1) as update:
-        update(0, f"choosing the device ({args.device}) and running its self-checks")
-        device = _device(args.device)
-        update(0, f"on {device.device_class}: loading, checking the checkpoint, replaying")
-        result = replay(run_dir, args.step, device=device, out=args.out, spill_dir=args.spill_dir)
-        update(1, "done")
+    try:
+        with progress(f"replaying step {args.step}", 1) as update:
+            update(0, f"choosing the device ({args.device}) and running its self-checks")
+            device = _device(args.device)
+            update(0, f"on {device.device_class}: loading, checking the checkpoint, replaying")
+            result = replay(run_dir, args.step, device=device, out=args.out, spill_dir=args.spill_dir)
+            update(1, "done")
+    finally:
+        if held is not None:  # the node keeps the files it fetched for us until told we are done
+            try:
+                _call(args, held, answers.RELEASED, method="DELETE")
+            except Open1bError as exc:  # the verdict (or the replay's own error) matters more
+                print(f"the node was not told the replay is done (its copy stays linked): {exc}", file=sys.stderr)
     out = {"run": result.run.hex(), "step": result.step, "verdict": "match" if result.match else "mismatch",
            "pre_state": result.pre_state.hex(), "replayed_post_state": result.post_state.hex(),
            "published_post_state": result.expected.hex(), "elapsed_s": round(result.elapsed_s, 4),

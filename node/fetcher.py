@@ -1,7 +1,9 @@
 """The fetcher: a run's files for whoever needs them, fetched from peers, verified against the
 manifest (:class:`~.runs.RunFiles`), and linked into a working directory.
 
-* :meth:`Fetcher.for_replay` — the samples and checkpoint k (the auditor, and ``/v1/fetch``);
+* :meth:`Fetcher.for_replay` — the samples and checkpoint k (the auditor, a dispute);
+* :meth:`Fetcher.for_operator` — the same in the operator's own directory, held until released
+  (``/v1/fetch``: ``open1b-node replay RUN``);
 * :meth:`Fetcher.for_spot` — the samples, the fingerprints and the chunks of checkpoints k and k+1 a
   spot check reads (the spot checker);
 * :meth:`Fetcher.for_eval` — checkpoint k for an evaluation check (the evaluator), None while it cannot.
@@ -47,12 +49,17 @@ from .runs import (
 log = logging.getLogger("open1b.node.fetcher")
 
 SPOT_DIR = "spot"  # the spot checker's working directories beside the replay's (RunFiles.work_dir)
+# The operator's replays' working directory (``open1b-node replay RUN``): the node's own replays
+# and disputes release checkpoint k from theirs when done, which unlinked it under an operator's
+# replay of the same step reading it from there (CI: the replay failed in one line).
+OPERATOR_DIR = "operator"
 
 
 class Fetcher:
     def __init__(self, identity: Identity, runfiles: RunFiles, p2p: P2P) -> None:
         self.identity, self.runfiles, self.p2p = identity, runfiles, p2p
         self.penalised: Counter[str] = Counter()  # peer -> wrong bytes it was caught serving
+        self._operator: Counter[tuple[bytes, int]] = Counter()  # (run, step) -> operator replays holding it
         self._nursery: trio.Nursery | None = None
 
     async def serve_fetcher(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -63,13 +70,35 @@ class Fetcher:
             await trio.sleep_forever()
 
     # -- what each user needs ----------------------------------------------------------------------
-    async def for_replay(self, manifest: RunManifest, step: int) -> tuple[Path, list[RunBlob]]:
+    async def for_replay(self, manifest: RunManifest, step: int, purpose: str = "") -> tuple[Path, list[RunBlob]]:
         """Fetch (or find in the cache) what replaying ``step`` needs and assemble the working
-        directory; the blobs linked there (release all but the samples after use)."""
+        directory (``purpose``'s, :meth:`RunFiles.work_dir`); the blobs linked there (release all
+        but the samples after use)."""
         samples_dir, samples = await self._samples(manifest)
         checkpoint = checkpoint_blob(manifest, step)
         await self._fetch(checkpoint, bulk=BulkFetch(self.identity, manifest, step, samples_dir))
-        return self.runfiles.assemble(manifest, [checkpoint]), [samples, checkpoint]
+        linked = [samples, checkpoint] if purpose else [checkpoint]  # the replays' directory has the samples
+        return self.runfiles.assemble(manifest, linked, purpose=purpose), [samples, checkpoint]
+
+    async def for_operator(self, manifest: RunManifest, step: int) -> Path:
+        """:meth:`for_replay`'s files in the operator's working directory (OPERATOR_DIR), which
+        only :meth:`release_operator` unlinks from, once every operator replay holding ``step``
+        released it."""
+        work, _ = await self.for_replay(manifest, step, OPERATOR_DIR)
+        self._operator[(manifest.run_id, step)] += 1
+        return work
+
+    def release_operator(self, manifest: RunManifest, step: int) -> bool:
+        """An operator replay of ``step`` is done with its files; False if none held them."""
+        key = (manifest.run_id, step)
+        if not self._operator[key]:
+            del self._operator[key]
+            return False
+        self._operator[key] -= 1
+        if not self._operator[key]:
+            del self._operator[key]
+            self.runfiles.release(manifest, [checkpoint_blob(manifest, step)], purpose=OPERATOR_DIR)
+        return True
 
     async def for_spot(self, manifest: RunManifest, step: int, lane: int = 0) -> tuple[Path, Callable[[], None]]:
         """What a spot check of ``step`` needs (docs/run-format.md §10.2): the samples, the run's

@@ -15,8 +15,9 @@ import trio.testing
 from open1b.deterministic import PRESETS
 from open1b.deterministic.config import to_manifest_model
 from open1b.deterministic.runfile import ENGINE, ENGINE_VERSION
+from open1b.node.blobs import BlobCache, file_digest
 from open1b.node.fetcher import Fetcher, all_or_first_error
-from open1b.node.runs import RunFilesError, samples_blob, why_not_auditable
+from open1b.node.runs import RunFiles, RunFilesError, checkpoint_blob, samples_blob, why_not_auditable
 from open1b.protocol import Identity, blake2b256
 
 from ..runs import run_manifest
@@ -117,3 +118,34 @@ def test_a_node_audits_the_runs_of_every_engine_version_its_engine_replays():
 
     assert why_not_auditable(manifest("0.4.0")) is None and why_not_auditable(manifest(ENGINE_VERSION)) is None
     assert "0.3.0" in why_not_auditable(manifest("0.3.0"))
+
+
+def test_an_operators_replay_keeps_its_files_while_the_nodes_own_replay_of_the_step_releases_them(tmp_path,
+                                                                                                  tampered_run):
+    """``open1b-node replay RUN`` replays from files the node fetched for it (``/v1/fetch``). They
+    were linked into the directory of the node's own replays, whose release, once the node's
+    replay or dispute of the same step ended, unlinked the checkpoint under the operator's replay
+    (CI: the command failed in one line). Now they are the operator's, held until every operator
+    replay of the step is done."""
+    run_dir, manifest = tampered_run
+    files = RunFiles(tmp_path, BlobCache(tmp_path / "blobs", 1 << 30))
+    fetcher = Fetcher(ident(1), files, FakeP2P())
+    checkpoint = checkpoint_blob(manifest, 2)
+
+    async def main():
+        await files.import_dir(manifest, run_dir)  # held already: nothing crosses the network
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve_fetcher)
+            operator = await fetcher.for_operator(manifest, 2)
+            assert await fetcher.for_operator(manifest, 2) == operator  # a second operator replay of the step
+            own, blobs = await fetcher.for_replay(manifest, 2)  # the node's own, done first
+            fetcher.release(manifest, blobs)
+            assert own != operator and not (own / checkpoint.relpath).exists()
+            path = operator / checkpoint.relpath
+            assert file_digest(path) == checkpoint.digest and (operator / samples_blob(manifest).relpath).exists()
+            assert fetcher.release_operator(manifest, 2) and path.exists()  # one of the two is done
+            assert fetcher.release_operator(manifest, 2) and not path.exists()
+            assert not fetcher.release_operator(manifest, 2)  # nothing held: said so, nothing else
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

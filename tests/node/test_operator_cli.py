@@ -110,8 +110,11 @@ def test_replay_by_directory_and_by_run_id(network):
     assert "cuda:0 is not available" in result["device_reason"] and "using the CPU" in result["device_reason"]
     rc, out, err = cli("replay", str(network["run_dir"]), "--step", "1", "--device", "tpu")
     assert rc == 1 and out == "" and len(err.strip().splitlines()) == 1 and "device must be auto, cpu" in err
-    rc, out, _ = cli("replay", network["run"][:12], "--step", "2", "--data-dir", str(network["daemons"].dirs[1]))
-    assert rc == 2 and re.search(r"verdict\s+mismatch", out)
+    rc, out, err = cli("replay", network["run"][:12], "--step", "2", "--data-dir", str(network["daemons"].dirs[1]))
+    assert rc == 2 and re.search(r"verdict\s+mismatch", out), err
+    # the node held the files for the command in the operator's directory, and let go once it was done
+    held = network["daemons"].dirs[1] / "runs" / f"{network['run']}-operator"
+    assert (held / "samples.bin").exists() and not list(held.glob("checkpoints/*"))
 
 
 def test_doctor(network):
