@@ -3,8 +3,8 @@
 by recomputing them, and serves the leaderboard.
 
 It is built with everything it needs — the store, the node key, the outbox its statements leave
-by (:mod:`.outbox`: stored, then gossiped), a ``checkpoint(manifest, k)`` coroutine that returns a run directory holding
-checkpoint k (or None while it cannot), a clock (``now()``, ``sleep``) and the trust policy (read at each use: earned trust changes it while the daemon runs) — and
+by (:mod:`.outbox`: stored, then gossiped), a ``checkpoint(manifest, k)`` async context that holds a run
+directory with checkpoint k while a check lasts (or gives None while it cannot), a clock (``now()``, ``sleep``) and the trust policy (read at each use: earned trust changes it while the daemon runs) — and
 serves itself with :meth:`Evaluator.serve_evaluator`; :mod:`.statements` takes ``eval`` statements from
 gossip into the store, where this component finds them, and the daemon adds :meth:`routes` to
 the API.
@@ -13,6 +13,7 @@ the API.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -31,7 +32,7 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
-Checkpoint = Callable[[RunManifest, int], Awaitable["Path | None"]]
+Checkpoint = Callable[[RunManifest, int], AbstractAsyncContextManager["Path | None"]]
 
 
 class Evaluator:
@@ -100,18 +101,18 @@ class Evaluator:
         done = 0
         for manifest in self.store.manifests():
             for result in self.pending(manifest):
-                run_dir = await self.checkpoint(manifest, result.state)
-                if run_dir is None:
-                    continue  # the checkpoint cannot be fetched now: try again next round
-                try:
-                    check = await trio.to_thread.run_sync(lambda: check_result(
-                        run_dir, manifest, result, self.identity, device=self.device, now=self.now()))
-                except (Open1bError, ValueError, OSError) as exc:
-                    # e.g. the shipped corpus does not give the run's eval_root: no loss to sign
-                    log.warning("cannot check the evaluation of state %d of %s: %s", result.state,
-                                manifest.run_id.hex()[:16], exc)
-                    self._failed.add(result.digest)
-                    continue
+                async with self.checkpoint(manifest, result.state) as run_dir:
+                    if run_dir is None:
+                        continue  # the checkpoint cannot be fetched now: try again next round
+                    try:
+                        check = await trio.to_thread.run_sync(lambda: check_result(
+                            run_dir, manifest, result, self.identity, device=self.device, now=self.now()))
+                    except (Open1bError, ValueError, OSError) as exc:
+                        # e.g. the shipped corpus does not give the run's eval_root: no loss to sign
+                        log.warning("cannot check the evaluation of state %d of %s: %s", result.state,
+                                    manifest.run_id.hex()[:16], exc)
+                        self._failed.add(result.digest)
+                        continue
                 await self.outbox.publish(check)
                 done += 1
         self.checked += done

@@ -6,7 +6,8 @@ manifest (:class:`~.runs.RunFiles`), and linked into a working directory.
   (``/v1/fetch``: ``open1b-node replay RUN``);
 * :meth:`Fetcher.for_spot` — the samples, the fingerprints and the chunks of checkpoints k and k+1 a
   spot check reads (the spot checker);
-* :meth:`Fetcher.for_eval` — checkpoint k for an evaluation check (the evaluator), None while it cannot.
+* :meth:`Fetcher.for_eval` — checkpoint k while an evaluation check lasts (the evaluator), None while
+  it cannot be fetched.
 
 A checkpoint fetched on the bulk path is checked chunk by chunk against h_k, whose preimage
 includes the batch step k-1 consumed: the run's samples. Each method fetches the samples first
@@ -23,8 +24,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -53,6 +55,7 @@ SPOT_DIR = "spot"  # the spot checker's working directories beside the replay's 
 # and disputes release checkpoint k from theirs when done, which unlinked it under an operator's
 # replay of the same step reading it from there (CI: the replay failed in one line).
 OPERATOR_DIR = "operator"
+EVAL_DIR = "eval"  # the evaluator's, for the same reason (it checks one state at a time)
 
 
 class Fetcher:
@@ -140,15 +143,22 @@ class Fetcher:
                 path.unlink(missing_ok=True)
         return run_dir, release
 
-    async def for_eval(self, manifest: RunManifest, state: int) -> Path | None:
-        """A run directory holding checkpoint ``state``, fetched as for a replay of that step; None
-        while that fails (the evaluator tries again next round)."""
+    @asynccontextmanager
+    async def for_eval(self, manifest: RunManifest, state: int) -> AsyncIterator[Path | None]:
+        """While an evaluation check lasts, a run directory of the evaluator's own (EVAL_DIR: the
+        node's replays release checkpoint k from theirs when done) holding checkpoint ``state``,
+        fetched as for a replay of that step; None while that fails (the evaluator tries again
+        next round)."""
         try:
-            run_dir, _ = await self.for_replay(manifest, state)
+            run_dir, blobs = await self.for_replay(manifest, state, EVAL_DIR)
         except (Open1bError, OSError) as exc:
             log.info("evaluation of state %d of %s waits: %s", state, manifest.run_id.hex()[:16], exc)
-            return None
-        return run_dir
+            yield None
+            return
+        try:
+            yield run_dir
+        finally:
+            self.runfiles.release(manifest, blobs[1:], purpose=EVAL_DIR)
 
     def release(self, manifest: RunManifest, blobs: list[RunBlob]) -> None:
         """After a replay: drop the checkpoint links :meth:`for_replay` made (the samples stay)."""

@@ -69,10 +69,10 @@ class FakeRunFiles:
             provide(f"/open1b/blob/{blob.digest.hex()}")
         return Path("/nonexistent")
 
-    def assemble(self, manifest, blobs):
+    def assemble(self, manifest, blobs, purpose=""):
         return Path("/nonexistent")
 
-    def release(self, manifest, blobs):
+    def release(self, manifest, blobs, purpose=""):
         self.released.extend(b.name for b in blobs)
 
 

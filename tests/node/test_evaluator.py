@@ -3,6 +3,7 @@ are checked by two auditors and end certified; a tampered result ends disputed; 
 leaderboard is the one its stored statements imply."""
 
 import shutil
+from contextlib import asynccontextmanager
 
 import cbor2
 import pytest
@@ -52,8 +53,9 @@ def network(tmp_path, manifest, run_dir, names=("publisher", "a1", "a2", "observ
     """Four evaluators whose published statements reach every other one (a gossip topic)."""
     nodes = {}
 
+    @asynccontextmanager
     async def checkpoint(m, k):
-        return run_dir
+        yield run_dir
 
     for i, name in enumerate(names):
         store = Store(tmp_path / f"{name}.sqlite")
@@ -110,8 +112,9 @@ def test_a_result_that_cannot_be_checked_is_logged_once_and_not_signed(eval_run,
     empty = tmp_path / "empty"
     empty.mkdir()
 
+    @asynccontextmanager
     async def no_checkpoint_file(m, k):
-        return empty  # a directory without the checkpoint: the check fails, nothing is signed
+        yield empty  # a directory without the checkpoint: the check fails, nothing is signed
 
     nodes["a1"].checkpoint = no_checkpoint_file
 

@@ -149,3 +149,26 @@ def test_an_operators_replay_keeps_its_files_while_the_nodes_own_replay_of_the_s
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_an_evaluation_check_reads_checkpoint_k_from_a_directory_of_its_own_until_it_ends(tmp_path, tampered_run):
+    """The evaluator read checkpoint k from the node's replays' directory, never released it,
+    and a replay of step k released it there under the check — a check that failed for good
+    (the evaluator does not retry a result it could not check)."""
+    run_dir, manifest = tampered_run
+    files = RunFiles(tmp_path, BlobCache(tmp_path / "blobs", 1 << 30))
+    fetcher = Fetcher(ident(1), files, FakeP2P())
+    checkpoint = checkpoint_blob(manifest, 1)
+
+    async def main():
+        await files.import_dir(manifest, run_dir)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve_fetcher)
+            async with fetcher.for_eval(manifest, 1) as evaluated:
+                own, blobs = await fetcher.for_replay(manifest, 1)
+                fetcher.release(manifest, blobs)
+                assert file_digest(evaluated / checkpoint.relpath) == checkpoint.digest
+            assert not (evaluated / checkpoint.relpath).exists() and own != evaluated
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
