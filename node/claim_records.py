@@ -19,6 +19,7 @@ strict order prefers), before the old one runs out.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol
@@ -39,6 +40,12 @@ RENEW_MARGIN_S = 5
 # second to a second closes that window (docs/scale.md: duplicates at 2,000 nodes racing for
 # 1,600 steps fell from 1.4 % to 0) and costs nothing next to a replay.
 RECHECK_DELAY_S = (0.5, 1.0)
+# A claim attempt that takes this long is logged with where its time went: each DHT operation
+# has its own bound, yet in a partitioned devnet in CI both auditors of one half made no claim
+# for the whole 240-s split after one attempt begun at the split (docs/reliability.md).
+SLOW_CLAIM_S = 30
+
+log = logging.getLogger("open1b.node.claims")
 
 
 def renewal_time(claim: Claim, lease_s: int) -> int:
@@ -121,6 +128,7 @@ class ClaimAgent:
         step, slots, attesters, done = cand.step, cand.slots, cand.attesters, cand.done()
         now = self.clock()
         records = {s: await self._read(run, step, s) for s in range(slots)}
+        read_at = self.clock()
         # The view we planned with may be stale: with the slots just read, is the step still
         # short of attesters once others' unfinished live claims are counted?
         busy = {c.claimant for c in records.values() if c is not None and is_live(c, now)
@@ -141,12 +149,15 @@ class ClaimAgent:
                             expected_done=expected_done, device=device)
         self.seen(mine)
         key = claim_key(run, step, slot)
-        if not await self.board.write(key, mine.encoded):
+        written = await self.board.write(key, mine.encoded)
+        written_at = self.clock()
+        if not written:
             self.lost += 1
             return None
         # Re-check before spending compute: a concurrent claim may have won the order.
         await self.sleep(self.rng.uniform(*RECHECK_DELAY_S))
         current = await self._read(run, step, slot)
+        checked_at = self.clock()
         if current is not None and current.digest != mine.digest:
             self.lost += 1
             return None
@@ -154,6 +165,10 @@ class ClaimAgent:
         # claimant in every node's view until its lease ran out, hiding a free slot.
         await self.board.announce(mine)
         self.won += 1
+        if self.clock() - now >= SLOW_CLAIM_S:
+            log.info("claiming step %d of run %s took %d s: reads %d s, write %d s, re-check %d s, announce %d s",
+                     step, run.hex()[:12], self.clock() - now, read_at - now, written_at - read_at,
+                     checked_at - written_at, self.clock() - checked_at)
         return mine
 
     async def renew(self, claim: Claim) -> Claim | None:

@@ -265,3 +265,24 @@ def test_speculative_slot_bounds_unfinished_claims_to_one_beyond_the_target(mani
         assert again is not None and again.slot == 2
 
     run_virtual(main)
+
+
+def test_a_claim_that_took_long_says_where_its_time_went(manifest, caplog):
+    """A partitioned half's auditors made no claim for a whole split after one attempt begun at
+    the split, and nothing in their logs said where that attempt was waiting."""
+    clock = Clock(wall_at_zero=T0)
+    board = FakeClaimBoard()
+    write = board.write
+
+    async def slow_write(key, value):
+        await trio.sleep(40)
+        return await write(key, value)
+
+    board.write = slow_write
+    a = agent(98, board, clock)
+    caplog.set_level("INFO", logger="open1b.node.claims")
+    assert run_virtual(lambda: a.try_claim(manifest.run_id, cand(4))) is not None
+    assert "claiming step 4 of run" in caplog.text and "write 40 s" in caplog.text
+    caplog.clear()
+    assert run_virtual(lambda: agent(99, FakeClaimBoard(), clock).try_claim(manifest.run_id, cand(4))) is not None
+    assert "claiming step" not in caplog.text  # a quick one is not logged
