@@ -165,10 +165,11 @@ class ClaimAgent:
         # claimant in every node's view until its lease ran out, hiding a free slot.
         await self.board.announce(mine)
         self.won += 1
-        if self.clock() - now >= SLOW_CLAIM_S:
+        done_at = self.clock()
+        if done_at - now >= SLOW_CLAIM_S:
             log.info("claiming step %d of run %s took %d s: reads %d s, write %d s, re-check %d s, announce %d s",
-                     step, run.hex()[:12], self.clock() - now, read_at - now, written_at - read_at,
-                     checked_at - written_at, self.clock() - checked_at)
+                     step, run.hex()[:12], done_at - now, read_at - now, written_at - read_at,
+                     checked_at - written_at, done_at - checked_at)
         return mine
 
     async def renew(self, claim: Claim) -> Claim | None:

@@ -445,11 +445,11 @@ def cmd_replay(args: argparse.Namespace) -> CommandResult:
         runs = [r for r in _call(args, "/v1/runs", answers.RUNS) if r["run"].startswith(args.run.lower())]
         if len(runs) != 1 or not runs[0].get("auditable", runs[0]["run_dir"]):
             raise Open1bError(f"{args.run!r} is neither a run directory nor a single replayable run the node knows")
+        files = f"/v1/fetch/{runs[0]['run']}?step={args.step}"
         with progress(f"fetching the files of step {args.step}", 1) as update:
-            fetched = _call(args, f"/v1/fetch/{runs[0]['run']}?step={args.step}", answers.FETCHED, method="POST",
-                            timeout=3600)
+            fetched = _call(args, files, answers.FETCHED, method="POST", timeout=3600)
             update(1, "verified")
-        run_dir, held = Path(fetched["run_dir"]), f"/v1/fetch/{runs[0]['run']}?step={args.step}"
+        run_dir, held = Path(fetched["run_dir"]), files
     from open1b.deterministic.replay import replay
 
     try:

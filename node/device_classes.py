@@ -40,7 +40,10 @@ class DeviceClasses:
         self._turnaround: dict[str, tuple[Pace, Pace]] = {}  # class -> (cold, warm)
         self._first_claim: dict[tuple[int, bytes], int] = {}  # (step, claimant) -> its earliest claim's issue
         self._claimed_as: dict[tuple[int, bytes], str] = {}  # (step, claimant) -> the device class its live claim named
-        self._naming: Counter[str] = Counter()  # device class -> the live claims in _claimed_as that name it
+        # device class -> the live claims in _claimed_as that name it: kept as claims come and go,
+        # since the class wait asks which classes are live on every plan (thousands of claims in
+        # the simulator's runs)
+        self._naming: Counter[str] = Counter()
 
     # -- told ------------------------------------------------------------------------------------
     def claimed(self, step: int, claimant: bytes, issued_at: int) -> None:

@@ -94,8 +94,7 @@ class Fetcher:
     def release_operator(self, manifest: RunManifest, step: int) -> bool:
         """An operator replay of ``step`` is done with its files; False if none held them."""
         key = (manifest.run_id, step)
-        if not self._operator[key]:
-            del self._operator[key]
+        if not self._operator[key]:  # a Counter answers 0 without adding the key
             return False
         self._operator[key] -= 1
         if not self._operator[key]:
@@ -158,11 +157,11 @@ class Fetcher:
         try:
             yield run_dir
         finally:
-            self.runfiles.release(manifest, blobs[1:], purpose=EVAL_DIR)
+            self.release(manifest, blobs, EVAL_DIR)
 
-    def release(self, manifest: RunManifest, blobs: list[RunBlob]) -> None:
+    def release(self, manifest: RunManifest, blobs: list[RunBlob], purpose: str = "") -> None:
         """After a replay: drop the checkpoint links :meth:`for_replay` made (the samples stay)."""
-        self.runfiles.release(manifest, blobs[1:])
+        self.runfiles.release(manifest, blobs[1:], purpose=purpose)
 
     # -- fetching ----------------------------------------------------------------------------------
     async def _samples(self, manifest: RunManifest) -> tuple[Path, RunBlob]:
